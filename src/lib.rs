@@ -1,0 +1,9 @@
+//! cpusetd: exclusive, topology-aligned CPUs for latency-critical Kubernetes containers, written
+//! straight into cgroupfs.
+//!
+//! The pure core (`cpuset`, `topology` values, the allocator, classification, the planner) takes
+//! values and returns values; the edges (`topology::discover`, cgroupfs, the watcher, the
+//! checkpoint) do the I/O. See docs/ARCHITECTURE.md for the pipeline and where each part lives.
+
+pub mod cpuset;
+pub mod topology;

@@ -1,0 +1,311 @@
+//! The CPU topology of a node: which logical CPUs exist and how they group into cores, last-level
+//! caches ("uncore"), NUMA nodes and sockets, plus isolated CPUs and memory nodes.
+//!
+//! This module owns the [`Topology`] value and its JSON document (DESIGN.md §2). Reading it from
+//! sysfs and `/proc/cmdline` lives in [`discover`]; rendering for people in [`render`].
+//! A `Topology` is plain data: the allocator and planner take it by reference and never do I/O.
+
+// mod discover;
+// mod render;
+
+// pub use discover::{discover, parse_cmdline_isolated, DiscoverError};
+// pub use render::render_tree;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::cpuset::CpuSet;
+
+/// One online logical CPU and the ids of the domains it belongs to.
+///
+/// `core` is the lowest CPU id among the core's hardware threads, which makes core ids unique
+/// across the node (kubelet does the same). `uncore` is the id of the last-level cache shared by
+/// the CPU when that cache is an L3 or deeper, else the socket id (kubelet's fallback).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuInfo {
+    pub id: u32,
+    pub socket: u32,
+    #[serde(default)]
+    pub die: u32,
+    pub numa: u32,
+    pub core: u32,
+    pub uncore: u32,
+    /// Lowest CPU id of the CPU's cluster (`cluster_cpus_list`); the core id where the kernel has
+    /// no cluster information.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<u32>,
+}
+
+/// The counters kubelet's `CPUTopology` carries. kubelet derives CPUs per core, socket and uncore
+/// cache from these by integer division, not from the CPU map, so they are kept explicitly: a
+/// discovered topology computes them from its CPUs, a kubelet test fixture sets them literally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counters {
+    pub num_cpus: usize,
+    pub num_cores: usize,
+    pub num_sockets: usize,
+    pub num_numa_nodes: usize,
+    pub num_uncore_caches: usize,
+}
+
+/// Why a set of CPU records is not a usable topology.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopologyError {
+    #[error("topology has no online cpus")]
+    Empty,
+    #[error("cpu {id} is listed twice")]
+    DuplicateCpu { id: u32 },
+    #[error("cpu {id} is larger than the largest supported cpu id {max}")]
+    CpuIdTooLarge { id: u32, max: u32 },
+    #[error("cpu {id} names core {core}, which is not one of the listed cpus")]
+    UnknownCore { id: u32, core: u32 },
+    #[error("invalid topology document: {reason}")]
+    Document { reason: String },
+}
+
+/// The node's CPUs and their grouping. CPUs are sorted by id; only online CPUs are in `cpus`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    cpus: Vec<CpuInfo>,
+    all: CpuSet,
+    offline: CpuSet,
+    isolated: CpuSet,
+    memory_nodes: CpuSet,
+    counters: Counters,
+}
+
+/// The JSON document printed by `cpusetd topology --json` and read by `cpusetd allocate
+/// --topology FILE` (DESIGN.md §2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologyDocument {
+    pub cpus: Vec<CpuInfo>,
+    #[serde(default)]
+    pub offline: CpuSet,
+    #[serde(default)]
+    pub isolated: CpuSet,
+    pub memory_nodes: CpuSet,
+}
+
+impl Topology {
+    /// Builds a topology from online CPU records; counters are derived from the records.
+    pub fn new(
+        mut cpus: Vec<CpuInfo>,
+        offline: CpuSet,
+        isolated: CpuSet,
+        memory_nodes: CpuSet,
+    ) -> Result<Self, TopologyError> {
+        if cpus.is_empty() {
+            return Err(TopologyError::Empty);
+        }
+        cpus.sort_by_key(|c| c.id);
+        let mut all = CpuSet::new();
+        for cpu in &cpus {
+            if cpu.id > crate::cpuset::MAX_CPU_ID {
+                return Err(TopologyError::CpuIdTooLarge {
+                    id: cpu.id,
+                    max: crate::cpuset::MAX_CPU_ID,
+                });
+            }
+            if all.contains(cpu.id) {
+                return Err(TopologyError::DuplicateCpu { id: cpu.id });
+            }
+            all.insert(cpu.id);
+        }
+        let distinct = |f: fn(&CpuInfo) -> u32| cpus.iter().map(f).collect::<BTreeSet<_>>().len();
+        let counters = Counters {
+            num_cpus: cpus.len(),
+            num_cores: distinct(|c| c.core),
+            num_sockets: distinct(|c| c.socket),
+            num_numa_nodes: distinct(|c| c.numa),
+            num_uncore_caches: distinct(|c| c.uncore),
+        };
+        Ok(Topology {
+            cpus,
+            all,
+            offline,
+            isolated,
+            memory_nodes,
+            counters,
+        })
+    }
+
+    /// Replaces the derived counters with literal ones (kubelet test fixtures set them by hand,
+    /// sometimes inconsistently with the CPU map, and kubelet's arithmetic follows the counters).
+    pub fn with_counters(mut self, counters: Counters) -> Self {
+        self.counters = counters;
+        self
+    }
+
+    pub fn from_document(doc: TopologyDocument) -> Result<Self, TopologyError> {
+        Topology::new(doc.cpus, doc.offline, doc.isolated, doc.memory_nodes)
+    }
+
+    pub fn to_document(&self) -> TopologyDocument {
+        TopologyDocument {
+            cpus: self.cpus.clone(),
+            offline: self.offline.clone(),
+            isolated: self.isolated.clone(),
+            memory_nodes: self.memory_nodes.clone(),
+        }
+    }
+
+    /// Parses the JSON document of `cpusetd topology --json`.
+    pub fn from_json(text: &str) -> Result<Self, TopologyError> {
+        let doc: TopologyDocument =
+            serde_json::from_str(text).map_err(|e| TopologyError::Document {
+                reason: e.to_string(),
+            })?;
+        Topology::from_document(doc)
+    }
+
+    /// Online CPUs, ascending by id.
+    pub fn cpus(&self) -> &[CpuInfo] {
+        &self.cpus
+    }
+
+    /// The record of an online CPU.
+    pub fn cpu(&self, id: u32) -> Option<&CpuInfo> {
+        self.cpus
+            .binary_search_by_key(&id, |c| c.id)
+            .ok()
+            .map(|i| &self.cpus[i])
+    }
+
+    /// All online CPUs.
+    pub fn all_cpus(&self) -> &CpuSet {
+        &self.all
+    }
+
+    /// CPUs the kernel knows as present but offline. Never allocatable.
+    pub fn offline(&self) -> &CpuSet {
+        &self.offline
+    }
+
+    /// CPUs isolated from the scheduler (`isolcpus=`, `nohz_full=`, sysfs `isolated`).
+    pub fn isolated(&self) -> &CpuSet {
+        &self.isolated
+    }
+
+    /// NUMA nodes that have memory (what `cpuset.mems` may hold).
+    pub fn memory_nodes(&self) -> &CpuSet {
+        &self.memory_nodes
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// CPUs matching a predicate on their record.
+    pub fn cpus_where(&self, pred: impl Fn(&CpuInfo) -> bool) -> CpuSet {
+        self.cpus.iter().filter(|c| pred(c)).map(|c| c.id).collect()
+    }
+
+    /// Hardware threads of a core (by core id).
+    pub fn core_threads(&self, core: u32) -> CpuSet {
+        self.cpus_where(|c| c.core == core)
+    }
+
+    /// All threads of every core that has a thread in `cpus` (kubelet's "physical CPUs").
+    pub fn expand_to_cores(&self, cpus: &CpuSet) -> CpuSet {
+        let cores: BTreeSet<u32> = cpus
+            .iter()
+            .filter_map(|id| self.cpu(id).map(|c| c.core))
+            .collect();
+        self.cpus_where(|c| cores.contains(&c.core))
+    }
+
+    /// CPUs of the given NUMA nodes.
+    pub fn numa_cpus(&self, nodes: &CpuSet) -> CpuSet {
+        self.cpus_where(|c| nodes.contains(c.numa))
+    }
+
+    /// Whether every core has the same number of threads (false on hybrid P/E-core parts).
+    pub fn is_homogeneous(&self) -> bool {
+        let mut per_core: BTreeMap<u32, usize> = BTreeMap::new();
+        for cpu in &self.cpus {
+            *per_core.entry(cpu.core).or_default() += 1;
+        }
+        let mut counts = per_core.values();
+        let first = counts.next().copied();
+        counts.all(|&n| Some(n) == first)
+    }
+
+    /// Checks that every CPU's core id names one of the listed CPUs (true of discovered
+    /// topologies; kubelet fixtures may violate it, so this is a separate check).
+    pub fn validate_core_ids(&self) -> Result<(), TopologyError> {
+        for cpu in &self.cpus {
+            if !self.all.contains(cpu.core) {
+                return Err(TopologyError::UnknownCore {
+                    id: cpu.id,
+                    core: cpu.core,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpu(id: u32, core: u32, socket: u32, numa: u32) -> CpuInfo {
+        CpuInfo {
+            id,
+            socket,
+            die: 0,
+            numa,
+            core,
+            uncore: socket,
+            cluster: None,
+        }
+    }
+
+    #[test]
+    fn counters_are_derived_from_the_cpu_map() {
+        let topo = Topology::new(
+            vec![cpu(0, 0, 0, 0), cpu(1, 1, 0, 0), cpu(2, 0, 0, 0), cpu(3, 1, 0, 0)],
+            CpuSet::new(),
+            CpuSet::new(),
+            CpuSet::range(0, 0),
+        )
+        .unwrap();
+        let c = topo.counters();
+        assert_eq!((c.num_cpus, c.num_cores, c.num_sockets), (4, 2, 1));
+        assert_eq!(topo.core_threads(1).to_string(), "1,3");
+        assert!(topo.is_homogeneous());
+    }
+
+    #[test]
+    fn duplicate_cpu_is_rejected() {
+        let err = Topology::new(
+            vec![cpu(0, 0, 0, 0), cpu(0, 0, 0, 0)],
+            CpuSet::new(),
+            CpuSet::new(),
+            CpuSet::new(),
+        )
+        .unwrap_err();
+        assert_eq!(err, TopologyError::DuplicateCpu { id: 0 });
+    }
+
+    #[test]
+    fn document_round_trips() {
+        let text = r#"{"cpus":[{"id":0,"socket":0,"die":0,"numa":0,"core":0,"uncore":0},
+            {"id":1,"socket":0,"die":0,"numa":0,"core":0,"uncore":0}],
+            "isolated":"1","memory_nodes":"0"}"#;
+        let topo = Topology::from_json(text).unwrap();
+        assert_eq!(topo.isolated().to_string(), "1");
+        let again = serde_json::to_string(&topo.to_document()).unwrap();
+        assert_eq!(Topology::from_json(&again).unwrap(), topo);
+    }
+
+    #[test]
+    fn bad_document_names_the_problem() {
+        let err = Topology::from_json(r#"{"cpus":[],"memory_nodes":"0"}"#).unwrap_err();
+        assert_eq!(err, TopologyError::Empty);
+        let err = Topology::from_json(r#"{"cpus":[{"id":0}],"memory_nodes":"0"}"#).unwrap_err();
+        assert!(err.to_string().contains("missing field"), "{err}");
+    }
+}
