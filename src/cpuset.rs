@@ -354,3 +354,166 @@ impl Iterator for Iter<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn set(text: &str) -> CpuSet {
+        CpuSet::parse(text).unwrap()
+    }
+
+    #[test]
+    fn parses_and_formats_the_linux_list_format() {
+        assert_eq!(set("0-3,8,10-11").to_string(), "0-3,8,10-11");
+        assert_eq!(set("").to_string(), "");
+        assert_eq!(set("1-1").to_string(), "1");
+        assert_eq!(set("8191").to_string(), "8191");
+        assert_eq!(set("0-8191").len(), 8192);
+    }
+
+    #[test]
+    fn output_is_canonical() {
+        assert_eq!(set("11,10,3,2,1,0,8").to_string(), "0-3,8,10-11");
+        assert_eq!(set("0-2,1-5,5").to_string(), "0-5");
+        assert_eq!(set("63,64").to_string(), "63-64");
+    }
+
+    #[test]
+    fn surrounding_whitespace_is_tolerated() {
+        assert_eq!(set("0-3\n").to_string(), "0-3");
+        assert_eq!(set("  2,4 \n").to_string(), "2,4");
+        assert!(set("\n").is_empty());
+    }
+
+    #[test]
+    fn malformed_lists_name_the_offending_text() {
+        for (text, part) in [
+            ("1-", "1-"),
+            ("3-1", "3-1"),
+            ("a", "a"),
+            ("1,,2", ""),
+            ("1 ,2", "1 "),
+            ("-1", "-1"),
+            ("1-2-3", "1-2-3"),
+            ("+1", "+1"),
+            ("0x1", "0x1"),
+        ] {
+            let err = CpuSet::parse(text).unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.contains(&format!("{text:?}")), "{text}: {msg}");
+            assert!(msg.contains(&format!("{part:?}")), "{text}: {msg}");
+        }
+    }
+
+    #[test]
+    fn ids_beyond_the_limit_are_errors() {
+        let err = CpuSet::parse("8192").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid cpu list \"8192\": cpu id 8192 is larger than 8191"
+        );
+        let huge = "9".repeat(40);
+        assert!(matches!(
+            CpuSet::parse(&huge),
+            Err(ParseError::TooLarge { id: u64::MAX, .. })
+        ));
+    }
+
+    #[test]
+    fn set_operations() {
+        let a = set("0-7");
+        let b = set("4-11");
+        assert_eq!(a.union(&b).to_string(), "0-11");
+        assert_eq!(a.intersection(&b).to_string(), "4-7");
+        assert_eq!(a.difference(&b).to_string(), "0-3");
+        assert!(set("2-3").is_subset(&a));
+        assert!(!b.is_subset(&a));
+        assert!(set("0-1").is_disjoint(&set("2,200")));
+        assert_eq!(a.iter().collect::<Vec<_>>(), (0..8).collect::<Vec<_>>());
+        assert_eq!(set("5,700").last(), Some(700));
+        assert_eq!(set("5,700").first(), Some(5));
+        let mut c = set("0-200");
+        c.remove_all(&set("64-200"));
+        assert_eq!(c, set("0-63"));
+        c.remove(63);
+        assert_eq!(c.to_string(), "0-62");
+    }
+
+    #[test]
+    fn equality_ignores_how_the_set_was_built() {
+        let mut a = set("0,500");
+        a.remove(500);
+        assert_eq!(a, set("0"));
+        assert_eq!(set("500").difference(&set("500")), CpuSet::new());
+    }
+
+    #[test]
+    fn serde_uses_the_list_format() {
+        let json = serde_json::to_string(&set("0-3,9")).unwrap();
+        assert_eq!(json, "\"0-3,9\"");
+        let back: CpuSet = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, set("0-3,9"));
+        assert!(serde_json::from_str::<CpuSet>("\"3-1\"").is_err());
+    }
+
+    fn arb_set() -> impl Strategy<Value = CpuSet> {
+        prop_oneof![
+            proptest::collection::vec(0u32..256, 0..40),
+            proptest::collection::vec(0u32..=MAX_CPU_ID, 0..40),
+        ]
+        .prop_map(|ids| ids.into_iter().collect())
+    }
+
+    proptest! {
+        #[test]
+        fn format_then_parse_is_identity(s in arb_set()) {
+            let text = s.to_string();
+            let back = CpuSet::parse(&text).unwrap();
+            prop_assert_eq!(&back, &s);
+            prop_assert_eq!(back.to_string(), text);
+        }
+
+        #[test]
+        fn canonical_strings_round_trip(ranges in proptest::collection::vec((0u32..100, 0u32..4), 0..10)) {
+            // Build a canonical string by hand: ascending, non-adjacent runs.
+            let mut parts = Vec::new();
+            let mut next = 0u32;
+            for (gap, width) in ranges {
+                let lo = next + gap + 1;
+                let hi = lo + width;
+                parts.push(if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") });
+                next = hi + 1;
+            }
+            let text = parts.join(",");
+            prop_assert_eq!(CpuSet::parse(&text).unwrap().to_string(), text);
+        }
+
+        #[test]
+        fn set_algebra_laws(a in arb_set(), b in arb_set(), c in arb_set()) {
+            prop_assert_eq!(a.union(&b), b.union(&a));
+            prop_assert_eq!(a.intersection(&b), b.intersection(&a));
+            prop_assert_eq!(a.union(&b).union(&c), a.union(&b.union(&c)));
+            prop_assert_eq!(a.intersection(&b.union(&c)), a.intersection(&b).union(&a.intersection(&c)));
+            prop_assert!(a.difference(&b).is_disjoint(&b));
+            prop_assert_eq!(a.difference(&b).union(&a.intersection(&b)), a.clone());
+            prop_assert!(a.intersection(&b).is_subset(&a));
+            prop_assert!(a.is_subset(&a.union(&b)));
+            prop_assert_eq!(a.union(&b).len() + a.intersection(&b).len(), a.len() + b.len());
+            let ids: Vec<u32> = a.iter().collect();
+            prop_assert!(ids.windows(2).all(|w| w[0] < w[1]));
+            prop_assert_eq!(ids.len(), a.len());
+            let mut d = a.clone();
+            d.extend_from(&b);
+            prop_assert_eq!(&d, &a.union(&b));
+            d.remove_all(&b);
+            prop_assert_eq!(d, a.difference(&b));
+        }
+
+        #[test]
+        fn parse_never_panics(text in "[0-9,\\- \\na]{0,24}") {
+            let _ = CpuSet::parse(&text);
+        }
+    }
+}

@@ -7,3 +7,4 @@
 
 pub mod cpuset;
 pub mod topology;
+pub mod cli;

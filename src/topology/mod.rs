@@ -5,11 +5,11 @@
 //! sysfs and `/proc/cmdline` lives in [`discover`]; rendering for people in [`render`].
 //! A `Topology` is plain data: the allocator and planner take it by reference and never do I/O.
 
-// mod discover;
-// mod render;
+mod discover;
+mod render;
 
-// pub use discover::{discover, parse_cmdline_isolated, DiscoverError};
-// pub use render::render_tree;
+pub use discover::{discover, parse_cmdline_isolated, DiscoverError};
+pub use render::render_tree;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -86,6 +86,25 @@ pub struct TopologyDocument {
     #[serde(default)]
     pub isolated: CpuSet,
     pub memory_nodes: CpuSet,
+}
+
+impl TopologyDocument {
+    /// The document as JSON with one CPU per line: compact, diff-friendly, still valid JSON.
+    pub fn to_json_lines(&self) -> String {
+        let cpus: Vec<String> = self
+            .cpus
+            .iter()
+            .map(|c| serde_json::to_string(c).unwrap_or_default())
+            .collect();
+        let quoted = |s: &CpuSet| serde_json::Value::String(s.to_string()).to_string();
+        format!(
+            "{{\n  \"cpus\": [\n    {}\n  ],\n  \"offline\": {},\n  \"isolated\": {},\n  \"memory_nodes\": {}\n}}",
+            cpus.join(",\n    "),
+            quoted(&self.offline),
+            quoted(&self.isolated),
+            quoted(&self.memory_nodes)
+        )
+    }
 }
 
 impl Topology {

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite: unit, property, integration, fixture and real-kernel tests.
+# Real-kernel tests (cgroup v1 cpuset hierarchy, runc) skip with a printed reason where the
+# machine lacks them; scripts/ci-deps.sh installs what they need on Debian.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The committed sysfs fixtures must be what the generator writes.
+if [ -x scripts/check-fixtures.sh ]; then
+    scripts/check-fixtures.sh
+fi
+
+cargo test --locked --all-targets "$@"

@@ -1,0 +1,93 @@
+//! The command line (DESIGN.md §7): argument definitions, one module per subcommand, and the
+//! mapping from outcomes to exit codes. This is the only layer that names host paths such as
+//! `/sys` or `/proc`, and only as flag defaults.
+
+mod topology;
+
+use std::error::Error;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit status of the one-shot commands for a usage or configuration error.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit status for a runtime failure (for `allocate`: the request cannot be met).
+pub const EXIT_FAILURE: u8 = 1;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cpusetd",
+    version,
+    about = "Exclusive, topology-aligned CPUs for latency-critical Kubernetes containers, \
+             written straight into cgroupfs."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show the CPU topology: sockets, NUMA nodes, L3 caches, cores, threads.
+    Topology(topology::TopologyArgs),
+}
+
+/// A failed command: the message to print and the exit status.
+#[derive(Debug)]
+pub struct CommandError {
+    pub status: u8,
+    pub message: String,
+}
+
+impl CommandError {
+    /// A usage or configuration error (exit 2).
+    pub fn usage(message: impl Into<String>) -> Self {
+        CommandError {
+            status: EXIT_USAGE,
+            message: message.into(),
+        }
+    }
+
+    /// A runtime failure (exit 1), with the whole error chain in the message.
+    pub fn failure(err: &dyn Error) -> Self {
+        CommandError {
+            status: EXIT_FAILURE,
+            message: error_chain(err),
+        }
+    }
+}
+
+/// `outer: inner: innermost` — each error's own message, printed once at the top.
+pub fn error_chain(err: &dyn Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn init_logging() {
+    let env = env_logger::Env::default().default_filter_or("info");
+    let _ = env_logger::Builder::from_env(env)
+        .format_timestamp_millis()
+        .try_init();
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    init_logging();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Topology(args) => topology::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("cpusetd: {}", err.message);
+            ExitCode::from(err.status)
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! `cpusetd topology`: print the discovered topology as a tree or as the JSON document that
+//! `cpusetd allocate --topology` reads back.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::CommandError;
+use crate::topology::{discover, render_tree};
+
+#[derive(Debug, Args)]
+pub struct TopologyArgs {
+    /// Where sysfs is mounted (a fake tree in tests).
+    #[arg(long, value_name = "DIR", default_value = "/sys")]
+    sysfs_root: PathBuf,
+    /// Where procfs is mounted; only `cmdline` is read from it.
+    #[arg(long, value_name = "DIR", default_value = "/proc")]
+    proc_root: PathBuf,
+    /// Print the JSON document instead of the tree.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: &TopologyArgs) -> Result<(), CommandError> {
+    for (flag, dir) in [
+        ("--sysfs-root", &args.sysfs_root),
+        ("--proc-root", &args.proc_root),
+    ] {
+        if !dir.is_dir() {
+            return Err(CommandError::usage(format!(
+                "{flag} {}: not a directory; pass the directory where it is mounted",
+                dir.display()
+            )));
+        }
+    }
+    let topo = discover(&args.sysfs_root, &args.proc_root)
+        .map_err(|e| CommandError::failure(&e))?;
+    if args.json {
+        println!("{}", topo.to_document().to_json_lines());
+    } else {
+        print!("{}", render_tree(&topo));
+    }
+    Ok(())
+}
