@@ -8,3 +8,4 @@
 pub mod cpuset;
 pub mod topology;
 pub mod cli;
+pub mod planner;
