@@ -5,7 +5,7 @@
 //! values and returns values; the edges (`topology::discover`, cgroupfs, the watcher, the
 //! checkpoint) do the I/O. See docs/ARCHITECTURE.md for the pipeline and where each part lives.
 
-pub mod cpuset;
-pub mod topology;
 pub mod cli;
+pub mod cpuset;
 pub mod planner;
+pub mod topology;

@@ -33,8 +33,8 @@ pub fn run(args: &TopologyArgs) -> Result<(), CommandError> {
             )));
         }
     }
-    let topo = discover(&args.sysfs_root, &args.proc_root)
-        .map_err(|e| CommandError::failure(&e))?;
+    let topo =
+        discover(&args.sysfs_root, &args.proc_root).map_err(|e| CommandError::failure(&e))?;
     if args.json {
         println!("{}", topo.to_document().to_json_lines());
     } else {

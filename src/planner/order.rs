@@ -242,7 +242,10 @@ mod tests {
         ];
         let writes = order_writes(&nodes);
         assert_eq!(writes.len(), 1);
-        assert_eq!((writes[0].node, writes[0].value.to_string()), (1, "1".into()));
+        assert_eq!(
+            (writes[0].node, writes[0].value.to_string()),
+            (1, "1".into())
+        );
     }
 
     /// A random tree whose current and desired values each nest (child ⊆ parent).

@@ -1,6 +1,6 @@
 //! Reading a [`Topology`] from a sysfs root and a proc root (DESIGN.md §2).
 //!
-//! Files read, all relative to the sysfs root: `devices/system/cpu/{online,offline,isolated}`,
+//! Files read, all relative to the sysfs root: `devices/system/cpu/{online,present,isolated}`,
 //! per online CPU `cpuN/topology/{physical_package_id,die_id,core_cpus_list|thread_siblings_list,
 //! cluster_cpus_list}` and `cpuN/cache/index*/{level,type,id,shared_cpu_list}`, and
 //! `devices/system/node/{has_memory,nodeM/cpulist}`; from the proc root only `cmdline`.
@@ -58,9 +58,14 @@ pub enum DiscoverError {
 pub fn discover(sysfs: &Path, proc: &Path) -> Result<Topology, DiscoverError> {
     let cpu_dir = sysfs.join("devices/system/cpu");
     let online = read_list(&cpu_dir.join("online"), "online cpu list")?;
-    let offline = read_optional_list(&cpu_dir.join("offline"), "offline cpu list")?
-        .unwrap_or_default()
-        .difference(&online);
+    // The kernel's `offline` file is `possible` minus `online`, which includes CPUs that do not
+    // exist; the CPUs that are really offline are `present` minus `online`.
+    let offline = match read_optional_list(&cpu_dir.join("present"), "present cpu list")? {
+        Some(present) => present.difference(&online),
+        None => {
+            read_optional_list(&cpu_dir.join("offline"), "offline cpu list")?.unwrap_or_default()
+        }
+    };
 
     let node_dir = sysfs.join("devices/system/node");
     let numa_of = read_numa_nodes(&node_dir)?;
@@ -79,13 +84,15 @@ pub fn discover(sysfs: &Path, proc: &Path) -> Result<Topology, DiscoverError> {
         read_optional_list(&cpu_dir.join("isolated"), "isolated cpu list")?.unwrap_or_default();
     let cmdline_path = proc.join("cmdline");
     match fs::read_to_string(&cmdline_path) {
-        Ok(text) => isolated.extend_from(&parse_cmdline_isolated(&text).map_err(
-            |(param, source)| DiscoverError::Cmdline {
-                path: cmdline_path.clone(),
-                param,
-                source,
-            },
-        )?),
+        Ok(text) => {
+            isolated.extend_from(&parse_cmdline_isolated(&text).map_err(|(param, source)| {
+                DiscoverError::Cmdline {
+                    path: cmdline_path.clone(),
+                    param,
+                    source,
+                }
+            })?)
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(source) => {
             return Err(DiscoverError::Read {
@@ -129,15 +136,17 @@ pub fn parse_cmdline_isolated(cmdline: &str) -> Result<CpuSet, (&'static str, Pa
     Ok(isolated)
 }
 
-/// `managed_irq,domain,2-5` → `2-5`; a flag word starts with a letter.
+/// `managed_irq,domain,2-5` → `2-5`. Only the kernel's own flag words are skipped, so a typo
+/// stays in the list and is reported.
 fn strip_flag_words(mut value: &str) -> &str {
-    while value.starts_with(|c: char| c.is_ascii_alphabetic()) {
-        match value.split_once(',') {
-            Some((_, rest)) => value = rest,
-            None => return "",
+    const FLAGS: [&str; 3] = ["nohz", "domain", "managed_irq"];
+    loop {
+        let (word, rest) = value.split_once(',').unwrap_or((value, ""));
+        if !FLAGS.contains(&word) {
+            return value;
         }
+        value = rest;
     }
-    value
 }
 
 fn read_cpu(
@@ -329,11 +338,15 @@ mod tests {
             .unwrap();
         assert_eq!(set.to_string(), "2-5,7");
         assert_eq!(
-            parse_cmdline_isolated("isolcpus=nohz,3").unwrap().to_string(),
+            parse_cmdline_isolated("isolcpus=nohz,3")
+                .unwrap()
+                .to_string(),
             "3"
         );
         assert_eq!(
-            parse_cmdline_isolated("isolcpus=1,3-4").unwrap().to_string(),
+            parse_cmdline_isolated("isolcpus=1,3-4")
+                .unwrap()
+                .to_string(),
             "1,3-4"
         );
     }
@@ -349,6 +362,11 @@ mod tests {
         let (param, err) = parse_cmdline_isolated("isolcpus=domain,2-x").unwrap_err();
         assert_eq!(param, "isolcpus");
         assert!(err.to_string().contains("2-x"), "{err}");
+        let (_, err) = parse_cmdline_isolated("isolcpus=domian,2").unwrap_err();
+        assert!(err.to_string().contains("domian"), "{err}");
+        assert!(parse_cmdline_isolated("isolcpus=domain")
+            .unwrap()
+            .is_empty());
     }
 
     #[test]

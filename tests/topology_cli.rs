@@ -1,0 +1,230 @@
+//! `cpusetd topology` on every fake machine in testdata/sysfs, on this machine, and on bad input.
+
+use std::fs;
+use std::path::Path;
+
+use crate::util::{cpusetd, stderr, stdout, testdata};
+
+fn fixture_names() -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(testdata("sysfs"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("expected.json").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn topology_json(sysfs: &Path, proc: Option<&Path>) -> serde_json::Value {
+    let sysfs = sysfs.to_str().unwrap();
+    let mut args = vec!["topology", "--json", "--sysfs-root", sysfs];
+    let proc = proc.map(|p| p.to_str().unwrap().to_string());
+    if let Some(p) = &proc {
+        args.extend(["--proc-root", p]);
+    }
+    let out = cpusetd(&args);
+    assert!(out.status.success(), "{sysfs}: {}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).unwrap_or_else(|e| panic!("{sysfs}: {e}"))
+}
+
+#[test]
+fn every_fixture_prints_its_expected_document() {
+    let names = fixture_names();
+    assert!(names.len() >= 9, "fixtures missing: {names:?}");
+    for name in &names {
+        let root = testdata(&format!("sysfs/{name}"));
+        let expected: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(root.join("expected.json")).unwrap()).unwrap();
+        let got = topology_json(&root, Some(&root.join("proc")));
+        assert_eq!(got, expected, "fixture {name}");
+    }
+}
+
+#[test]
+fn isolated_cpus_come_from_the_command_line_too() {
+    // nohz-full's sysfs `isolated` file is empty: 2-3,7 can only come from cmdline.
+    let root = testdata("sysfs/nohz-full");
+    let with_cmdline = topology_json(&root, Some(&root.join("proc")));
+    assert_eq!(with_cmdline["isolated"], "2-3,7");
+    let tmp = tempdir();
+    fs::write(tmp.join("cmdline"), "ro quiet\n").unwrap();
+    let without = topology_json(&root, Some(&tmp));
+    assert_eq!(without["isolated"], "");
+}
+
+#[test]
+fn hybrid_cores_keep_their_real_thread_counts() {
+    let root = testdata("sysfs/hybrid-pe");
+    let doc = topology_json(&root, Some(&root.join("proc")));
+    let cpus = doc["cpus"].as_array().unwrap();
+    let threads_of = |core: u64| cpus.iter().filter(|c| c["core"] == core).count();
+    assert_eq!(threads_of(0), 2, "P-core 0 has two threads");
+    assert_eq!(threads_of(16), 1, "E-core 16 has one thread");
+    let out = cpusetd(&[
+        "topology",
+        "--sysfs-root",
+        root.to_str().unwrap(),
+        "--proc-root",
+        root.join("proc").to_str().unwrap(),
+    ]);
+    assert!(
+        stdout(&out).contains("1-2 threads per core (heterogeneous cores)"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn the_tree_marks_isolated_and_offline_cpus() {
+    let root = testdata("sysfs/isolcpus");
+    let proc = root.join("proc");
+    let out = cpusetd(&[
+        "topology",
+        "--sysfs-root",
+        root.to_str().unwrap(),
+        "--proc-root",
+        proc.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let text = stdout(&out);
+    assert!(text.contains("core 2: 2 (isolated), 6"), "{text}");
+    assert!(text.contains("isolated: 2-5"), "{text}");
+
+    let root = testdata("sysfs/offline-holes");
+    let proc = root.join("proc");
+    let out = cpusetd(&[
+        "topology",
+        "--sysfs-root",
+        root.to_str().unwrap(),
+        "--proc-root",
+        proc.to_str().unwrap(),
+    ]);
+    assert!(
+        stdout(&out).contains("offline: 5,13,32"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stdout(&out).contains("numa 1 (no memory)"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn this_machine_is_read_from_the_real_sys() {
+    if !Path::new("/sys/devices/system/cpu/online").exists() {
+        eprintln!("skipped: no /sys/devices/system/cpu/online on this machine");
+        return;
+    }
+    let doc = topology_json(Path::new("/sys"), None);
+    let online = fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    let online = cpusetd::cpuset::CpuSet::parse(&online).unwrap();
+    let ids: cpusetd::cpuset::CpuSet = doc["cpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(ids, online);
+}
+
+/// A fresh copy of a fixture in a temporary directory, for tests that damage it.
+fn copy_fixture(name: &str) -> std::path::PathBuf {
+    let dst = tempdir();
+    copy_dir(&testdata(&format!("sysfs/{name}")), &dst);
+    dst
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    fs::create_dir_all(dst).unwrap();
+    for entry in fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        let to = dst.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &to);
+        } else {
+            fs::copy(entry.path(), &to).unwrap();
+        }
+    }
+}
+
+fn tempdir() -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "cpusetd-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn garbage_and_missing_files_are_named() {
+    let root = copy_fixture("1s-4c-ht");
+    let proc = root.join("proc");
+    let args = |root: &Path| {
+        vec![
+            "topology".to_string(),
+            "--sysfs-root".into(),
+            root.to_str().unwrap().into(),
+            "--proc-root".into(),
+            proc.to_str().unwrap().into(),
+        ]
+    };
+    let run = |root: &Path| {
+        let a = args(root);
+        cpusetd(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+
+    let file = root.join("devices/system/cpu/cpu3/topology/physical_package_id");
+    fs::write(&file, "zero\n").unwrap();
+    let out = run(&root);
+    assert_eq!(out.status.code(), Some(1));
+    let msg = stderr(&out);
+    assert!(
+        msg.contains(file.to_str().unwrap()) && msg.contains("\"zero\""),
+        "{msg}"
+    );
+
+    fs::remove_file(&file).unwrap();
+    let out = run(&root);
+    assert_eq!(out.status.code(), Some(1));
+    let msg = stderr(&out);
+    assert!(
+        msg.contains("cannot read socket id from") && msg.contains("physical_package_id"),
+        "{msg}"
+    );
+    fs::write(&file, "0\n").unwrap();
+
+    let online = root.join("devices/system/cpu/online");
+    fs::write(&online, "0-3,\n").unwrap();
+    let out = run(&root);
+    assert_eq!(out.status.code(), Some(1));
+    let msg = stderr(&out);
+    assert!(
+        msg.contains("invalid online cpu list in") && msg.contains("\"0-3,\\n\""),
+        "{msg}"
+    );
+    fs::write(&online, "0-7\n").unwrap();
+
+    fs::write(proc.join("cmdline"), "ro isolcpus=domain,x\n").unwrap();
+    let out = run(&root);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("invalid isolcpus= on the kernel command line"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = cpusetd(&["topology", "--sysfs-root", "/nonexistent-sysfs"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--sysfs-root /nonexistent-sysfs"));
+    let out = cpusetd(&["topology", "--no-such-flag"]);
+    assert_eq!(out.status.code(), Some(2));
+    fs::remove_dir_all(&root).unwrap();
+}
