@@ -9,3 +9,4 @@ pub mod cli;
 pub mod cpuset;
 pub mod planner;
 pub mod topology;
+pub mod state;
