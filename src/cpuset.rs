@@ -203,11 +203,43 @@ impl CpuSet {
 
     pub fn is_subset(&self, other: &CpuSet) -> bool {
         self.words.len() <= other.words.len()
-            && self.words.iter().zip(&other.words).all(|(a, b)| a & !b == 0)
+            && self
+                .words
+                .iter()
+                .zip(&other.words)
+                .all(|(a, b)| a & !b == 0)
     }
 
     pub fn is_disjoint(&self, other: &CpuSet) -> bool {
         self.words.iter().zip(&other.words).all(|(a, b)| a & b == 0)
+    }
+
+    /// `self.intersection(other).len()` without building the intersection.
+    pub fn intersection_len(&self, other: &CpuSet) -> usize {
+        self.words
+            .iter()
+            .zip(&other.words)
+            .map(|(a, b)| (a & b).count_ones() as usize)
+            .sum()
+    }
+
+    /// Members of `self` that are also in `other`, ascending, without building the intersection.
+    pub fn iter_intersection<'a>(&'a self, other: &'a CpuSet) -> impl Iterator<Item = u32> + 'a {
+        self.words
+            .iter()
+            .zip(&other.words)
+            .enumerate()
+            .flat_map(|(index, (a, b))| {
+                let mut word = a & b;
+                std::iter::from_fn(move || {
+                    if word == 0 {
+                        return None;
+                    }
+                    let bit = word.trailing_zeros();
+                    word &= word - 1;
+                    Some(index as u32 * 64 + bit)
+                })
+            })
     }
 
     /// In-place union.
@@ -244,9 +276,9 @@ fn parse_id(text: &str, part: &str, digits: &str) -> Result<u32, ParseError> {
         });
     }
     // Saturate so absurdly long digit strings still report as too large.
-    let value = digits
-        .bytes()
-        .fold(0u64, |acc, b| acc.saturating_mul(10).saturating_add(u64::from(b - b'0')));
+    let value = digits.bytes().fold(0u64, |acc, b| {
+        acc.saturating_mul(10).saturating_add(u64::from(b - b'0'))
+    });
     if value > u64::from(MAX_CPU_ID) {
         return Err(ParseError::TooLarge {
             text: text.to_string(),
@@ -352,5 +384,23 @@ impl Iterator for Iter<'_> {
             self.index += 1;
             self.current = *self.words.get(self.index)?;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intersection_helpers_match_the_built_intersection() {
+        let a = CpuSet::parse("0-5,64-70,200").unwrap();
+        let b = CpuSet::parse("3-66,200-201").unwrap();
+        let built = a.intersection(&b);
+        assert_eq!(a.intersection_len(&b), built.len());
+        assert_eq!(
+            a.iter_intersection(&b).collect::<Vec<_>>(),
+            built.iter().collect::<Vec<_>>()
+        );
+        assert_eq!(a.intersection_len(&CpuSet::new()), 0);
     }
 }
