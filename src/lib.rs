@@ -5,5 +5,6 @@
 //! values and returns values; the edges (`topology::discover`, cgroupfs, the watcher, the
 //! checkpoint) do the I/O. See docs/ARCHITECTURE.md for the pipeline and where each part lives.
 
+pub mod allocator;
 pub mod cpuset;
 pub mod topology;
