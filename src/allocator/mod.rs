@@ -17,6 +17,8 @@ mod distributed;
 mod index;
 mod options;
 mod policy;
+#[cfg(test)]
+mod tests;
 
 pub use accumulator::{take_by_topology_packed, CpuAccumulator, CpuSortingStrategy, TakeError};
 pub use distributed::take_by_topology_distributed;
