@@ -143,7 +143,8 @@ impl<'a> CpuAccumulator<'a> {
         )
     }
 
-    fn sort_available_numa_indices(&self) -> Vec<usize> {
+    /// [`Self::sort_available_numa_nodes`] as indices into the NUMA node table.
+    pub(crate) fn sort_available_numa_indices(&self) -> Vec<usize> {
         let index = self.index;
         if index.numa_first() {
             return self.sorted_with_free_cpus(&index.numa_nodes);

@@ -176,10 +176,10 @@ pub fn take_by_topology_distributed(
         });
     }
 
-    let numa_order = acc.sort_available_numa_nodes();
-    let numa_cpus: Vec<CpuSet> = numa_order
+    let numa_order = acc.sort_available_numa_indices();
+    let numa_cpus: Vec<&CpuSet> = numa_order
         .iter()
-        .map(|&node| index.numa_node_cpus(&CpuSet::from_iter([node])))
+        .map(|&numa| &index.numa_nodes.cpus[numa])
         .collect();
     let free_per_numa: Vec<i64> = numa_cpus
         .iter()
