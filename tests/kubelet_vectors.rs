@@ -380,3 +380,27 @@ fn kubelet_vectors_pass() {
         failures.join("\n")
     );
 }
+
+/// `topoSingleSocketSingleNumaPerSocketPCoreHTMonolithicUncore` is a hybrid part (8 single-thread
+/// cores, 8 two-thread cores; kubelet's 24/16 gives 1 CPU per core). cpusetd runs it as hybrid:
+/// cores are free only when all their threads are, and its vector still gets kubelet's answer.
+#[test]
+fn pcore_fixture_is_handled_as_a_hybrid_part() {
+    let vectors: Value = serde_json::from_str(VECTORS).expect("vectors parse");
+    let topo = topology(
+        &vectors,
+        "topoSingleSocketSingleNumaPerSocketPCoreHTMonolithicUncore",
+    );
+    let index = TopologyIndex::new(&topo);
+    assert!(index.has_heterogeneous_cores());
+    assert_eq!(index.cpus_per_core(), 1);
+    let options =
+        PolicyOptions::parse("full-pcpus-only=true,prefer-align-cpus-by-uncorecache=true")
+            .expect("options");
+    let policy =
+        StaticPolicy::new(&topo, options, ReservedCpus::List(set("0-1")), false).expect("policy");
+    let cpus = policy
+        .allocate(6, &set("2-3,8-23"), None, &CpuSet::new())
+        .expect("allocation");
+    assert_eq!(cpus, set("2-3,8-9,16-17"));
+}
