@@ -214,6 +214,34 @@ impl CpuSet {
         self.words.iter().zip(&other.words).all(|(a, b)| a & b == 0)
     }
 
+    /// `self.intersection(other).len()` without building the intersection.
+    pub fn intersection_len(&self, other: &CpuSet) -> usize {
+        self.words
+            .iter()
+            .zip(&other.words)
+            .map(|(a, b)| (a & b).count_ones() as usize)
+            .sum()
+    }
+
+    /// Members of `self` that are also in `other`, ascending, without building the intersection.
+    pub fn iter_intersection<'a>(&'a self, other: &'a CpuSet) -> impl Iterator<Item = u32> + 'a {
+        self.words
+            .iter()
+            .zip(&other.words)
+            .enumerate()
+            .flat_map(|(index, (a, b))| {
+                let mut word = a & b;
+                std::iter::from_fn(move || {
+                    if word == 0 {
+                        return None;
+                    }
+                    let bit = word.trailing_zeros();
+                    word &= word - 1;
+                    Some(index as u32 * 64 + bit)
+                })
+            })
+    }
+
     /// In-place union.
     pub fn extend_from(&mut self, other: &CpuSet) {
         if self.words.len() < other.words.len() {
@@ -519,5 +547,18 @@ mod tests {
         fn parse_never_panics(text in "[0-9,\\- \\na]{0,24}") {
             let _ = CpuSet::parse(&text);
         }
+    }
+
+    #[test]
+    fn intersection_helpers_match_the_built_intersection() {
+        let a = CpuSet::parse("0-5,64-70,200").unwrap();
+        let b = CpuSet::parse("3-66,200-201").unwrap();
+        let built = a.intersection(&b);
+        assert_eq!(a.intersection_len(&b), built.len());
+        assert_eq!(
+            a.iter_intersection(&b).collect::<Vec<_>>(),
+            built.iter().collect::<Vec<_>>()
+        );
+        assert_eq!(a.intersection_len(&CpuSet::new()), 0);
     }
 }

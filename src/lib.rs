@@ -5,8 +5,9 @@
 //! values and returns values; the edges (`topology::discover`, cgroupfs, the watcher, the
 //! checkpoint) do the I/O. See docs/ARCHITECTURE.md for the pipeline and where each part lives.
 
+pub mod allocator;
 pub mod cli;
 pub mod cpuset;
 pub mod planner;
-pub mod topology;
 pub mod state;
+pub mod topology;

@@ -18,7 +18,10 @@ pub enum AssignmentKey {
     /// A container whose name is known (from its runtime `config.json`).
     Named { pod_uid: String, container: String },
     /// A container known only by its id.
-    Id { pod_uid: String, container_id: String },
+    Id {
+        pod_uid: String,
+        container_id: String,
+    },
 }
 
 impl AssignmentKey {

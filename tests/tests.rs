@@ -1,6 +1,8 @@
-//! The integration test binary: each submodule drives the real `cpusetd` binary or the public
-//! library API the way an operator or the agent would. Helpers live in `util`.
+//! The integration test binary: one binary, one submodule per area (ripgrep's layout). Each
+//! submodule drives the real `cpusetd` binary or the public library API the way an operator or
+//! the agent would. Helpers live in `util`.
 
 mod util;
 
+mod kubelet_vectors;
 mod topology_cli;

@@ -64,6 +64,17 @@ pub enum TopologyError {
     Document { reason: String },
 }
 
+/// The shape of a regular machine for [`Topology::regular`]: every socket, NUMA node, uncore
+/// cache and core alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegularShape {
+    pub sockets: u32,
+    pub numa_nodes_per_socket: u32,
+    pub uncore_caches_per_numa_node: u32,
+    pub cores_per_uncore_cache: u32,
+    pub threads_per_core: u32,
+}
+
 /// The node's CPUs and their grouping. CPUs are sorted by id; only online CPUs are in `cpus`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topology {
@@ -148,6 +159,34 @@ impl Topology {
             memory_nodes,
             counters,
         })
+    }
+
+    /// A regular machine numbered the way Linux numbers x86 parts: cores are numbered socket by
+    /// socket, and thread `t` of core `c` is CPU `c + t * cores`, so sibling threads are far
+    /// apart. One memory node per NUMA node. For tests, benchmarks and demos.
+    pub fn regular(shape: RegularShape) -> Result<Self, TopologyError> {
+        let numa_nodes = shape.sockets * shape.numa_nodes_per_socket;
+        let uncore_caches = numa_nodes * shape.uncore_caches_per_numa_node;
+        let cores = uncore_caches * shape.cores_per_uncore_cache;
+        let mut cpus = Vec::new();
+        for core in 0..cores {
+            let uncore = core / shape.cores_per_uncore_cache.max(1);
+            let numa = uncore / shape.uncore_caches_per_numa_node.max(1);
+            let socket = numa / shape.numa_nodes_per_socket.max(1);
+            for thread in 0..shape.threads_per_core {
+                cpus.push(CpuInfo {
+                    id: core + thread * cores,
+                    socket,
+                    die: 0,
+                    numa,
+                    core,
+                    uncore,
+                    cluster: None,
+                });
+            }
+        }
+        let memory_nodes = (0..numa_nodes).collect();
+        Topology::new(cpus, CpuSet::new(), CpuSet::new(), memory_nodes)
     }
 
     /// Replaces the derived counters with literal ones (kubelet test fixtures set them by hand,
@@ -300,6 +339,24 @@ mod tests {
         assert_eq!((c.num_cpus, c.num_cores, c.num_sockets), (4, 2, 1));
         assert_eq!(topo.core_threads(1).to_string(), "1,3");
         assert!(topo.is_homogeneous());
+    }
+
+    #[test]
+    fn regular_shapes_number_siblings_far_apart() {
+        let topo = Topology::regular(RegularShape {
+            sockets: 2,
+            numa_nodes_per_socket: 1,
+            uncore_caches_per_numa_node: 2,
+            cores_per_uncore_cache: 2,
+            threads_per_core: 2,
+        })
+        .unwrap();
+        let c = topo.counters();
+        assert_eq!((c.num_cpus, c.num_cores, c.num_sockets), (16, 8, 2));
+        assert_eq!((c.num_numa_nodes, c.num_uncore_caches), (2, 4));
+        assert_eq!(topo.core_threads(5).to_string(), "5,13");
+        assert_eq!(topo.cpu(13).map(|c| (c.socket, c.uncore)), Some((1, 2)));
+        assert_eq!(topo.memory_nodes().to_string(), "0-1");
     }
 
     #[test]

@@ -1,0 +1,408 @@
+//! [`StaticPolicy`]: kubelet's static policy (`policy_static.go`) over cpusetd's pools.
+//!
+//! The policy owns the reserved CPUs and the options; the pools are the caller's and are passed
+//! in. The shared pool is kubelet's "default" set (every CPU not exclusively assigned; without
+//! the reserved CPUs under `strict-cpu-reservation`). Exclusive CPUs come from the shared pool
+//! minus the reserved CPUs, and with `respect_isolcpus` minus the isolated CPUs as well (removed
+//! after the reservation was chosen, so a count reservation may still land on isolated CPUs).
+//!
+//! On top of kubelet, cpusetd refuses an allocation that would take the last CPUs of the shared
+//! pool, and checks every result against the allocatable pool, so fixture-style topologies
+//! whose counters disagree with their CPU map can never hand out a CPU twice.
+
+use std::collections::BTreeMap;
+
+use super::accumulator::{take_by_topology_packed, CpuSortingStrategy, TakeError};
+use super::distributed::take_by_topology_distributed;
+use super::index::TopologyIndex;
+use super::options::{OptionsError, PolicyOptions};
+use crate::cpuset::CpuSet;
+use crate::topology::Topology;
+
+/// How the reserved CPUs are chosen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReservedCpus {
+    /// `--reserved-cpus LIST`: exactly these CPUs.
+    List(CpuSet),
+    /// `--reserved-cpu-count N`: N CPUs taken from all CPUs with the policy's own
+    /// takeByTopology, as kubelet does from `kube-reserved + system-reserved`.
+    Count(usize),
+    /// kubelet's own pair: `reservedSystemCPUs` plus the count from `kube-reserved +
+    /// system-reserved`; the list is used when non-empty and must hold exactly `count` CPUs.
+    ListWithCount { cpus: CpuSet, count: usize },
+}
+
+/// Why a policy could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error(transparent)]
+    Options(#[from] OptionsError),
+    /// kubelet's text, kept verbatim.
+    #[error(
+        "[cpumanager] unable to reserve the required amount of CPUs (size of {reserved} did not \
+         equal {count})"
+    )]
+    UnableToReserve { reserved: CpuSet, count: usize },
+    /// kubelet's text, kept verbatim.
+    #[error(
+        "[cpumanager] unable to build the reserved physical CPUs from the reserved set: unknown \
+         CPU ID: {cpu}"
+    )]
+    UnknownReservedCpu { cpu: u32 },
+}
+
+/// Why a request for exclusive CPUs cannot be met. The kubelet variants carry kubelet's texts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocationError {
+    /// `full-pcpus-only`: the request is not a whole number of cores.
+    #[error("SMT Alignment Error: requested {requested} cpus not multiple cpus per core = {cpus_per_core}")]
+    SmtNotMultipleOfCore {
+        requested: usize,
+        cpus_per_core: usize,
+    },
+    /// `full-pcpus-only`: fewer CPUs on free physical cores than requested.
+    #[error(
+        "SMT Alignment Error: not enough free physical CPUs: available physical CPUs = \
+         {available_physical}, requested CPUs = {requested}, CPUs per core = {cpus_per_core}"
+    )]
+    SmtNotEnoughPhysicalCpus {
+        available_physical: usize,
+        requested: usize,
+        cpus_per_core: usize,
+    },
+    /// `full-pcpus-only` on a hybrid topology: the pick would split a core.
+    #[error(
+        "SMT Alignment Error: requested {requested} cpus cannot be made of whole free cores \
+         (the allocator picked {cpus})"
+    )]
+    SmtSplitsCore { requested: usize, cpus: CpuSet },
+    /// takeByTopology failed (`not enough cpus available to satisfy request: ...`).
+    #[error(transparent)]
+    Take(#[from] TakeError),
+    /// cpusetd's rule: the shared pool is never emptied.
+    #[error(
+        "allocating {cpus} for a request of {requested} cpus would leave the shared pool empty"
+    )]
+    WouldEmptySharedPool { requested: usize, cpus: CpuSet },
+    /// The algorithm returned CPUs outside the allocatable pool or the wrong number of them,
+    /// which only topologies whose counters disagree with their CPU map can cause.
+    #[error(
+        "allocator picked {cpus} for a request of {requested} cpus from {allocatable}: the \
+         topology's counters do not match its cpu map"
+    )]
+    InconsistentTopology {
+        requested: usize,
+        cpus: CpuSet,
+        allocatable: CpuSet,
+    },
+}
+
+/// Exclusive assignments as kubelet's state holds them: pod → container → CPUs.
+pub type Assignments = BTreeMap<String, BTreeMap<String, CpuSet>>;
+
+/// Why a saved state does not fit the policy (kubelet's `validateState`; texts are kubelet's).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StateError {
+    #[error("default cpuset cannot be empty")]
+    EmptySharedPoolWithAssignments,
+    #[error("some of strictly reserved cpus: \"{cpus}\" are present in defaultCpuSet: \"{shared_pool}\"")]
+    StrictlyReservedInSharedPool { cpus: CpuSet, shared_pool: CpuSet },
+    #[error(
+        "not all reserved cpus: \"{reserved}\" are present in defaultCpuSet: \"{shared_pool}\""
+    )]
+    ReservedMissingFromSharedPool {
+        reserved: CpuSet,
+        shared_pool: CpuSet,
+    },
+    #[error(
+        "pod: {pod}, container: {container} cpuset: \"{cpus}\" overlaps with default cpuset \
+         \"{shared_pool}\""
+    )]
+    AssignmentOverlapsSharedPool {
+        pod: String,
+        container: String,
+        cpus: CpuSet,
+        shared_pool: CpuSet,
+    },
+    #[error("current set of available CPUs \"{expected}\" doesn't match with CPUs in state \"{in_state}\"")]
+    CpusChanged { expected: CpuSet, in_state: CpuSet },
+}
+
+/// kubelet's static policy over one topology.
+#[derive(Debug, Clone)]
+pub struct StaticPolicy {
+    index: TopologyIndex,
+    options: PolicyOptions,
+    reserved: CpuSet,
+    /// CPUs never handed out exclusively besides the reserved ones (isolated CPUs when
+    /// `respect_isolcpus`).
+    excluded: CpuSet,
+    /// Every thread of every core holding a reserved or excluded CPU (kubelet's
+    /// `reservedPhysicalCPUs`, plus the excluded CPUs' cores).
+    unavailable_physical: CpuSet,
+    cpu_group_size: usize,
+}
+
+impl StaticPolicy {
+    /// Builds the policy: checks the options against the topology, then picks the reserved CPUs
+    /// as kubelet does. With `respect_isolcpus` the topology's isolated CPUs are never handed
+    /// out exclusively.
+    pub fn new(
+        topology: &Topology,
+        options: PolicyOptions,
+        reserved: ReservedCpus,
+        respect_isolcpus: bool,
+    ) -> Result<Self, PolicyError> {
+        options.validate_for(topology)?;
+        let index = TopologyIndex::new(topology);
+        let mut policy = StaticPolicy {
+            cpu_group_size: index.cpus_per_core(),
+            index,
+            options,
+            reserved: CpuSet::new(),
+            excluded: CpuSet::new(),
+            unavailable_physical: CpuSet::new(),
+        };
+        let (explicit, count) = match reserved {
+            ReservedCpus::List(cpus) => {
+                let count = cpus.len();
+                (cpus, count)
+            }
+            ReservedCpus::Count(count) => (CpuSet::new(), count),
+            ReservedCpus::ListWithCount { cpus, count } => (cpus, count),
+        };
+        let reserved = if explicit.is_empty() {
+            policy
+                .take_by_topology(policy.index.all_cpus(), count)
+                .unwrap_or_default()
+        } else {
+            explicit
+        };
+        if reserved.len() != count {
+            return Err(PolicyError::UnableToReserve { reserved, count });
+        }
+        if let Some(cpu) = reserved
+            .iter()
+            .find(|&cpu| policy.index.core_index_of(cpu).is_none())
+        {
+            return Err(PolicyError::UnknownReservedCpu { cpu });
+        }
+        if respect_isolcpus {
+            policy.excluded = topology.isolated().intersection(policy.index.all_cpus());
+        }
+        policy.unavailable_physical = policy
+            .index
+            .expand_to_cores(&reserved.union(&policy.excluded));
+        policy.reserved = reserved;
+        Ok(policy)
+    }
+
+    pub fn options(&self) -> &PolicyOptions {
+        &self.options
+    }
+
+    /// The reserved CPUs: never exclusive; kept out of the shared pool too when strict.
+    pub fn reserved(&self) -> &CpuSet {
+        &self.reserved
+    }
+
+    /// CPUs kept out of exclusive allocations besides the reserved ones (isolated CPUs when
+    /// `respect_isolcpus`).
+    pub fn excluded(&self) -> &CpuSet {
+        &self.excluded
+    }
+
+    pub fn topology_index(&self) -> &TopologyIndex {
+        &self.index
+    }
+
+    /// kubelet's `CPUsPerCore()`; the group size of `full-pcpus-only`.
+    pub fn cpus_per_core(&self) -> usize {
+        self.cpu_group_size
+    }
+
+    /// The shared pool of a fresh state: all CPUs, without the reserved ones when strict.
+    pub fn initial_shared_pool(&self) -> CpuSet {
+        if self.options.strict_cpu_reservation {
+            self.index.all_cpus().difference(&self.reserved)
+        } else {
+            self.index.all_cpus().clone()
+        }
+    }
+
+    /// CPUs of `shared_pool` that may be handed out exclusively.
+    pub fn allocatable(&self, shared_pool: &CpuSet) -> CpuSet {
+        let mut allocatable = shared_pool.difference(&self.reserved);
+        allocatable.remove_all(&self.excluded);
+        allocatable
+    }
+
+    /// kubelet's `policy.takeByTopology`: the option-selected algorithm on `available`.
+    pub fn take_by_topology(&self, available: &CpuSet, count: usize) -> Result<CpuSet, TakeError> {
+        let strategy = if self.options.distribute_cpus_across_cores {
+            CpuSortingStrategy::Spread
+        } else {
+            CpuSortingStrategy::Packed
+        };
+        if self.options.distribute_cpus_across_numa {
+            let group_size = if self.options.full_pcpus_only {
+                self.cpu_group_size
+            } else {
+                1
+            };
+            return take_by_topology_distributed(
+                &self.index,
+                available,
+                count,
+                group_size,
+                strategy,
+            );
+        }
+        take_by_topology_packed(
+            &self.index,
+            available,
+            count,
+            strategy,
+            self.options.prefer_align_cpus_by_uncorecache,
+        )
+    }
+
+    /// Picks `request` exclusive CPUs (kubelet's `Allocate` + `allocateCPUs`).
+    ///
+    /// `shared_pool` is the current shared pool, `numa_hint` the NUMA node ids of a topology
+    /// hint, `reusable` CPUs this pod's finished init containers may pass on (kubelet's
+    /// `cpusToReuse`). The caller removes the result from the shared pool. A request of 0 is
+    /// a shared-pool container: the result is empty.
+    pub fn allocate(
+        &self,
+        request: usize,
+        shared_pool: &CpuSet,
+        numa_hint: Option<&CpuSet>,
+        reusable: &CpuSet,
+    ) -> Result<CpuSet, AllocationError> {
+        if request == 0 {
+            return Ok(CpuSet::new());
+        }
+        let hybrid_full_cores =
+            self.options.full_pcpus_only && self.index.has_heterogeneous_cores();
+        if self.options.full_pcpus_only {
+            let group_size = self.cpu_group_size.max(1);
+            if request % group_size != 0 {
+                return Err(AllocationError::SmtNotMultipleOfCore {
+                    requested: request,
+                    cpus_per_core: self.cpu_group_size,
+                });
+            }
+            let available_physical = shared_pool.difference(&self.unavailable_physical).len();
+            if request > available_physical {
+                return Err(AllocationError::SmtNotEnoughPhysicalCpus {
+                    available_physical,
+                    requested: request,
+                    cpus_per_core: self.cpu_group_size,
+                });
+            }
+        }
+
+        let mut allocatable = self.allocatable(shared_pool).union(reusable);
+        if hybrid_full_cores {
+            allocatable = self.index.whole_core_cpus(&allocatable);
+        }
+        let mut result = CpuSet::new();
+        if let Some(nodes) = numa_hint {
+            let aligned = self.aligned_cpus(nodes, &allocatable);
+            let count = request.min(aligned.len());
+            result = self.take_by_topology(&aligned, count)?;
+        }
+        let rest = self.take_by_topology(
+            &allocatable.difference(&result),
+            request.saturating_sub(result.len()),
+        )?;
+        result.extend_from(&rest);
+
+        if result.len() != request || !result.is_subset(&allocatable) {
+            return Err(AllocationError::InconsistentTopology {
+                requested: request,
+                cpus: result,
+                allocatable,
+            });
+        }
+        if hybrid_full_cores && self.index.whole_core_cpus(&result) != result {
+            return Err(AllocationError::SmtSplitsCore {
+                requested: request,
+                cpus: result,
+            });
+        }
+        if !shared_pool.is_empty() && shared_pool.is_subset(&result) {
+            return Err(AllocationError::WouldEmptySharedPool {
+                requested: request,
+                cpus: result,
+            });
+        }
+        Ok(result)
+    }
+
+    /// kubelet's `getAlignedCPUs`: the allocatable CPUs of the hinted NUMA nodes, widened to
+    /// their whole sockets with `align-by-socket`.
+    fn aligned_cpus(&self, numa_nodes: &CpuSet, allocatable: &CpuSet) -> CpuSet {
+        let domain = if self.options.align_by_socket {
+            self.index.socket_cpus_of_numa_nodes(numa_nodes)
+        } else {
+            self.index.numa_node_cpus(numa_nodes)
+        };
+        allocatable.intersection(&domain)
+    }
+
+    /// kubelet's `validateState` at start: an empty shared pool with no assignments is a fresh
+    /// state and gets [`Self::initial_shared_pool`]; otherwise the saved pool and assignments
+    /// must fit the reserved CPUs and the online CPUs. Returns the shared pool to use.
+    pub fn validate_state(
+        &self,
+        shared_pool: &CpuSet,
+        assignments: &Assignments,
+    ) -> Result<CpuSet, StateError> {
+        let expected = self.initial_shared_pool();
+        if shared_pool.is_empty() {
+            if !assignments.is_empty() {
+                return Err(StateError::EmptySharedPoolWithAssignments);
+            }
+            return Ok(expected);
+        }
+        if self.options.strict_cpu_reservation {
+            let present = self.reserved.intersection(shared_pool);
+            if !present.is_empty() {
+                return Err(StateError::StrictlyReservedInSharedPool {
+                    cpus: present,
+                    shared_pool: shared_pool.clone(),
+                });
+            }
+        } else if !self.reserved.is_subset(shared_pool) {
+            return Err(StateError::ReservedMissingFromSharedPool {
+                reserved: self.reserved.clone(),
+                shared_pool: shared_pool.clone(),
+            });
+        }
+        for (pod, containers) in assignments {
+            for (container, cpus) in containers {
+                if !cpus.is_disjoint(shared_pool) {
+                    return Err(StateError::AssignmentOverlapsSharedPool {
+                        pod: pod.clone(),
+                        container: container.clone(),
+                        cpus: cpus.clone(),
+                        shared_pool: shared_pool.clone(),
+                    });
+                }
+            }
+        }
+        let mut in_state = shared_pool.clone();
+        for cpus in assignments
+            .values()
+            .flat_map(|containers| containers.values())
+        {
+            in_state.extend_from(cpus);
+        }
+        if in_state != expected {
+            return Err(StateError::CpusChanged { expected, in_state });
+        }
+        Ok(shared_pool.clone())
+    }
+}
