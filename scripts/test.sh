@@ -11,3 +11,6 @@ if [ -x scripts/check-fixtures.sh ]; then
 fi
 
 cargo test --locked --all-targets "$@"
+
+# The kubelet vector count (the test itself asserts every case; this shows ran/skipped).
+cargo test --locked --test tests kubelet_vectors_pass -- --nocapture 2>&1 | grep -A20 "^kubelet vectors:" || true

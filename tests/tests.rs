@@ -4,5 +4,6 @@
 
 mod util;
 
+mod allocate_cli;
 mod kubelet_vectors;
 mod topology_cli;

@@ -2,12 +2,15 @@
 //! mapping from outcomes to exit codes. This is the only layer that names host paths such as
 //! `/sys` or `/proc`, and only as flag defaults.
 
+mod allocate;
 mod topology;
 
 use std::error::Error;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+use crate::cpuset::CpuSet;
 
 /// Exit status of the one-shot commands for a usage or configuration error.
 pub const EXIT_USAGE: u8 = 2;
@@ -30,6 +33,8 @@ pub struct Cli {
 enum Command {
     /// Show the CPU topology: sockets, NUMA nodes, L3 caches, cores, threads.
     Topology(topology::TopologyArgs),
+    /// What-if: which CPUs the static policy would give a container requesting N CPUs.
+    Allocate(allocate::AllocateArgs),
 }
 
 /// A failed command: the message to print and the exit status.
@@ -37,6 +42,8 @@ enum Command {
 pub struct CommandError {
     pub status: u8,
     pub message: String,
+    /// Print the message alone, without the `cpusetd:` prefix (kubelet's error texts).
+    pub bare: bool,
 }
 
 impl CommandError {
@@ -45,6 +52,7 @@ impl CommandError {
         CommandError {
             status: EXIT_USAGE,
             message: message.into(),
+            bare: false,
         }
     }
 
@@ -53,6 +61,7 @@ impl CommandError {
         CommandError {
             status: EXIT_FAILURE,
             message: error_chain(err),
+            bare: false,
         }
     }
 }
@@ -69,6 +78,11 @@ pub fn error_chain(err: &dyn Error) -> String {
     text
 }
 
+/// clap value parser for CPU list flags (`0-3,8`).
+pub fn cpuset_arg(text: &str) -> Result<CpuSet, String> {
+    CpuSet::parse(text).map_err(|e| e.to_string())
+}
+
 fn init_logging() {
     let env = env_logger::Env::default().default_filter_or("info");
     let _ = env_logger::Builder::from_env(env)
@@ -82,11 +96,16 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Topology(args) => topology::run(&args),
+        Command::Allocate(args) => allocate::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("cpusetd: {}", err.message);
+            if err.bare {
+                eprintln!("{}", err.message);
+            } else {
+                eprintln!("cpusetd: {}", err.message);
+            }
             ExitCode::from(err.status)
         }
     }

@@ -1,0 +1,133 @@
+//! `cpusetd allocate`: what the static policy would hand a container, without touching any
+//! cgroup. For operators checking a placement, and for tests of the allocator through the CLI.
+
+use std::fs;
+use std::path::PathBuf;
+
+use clap::{ArgGroup, Args};
+
+use super::{cpuset_arg, CommandError};
+use crate::allocator::{PolicyOptions, ReservedCpus, StaticPolicy};
+use crate::cpuset::CpuSet;
+use crate::topology::{discover, Topology};
+
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("source").required(true).args(["topology", "sysfs_root"])))]
+pub struct AllocateArgs {
+    /// A topology document, as printed by `cpusetd topology --json`.
+    #[arg(long, value_name = "FILE.json")]
+    topology: Option<PathBuf>,
+    /// Read the topology from this sysfs root instead.
+    #[arg(long, value_name = "DIR")]
+    sysfs_root: Option<PathBuf>,
+    /// With --sysfs-root: where procfs is mounted (for isolcpus= on the kernel command line).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/proc",
+        requires = "sysfs_root"
+    )]
+    proc_root: PathBuf,
+    /// How many exclusive CPUs the container requests.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=8192))]
+    count: u32,
+    /// The current shared pool (default: every online CPU).
+    #[arg(long, value_name = "LIST", value_parser = cpuset_arg)]
+    available: Option<CpuSet>,
+    /// CPUs reserved for the system; never handed out exclusively.
+    #[arg(long, value_name = "LIST", value_parser = cpuset_arg, conflicts_with = "reserved_cpu_count")]
+    reserved_cpus: Option<CpuSet>,
+    /// Reserve this many CPUs, chosen the way kubelet chooses them.
+    #[arg(long, value_name = "N")]
+    reserved_cpu_count: Option<usize>,
+    /// kubelet's static policy options, e.g. full-pcpus-only=true.
+    #[arg(long, value_name = "k=v,k=v", default_value = "")]
+    cpu_manager_policy_options: String,
+    /// NUMA nodes of a topology hint: CPUs are taken from them first.
+    #[arg(long, value_name = "LIST", value_parser = cpuset_arg)]
+    numa_hint: Option<CpuSet>,
+    /// Never hand out CPUs the kernel isolates (isolcpus=, nohz_full=).
+    #[arg(long)]
+    respect_isolcpus: bool,
+}
+
+fn load_topology(args: &AllocateArgs) -> Result<Topology, CommandError> {
+    if let Some(file) = &args.topology {
+        let text = fs::read_to_string(file).map_err(|e| {
+            CommandError::usage(format!("--topology {}: cannot read: {e}", file.display()))
+        })?;
+        return Topology::from_json(&text)
+            .map_err(|e| CommandError::usage(format!("--topology {}: {e}", file.display())));
+    }
+    let sysfs = args.sysfs_root.as_deref().unwrap_or("/sys".as_ref());
+    if !sysfs.is_dir() {
+        return Err(CommandError::usage(format!(
+            "--sysfs-root {}: not a directory",
+            sysfs.display()
+        )));
+    }
+    discover(sysfs, &args.proc_root).map_err(|e| CommandError::failure(&e))
+}
+
+pub fn run(args: &AllocateArgs) -> Result<(), CommandError> {
+    let topo = load_topology(args)?;
+    let options = PolicyOptions::parse(&args.cpu_manager_policy_options)
+        .map_err(|e| CommandError::usage(format!("--cpu-manager-policy-options: {e}")))?;
+    for (flag, set) in [
+        ("--available", &args.available),
+        ("--reserved-cpus", &args.reserved_cpus),
+    ] {
+        if let Some(set) = set {
+            let unknown = set.difference(topo.all_cpus());
+            if !unknown.is_empty() {
+                return Err(CommandError::usage(format!(
+                    "{flag}: cpus {unknown} are not online cpus of the topology ({})",
+                    topo.all_cpus()
+                )));
+            }
+        }
+    }
+    if let Some(nodes) = &args.numa_hint {
+        let known: CpuSet = topo.cpus().iter().map(|c| c.numa).collect();
+        let unknown = nodes.difference(&known);
+        if !unknown.is_empty() {
+            return Err(CommandError::usage(format!(
+                "--numa-hint: NUMA nodes {unknown} are not in the topology (it has {known})"
+            )));
+        }
+    }
+    let reserved = match (&args.reserved_cpus, args.reserved_cpu_count) {
+        (Some(cpus), _) => ReservedCpus::List(cpus.clone()),
+        (None, Some(count)) => ReservedCpus::Count(count),
+        (None, None) => ReservedCpus::List(CpuSet::new()),
+    };
+    let policy =
+        StaticPolicy::new(&topo, options, reserved, args.respect_isolcpus).map_err(|e| {
+            let flag = match e {
+                crate::allocator::PolicyError::Options(_) => "--cpu-manager-policy-options",
+                _ => "--reserved-cpus/--reserved-cpu-count",
+            };
+            CommandError::usage(format!("{flag}: {e}"))
+        })?;
+    let shared_pool = match &args.available {
+        Some(set) => set.clone(),
+        None => policy.initial_shared_pool(),
+    };
+    match policy.allocate(
+        args.count as usize,
+        &shared_pool,
+        args.numa_hint.as_ref(),
+        &CpuSet::new(),
+    ) {
+        Ok(cpus) => {
+            println!("{cpus}");
+            Ok(())
+        }
+        // kubelet's own text, alone, so scripts can match it.
+        Err(e) => Err(CommandError {
+            status: super::EXIT_FAILURE,
+            message: e.to_string(),
+            bare: true,
+        }),
+    }
+}

@@ -1,0 +1,174 @@
+//! `cpusetd allocate` as an operator runs it: topology from a JSON document or a sysfs tree,
+//! kubelet's placements and error texts, exit codes 0 / 1 / 2.
+
+use std::fs;
+use std::path::PathBuf;
+
+use crate::util::{cpusetd, stderr, stdout, testdata};
+
+/// The topology document of a fixture machine, written by `cpusetd topology --json`.
+fn topology_file(name: &str) -> PathBuf {
+    let root = testdata(&format!("sysfs/{name}"));
+    let out = cpusetd(&[
+        "topology",
+        "--json",
+        "--sysfs-root",
+        root.to_str().unwrap(),
+        "--proc-root",
+        root.join("proc").to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let file =
+        std::env::temp_dir().join(format!("cpusetd-topo-{}-{name}.json", std::process::id()));
+    fs::write(&file, &out.stdout).unwrap();
+    file
+}
+
+fn allocate(topology: &PathBuf, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["allocate", "--topology", topology.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    cpusetd(&args)
+}
+
+#[test]
+fn two_cpus_are_the_two_threads_of_one_core() {
+    let topo = topology_file("1s-4c-ht");
+    let out = allocate(&topo, &["--count", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "0,4\n");
+    // With CPU 0 reserved, core 0 is broken: the next whole core.
+    let out = allocate(&topo, &["--count", "2", "--reserved-cpus", "0"]);
+    assert_eq!(stdout(&out), "1,5\n");
+}
+
+#[test]
+fn full_pcpus_only_refuses_an_odd_request_with_kubelets_text() {
+    let topo = topology_file("1s-4c-ht");
+    let out = allocate(
+        &topo,
+        &[
+            "--count",
+            "3",
+            "--cpu-manager-policy-options",
+            "full-pcpus-only=true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        "SMT Alignment Error: requested 3 cpus not multiple cpus per core = 2\n"
+    );
+}
+
+#[test]
+fn not_enough_cpus_uses_kubelets_text() {
+    let topo = topology_file("1s-4c-ht");
+    let out = allocate(&topo, &["--count", "5", "--available", "0,2,4,6"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        "not enough cpus available to satisfy request: requested=5, available=4\n"
+    );
+}
+
+#[test]
+fn the_shared_pool_is_never_emptied() {
+    let topo = topology_file("1s-4c-ht");
+    let out = allocate(&topo, &["--count", "2", "--available", "1,5"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("would leave the shared pool empty"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn usage_errors_exit_2_naming_the_flag() {
+    let topo = topology_file("1s-4c-ht");
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--count", "2", "--cpu-manager-policy-options", "full-pcpus-only=true,distribute-cpus-across-cores=true"],
+            "--cpu-manager-policy-options: policy options full-pcpus-only and distribute-cpus-across-cores can not be used at the same time",
+        ),
+        (
+            &["--count", "2", "--cpu-manager-policy-options", "no-such-option=true"],
+            "--cpu-manager-policy-options: unknown cpu manager policy option \"no-such-option\"",
+        ),
+        (
+            &["--count", "2", "--cpu-manager-policy-options", "full-pcpus-only=yes"],
+            "--cpu-manager-policy-options: bad value \"yes\"",
+        ),
+        (&["--count", "2", "--available", "1-"], "--available <LIST>"),
+        (&["--count", "2", "--available", "0-15"], "--available: cpus 8-15 are not online cpus"),
+        (&["--count", "2", "--numa-hint", "3"], "--numa-hint: NUMA nodes 3 are not in the topology"),
+        (&["--count", "0"], "--count <N>"),
+        (&["--count", "2", "--reserved-cpus", "0", "--reserved-cpu-count", "1"], "cannot be used with"),
+    ];
+    for (args, needle) in cases {
+        let out = allocate(&topo, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+    }
+    let out = cpusetd(&["allocate", "--count", "2"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = cpusetd(&[
+        "allocate",
+        "--count",
+        "2",
+        "--topology",
+        "/nonexistent.json",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--topology /nonexistent.json: cannot read"));
+}
+
+#[test]
+fn numa_hint_and_sysfs_source() {
+    let root = testdata("sysfs/2s-8c-ht-2numa");
+    let sysfs = root.to_str().unwrap();
+    let proc = root.join("proc");
+    let out = cpusetd(&[
+        "allocate",
+        "--sysfs-root",
+        sysfs,
+        "--proc-root",
+        proc.to_str().unwrap(),
+        "--count",
+        "2",
+        "--numa-hint",
+        "1",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // NUMA node 1 is socket 1: cpus 4-7,12-15; its first core is 4,12.
+    assert_eq!(stdout(&out), "4,12\n");
+}
+
+#[test]
+fn respect_isolcpus_keeps_isolated_cpus_out() {
+    let root = testdata("sysfs/isolcpus");
+    let proc = root.join("proc");
+    let base = [
+        "allocate",
+        "--sysfs-root",
+        root.to_str().unwrap(),
+        "--proc-root",
+        proc.to_str().unwrap(),
+        "--count",
+        "4",
+        "--reserved-cpus",
+        "0",
+    ];
+    let out = cpusetd(&base);
+    assert_eq!(stdout(&out), "1-2,5-6\n", "{}", stderr(&out));
+    let mut with_flag = base.to_vec();
+    with_flag.push("--respect-isolcpus");
+    let out = cpusetd(&with_flag);
+    // 2-5 isolated, 0 reserved: only 1,6,7 remain: not enough for 4.
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stderr(&out).starts_with("not enough cpus available"),
+        "{}",
+        stderr(&out)
+    );
+}
