@@ -67,12 +67,12 @@ pub struct Assignments {
 pub enum AssignmentError {
     #[error("cpus {cpus} of {key} overlap cpus held by {holder}")]
     Overlap {
-        key: AssignmentKey,
+        key: Box<AssignmentKey>,
         cpus: CpuSet,
-        holder: AssignmentKey,
+        holder: Box<AssignmentKey>,
     },
     #[error("{key} has an empty cpu set")]
-    Empty { key: AssignmentKey },
+    Empty { key: Box<AssignmentKey> },
 }
 
 impl Assignments {
@@ -121,13 +121,13 @@ impl Assignments {
         assignment: ExclusiveAssignment,
     ) -> Result<(), AssignmentError> {
         if assignment.cpus.is_empty() {
-            return Err(AssignmentError::Empty { key });
+            return Err(AssignmentError::Empty { key: Box::new(key) });
         }
         if let Some(holder) = self.holder_of(&assignment.cpus, &key) {
             return Err(AssignmentError::Overlap {
-                holder: holder.clone(),
+                holder: Box::new(holder.clone()),
                 cpus: assignment.cpus,
-                key,
+                key: Box::new(key),
             });
         }
         self.by_key.insert(key, assignment);
