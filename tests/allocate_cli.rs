@@ -24,7 +24,7 @@ fn topology_file(name: &str) -> PathBuf {
     file
 }
 
-fn allocate(topology: &PathBuf, extra: &[&str]) -> std::process::Output {
+fn allocate(topology: &std::path::Path, extra: &[&str]) -> std::process::Output {
     let mut args = vec!["allocate", "--topology", topology.to_str().unwrap()];
     args.extend_from_slice(extra);
     cpusetd(&args)
