@@ -203,7 +203,11 @@ impl CpuSet {
 
     pub fn is_subset(&self, other: &CpuSet) -> bool {
         self.words.len() <= other.words.len()
-            && self.words.iter().zip(&other.words).all(|(a, b)| a & !b == 0)
+            && self
+                .words
+                .iter()
+                .zip(&other.words)
+                .all(|(a, b)| a & !b == 0)
     }
 
     pub fn is_disjoint(&self, other: &CpuSet) -> bool {
@@ -244,9 +248,9 @@ fn parse_id(text: &str, part: &str, digits: &str) -> Result<u32, ParseError> {
         });
     }
     // Saturate so absurdly long digit strings still report as too large.
-    let value = digits
-        .bytes()
-        .fold(0u64, |acc, b| acc.saturating_mul(10).saturating_add(u64::from(b - b'0')));
+    let value = digits.bytes().fold(0u64, |acc, b| {
+        acc.saturating_mul(10).saturating_add(u64::from(b - b'0'))
+    });
     if value > u64::from(MAX_CPU_ID) {
         return Err(ParseError::TooLarge {
             text: text.to_string(),

@@ -5,5 +5,7 @@
 //! values and returns values; the edges (`topology::discover`, cgroupfs, the watcher, the
 //! checkpoint) do the I/O. See docs/ARCHITECTURE.md for the pipeline and where each part lives.
 
+pub mod cgroupfs;
 pub mod cpuset;
+pub mod log_once;
 pub mod topology;

@@ -266,7 +266,12 @@ mod tests {
     #[test]
     fn counters_are_derived_from_the_cpu_map() {
         let topo = Topology::new(
-            vec![cpu(0, 0, 0, 0), cpu(1, 1, 0, 0), cpu(2, 0, 0, 0), cpu(3, 1, 0, 0)],
+            vec![
+                cpu(0, 0, 0, 0),
+                cpu(1, 1, 0, 0),
+                cpu(2, 0, 0, 0),
+                cpu(3, 1, 0, 0),
+            ],
             CpuSet::new(),
             CpuSet::new(),
             CpuSet::range(0, 0),
