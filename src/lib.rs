@@ -7,5 +7,6 @@
 
 pub mod cgroupfs;
 pub mod cpuset;
-pub mod log_once;
+pub mod logging;
+pub mod runtime;
 pub mod topology;

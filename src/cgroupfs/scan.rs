@@ -13,7 +13,7 @@
 use std::fmt;
 
 use crate::cpuset::CpuSet;
-use crate::log_once::LogOnce;
+use crate::logging::{error_chain, LogOnce};
 
 use super::fs::{CgroupError, CgroupFs, FileKind, InterfaceFile};
 use super::layout::{CgroupLayout, CgroupVersion};
@@ -414,16 +414,4 @@ impl Scanner {
             log::warn!("cg={path}: {error}");
         }
     }
-}
-
-/// An error and its sources on one line: `cannot read X: Permission denied (os error 13)`.
-pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

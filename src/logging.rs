@@ -1,5 +1,7 @@
-//! `LogOnce`: remembers which problems were already logged, so a periodic pass (a reconcile
-//! scan every few seconds) reports a lasting problem once instead of on every pass.
+//! Logging helpers shared by the edges: [`LogOnce`], which remembers which problems were already
+//! logged so that a periodic pass (a reconcile scan every few seconds) reports a lasting problem
+//! once instead of on every pass, and [`error_chain`], which puts an error and its sources on one
+//! log line.
 //!
 //! A problem is identified by a key string. It is reported when it is first seen, stays quiet
 //! while it is seen in every following pass, and is forgotten after a pass that did not see it,
@@ -35,9 +37,33 @@ impl LogOnce {
     }
 }
 
+/// An error and its sources on one line: `cannot read X: Permission denied (os error 13)`.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_chain_joins_sources() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot read x")]
+        struct Outer(#[source] std::io::Error);
+        let err = Outer(std::io::Error::from_raw_os_error(13));
+        assert_eq!(
+            error_chain(&err),
+            "cannot read x: Permission denied (os error 13)"
+        );
+    }
 
     #[test]
     fn logs_once_while_present_and_again_after_a_gap() {
