@@ -6,6 +6,7 @@
 //! checkpoint) do the I/O. See docs/ARCHITECTURE.md for the pipeline and where each part lives.
 
 pub mod cgroupfs;
+pub mod classify;
 pub mod cpuset;
 pub mod logging;
 pub mod runtime;
