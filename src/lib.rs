@@ -2,8 +2,8 @@
 //! straight into cgroupfs.
 //!
 //! The pure core (`cpuset`, `topology` values, the allocator, classification, the planner) takes
-//! values and returns values; the edges (`topology::discover`, cgroupfs, the watcher, the
-//! checkpoint) do the I/O. See docs/ARCHITECTURE.md for the pipeline and where each part lives.
+//! values and returns values; the edges (`topology::discover`, cgroupfs, the runtime config
+//! lookup, the watcher, the checkpoint) do the I/O. See docs/ARCHITECTURE.md for the pipeline and where each part lives.
 
 pub mod cgroupfs;
 pub mod classify;

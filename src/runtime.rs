@@ -7,7 +7,9 @@
 //! [`MAX_CONFIG_BYTES`], not JSON or of the wrong shape is logged (once per container) and
 //! ignored, never fatal, and the container is classified from its cgroup alone. Parsing is
 //! tolerant field by field (a wrong-typed field is dropped, unknown fields are skipped) and keeps
-//! serde_json's recursion limit, so deeply nested input cannot exhaust the stack. The default
+//! serde_json's recursion limit, so deeply nested input cannot exhaust the stack. The runtimes'
+//! state directories are root's, so config paths are opened normally, but anything that is not a
+//! regular file (a FIFO would block) is refused. The default
 //! templates are constants for `main` and the configuration; everything below takes templates
 //! as injected values.
 

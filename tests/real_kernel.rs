@@ -131,6 +131,16 @@ fn real_cpuset_reads_writes_and_kernel_refusals() {
     let tree = Subtree::new(&[&layout_probe.cpuset_root, &layout_probe.cpu_root]);
     let pod = format!("kubepods/pod{POD_UID}");
     let container = format!("{pod}/{CONTAINER_ID}");
+    tree.create("");
+    // Children must start with empty cpusets even where the mount clones them by default.
+    fs::write(
+        layout_probe
+            .cpuset_root
+            .join(&tree.name)
+            .join("cgroup.clone_children"),
+        "0",
+    )
+    .unwrap();
     tree.create(&container);
 
     let layout = detect_layout(&LayoutConfig {
@@ -155,7 +165,10 @@ fn real_cpuset_reads_writes_and_kernel_refusals() {
     let kubepods = top.join("kubepods".as_ref()).unwrap();
     let pod_cg = path(&format!("{}/{pod}", tree.name));
     let container_cg = path(&format!("{}/{container}", tree.name));
-    assert_eq!(cpuset.read(&top, InterfaceFile::CpusetCpus).unwrap(), "");
+    assert_eq!(
+        cpuset.read(&kubepods, InterfaceFile::CpusetCpus).unwrap(),
+        ""
+    );
     for cg in [&top, &kubepods, &pod_cg] {
         cpuset
             .write(cg, InterfaceFile::CpusetCpus, &all_cpus)
