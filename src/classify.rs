@@ -215,7 +215,8 @@ pub enum SharedReason {
     NotWholeCpus {
         request: Millicores,
     },
-    /// v2 weight could not settle whether the request is whole (logged once).
+    /// The source (v2 `cpu.weight`, or shares at kubelet's maximum) cannot settle whether the
+    /// request is whole; with a weight, a [`Notice::LossyWeight`] says so.
     Undecidable {
         request: Millicores,
     },
@@ -234,10 +235,9 @@ impl fmt::Display for SharedReason {
             SharedReason::NotWholeCpus { request } => {
                 write!(f, "cpu request {request} is not a whole number of cpus")
             }
-            SharedReason::Undecidable { request } => write!(
-                f,
-                "cpu request {request} (from cpu.weight) may or may not be whole cpus"
-            ),
+            SharedReason::Undecidable { request } => {
+                write!(f, "cpu request {request} may or may not be whole cpus")
+            }
             SharedReason::OptedOut { annotation } => write!(f, "{annotation}: \"false\""),
         }
     }
@@ -987,10 +987,9 @@ pub fn classify(
                 WholeCpus::Yes(cpus) => Ok(cpus),
                 WholeCpus::No => Err(SharedReason::NotWholeCpus { request }),
                 WholeCpus::Unknown => {
-                    notices.push(Notice::LossyWeight {
-                        weight: weight.unwrap_or(0),
-                        request,
-                    });
+                    if let Some(weight) = weight {
+                        notices.push(Notice::LossyWeight { weight, request });
+                    }
                     Err(SharedReason::Undecidable { request })
                 }
             }

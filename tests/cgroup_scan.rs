@@ -140,7 +140,7 @@ fn v2_systemd_table() {
             ("kubepods-pod<0c>.slice/cri-containerd-<c1>.scope/sub/leaf", "container child cgroup | Guaranteed | - | -"),
             ("kubepods-pod<10>.slice", "pod | Guaranteed | - | -"),
             ("kubepods-pod<10>.slice/cri-containerd-<70>.scope", "sandbox | Guaranteed | shared(pod sandbox) | -"),
-            ("kubepods-pod<10>.slice/cri-containerd-<71>.scope", "container | Guaranteed | shared(cpu request 3997m..7759m (from cpu.weight) may or may not be whole cpus) | -"),
+            ("kubepods-pod<10>.slice/cri-containerd-<71>.scope", "container | Guaranteed | shared(cpu request 3997m..7759m may or may not be whole cpus) | -"),
             ("kubepods-podnot_a_uid.slice", "unknown ('kubepods-podnot_a_uid.slice' does not hold a valid pod UID) | - | - | -"),
         ],
     );

@@ -249,17 +249,10 @@ impl Scanner {
                 return None;
             }
         };
-        let (cpus_file, mems_file, effective_file) = match self.hierarchy.version {
-            CgroupVersion::V1 => (
-                InterfaceFile::CpusetCpus,
-                InterfaceFile::CpusetMems,
-                InterfaceFile::CpusetEffectiveCpus,
-            ),
-            CgroupVersion::V2 => (
-                InterfaceFile::CpusetCpus,
-                InterfaceFile::CpusetMems,
-                InterfaceFile::CpusetCpusEffective,
-            ),
+        let (cpus_file, mems_file) = (InterfaceFile::CpusetCpus, InterfaceFile::CpusetMems);
+        let effective_file = match self.hierarchy.version {
+            CgroupVersion::V1 => InterfaceFile::CpusetEffectiveCpus,
+            CgroupVersion::V2 => InterfaceFile::CpusetCpusEffective,
         };
         let cpus = self.value(
             path,
