@@ -2,12 +2,16 @@
 //! straight into cgroupfs.
 //!
 //! The pure core (`cpuset`, `topology` values, the allocator, classification, the planner) takes
-//! values and returns values; the edges (`topology::discover`, cgroupfs, the watcher, the
-//! checkpoint) do the I/O. See docs/ARCHITECTURE.md for the pipeline and where each part lives.
+//! values and returns values; the edges (`topology::discover`, cgroupfs, the runtime config
+//! lookup, the watcher, the checkpoint) do the I/O. See docs/ARCHITECTURE.md for the pipeline and where each part lives.
 
 pub mod allocator;
+pub mod cgroupfs;
+pub mod classify;
 pub mod cli;
 pub mod cpuset;
+pub mod logging;
 pub mod planner;
+pub mod runtime;
 pub mod state;
 pub mod topology;

@@ -2,12 +2,11 @@
 //! kubelet's placements and error texts, exit codes 0 / 1 / 2.
 
 use std::fs;
-use std::path::PathBuf;
 
 use crate::util::{cpusetd, stderr, stdout, testdata};
 
 /// The topology document of a fixture machine, written by `cpusetd topology --json`.
-fn topology_file(name: &str) -> PathBuf {
+fn topology_file(name: &str) -> tempfile::NamedTempFile {
     let root = testdata(&format!("sysfs/{name}"));
     let out = cpusetd(&[
         "topology",
@@ -18,14 +17,13 @@ fn topology_file(name: &str) -> PathBuf {
         root.join("proc").to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let file =
-        std::env::temp_dir().join(format!("cpusetd-topo-{}-{name}.json", std::process::id()));
-    fs::write(&file, &out.stdout).unwrap();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    fs::write(file.path(), &out.stdout).unwrap();
     file
 }
 
-fn allocate(topology: &std::path::Path, extra: &[&str]) -> std::process::Output {
-    let mut args = vec!["allocate", "--topology", topology.to_str().unwrap()];
+fn allocate(topology: &tempfile::NamedTempFile, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["allocate", "--topology", topology.path().to_str().unwrap()];
     args.extend_from_slice(extra);
     cpusetd(&args)
 }

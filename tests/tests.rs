@@ -5,5 +5,8 @@
 mod util;
 
 mod allocate_cli;
+mod cgroup_scan;
+mod hostile;
 mod kubelet_vectors;
+mod real_kernel;
 mod topology_cli;

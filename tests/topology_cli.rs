@@ -3,7 +3,7 @@
 use std::fs;
 use std::path::Path;
 
-use crate::util::{cpusetd, stderr, stdout, testdata};
+use crate::util::{copy_tree, cpusetd, stderr, stdout, testdata};
 
 fn fixture_names() -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(testdata("sysfs"))
@@ -47,9 +47,9 @@ fn isolated_cpus_come_from_the_command_line_too() {
     let root = testdata("sysfs/nohz-full");
     let with_cmdline = topology_json(&root, Some(&root.join("proc")));
     assert_eq!(with_cmdline["isolated"], "2-3,7");
-    let tmp = tempdir();
-    fs::write(tmp.join("cmdline"), "ro quiet\n").unwrap();
-    let without = topology_json(&root, Some(&tmp));
+    let tmp = tempfile::tempdir().unwrap();
+    fs::write(tmp.path().join("cmdline"), "ro quiet\n").unwrap();
+    let without = topology_json(&root, Some(tmp.path()));
     assert_eq!(without["isolated"], "");
 }
 
@@ -131,41 +131,16 @@ fn this_machine_is_read_from_the_real_sys() {
 }
 
 /// A fresh copy of a fixture in a temporary directory, for tests that damage it.
-fn copy_fixture(name: &str) -> std::path::PathBuf {
-    let dst = tempdir();
-    copy_dir(&testdata(&format!("sysfs/{name}")), &dst);
+fn copy_fixture(name: &str) -> tempfile::TempDir {
+    let dst = tempfile::tempdir().unwrap();
+    copy_tree(&testdata(&format!("sysfs/{name}")), dst.path());
     dst
-}
-
-fn copy_dir(src: &Path, dst: &Path) {
-    fs::create_dir_all(dst).unwrap();
-    for entry in fs::read_dir(src).unwrap() {
-        let entry = entry.unwrap();
-        let to = dst.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &to);
-        } else {
-            fs::copy(entry.path(), &to).unwrap();
-        }
-    }
-}
-
-fn tempdir() -> std::path::PathBuf {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "cpusetd-test-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 #[test]
 fn garbage_and_missing_files_are_named() {
-    let root = copy_fixture("1s-4c-ht");
+    let copy = copy_fixture("1s-4c-ht");
+    let root = copy.path().to_path_buf();
     let proc = root.join("proc");
     let args = |root: &Path| {
         vec![
@@ -226,5 +201,4 @@ fn garbage_and_missing_files_are_named() {
     assert!(stderr(&out).contains("--sysfs-root /nonexistent-sysfs"));
     let out = cpusetd(&["topology", "--no-such-flag"]);
     assert_eq!(out.status.code(), Some(2));
-    fs::remove_dir_all(&root).unwrap();
 }

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::cpuset::CpuSet;
+use crate::logging::error_chain;
 
 /// Exit status of the one-shot commands for a usage or configuration error.
 pub const EXIT_USAGE: u8 = 2;
@@ -64,18 +65,6 @@ impl CommandError {
             bare: false,
         }
     }
-}
-
-/// `outer: inner: innermost` — each error's own message, printed once at the top.
-pub fn error_chain(err: &dyn Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// clap value parser for CPU list flags (`0-3,8`).

@@ -2,7 +2,7 @@
 //! caches ("uncore"), NUMA nodes and sockets, plus isolated CPUs and memory nodes.
 //!
 //! This module owns the [`Topology`] value and its JSON document (DESIGN.md §2). Reading it from
-//! sysfs and `/proc/cmdline` lives in [`discover`]; rendering for people in [`render`].
+//! sysfs and `/proc/cmdline` lives in [`discover()`]; rendering for people in [`render_tree`].
 //! A `Topology` is plain data: the allocator and planner take it by reference and never do I/O.
 
 mod discover;

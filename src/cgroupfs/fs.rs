@@ -1,0 +1,783 @@
+//! `CgroupFs`: reading, writing and listing cgroup interface files below one injected root,
+//! without ever following a symlink below that root.
+//!
+//! Every access walks from the root's directory descriptor one component at a time with
+//! `openat(O_NOFOLLOW | O_DIRECTORY)` and opens the interface file with `O_NOFOLLOW |
+//! O_NONBLOCK`, then checks with `fstat` that it is a regular file. So a symlink planted in the
+//! tree is refused instead of followed out of the root, and a FIFO named like an interface file
+//! cannot hang the agent. Writes open without `O_CREAT` (a misspelt name is an error, not a new
+//! file), truncate, and issue one `write(2)` of the value, as the kernel expects. The root itself
+//! is configuration and is opened normally (on many hosts `/sys/fs/cgroup/cpu` is a symlink to
+//! `cpu,cpuacct`).
+
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::dir::{Dir, Type};
+use nix::errno::Errno;
+use nix::fcntl::{open, openat, AtFlags, OFlag};
+use nix::sys::stat::{fstat, fstatat, FileStat, Mode, SFlag};
+
+use super::path::CgroupPath;
+
+/// Largest interface file read; cgroup interface files the agent reads are a few bytes.
+pub const MAX_READ_BYTES: usize = 1 << 20;
+
+/// The cgroup interface files the agent touches: their names live here and nowhere else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum InterfaceFile {
+    /// `cpuset.cpus` (v1 and v2): the CPUs configured for the cgroup.
+    CpusetCpus,
+    /// `cpuset.mems` (v1 and v2): the memory nodes configured for the cgroup.
+    CpusetMems,
+    /// `cpuset.cpus.effective` (v2): the CPUs the cgroup really gets.
+    CpusetCpusEffective,
+    /// `cpuset.mems.effective` (v2).
+    CpusetMemsEffective,
+    /// `cpuset.effective_cpus` (v1).
+    CpusetEffectiveCpus,
+    /// `cpuset.effective_mems` (v1).
+    CpusetEffectiveMems,
+    /// `cpu.shares` (v1).
+    CpuShares,
+    /// `cpu.cfs_quota_us` (v1): `-1` or the quota in microseconds per period.
+    CpuCfsQuotaUs,
+    /// `cpu.cfs_period_us` (v1).
+    CpuCfsPeriodUs,
+    /// `cpu.max` (v2): `max|QUOTA PERIOD`.
+    CpuMax,
+    /// `cpu.weight` (v2): 1..=10000.
+    CpuWeight,
+    /// `cgroup.procs` (v1 and v2).
+    CgroupProcs,
+    /// `cgroup.controllers` (v2): controllers available to the cgroup.
+    CgroupControllers,
+    /// `cgroup.subtree_control` (v2): controllers enabled for the children.
+    CgroupSubtreeControl,
+}
+
+impl InterfaceFile {
+    pub const ALL: [InterfaceFile; 14] = [
+        InterfaceFile::CpusetCpus,
+        InterfaceFile::CpusetMems,
+        InterfaceFile::CpusetCpusEffective,
+        InterfaceFile::CpusetMemsEffective,
+        InterfaceFile::CpusetEffectiveCpus,
+        InterfaceFile::CpusetEffectiveMems,
+        InterfaceFile::CpuShares,
+        InterfaceFile::CpuCfsQuotaUs,
+        InterfaceFile::CpuCfsPeriodUs,
+        InterfaceFile::CpuMax,
+        InterfaceFile::CpuWeight,
+        InterfaceFile::CgroupProcs,
+        InterfaceFile::CgroupControllers,
+        InterfaceFile::CgroupSubtreeControl,
+    ];
+
+    /// The file name in the cgroup directory.
+    pub const fn name(self) -> &'static str {
+        match self {
+            InterfaceFile::CpusetCpus => "cpuset.cpus",
+            InterfaceFile::CpusetMems => "cpuset.mems",
+            InterfaceFile::CpusetCpusEffective => "cpuset.cpus.effective",
+            InterfaceFile::CpusetMemsEffective => "cpuset.mems.effective",
+            InterfaceFile::CpusetEffectiveCpus => "cpuset.effective_cpus",
+            InterfaceFile::CpusetEffectiveMems => "cpuset.effective_mems",
+            InterfaceFile::CpuShares => "cpu.shares",
+            InterfaceFile::CpuCfsQuotaUs => "cpu.cfs_quota_us",
+            InterfaceFile::CpuCfsPeriodUs => "cpu.cfs_period_us",
+            InterfaceFile::CpuMax => "cpu.max",
+            InterfaceFile::CpuWeight => "cpu.weight",
+            InterfaceFile::CgroupProcs => "cgroup.procs",
+            InterfaceFile::CgroupControllers => "cgroup.controllers",
+            InterfaceFile::CgroupSubtreeControl => "cgroup.subtree_control",
+        }
+    }
+
+    /// The interface file with this name, if the agent knows it.
+    pub fn from_name(name: &str) -> Option<InterfaceFile> {
+        InterfaceFile::ALL.into_iter().find(|f| f.name() == name)
+    }
+}
+
+impl fmt::Display for InterfaceFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why the agent refused to use something it found in the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("it is a symlink, which is never followed below the cgroup root")]
+    Symlink,
+    #[error("it is a {kind}, not a regular file")]
+    NotRegularFile { kind: FileKind },
+    #[error("it is a {kind}, not a directory")]
+    NotADirectory { kind: FileKind },
+    #[error("it is larger than {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("the kernel took {written} of {len} bytes in one write")]
+    ShortWrite { written: usize, len: usize },
+}
+
+/// The type of a directory entry, as far as the agent cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    Directory,
+    RegularFile,
+    Symlink,
+    Fifo,
+    Socket,
+    Device,
+    Unknown,
+}
+
+impl fmt::Display for FileKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FileKind::Directory => "directory",
+            FileKind::RegularFile => "regular file",
+            FileKind::Symlink => "symlink",
+            FileKind::Fifo => "fifo",
+            FileKind::Socket => "socket",
+            FileKind::Device => "device",
+            FileKind::Unknown => "file of unknown type",
+        })
+    }
+}
+
+impl FileKind {
+    fn of_stat(stat: &FileStat) -> FileKind {
+        let fmt = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
+        if fmt == SFlag::S_IFDIR {
+            FileKind::Directory
+        } else if fmt == SFlag::S_IFREG {
+            FileKind::RegularFile
+        } else if fmt == SFlag::S_IFLNK {
+            FileKind::Symlink
+        } else if fmt == SFlag::S_IFIFO {
+            FileKind::Fifo
+        } else if fmt == SFlag::S_IFSOCK {
+            FileKind::Socket
+        } else if fmt == SFlag::S_IFCHR || fmt == SFlag::S_IFBLK {
+            FileKind::Device
+        } else {
+            FileKind::Unknown
+        }
+    }
+
+    fn of_dirent(kind: Option<Type>) -> Option<FileKind> {
+        Some(match kind? {
+            Type::Directory => FileKind::Directory,
+            Type::File => FileKind::RegularFile,
+            Type::Symlink => FileKind::Symlink,
+            Type::Fifo => FileKind::Fifo,
+            Type::Socket => FileKind::Socket,
+            Type::CharacterDevice | Type::BlockDevice => FileKind::Device,
+        })
+    }
+}
+
+/// A failed cgroupfs operation, with the host path it concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cannot open the cgroup root {root}")]
+    Root {
+        root: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot write {value:?} to {path}")]
+    Write {
+        path: PathBuf,
+        value: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot list {path}")]
+    List {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("refusing to use {path}")]
+    Refused {
+        path: PathBuf,
+        /// The value that was to be written, for writes.
+        value: Option<String>,
+        #[source]
+        reason: Refusal,
+    },
+}
+
+impl CgroupError {
+    /// The file or directory no longer exists: the cgroup is gone (a container exited). Not an
+    /// error for the agent, which skips it.
+    pub fn is_gone(&self) -> bool {
+        self.errno() == Some(Errno::ENOENT as i32)
+    }
+
+    /// The operating system's error number, when the failure came from a system call.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            CgroupError::Root { source, .. }
+            | CgroupError::Read { source, .. }
+            | CgroupError::Write { source, .. }
+            | CgroupError::List { source, .. } => source.raw_os_error(),
+            CgroupError::Refused { .. } => None,
+        }
+    }
+
+    /// The host path the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            CgroupError::Root { root: path, .. }
+            | CgroupError::Read { path, .. }
+            | CgroupError::Write { path, .. }
+            | CgroupError::List { path, .. }
+            | CgroupError::Refused { path, .. } => path,
+        }
+    }
+}
+
+/// One entry of a cgroup directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: OsString,
+    pub kind: FileKind,
+}
+
+/// A cgroup controller hierarchy (a v1 controller mount, or the v2 unified tree) under an
+/// injected root. Cheap to clone: clones share the root's directory descriptor.
+#[derive(Debug, Clone)]
+pub struct CgroupFs {
+    root: PathBuf,
+    root_fd: Arc<OwnedFd>,
+}
+
+/// What went wrong while walking to a directory, before it is given its operation's context.
+enum WalkError {
+    Io(io::Error),
+    Refused(Refusal),
+}
+
+impl CgroupFs {
+    /// Opens the root directory. The root is configuration and may itself be a symlink.
+    pub fn open(root: impl Into<PathBuf>) -> Result<CgroupFs, CgroupError> {
+        let root = root.into();
+        let fd = open(
+            root.as_path(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|errno| CgroupError::Root {
+            root: root.clone(),
+            source: io::Error::from(errno),
+        })?;
+        Ok(CgroupFs {
+            root,
+            root_fd: Arc::new(fd),
+        })
+    }
+
+    /// The root directory this handle was opened on.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The host path of a cgroup directory, for messages and inotify.
+    pub fn host_path(&self, cgroup: &CgroupPath) -> PathBuf {
+        cgroup.under(&self.root)
+    }
+
+    /// The host path of an interface file.
+    pub fn file_path(&self, cgroup: &CgroupPath, file: InterfaceFile) -> PathBuf {
+        self.host_path(cgroup).join(file.name())
+    }
+
+    /// Whether the cgroup directory exists (a symlink in its place does not count).
+    pub fn exists(&self, cgroup: &CgroupPath) -> bool {
+        self.open_dir(cgroup).is_ok()
+    }
+
+    /// Reads an interface file and trims surrounding whitespace (the kernel's trailing newline).
+    pub fn read(&self, cgroup: &CgroupPath, file: InterfaceFile) -> Result<String, CgroupError> {
+        let dir = self.open_dir(cgroup)?;
+        self.read_in(&dir, cgroup, file)
+    }
+
+    /// Writes `value` to an interface file: open without create, truncate, one `write(2)`.
+    pub fn write(
+        &self,
+        cgroup: &CgroupPath,
+        file: InterfaceFile,
+        value: &str,
+    ) -> Result<(), CgroupError> {
+        let path = self.file_path(cgroup, file);
+        let refused = |path: PathBuf, reason| CgroupError::Refused {
+            path,
+            value: Some(value.to_string()),
+            reason,
+        };
+        let dir = self.walk(cgroup).map_err(|e| match e {
+            WalkError::Io(source) => CgroupError::Write {
+                path: self.host_path(cgroup),
+                value: value.to_string(),
+                source,
+            },
+            WalkError::Refused(reason) => refused(self.host_path(cgroup), reason),
+        })?;
+        let fd = open_regular(&dir, file.name(), OFlag::O_WRONLY | OFlag::O_TRUNC).map_err(
+            |e| match e {
+                WalkError::Io(source) => CgroupError::Write {
+                    path: path.clone(),
+                    value: value.to_string(),
+                    source,
+                },
+                WalkError::Refused(reason) => refused(path.clone(), reason),
+            },
+        )?;
+        let written =
+            nix::unistd::write(&fd, value.as_bytes()).map_err(|errno| CgroupError::Write {
+                path: path.clone(),
+                value: value.to_string(),
+                source: io::Error::from(errno),
+            })?;
+        if written != value.len() {
+            return Err(refused(
+                path,
+                Refusal::ShortWrite {
+                    written,
+                    len: value.len(),
+                },
+            ));
+        }
+        Ok(())
+    }
+
+    /// The entries of a cgroup directory (interface files and child cgroups), sorted by name,
+    /// without `.` and `..`. Types come from `readdir` or, where it does not say, `fstatat`
+    /// without following symlinks.
+    pub fn list(&self, cgroup: &CgroupPath) -> Result<Vec<DirEntry>, CgroupError> {
+        let dir = self.open_dir(cgroup)?;
+        self.list_in(dir, cgroup)
+    }
+
+    /// Opens a cgroup directory, refusing symlinks and non-directories on the way.
+    pub(crate) fn open_dir(&self, cgroup: &CgroupPath) -> Result<OwnedFd, CgroupError> {
+        self.walk(cgroup).map_err(|e| match e {
+            WalkError::Io(source) => CgroupError::Read {
+                path: self.host_path(cgroup),
+                source,
+            },
+            WalkError::Refused(reason) => CgroupError::Refused {
+                path: self.host_path(cgroup),
+                value: None,
+                reason,
+            },
+        })
+    }
+
+    /// Reads an interface file of the directory `dir` (which is `cgroup`).
+    pub(crate) fn read_in(
+        &self,
+        dir: &OwnedFd,
+        cgroup: &CgroupPath,
+        file: InterfaceFile,
+    ) -> Result<String, CgroupError> {
+        let path = self.file_path(cgroup, file);
+        let fd = open_regular(dir, file.name(), OFlag::O_RDONLY).map_err(|e| match e {
+            WalkError::Io(source) => CgroupError::Read {
+                path: path.clone(),
+                source,
+            },
+            WalkError::Refused(reason) => CgroupError::Refused {
+                path: path.clone(),
+                value: None,
+                reason,
+            },
+        })?;
+        let mut bytes = Vec::new();
+        File::from(fd)
+            .take(MAX_READ_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|source| CgroupError::Read {
+                path: path.clone(),
+                source,
+            })?;
+        if bytes.len() > MAX_READ_BYTES {
+            return Err(CgroupError::Refused {
+                path,
+                value: None,
+                reason: Refusal::TooLarge {
+                    limit: MAX_READ_BYTES,
+                },
+            });
+        }
+        Ok(String::from_utf8_lossy(&bytes).trim().to_string())
+    }
+
+    /// Lists the directory `dir` (which is `cgroup`), consuming the descriptor.
+    pub(crate) fn list_in(
+        &self,
+        dir: OwnedFd,
+        cgroup: &CgroupPath,
+    ) -> Result<Vec<DirEntry>, CgroupError> {
+        let list_error = |errno: Errno| CgroupError::List {
+            path: self.host_path(cgroup),
+            source: io::Error::from(errno),
+        };
+        let mut dir = Dir::from_fd(dir).map_err(list_error)?;
+        let mut names = Vec::new();
+        for entry in dir.iter() {
+            let entry = entry.map_err(list_error)?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            names.push((
+                OsString::from(std::ffi::OsStr::from_bytes(name)),
+                entry.file_type(),
+            ));
+        }
+        let mut entries = Vec::with_capacity(names.len());
+        for (name, dtype) in names {
+            let kind = match FileKind::of_dirent(dtype) {
+                Some(kind) => kind,
+                None => match fstatat(&dir, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+                    Ok(stat) => FileKind::of_stat(&stat),
+                    // Vanished between readdir and stat.
+                    Err(Errno::ENOENT) => continue,
+                    Err(errno) => return Err(list_error(errno)),
+                },
+            };
+            entries.push(DirEntry { name, kind });
+        }
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(entries)
+    }
+
+    /// Walks from the root to `cgroup` one component at a time, never following a symlink.
+    fn walk(&self, cgroup: &CgroupPath) -> Result<OwnedFd, WalkError> {
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let mut current = dup_fd(&self.root_fd).map_err(WalkError::Io)?;
+        for name in cgroup.components() {
+            current = match openat(&current, name, flags, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(errno @ (Errno::ELOOP | Errno::ENOTDIR)) => {
+                    return Err(explain_refusal(&current, name, errno, false))
+                }
+                Err(errno) => return Err(WalkError::Io(io::Error::from(errno))),
+            };
+        }
+        Ok(current)
+    }
+}
+
+/// Opens a regular file in `dir` without following symlinks and without blocking on a FIFO.
+fn open_regular(dir: &OwnedFd, name: &str, mode: OFlag) -> Result<OwnedFd, WalkError> {
+    let flags = mode | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    let fd = match openat(dir, name, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        // ELOOP: a symlink; ENXIO: a FIFO without a reader opened for writing.
+        Err(errno @ (Errno::ELOOP | Errno::ENXIO | Errno::EISDIR)) => {
+            return Err(explain_refusal(dir, name.as_ref(), errno, true))
+        }
+        Err(errno) => return Err(WalkError::Io(io::Error::from(errno))),
+    };
+    let stat = fstat(&fd).map_err(|errno| WalkError::Io(io::Error::from(errno)))?;
+    match FileKind::of_stat(&stat) {
+        FileKind::RegularFile => Ok(fd),
+        kind => Err(WalkError::Refused(Refusal::NotRegularFile { kind })),
+    }
+}
+
+/// Turns an `openat` failure into a refusal naming what was really there, when `lstat` can tell.
+fn explain_refusal(
+    dir: &OwnedFd,
+    name: &std::ffi::OsStr,
+    errno: Errno,
+    want_file: bool,
+) -> WalkError {
+    match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(stat) => match FileKind::of_stat(&stat) {
+            FileKind::Symlink => WalkError::Refused(Refusal::Symlink),
+            FileKind::RegularFile if !want_file => WalkError::Refused(Refusal::NotADirectory {
+                kind: FileKind::RegularFile,
+            }),
+            kind if want_file && kind != FileKind::RegularFile => {
+                WalkError::Refused(Refusal::NotRegularFile { kind })
+            }
+            kind if !want_file && kind != FileKind::Directory => {
+                WalkError::Refused(Refusal::NotADirectory { kind })
+            }
+            _ => WalkError::Io(io::Error::from(errno)),
+        },
+        Err(_) => WalkError::Io(io::Error::from(errno)),
+    }
+}
+
+fn dup_fd(fd: &OwnedFd) -> Result<OwnedFd, io::Error> {
+    fd.as_fd().try_clone_to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn tree() -> (tempfile::TempDir, CgroupFs) {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("kubepods/pod1")).unwrap();
+        fs::write(dir.path().join("kubepods/cpuset.cpus"), "0-3\n").unwrap();
+        fs::write(dir.path().join("kubepods/pod1/cpuset.cpus"), "\n").unwrap();
+        let fs = CgroupFs::open(dir.path()).unwrap();
+        (dir, fs)
+    }
+
+    fn path(text: &str) -> CgroupPath {
+        CgroupPath::new(text).unwrap()
+    }
+
+    #[test]
+    fn interface_file_names_are_unique_and_round_trip() {
+        for file in InterfaceFile::ALL {
+            assert_eq!(InterfaceFile::from_name(file.name()), Some(file));
+        }
+        assert_eq!(InterfaceFile::from_name("cpuset.cpu"), None);
+    }
+
+    #[test]
+    fn read_trims_the_trailing_newline() {
+        let (_dir, fs) = tree();
+        let value = fs
+            .read(&path("kubepods"), InterfaceFile::CpusetCpus)
+            .unwrap();
+        assert_eq!(value, "0-3");
+        let empty = fs
+            .read(&path("kubepods/pod1"), InterfaceFile::CpusetCpus)
+            .unwrap();
+        assert_eq!(empty, "");
+    }
+
+    #[test]
+    fn write_truncates_and_never_creates() {
+        let (dir, fs) = tree();
+        fs.write(&path("kubepods"), InterfaceFile::CpusetCpus, "1")
+            .unwrap();
+        let on_disk = fs::read_to_string(dir.path().join("kubepods/cpuset.cpus")).unwrap();
+        assert_eq!(on_disk, "1");
+
+        let err = fs
+            .write(&path("kubepods"), InterfaceFile::CpusetMems, "0")
+            .unwrap_err();
+        assert!(err.is_gone(), "{err}");
+        assert!(!dir.path().join("kubepods/cpuset.mems").exists());
+        assert!(err.to_string().contains("cannot write \"0\""), "{err}");
+        assert!(err.to_string().contains("kubepods/cpuset.mems"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_cgroup_is_gone() {
+        let (_dir, fs) = tree();
+        let err = fs
+            .read(&path("kubepods/pod2"), InterfaceFile::CpusetCpus)
+            .unwrap_err();
+        assert!(err.is_gone(), "{err:?}");
+        assert_eq!(err.errno(), Some(Errno::ENOENT as i32));
+        assert!(!fs.exists(&path("kubepods/pod2")));
+        assert!(fs.exists(&path("kubepods/pod1")));
+    }
+
+    #[test]
+    fn symlinked_directories_and_files_are_refused() {
+        let (dir, fs) = tree();
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("cpuset.cpus"), "7\n").unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("kubepods/evil")).unwrap();
+        std::os::unix::fs::symlink(
+            outside.path().join("cpuset.cpus"),
+            dir.path().join("kubepods/pod1/cpuset.mems"),
+        )
+        .unwrap();
+
+        let err = fs
+            .read(&path("kubepods/evil"), InterfaceFile::CpusetCpus)
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CgroupError::Refused {
+                    reason: Refusal::Symlink,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let err = fs
+            .write(&path("kubepods/evil"), InterfaceFile::CpusetCpus, "0")
+            .unwrap_err();
+        assert!(
+            matches!(&err, CgroupError::Refused { reason: Refusal::Symlink, value: Some(v), .. } if v == "0"),
+            "{err:?}"
+        );
+        let err = fs
+            .write(&path("kubepods/pod1"), InterfaceFile::CpusetMems, "0")
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CgroupError::Refused {
+                    reason: Refusal::Symlink,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            fs::read_to_string(outside.path().join("cpuset.cpus")).unwrap(),
+            "7\n"
+        );
+    }
+
+    #[test]
+    fn a_file_in_place_of_a_directory_is_refused() {
+        let (dir, fs) = tree();
+        fs::write(dir.path().join("kubepods/notdir"), "").unwrap();
+        let err = fs
+            .read(&path("kubepods/notdir"), InterfaceFile::CpusetCpus)
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CgroupError::Refused {
+                    reason: Refusal::NotADirectory { .. },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let err = fs
+            .read(&path("kubepods"), InterfaceFile::CgroupProcs)
+            .unwrap_err();
+        assert!(err.is_gone());
+        fs::create_dir(dir.path().join("kubepods/cgroup.procs")).unwrap();
+        let err = fs
+            .read(&path("kubepods"), InterfaceFile::CgroupProcs)
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CgroupError::Refused {
+                    reason: Refusal::NotRegularFile {
+                        kind: FileKind::Directory
+                    },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_blocking() {
+        let (dir, fs) = tree();
+        let fifo = dir.path().join("kubepods/pod1/cpuset.mems");
+        nix::unistd::mkfifo(&fifo, Mode::from_bits_truncate(0o600)).unwrap();
+        let err = fs
+            .read(&path("kubepods/pod1"), InterfaceFile::CpusetMems)
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CgroupError::Refused {
+                    reason: Refusal::NotRegularFile {
+                        kind: FileKind::Fifo
+                    },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let err = fs
+            .write(&path("kubepods/pod1"), InterfaceFile::CpusetMems, "0")
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CgroupError::Refused {
+                    reason: Refusal::NotRegularFile {
+                        kind: FileKind::Fifo
+                    },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn oversized_files_are_refused() {
+        let (dir, fs) = tree();
+        fs::write(
+            dir.path().join("kubepods/cgroup.procs"),
+            vec![b'1'; MAX_READ_BYTES + 1],
+        )
+        .unwrap();
+        let err = fs
+            .read(&path("kubepods"), InterfaceFile::CgroupProcs)
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CgroupError::Refused {
+                    reason: Refusal::TooLarge { .. },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn list_reports_kinds_sorted_and_without_dots() {
+        let (dir, fs) = tree();
+        std::os::unix::fs::symlink("/", dir.path().join("kubepods/link")).unwrap();
+        let entries = fs.list(&path("kubepods")).unwrap();
+        let shown: Vec<_> = entries
+            .iter()
+            .map(|e| (e.name.to_str().unwrap(), e.kind))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("cpuset.cpus", FileKind::RegularFile),
+                ("link", FileKind::Symlink),
+                ("pod1", FileKind::Directory),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_missing_root_names_the_root() {
+        let err = CgroupFs::open("/nonexistent/cgroup/root").unwrap_err();
+        assert!(
+            err.to_string().contains("/nonexistent/cgroup/root"),
+            "{err}"
+        );
+        assert!(err.is_gone());
+    }
+}

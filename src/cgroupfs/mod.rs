@@ -1,0 +1,26 @@
+//! cgroupfs: the agent's only door to the cgroup filesystem.
+//!
+//! It owns typed cgroup paths relative to a controller root ([`CgroupPath`]), the names of the
+//! interface files ([`InterfaceFile`]), symlink-proof reads and writes below an injected root
+//! ([`CgroupFs`]), the text formats of the CPU interface files ([`values`]), the detection of
+//! the cgroup layout at start ([`detect_layout`] → [`CgroupLayout`]), and the read-only scan of
+//! the kubepods subtree into plain values ([`Scanner`] → [`Scan`]). Nothing here decides
+//! anything: classification and planning take the scan's values.
+
+mod fs;
+mod layout;
+mod path;
+mod scan;
+pub mod values;
+
+pub use fs::{CgroupError, CgroupFs, DirEntry, FileKind, InterfaceFile, Refusal, MAX_READ_BYTES};
+pub use layout::{
+    detect_layout, parse_mountinfo, CgroupDriver, CgroupLayout, CgroupVersion, LayoutConfig,
+    LayoutError, MountEntry, KUBEPODS_CGROUPFS, KUBEPODS_SYSTEMD,
+};
+pub use path::{CgroupPath, PathError, MAX_NAME_LEN};
+pub use scan::{
+    CpuSettings, FileValue, Hierarchy, Scan, ScannedCgroup, Scanner, SkipReason, SkippedEntry,
+    MAX_SCAN_CGROUPS, MAX_SCAN_DEPTH,
+};
+pub use values::{CpuMax, Quota, ValueError};

@@ -1,0 +1,410 @@
+//! The scan: a read-only walk of the kubepods subtree into plain values ([`Scan`]) that the
+//! classifier and the planner consume without touching the filesystem.
+//!
+//! For every cgroup directory below (and including) the kubepods root the scan records its path,
+//! its current `cpuset.cpus` / `cpuset.mems` / effective CPUs, and its CPU settings from the
+//! right place: on v1 the same relative path under the cpu controller mount (`cpu.shares`,
+//! `cpu.cfs_quota_us`, `cpu.cfs_period_us`), on v2 the directory itself (`cpu.max`,
+//! `cpu.weight`). A value that cannot be read or parsed is kept as such in its field and logged
+//! once; the scan as a whole fails only when the kubepods root itself cannot be read. Symlinks
+//! and special files are never followed, directories that vanish mid-scan are skipped, and depth
+//! and size are bounded.
+
+use std::fmt;
+
+use crate::cpuset::CpuSet;
+use crate::logging::{error_chain, LogOnce};
+
+use super::fs::{CgroupError, CgroupFs, FileKind, InterfaceFile};
+use super::layout::{CgroupLayout, CgroupVersion};
+use super::path::CgroupPath;
+use super::values::{
+    parse_cfs_period, parse_cfs_quota, parse_cpu_max, parse_cpuset, parse_shares, parse_weight,
+    CpuMax, Quota, ValueError,
+};
+
+/// Deepest cgroup scanned, counted from the kubepods root (a pod's container is at depth 2 or 3).
+pub const MAX_SCAN_DEPTH: usize = 32;
+/// Most cgroups recorded in one scan; beyond this the scan is marked incomplete.
+pub const MAX_SCAN_CGROUPS: usize = 65_536;
+
+/// The value of one interface file as the scan found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileValue<T> {
+    /// The file does not exist (controller not enabled, cgroup not under this controller).
+    Missing,
+    Value(T),
+    /// The file holds text that is not a valid value; kept as found.
+    Invalid {
+        text: String,
+        error: ValueError,
+    },
+    /// The file exists but could not be read (permission, a symlink or FIFO in its place...).
+    Unreadable {
+        error: String,
+    },
+}
+
+impl<T> FileValue<T> {
+    /// The parsed value, if there is one.
+    pub fn value(&self) -> Option<&T> {
+        match self {
+            FileValue::Value(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    pub fn is_missing(&self) -> bool {
+        matches!(self, FileValue::Missing)
+    }
+}
+
+impl FileValue<CpuSet> {
+    /// The set when one is configured. `None` for an empty value: on v1 a cpuset cgroup that is
+    /// not yet initialised (the runtime copies its parent's set in shortly), on v2 a cgroup that
+    /// inherits its parent's set. Neither is drift.
+    pub fn configured(&self) -> Option<&CpuSet> {
+        self.value().filter(|set| !set.is_empty())
+    }
+}
+
+/// The CPU bandwidth settings of a cgroup, from wherever its cgroup version keeps them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CpuSettings {
+    V1 {
+        shares: FileValue<u64>,
+        cfs_quota: FileValue<Quota>,
+        cfs_period_us: FileValue<u64>,
+    },
+    V2 {
+        max: FileValue<CpuMax>,
+        weight: FileValue<u64>,
+    },
+}
+
+/// One cgroup directory as found by the scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScannedCgroup {
+    /// Relative to the controller root(s): what reads and writes take.
+    pub path: CgroupPath,
+    /// Relative to the kubepods root (the root itself is the empty path): what classification
+    /// takes.
+    pub relative: CgroupPath,
+    pub cpus: FileValue<CpuSet>,
+    pub mems: FileValue<CpuSet>,
+    /// v1 `cpuset.effective_cpus`, v2 `cpuset.cpus.effective`.
+    pub effective_cpus: FileValue<CpuSet>,
+    pub cpu: CpuSettings,
+}
+
+/// Why an entry of the tree was not scanned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipReason {
+    /// A symlink: never followed.
+    Symlink,
+    /// A FIFO, socket or device where only directories and interface files belong.
+    SpecialFile(FileKind),
+    /// Deeper than [`MAX_SCAN_DEPTH`].
+    TooDeep,
+    /// The directory could not be listed (the error is logged).
+    Unlistable,
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SkipReason::Symlink => f.write_str("symlink, not followed"),
+            SkipReason::SpecialFile(kind) => write!(f, "{kind} inside the cgroup tree"),
+            SkipReason::TooDeep => write!(f, "deeper than {MAX_SCAN_DEPTH} levels"),
+            SkipReason::Unlistable => f.write_str("cannot be listed"),
+        }
+    }
+}
+
+/// An entry the scan left out, relative to the controller root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedEntry {
+    pub path: CgroupPath,
+    pub reason: SkipReason,
+}
+
+/// The result of one scan. `cgroups` is in pre-order (every parent before its children,
+/// siblings by name), starting with the kubepods root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scan {
+    pub version: CgroupVersion,
+    pub kubepods: CgroupPath,
+    pub cgroups: Vec<ScannedCgroup>,
+    pub skipped: Vec<SkippedEntry>,
+    /// False when [`MAX_SCAN_CGROUPS`] was reached and the rest of the tree was not scanned.
+    pub complete: bool,
+}
+
+impl Scan {
+    /// The scanned cgroup at `relative` (relative to the kubepods root).
+    pub fn get(&self, relative: &CgroupPath) -> Option<&ScannedCgroup> {
+        self.cgroups.iter().find(|c| &c.relative == relative)
+    }
+}
+
+/// The controller hierarchies the agent reads and writes: the cpuset one and the cpu one (the
+/// same tree on v2, and on v1 when the controllers are mounted together).
+#[derive(Debug, Clone)]
+pub struct Hierarchy {
+    pub version: CgroupVersion,
+    pub cpuset: CgroupFs,
+    pub cpu: CgroupFs,
+}
+
+impl Hierarchy {
+    /// Opens the controller roots of a layout.
+    pub fn open(layout: &CgroupLayout) -> Result<Hierarchy, CgroupError> {
+        let cpuset = CgroupFs::open(&layout.cpuset_root)?;
+        let cpu = if layout.cpu_root == layout.cpuset_root {
+            cpuset.clone()
+        } else {
+            CgroupFs::open(&layout.cpu_root)?
+        };
+        Ok(Hierarchy {
+            version: layout.version,
+            cpuset,
+            cpu,
+        })
+    }
+}
+
+/// Scans the kubepods subtree; keeps which problems were logged so each is logged once.
+#[derive(Debug)]
+pub struct Scanner {
+    hierarchy: Hierarchy,
+    kubepods: CgroupPath,
+    problems: LogOnce,
+}
+
+impl Scanner {
+    pub fn new(hierarchy: Hierarchy, kubepods: CgroupPath) -> Scanner {
+        Scanner {
+            hierarchy,
+            kubepods,
+            problems: LogOnce::new(),
+        }
+    }
+
+    pub fn hierarchy(&self) -> &Hierarchy {
+        &self.hierarchy
+    }
+
+    /// Walks the kubepods subtree. Fails only when the kubepods root cannot be opened or listed.
+    pub fn scan(&mut self) -> Result<Scan, CgroupError> {
+        self.problems.next_pass();
+        let root = self.kubepods.clone();
+        // Surface a missing or refused root as an error instead of an empty scan.
+        self.hierarchy.cpuset.list(&root)?;
+
+        let mut scan = Scan {
+            version: self.hierarchy.version,
+            kubepods: root.clone(),
+            cgroups: Vec::new(),
+            skipped: Vec::new(),
+            complete: true,
+        };
+        let mut pending = vec![root];
+        while let Some(path) = pending.pop() {
+            if scan.cgroups.len() >= MAX_SCAN_CGROUPS {
+                scan.complete = false;
+                if self.problems.first_time("scan-truncated") {
+                    log::warn!(
+                        "scan stopped after {MAX_SCAN_CGROUPS} cgroups under {}: the rest is not managed",
+                        self.kubepods
+                    );
+                }
+                break;
+            }
+            if let Some(children) = self.visit(&path, &mut scan) {
+                // Reversed so that popping yields siblings in name order.
+                pending.extend(children.into_iter().rev());
+            }
+        }
+        Ok(scan)
+    }
+
+    /// Records one directory and returns its child directories, or `None` when it vanished.
+    fn visit(&mut self, path: &CgroupPath, scan: &mut Scan) -> Option<Vec<CgroupPath>> {
+        let relative = path
+            .strip_prefix(&self.kubepods)
+            .expect("the scan only walks below the kubepods root");
+        let cpuset = self.hierarchy.cpuset.clone();
+        let dir = match cpuset.open_dir(path) {
+            Ok(dir) => dir,
+            Err(err) if err.is_gone() => {
+                log::debug!("cg={path} vanished during the scan");
+                return None;
+            }
+            Err(err) => {
+                self.report(path, "open", &err);
+                scan.skipped.push(SkippedEntry {
+                    path: path.clone(),
+                    reason: SkipReason::Unlistable,
+                });
+                return None;
+            }
+        };
+        let (cpus_file, mems_file) = (InterfaceFile::CpusetCpus, InterfaceFile::CpusetMems);
+        let effective_file = match self.hierarchy.version {
+            CgroupVersion::V1 => InterfaceFile::CpusetEffectiveCpus,
+            CgroupVersion::V2 => InterfaceFile::CpusetCpusEffective,
+        };
+        let cpus = self.value(
+            path,
+            cpus_file,
+            cpuset.read_in(&dir, path, cpus_file),
+            parse_cpuset,
+        );
+        if cpus.is_missing() && !cpuset.exists(path) {
+            log::debug!("cg={path} vanished during the scan");
+            return None;
+        }
+        let mems = self.value(
+            path,
+            mems_file,
+            cpuset.read_in(&dir, path, mems_file),
+            parse_cpuset,
+        );
+        let effective_cpus = self.value(
+            path,
+            effective_file,
+            cpuset.read_in(&dir, path, effective_file),
+            parse_cpuset,
+        );
+        let cpu = match self.hierarchy.version {
+            CgroupVersion::V1 => {
+                let cpu_fs = self.hierarchy.cpu.clone();
+                let shares = cpu_fs.read(path, InterfaceFile::CpuShares);
+                let quota = cpu_fs.read(path, InterfaceFile::CpuCfsQuotaUs);
+                let period = cpu_fs.read(path, InterfaceFile::CpuCfsPeriodUs);
+                CpuSettings::V1 {
+                    shares: self.value(path, InterfaceFile::CpuShares, shares, parse_shares),
+                    cfs_quota: self.value(
+                        path,
+                        InterfaceFile::CpuCfsQuotaUs,
+                        quota,
+                        parse_cfs_quota,
+                    ),
+                    cfs_period_us: self.value(
+                        path,
+                        InterfaceFile::CpuCfsPeriodUs,
+                        period,
+                        parse_cfs_period,
+                    ),
+                }
+            }
+            CgroupVersion::V2 => {
+                let max = cpuset.read_in(&dir, path, InterfaceFile::CpuMax);
+                let weight = cpuset.read_in(&dir, path, InterfaceFile::CpuWeight);
+                CpuSettings::V2 {
+                    max: self.value(path, InterfaceFile::CpuMax, max, parse_cpu_max),
+                    weight: self.value(path, InterfaceFile::CpuWeight, weight, parse_weight),
+                }
+            }
+        };
+
+        let entries = cpuset.list_in(dir, path);
+        scan.cgroups.push(ScannedCgroup {
+            path: path.clone(),
+            relative: relative.clone(),
+            cpus,
+            mems,
+            effective_cpus,
+            cpu,
+        });
+        let entries = match entries {
+            Ok(entries) => entries,
+            Err(err) if err.is_gone() => return Some(Vec::new()),
+            Err(err) => {
+                self.report(path, "list", &err);
+                scan.skipped.push(SkippedEntry {
+                    path: path.clone(),
+                    reason: SkipReason::Unlistable,
+                });
+                return Some(Vec::new());
+            }
+        };
+
+        let mut children = Vec::new();
+        for entry in entries {
+            let reason = match entry.kind {
+                FileKind::Directory => None,
+                FileKind::RegularFile => continue,
+                FileKind::Symlink => Some(SkipReason::Symlink),
+                kind => Some(SkipReason::SpecialFile(kind)),
+            };
+            let child = match path.join(&entry.name) {
+                Ok(child) => child,
+                Err(err) => {
+                    // Cannot happen for names read from a directory; kept as a guard.
+                    if self.problems.first_time(format!("badname {err}")) {
+                        log::warn!("cg={path}: skipping an entry: {err}");
+                    }
+                    continue;
+                }
+            };
+            let reason = reason
+                .or_else(|| (relative.depth() + 1 > MAX_SCAN_DEPTH).then_some(SkipReason::TooDeep));
+            match reason {
+                None => children.push(child),
+                Some(reason) => {
+                    if self.problems.first_time(format!("skip {child:?}")) {
+                        log::warn!("cg={child} skipped: {reason}");
+                    }
+                    scan.skipped.push(SkippedEntry {
+                        path: child,
+                        reason,
+                    });
+                }
+            }
+        }
+        Some(children)
+    }
+
+    /// Turns a read into a [`FileValue`], logging a problem the first time it is seen.
+    fn value<T>(
+        &mut self,
+        path: &CgroupPath,
+        file: InterfaceFile,
+        read: Result<String, CgroupError>,
+        parse: fn(&str) -> Result<T, ValueError>,
+    ) -> FileValue<T> {
+        match read {
+            Ok(text) => match parse(&text) {
+                Ok(value) => FileValue::Value(value),
+                Err(error) => {
+                    if self.problems.first_time(format!("{path:?}/{file}={text}")) {
+                        log::warn!("cg={path} {file}: {error}; treated as unknown");
+                    }
+                    FileValue::Invalid { text, error }
+                }
+            },
+            Err(err) if err.is_gone() => FileValue::Missing,
+            Err(err) => {
+                let error = error_chain(&err);
+                if self
+                    .problems
+                    .first_time(format!("{path:?}/{file}: {error}"))
+                {
+                    log::warn!("cg={path} {file}: {error}");
+                }
+                FileValue::Unreadable { error }
+            }
+        }
+    }
+
+    fn report(&mut self, path: &CgroupPath, what: &str, err: &CgroupError) {
+        let error = error_chain(err);
+        if self
+            .problems
+            .first_time(format!("{path:?} {what}: {error}"))
+        {
+            log::warn!("cg={path}: {error}");
+        }
+    }
+}

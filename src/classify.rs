@@ -1,0 +1,1663 @@
+//! Classification: what a cgroup under the kubepods root is (the root, a QoS directory, a pod, a
+//! container, a pod sandbox, a cgroup a container made itself, or unknown), which pod and QoS
+//! class it belongs to, its CPU request and limit, and whether it gets exclusive CPUs.
+//!
+//! Pure: it takes a cgroup's path relative to the kubepods root, its scanned CPU settings and
+//! the runtime's view of the container (when its OCI `config.json` was found) and returns a
+//! value. The path table is DESIGN.md §3 for both kubelet cgroup drivers. CPU request and limit
+//! come from the most exact source: the OCI config's `linux.resources.cpu` (what kubelet sent),
+//! then v1 `cpu.shares` + `cpu.cfs_quota_us`/`cpu.cfs_period_us`, then v2 `cpu.weight` +
+//! `cpu.max`. kubelet's conversions are inverted exactly where they can be: shares =
+//! milli × 1024 / 1000 (at least 2) is strictly increasing, so shares give the request exactly;
+//! quota = milli × period / 1000 gives the limit exactly for periods of at least 1 ms. v2's
+//! weight is lossy (runc before 1.3.2 maps shares to weight linearly, later runc and crun ≥ 1.23
+//! by a quadratic in log2(shares); both are accepted): it yields a range of requests, and when
+//! that range cannot settle whether the request is a whole number of CPUs, a Guaranteed
+//! container's exact `cpu.max` limit settles it (limit = request in a Guaranteed pod) when it is
+//! consistent with the weight; otherwise the container stays shared and a notice says why.
+//!
+//! A container gets N exclusive CPUs when its pod is Guaranteed, it is not a sandbox, and its
+//! request is a whole N ≥ 1 CPUs — kubelet's static policy rule. Annotations can only narrow
+//! this: `cpusetd.io/exclusive: "false"` (pod) or `cpusetd.io/exclusive.<container-name>:
+//! "false"` keeps a container shared. Sandboxes are known from the runtime's container-type
+//! annotation; without a runtime config, a container of a Guaranteed pod with kubelet's minimum
+//! shares (2, v2 weight 1) and no CPU limit is taken to be the pause container — that guess
+//! only affects the label, since such a container never has a whole CPU. Malformed names
+//! classify as unknown with a reason; nothing here panics on input.
+
+use std::fmt;
+
+use crate::cgroupfs::{CgroupDriver, CgroupPath, CpuSettings, FileValue, Quota, Scan};
+use crate::runtime::RuntimeInfo;
+
+/// Pod annotation that keeps every container of the pod shared when `"false"`.
+pub const EXCLUSIVE_ANNOTATION: &str = "cpusetd.io/exclusive";
+/// Prefix of the per-container opt-out: `cpusetd.io/exclusive.<container-name>: "false"`.
+pub const EXCLUSIVE_CONTAINER_ANNOTATION_PREFIX: &str = "cpusetd.io/exclusive.";
+
+/// The kernel's CFS period when a runtime config names a quota without one.
+const DEFAULT_PERIOD_US: u64 = 100_000;
+/// kubelet's minimum `cpu.shares` (`MinShares`) and maximum (`MaxShares`).
+const MIN_SHARES: u64 = 2;
+const MAX_SHARES: u64 = 262_144;
+/// kubelet's minimum CFS quota (`MinQuotaPeriod`, 1 ms).
+const MIN_QUOTA_US: u64 = 1_000;
+/// The largest request considered when inverting `cpu.weight`: the millicores at MaxShares.
+const MAX_SHARES_MILLI: u64 = MAX_SHARES * 1000 / 1024;
+/// Length of a container id in a cgroup name.
+const CONTAINER_ID_LEN: usize = 64;
+
+/// Kubernetes QoS class, from the cgroup path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum QosClass {
+    Guaranteed,
+    Burstable,
+    BestEffort,
+}
+
+impl fmt::Display for QosClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            QosClass::Guaranteed => "Guaranteed",
+            QosClass::Burstable => "Burstable",
+            QosClass::BestEffort => "BestEffort",
+        })
+    }
+}
+
+/// Why a cgroup under the kubepods root is not one kubelet or the runtime would have made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnknownReason {
+    /// A name that is not UTF-8. Names in reasons are escaped like cgroup paths.
+    NotUtf8 { name: String },
+    /// Directly under the kubepods root but neither a QoS directory nor a Guaranteed pod.
+    NotQosOrPod { name: String },
+    /// Under a QoS directory but not a pod of that class.
+    NotAPod { name: String },
+    /// Named like a pod but the UID is not a UUID or a 32-digit hex hash.
+    BadPodUid { name: String },
+    /// Under a pod but not named like a container of the driver's runtimes.
+    NotAContainer { name: String },
+    /// A runtime's helper cgroup (CRI-O's conmon), not a container.
+    RuntimeHelper { name: String },
+    /// Somewhere below an unknown cgroup.
+    BelowUnknown { ancestor: String },
+}
+
+impl fmt::Display for UnknownReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UnknownReason::NotUtf8 { name } => write!(f, "name '{name}' is not UTF-8"),
+            UnknownReason::NotQosOrPod { name } => {
+                write!(f, "'{name}' is neither a QoS class directory nor a pod")
+            }
+            UnknownReason::NotAPod { name } => write!(f, "'{name}' is not a pod of its QoS class"),
+            UnknownReason::BadPodUid { name } => {
+                write!(f, "'{name}' does not hold a valid pod UID")
+            }
+            UnknownReason::NotAContainer { name } => {
+                write!(f, "'{name}' is not a container cgroup")
+            }
+            UnknownReason::RuntimeHelper { name } => {
+                write!(f, "'{name}' is a runtime helper cgroup, not a container")
+            }
+            UnknownReason::BelowUnknown { ancestor } => {
+                write!(f, "inside the unknown cgroup '{ancestor}'")
+            }
+        }
+    }
+}
+
+/// What a cgroup is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupKind {
+    /// The kubepods root itself.
+    KubepodsRoot,
+    /// `burstable` / `besteffort` (or their systemd slices).
+    QosDir,
+    Pod,
+    /// An application (or init) container.
+    Container,
+    /// A pod sandbox (pause) container.
+    Sandbox,
+    /// A cgroup a container created below its own.
+    ContainerChild,
+    Unknown {
+        reason: UnknownReason,
+    },
+}
+
+impl fmt::Display for CgroupKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CgroupKind::KubepodsRoot => f.write_str("kubepods root"),
+            CgroupKind::QosDir => f.write_str("QoS directory"),
+            CgroupKind::Pod => f.write_str("pod"),
+            CgroupKind::Container => f.write_str("container"),
+            CgroupKind::Sandbox => f.write_str("sandbox"),
+            CgroupKind::ContainerChild => f.write_str("container child cgroup"),
+            CgroupKind::Unknown { reason } => write!(f, "unknown ({reason})"),
+        }
+    }
+}
+
+/// An amount of CPU in millicores: exact, or a range where the source is lossy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Millicores {
+    Exact(u64),
+    /// Somewhere in `min..=max`.
+    Between {
+        min: u64,
+        max: u64,
+    },
+}
+
+impl Millicores {
+    fn new(min: u64, max: u64) -> Millicores {
+        if min == max {
+            Millicores::Exact(min)
+        } else {
+            Millicores::Between { min, max }
+        }
+    }
+}
+
+impl fmt::Display for Millicores {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Millicores::Exact(m) => write!(f, "{m}m"),
+            Millicores::Between { min, max } if *max == u64::MAX => write!(f, "≥{min}m"),
+            Millicores::Between { min, max } => write!(f, "{min}m..{max}m"),
+        }
+    }
+}
+
+/// Where a container's CPU request and limit were read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuSource {
+    /// The runtime's OCI config (`linux.resources.cpu`).
+    OciConfig,
+    /// cgroup v1 `cpu.shares`, `cpu.cfs_quota_us`, `cpu.cfs_period_us`.
+    CgroupV1,
+    /// cgroup v2 `cpu.weight`, `cpu.max`.
+    CgroupV2,
+}
+
+impl fmt::Display for CpuSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CpuSource::OciConfig => "runtime config",
+            CpuSource::CgroupV1 => "cgroup v1",
+            CpuSource::CgroupV2 => "cgroup v2",
+        })
+    }
+}
+
+/// A container's CPU request and limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuResources {
+    pub source: CpuSource,
+    pub request: Millicores,
+    /// `None`: no limit.
+    pub limit: Option<Millicores>,
+}
+
+/// Why a container or sandbox does not get exclusive CPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SharedReason {
+    Sandbox,
+    NotGuaranteed {
+        qos: QosClass,
+    },
+    /// No readable CPU settings and no runtime config.
+    CpuSettingsUnavailable,
+    /// The request is not a whole number of CPUs.
+    NotWholeCpus {
+        request: Millicores,
+    },
+    /// The source (v2 `cpu.weight`, or shares at kubelet's maximum) cannot settle whether the
+    /// request is whole; with a weight, a [`Notice::LossyWeight`] says so.
+    Undecidable {
+        request: Millicores,
+    },
+    /// Narrowed by an annotation.
+    OptedOut {
+        annotation: String,
+    },
+}
+
+impl fmt::Display for SharedReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SharedReason::Sandbox => f.write_str("pod sandbox"),
+            SharedReason::NotGuaranteed { qos } => write!(f, "{qos} pod"),
+            SharedReason::CpuSettingsUnavailable => f.write_str("cpu settings unavailable"),
+            SharedReason::NotWholeCpus { request } => {
+                write!(f, "cpu request {request} is not a whole number of cpus")
+            }
+            SharedReason::Undecidable { request } => {
+                write!(f, "cpu request {request} may or may not be whole cpus")
+            }
+            SharedReason::OptedOut { annotation } => write!(f, "{annotation}: \"false\""),
+        }
+    }
+}
+
+/// What a container is entitled to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exclusivity {
+    /// Not a container or sandbox.
+    NotApplicable,
+    Exclusive {
+        cpus: u32,
+    },
+    Shared {
+        reason: SharedReason,
+    },
+}
+
+/// Something the caller should log once for this cgroup; the classification stands regardless.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// The weight could not decide whole CPUs: the container stays shared.
+    LossyWeight { weight: u64, request: Millicores },
+    /// The runtime's pod UID differs from the one in the cgroup path (the runtime's is used).
+    PodUidMismatch { path: String, runtime: String },
+    /// The runtime config's shares are not what the cgroup holds (resized?); the config wins.
+    RuntimeConfigDisagrees { detail: String },
+    /// A Guaranteed container's limit differs from its request.
+    LimitDiffersFromRequest {
+        request: Millicores,
+        limit: Millicores,
+    },
+    /// An opt-out annotation with a value other than "true" or "false".
+    IgnoredAnnotation { key: String, value: String },
+}
+
+impl fmt::Display for Notice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Notice::LossyWeight { weight, request } => write!(
+                f,
+                "cpu.weight {weight} means a request of {request}, which may or may not be whole cpus: kept shared (a runtime config or cpu.max would settle it)"
+            ),
+            Notice::PodUidMismatch { path, runtime } => write!(
+                f,
+                "pod uid {runtime} from the runtime config differs from {path} in the cgroup path"
+            ),
+            Notice::RuntimeConfigDisagrees { detail } => {
+                write!(f, "runtime config and cgroup disagree ({detail}); using the runtime config")
+            }
+            Notice::LimitDiffersFromRequest { request, limit } => write!(
+                f,
+                "guaranteed container has cpu limit {limit} but request {request}"
+            ),
+            Notice::IgnoredAnnotation { key, value } => write!(
+                f,
+                "annotation {key}: {value:?} ignored: only \"false\" has an effect"
+            ),
+        }
+    }
+}
+
+/// How assignments are keyed: by (pod UID, container name) when the name is known, so a
+/// restarted container gets its CPUs back; else by container id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AssignmentKey {
+    Named { pod_uid: String, container: String },
+    Id(String),
+}
+
+/// Everything classification says about one cgroup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Classification {
+    pub kind: CgroupKind,
+    /// For QoS directories, pods, containers, sandboxes and their children.
+    pub qos: Option<QosClass>,
+    /// With `-` separators, as the API server shows it.
+    pub pod_uid: Option<String>,
+    pub container_id: Option<String>,
+    /// From the runtime config.
+    pub container_name: Option<String>,
+    /// For containers and sandboxes with readable CPU settings.
+    pub resources: Option<CpuResources>,
+    pub exclusivity: Exclusivity,
+    pub notices: Vec<Notice>,
+}
+
+impl Classification {
+    fn of_kind(kind: CgroupKind) -> Classification {
+        Classification {
+            kind,
+            qos: None,
+            pod_uid: None,
+            container_id: None,
+            container_name: None,
+            resources: None,
+            exclusivity: Exclusivity::NotApplicable,
+            notices: Vec::new(),
+        }
+    }
+
+    /// The number of exclusive CPUs (0 when shared or not a container).
+    pub fn exclusive_cpus(&self) -> u32 {
+        match self.exclusivity {
+            Exclusivity::Exclusive { cpus } => cpus,
+            _ => 0,
+        }
+    }
+
+    /// The key under which an exclusive assignment of this container is kept.
+    pub fn assignment_key(&self) -> Option<AssignmentKey> {
+        if !matches!(self.kind, CgroupKind::Container | CgroupKind::Sandbox) {
+            return None;
+        }
+        match (&self.pod_uid, &self.container_name) {
+            (Some(pod_uid), Some(container)) => Some(AssignmentKey::Named {
+                pod_uid: pod_uid.clone(),
+                container: container.clone(),
+            }),
+            _ => self.container_id.clone().map(AssignmentKey::Id),
+        }
+    }
+}
+
+/// How the kubelet names cgroups below a given kubepods root: the driver, and for systemd the
+/// slice prefix the root's name implies (`kubepods.slice` → `kubepods-`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupNaming {
+    driver: CgroupDriver,
+    /// systemd only: the kubepods slice name without `.slice`.
+    slice_prefix: String,
+}
+
+impl CgroupNaming {
+    pub fn new(driver: CgroupDriver, kubepods: &CgroupPath) -> CgroupNaming {
+        let name = kubepods
+            .name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let slice_prefix = name.strip_suffix(".slice").unwrap_or(&name).to_string();
+        CgroupNaming {
+            driver,
+            slice_prefix,
+        }
+    }
+
+    pub fn driver(&self) -> CgroupDriver {
+        self.driver
+    }
+}
+
+/// What a cgroup's path alone says about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathInfo {
+    /// `Container` for containers and sandboxes alike: the path cannot tell them apart.
+    pub kind: CgroupKind,
+    pub qos: Option<QosClass>,
+    pub pod_uid: Option<String>,
+    pub container_id: Option<String>,
+}
+
+impl PathInfo {
+    fn new(kind: CgroupKind) -> PathInfo {
+        PathInfo {
+            kind,
+            qos: None,
+            pod_uid: None,
+            container_id: None,
+        }
+    }
+
+    fn unknown(reason: UnknownReason) -> PathInfo {
+        PathInfo::new(CgroupKind::Unknown { reason })
+    }
+}
+
+/// A directory name for messages: invalid UTF-8 and control characters escaped, like a cgroup
+/// path is shown, so a reason stays on one line.
+fn shown(name: &std::ffi::OsStr) -> String {
+    CgroupPath::root()
+        .join(name)
+        .map(|p| p.to_string())
+        .unwrap_or_else(|_| name.to_string_lossy().escape_debug().to_string())
+}
+
+/// Parses a cgroup path relative to the kubepods root.
+pub fn parse_path(naming: &CgroupNaming, relative: &CgroupPath) -> PathInfo {
+    let mut info = PathInfo::new(CgroupKind::KubepodsRoot);
+    for component in relative.components() {
+        info = match (component.to_str(), &info.kind) {
+            (Some(name), _) => step(naming, info, name, component),
+            // Containers may name their own children anything; only the levels kubelet and the
+            // runtime name must be UTF-8.
+            (None, CgroupKind::Container | CgroupKind::ContainerChild) => PathInfo {
+                kind: CgroupKind::ContainerChild,
+                ..info
+            },
+            (None, CgroupKind::Unknown { .. }) => step(naming, info, "", component),
+            (None, _) => PathInfo::unknown(UnknownReason::NotUtf8 {
+                name: shown(component),
+            }),
+        };
+    }
+    info
+}
+
+/// Classifies the next path level given what its parent was.
+fn step(naming: &CgroupNaming, parent: PathInfo, name: &str, raw: &std::ffi::OsStr) -> PathInfo {
+    let shown_name = || shown(raw);
+    match parent.kind {
+        CgroupKind::KubepodsRoot => {
+            if let Some(qos) = qos_dir(naming, name) {
+                return PathInfo {
+                    qos: Some(qos),
+                    ..PathInfo::new(CgroupKind::QosDir)
+                };
+            }
+            match pod_dir(naming, name, QosClass::Guaranteed) {
+                Some(Ok(uid)) => PathInfo {
+                    qos: Some(QosClass::Guaranteed),
+                    pod_uid: Some(uid),
+                    ..PathInfo::new(CgroupKind::Pod)
+                },
+                Some(Err(())) => PathInfo::unknown(UnknownReason::BadPodUid { name: shown_name() }),
+                None => PathInfo::unknown(UnknownReason::NotQosOrPod { name: shown_name() }),
+            }
+        }
+        CgroupKind::QosDir => {
+            let qos = parent.qos.unwrap_or(QosClass::Burstable);
+            match pod_dir(naming, name, qos) {
+                Some(Ok(uid)) => PathInfo {
+                    qos: Some(qos),
+                    pod_uid: Some(uid),
+                    ..PathInfo::new(CgroupKind::Pod)
+                },
+                Some(Err(())) => PathInfo::unknown(UnknownReason::BadPodUid { name: shown_name() }),
+                None => PathInfo::unknown(UnknownReason::NotAPod { name: shown_name() }),
+            }
+        }
+        CgroupKind::Pod => match container_dir(naming, name) {
+            ContainerName::Id(id) => PathInfo {
+                kind: CgroupKind::Container,
+                container_id: Some(id),
+                ..parent
+            },
+            ContainerName::Helper => {
+                PathInfo::unknown(UnknownReason::RuntimeHelper { name: shown_name() })
+            }
+            ContainerName::NotAContainer => {
+                PathInfo::unknown(UnknownReason::NotAContainer { name: shown_name() })
+            }
+        },
+        CgroupKind::Container | CgroupKind::Sandbox | CgroupKind::ContainerChild => PathInfo {
+            kind: CgroupKind::ContainerChild,
+            ..parent
+        },
+        CgroupKind::Unknown { reason } => {
+            let ancestor = match reason {
+                UnknownReason::BelowUnknown { ancestor } => ancestor,
+                other => other_name(&other),
+            };
+            PathInfo::unknown(UnknownReason::BelowUnknown { ancestor })
+        }
+    }
+}
+
+/// The offending name of an unknown cgroup, for its descendants' reason.
+fn other_name(reason: &UnknownReason) -> String {
+    match reason {
+        UnknownReason::NotUtf8 { name }
+        | UnknownReason::NotQosOrPod { name }
+        | UnknownReason::NotAPod { name }
+        | UnknownReason::BadPodUid { name }
+        | UnknownReason::NotAContainer { name }
+        | UnknownReason::RuntimeHelper { name } => name.clone(),
+        UnknownReason::BelowUnknown { ancestor } => ancestor.clone(),
+    }
+}
+
+fn qos_word(qos: QosClass) -> &'static str {
+    match qos {
+        QosClass::Guaranteed => "guaranteed",
+        QosClass::Burstable => "burstable",
+        QosClass::BestEffort => "besteffort",
+    }
+}
+
+/// The QoS class of a QoS directory name.
+fn qos_dir(naming: &CgroupNaming, name: &str) -> Option<QosClass> {
+    [QosClass::Burstable, QosClass::BestEffort]
+        .into_iter()
+        .find(|&qos| match naming.driver {
+            CgroupDriver::Cgroupfs => name == qos_word(qos),
+            CgroupDriver::Systemd => {
+                name == format!("{}-{}.slice", naming.slice_prefix, qos_word(qos))
+            }
+        })
+}
+
+/// `None` when `name` is not a pod directory of the class at all; `Some(Err)` when it is named
+/// like one but its UID is malformed; else the UID with `-` separators.
+fn pod_dir(naming: &CgroupNaming, name: &str, qos: QosClass) -> Option<Result<String, ()>> {
+    let uid = match naming.driver {
+        CgroupDriver::Cgroupfs => name.strip_prefix("pod")?.to_string(),
+        CgroupDriver::Systemd => {
+            let prefix = match qos {
+                QosClass::Guaranteed => format!("{}-pod", naming.slice_prefix),
+                _ => format!("{}-{}-pod", naming.slice_prefix, qos_word(qos)),
+            };
+            let escaped = name.strip_prefix(&prefix)?.strip_suffix(".slice")?;
+            // A dash here would be a further slice level, not part of the UID.
+            if escaped.contains('-') {
+                return Some(Err(()));
+            }
+            escaped.replace('_', "-")
+        }
+    };
+    Some(if valid_pod_uid(&uid) {
+        Ok(uid)
+    } else {
+        Err(())
+    })
+}
+
+/// A UUID (`8-4-4-4-12` lowercase hex) as the API server assigns, or 32 lowercase hex digits as
+/// kubelet assigns to static pods.
+fn valid_pod_uid(uid: &str) -> bool {
+    let hex = |s: &str| {
+        s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    if uid.len() == 32 {
+        return hex(uid);
+    }
+    let groups: Vec<&str> = uid.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, len)| g.len() == len && hex(g))
+}
+
+enum ContainerName {
+    Id(String),
+    Helper,
+    NotAContainer,
+}
+
+/// The container id of a container directory name.
+fn container_dir(naming: &CgroupNaming, name: &str) -> ContainerName {
+    let id = match naming.driver {
+        CgroupDriver::Cgroupfs => {
+            if name.starts_with("crio-conmon-") {
+                return ContainerName::Helper;
+            }
+            name.strip_prefix("crio-").unwrap_or(name)
+        }
+        CgroupDriver::Systemd => {
+            let Some(stem) = name.strip_suffix(".scope") else {
+                return ContainerName::NotAContainer;
+            };
+            if stem.starts_with("crio-conmon-") {
+                return ContainerName::Helper;
+            }
+            let id = ["cri-containerd-", "crio-", "docker-"]
+                .iter()
+                .find_map(|prefix| stem.strip_prefix(prefix));
+            match id {
+                Some(id) => id,
+                None => return ContainerName::NotAContainer,
+            }
+        }
+    };
+    let valid = id.len() == CONTAINER_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if valid {
+        ContainerName::Id(id.to_string())
+    } else {
+        ContainerName::NotAContainer
+    }
+}
+
+/// kubelet's `MilliCPUToShares`.
+pub fn milli_to_shares(milli: u64) -> u64 {
+    (milli.saturating_mul(1024) / 1000).clamp(MIN_SHARES, MAX_SHARES)
+}
+
+/// The requests kubelet would have turned into `shares`.
+pub fn shares_to_milli(shares: u64) -> Millicores {
+    if shares <= MIN_SHARES {
+        return Millicores::Between { min: 0, max: 2 };
+    }
+    if shares >= MAX_SHARES {
+        return Millicores::Between {
+            min: MAX_SHARES_MILLI,
+            max: u64::MAX,
+        };
+    }
+    let candidate = (shares * 1000).div_ceil(1024);
+    if milli_to_shares(candidate) == shares {
+        Millicores::Exact(candidate)
+    } else {
+        // Not a value kubelet writes: the request lies between its neighbours.
+        Millicores::Between {
+            min: shares * 1000 / 1024,
+            max: candidate,
+        }
+    }
+}
+
+/// The limits kubelet would have turned into `quota` per `period` (`MilliCPUToQuota`).
+pub fn quota_to_milli(quota_us: u64, period_us: u64) -> Millicores {
+    let period_us = period_us.max(1);
+    let lowest = (quota_us.saturating_mul(1000)).div_ceil(period_us);
+    let highest = ((quota_us + 1).saturating_mul(1000)).div_ceil(period_us) - 1;
+    if quota_us <= MIN_QUOTA_US {
+        // Every limit up to the minimum quota is written as the minimum.
+        return Millicores::new(1, highest.max(1));
+    }
+    if lowest <= highest {
+        Millicores::new(lowest, highest)
+    } else {
+        Millicores::Between {
+            min: highest,
+            max: lowest,
+        }
+    }
+}
+
+/// runc before 1.3.2: `1 + ((shares - 2) * 9999) / 262142`.
+pub fn weight_linear(shares: u64) -> u64 {
+    if shares == 0 {
+        return 0;
+    }
+    1 + (shares.saturating_sub(2) * 9999) / 262_142
+}
+
+/// runc ≥ 1.3.2, crun ≥ 1.23: `ceil(10^((l² + 125 l) / 612 − 7/34))`, `l = log2(shares)`.
+pub fn weight_quadratic(shares: u64) -> u64 {
+    if shares == 0 {
+        return 0;
+    }
+    if shares <= 2 {
+        return 1;
+    }
+    if shares >= MAX_SHARES {
+        return 10_000;
+    }
+    let l = (shares as f64).log2();
+    let exponent = (l * l + 125.0 * l) / 612.0 - 7.0 / 34.0;
+    10f64.powf(exponent).ceil() as u64
+}
+
+/// Whether a request of `milli` could have produced `weight` through either conversion.
+fn weight_matches(weight: u64, milli: u64) -> bool {
+    let shares = milli_to_shares(milli);
+    weight_linear(shares) == weight || weight_quadratic(shares) == weight
+}
+
+/// The range of requests a conversion maps to `weight` (both conversions are monotonic).
+fn weight_range(weight: u64, convert: fn(u64) -> u64) -> Option<(u64, u64)> {
+    let at = |milli: u64| convert(milli_to_shares(milli));
+    // First milli with at(milli) >= weight.
+    let (mut lo, mut hi) = (0u64, MAX_SHARES_MILLI + 1);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if at(mid) >= weight {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    let first = lo;
+    if first > MAX_SHARES_MILLI || at(first) != weight {
+        return None;
+    }
+    // First milli with at(milli) > weight.
+    let (mut lo, mut hi) = (first, MAX_SHARES_MILLI + 1);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if at(mid) > weight {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    let last = if lo > MAX_SHARES_MILLI {
+        u64::MAX
+    } else {
+        lo - 1
+    };
+    Some((first, last))
+}
+
+/// The requests a v2 `cpu.weight` may stand for, under either conversion.
+pub fn weight_to_milli(weight: u64) -> Option<Millicores> {
+    let ranges = [
+        weight_range(weight, weight_linear),
+        weight_range(weight, weight_quadratic),
+    ];
+    let min = ranges.iter().flatten().map(|r| r.0).min()?;
+    let max = ranges.iter().flatten().map(|r| r.1).max()?;
+    Some(Millicores::new(min, max))
+}
+
+/// Whether a request is a whole number of CPUs.
+enum WholeCpus {
+    Yes(u32),
+    No,
+    Unknown,
+}
+
+fn whole_cpus(request: Millicores, weight: Option<u64>) -> WholeCpus {
+    match request {
+        Millicores::Exact(m) if m >= 1000 && m % 1000 == 0 => {
+            WholeCpus::Yes(u32::try_from(m / 1000).unwrap_or(u32::MAX))
+        }
+        Millicores::Exact(_) => WholeCpus::No,
+        Millicores::Between { min, max } => {
+            let first = min.div_ceil(1000).max(1);
+            // Requests beyond MaxShares all look alike; one past it is enough to ask about.
+            let last = (max / 1000).min(MAX_SHARES_MILLI / 1000 + 1);
+            let mut wholes = (first..=last).map(|n| n * 1000);
+            let possible = match weight {
+                Some(w) => wholes.any(|m| weight_matches(w, m)),
+                None => wholes.next().is_some(),
+            };
+            if possible {
+                WholeCpus::Unknown
+            } else {
+                WholeCpus::No
+            }
+        }
+    }
+}
+
+/// The parsed value of a scanned file; missing, unreadable and invalid values are all `None`.
+fn value<T: Copy>(v: &FileValue<T>) -> Option<T> {
+    v.value().copied()
+}
+
+/// CPU request and limit from the most exact source, with the v2 weight when that was used.
+fn cpu_resources(
+    settings: &CpuSettings,
+    runtime: Option<&RuntimeInfo>,
+    notices: &mut Vec<Notice>,
+) -> Option<(CpuResources, Option<u64>)> {
+    if let Some(shares) = runtime.and_then(|r| r.cpu.shares) {
+        let cpu = runtime.map(|r| r.cpu).unwrap_or_default();
+        let limit = match cpu.quota {
+            Some(q) if q > 0 => Some(quota_to_milli(
+                q as u64,
+                cpu.period.filter(|p| *p > 0).unwrap_or(DEFAULT_PERIOD_US),
+            )),
+            _ => None,
+        };
+        match settings {
+            CpuSettings::V1 {
+                shares: FileValue::Value(on_disk),
+                ..
+            } if *on_disk != shares => notices.push(Notice::RuntimeConfigDisagrees {
+                detail: format!("cpu.shares {on_disk}, config shares {shares}"),
+            }),
+            CpuSettings::V2 {
+                weight: FileValue::Value(w),
+                ..
+            } if *w != weight_linear(shares) && *w != weight_quadratic(shares) => {
+                notices.push(Notice::RuntimeConfigDisagrees {
+                    detail: format!("cpu.weight {w}, config shares {shares}"),
+                })
+            }
+            _ => {}
+        }
+        let resources = CpuResources {
+            source: CpuSource::OciConfig,
+            request: shares_to_milli(shares),
+            limit,
+        };
+        return Some((resources, None));
+    }
+    match settings {
+        CpuSettings::V1 {
+            shares,
+            cfs_quota,
+            cfs_period_us,
+        } => {
+            let shares = value(shares)?;
+            let limit = match (value(cfs_quota), value(cfs_period_us)) {
+                (Some(Quota::Micros(q)), Some(p)) => Some(quota_to_milli(q, p)),
+                (Some(Quota::Micros(q)), None) => Some(quota_to_milli(q, DEFAULT_PERIOD_US)),
+                _ => None,
+            };
+            Some((
+                CpuResources {
+                    source: CpuSource::CgroupV1,
+                    request: shares_to_milli(shares),
+                    limit,
+                },
+                None,
+            ))
+        }
+        CpuSettings::V2 { max, weight } => {
+            let weight = value(weight)?;
+            let request = weight_to_milli(weight)?;
+            let limit = match value(max) {
+                Some(max) => match max.quota {
+                    Quota::Micros(q) => Some(quota_to_milli(q, max.period_us)),
+                    Quota::Unlimited => None,
+                },
+                None => None,
+            };
+            Some((
+                CpuResources {
+                    source: CpuSource::CgroupV2,
+                    request,
+                    limit,
+                },
+                Some(weight),
+            ))
+        }
+    }
+}
+
+/// Without a runtime config: the pause container of a Guaranteed pod has kubelet's minimum
+/// shares (2; v2 weight 1) and no CPU limit, while every application container there has a
+/// limit (equal to its request).
+fn looks_like_pause(qos: QosClass, resources: Option<(CpuResources, Option<u64>)>) -> bool {
+    let Some((resources, weight)) = resources else {
+        return false;
+    };
+    if qos != QosClass::Guaranteed || resources.limit.is_some() {
+        return false;
+    }
+    match weight {
+        Some(weight) => weight == 1,
+        None => resources.request == Millicores::Between { min: 0, max: 2 },
+    }
+}
+
+/// The opt-out annotation that applies, if any; notes values that mean nothing.
+fn opted_out(
+    runtime: Option<&RuntimeInfo>,
+    container_name: Option<&str>,
+    notices: &mut Vec<Notice>,
+) -> Option<String> {
+    let runtime = runtime?;
+    let mut keys = vec![EXCLUSIVE_ANNOTATION.to_string()];
+    if let Some(name) = container_name {
+        keys.push(format!("{EXCLUSIVE_CONTAINER_ANNOTATION_PREFIX}{name}"));
+    }
+    let mut found = None;
+    for key in keys {
+        let Some(value) = runtime.annotation(&key) else {
+            continue;
+        };
+        let value = value.trim();
+        if value.eq_ignore_ascii_case("false") {
+            found.get_or_insert(key);
+        } else if !value.eq_ignore_ascii_case("true") {
+            notices.push(Notice::IgnoredAnnotation {
+                key,
+                value: value.to_string(),
+            });
+        }
+    }
+    found
+}
+
+/// Classifies one cgroup from its path relative to the kubepods root, its CPU settings and,
+/// for containers, the runtime's view when known.
+pub fn classify(
+    naming: &CgroupNaming,
+    relative: &CgroupPath,
+    settings: &CpuSettings,
+    runtime: Option<&RuntimeInfo>,
+) -> Classification {
+    let path = parse_path(naming, relative);
+    let mut classification = Classification {
+        qos: path.qos,
+        pod_uid: path.pod_uid.clone(),
+        container_id: path.container_id.clone(),
+        ..Classification::of_kind(path.kind.clone())
+    };
+    if path.kind != CgroupKind::Container {
+        return classification;
+    }
+    let qos = path.qos.unwrap_or(QosClass::BestEffort);
+    let notices = &mut classification.notices;
+
+    if let (Some(from_path), Some(from_runtime)) =
+        (&path.pod_uid, runtime.and_then(|r| r.pod_uid()))
+    {
+        if from_path != from_runtime {
+            notices.push(Notice::PodUidMismatch {
+                path: from_path.clone(),
+                runtime: from_runtime.to_string(),
+            });
+            if valid_pod_uid(from_runtime) {
+                classification.pod_uid = Some(from_runtime.to_string());
+            }
+        }
+    }
+    classification.container_name = runtime.and_then(|r| r.container_name()).map(str::to_string);
+
+    let resources = cpu_resources(settings, runtime, notices);
+    classification.resources = resources.map(|(r, _)| r);
+
+    let sandbox = match runtime.and_then(|r| r.is_sandbox()) {
+        Some(sandbox) => sandbox,
+        None => looks_like_pause(qos, resources),
+    };
+    if sandbox {
+        classification.kind = CgroupKind::Sandbox;
+        classification.exclusivity = Exclusivity::Shared {
+            reason: SharedReason::Sandbox,
+        };
+        return classification;
+    }
+
+    let decision = match resources {
+        _ if qos != QosClass::Guaranteed => Err(SharedReason::NotGuaranteed { qos }),
+        None => Err(SharedReason::CpuSettingsUnavailable),
+        Some((resources, weight)) => {
+            let mut request = resources.request;
+            // A Guaranteed container's limit equals its request: an exact limit consistent
+            // with the lossy weight settles the request.
+            if let (Some(w), Some(Millicores::Exact(limit))) = (weight, resources.limit) {
+                if weight_matches(w, limit) {
+                    request = Millicores::Exact(limit);
+                    classification.resources = Some(CpuResources {
+                        request,
+                        ..resources
+                    });
+                }
+            }
+            if let (Millicores::Exact(r), Some(Millicores::Exact(l))) = (request, resources.limit) {
+                if r != l {
+                    notices.push(Notice::LimitDiffersFromRequest {
+                        request,
+                        limit: Millicores::Exact(l),
+                    });
+                }
+            }
+            match whole_cpus(request, weight) {
+                WholeCpus::Yes(cpus) => Ok(cpus),
+                WholeCpus::No => Err(SharedReason::NotWholeCpus { request }),
+                WholeCpus::Unknown => {
+                    if let Some(weight) = weight {
+                        notices.push(Notice::LossyWeight { weight, request });
+                    }
+                    Err(SharedReason::Undecidable { request })
+                }
+            }
+        }
+    };
+    let container_name = classification.container_name.clone();
+    let notices = &mut classification.notices;
+    classification.exclusivity = match decision {
+        Ok(cpus) => match opted_out(runtime, container_name.as_deref(), notices) {
+            Some(annotation) => Exclusivity::Shared {
+                reason: SharedReason::OptedOut { annotation },
+            },
+            None => Exclusivity::Exclusive { cpus },
+        },
+        Err(reason) => {
+            // Still note meaningless opt-out values.
+            opted_out(runtime, container_name.as_deref(), notices);
+            Exclusivity::Shared { reason }
+        }
+    };
+    classification
+}
+
+/// Classifies every cgroup of a scan, in the scan's order, looking containers up with
+/// `runtime` (by container id).
+pub fn classify_scan(
+    naming: &CgroupNaming,
+    scan: &Scan,
+    mut runtime: impl FnMut(&str) -> Option<RuntimeInfo>,
+) -> Vec<Classification> {
+    scan.cgroups
+        .iter()
+        .map(|cgroup| {
+            let path = parse_path(naming, &cgroup.relative);
+            let info = match (&path.kind, &path.container_id) {
+                (CgroupKind::Container, Some(id)) => runtime(id),
+                _ => None,
+            };
+            classify(naming, &cgroup.relative, &cgroup.cpu, info.as_ref())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+
+    use super::*;
+    use crate::cgroupfs::{CpuMax, ValueError};
+    use crate::runtime::OciCpu;
+
+    const UID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+    const UID_: &str = "0f1e2d3c_4b5a_6978_8796_a5b4c3d2e1f0";
+    const ID: &str = "4c0ffee4c0ffee4c0ffee4c0ffee4c0ffee4c0ffee4c0ffee4c0ffee4c0ffee0";
+
+    fn cgroupfs() -> CgroupNaming {
+        CgroupNaming::new(
+            CgroupDriver::Cgroupfs,
+            &CgroupPath::new("kubepods").unwrap(),
+        )
+    }
+
+    fn systemd() -> CgroupNaming {
+        CgroupNaming::new(
+            CgroupDriver::Systemd,
+            &CgroupPath::new("kubepods.slice").unwrap(),
+        )
+    }
+
+    fn path(text: &str) -> CgroupPath {
+        CgroupPath::new(text).unwrap()
+    }
+
+    fn v1(shares: u64, quota: Option<u64>) -> CpuSettings {
+        CpuSettings::V1 {
+            shares: FileValue::Value(shares),
+            cfs_quota: FileValue::Value(quota.map_or(Quota::Unlimited, Quota::Micros)),
+            cfs_period_us: FileValue::Value(100_000),
+        }
+    }
+
+    fn v2(weight: u64, quota: Option<u64>) -> CpuSettings {
+        CpuSettings::V2 {
+            max: FileValue::Value(CpuMax {
+                quota: quota.map_or(Quota::Unlimited, Quota::Micros),
+                period_us: 100_000,
+            }),
+            weight: FileValue::Value(weight),
+        }
+    }
+
+    fn runtime(pairs: &[(&str, &str)], cpu: OciCpu) -> RuntimeInfo {
+        RuntimeInfo {
+            annotations: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+            cpu,
+            ..RuntimeInfo::default()
+        }
+    }
+
+    fn kind_of(naming: &CgroupNaming, text: &str) -> CgroupKind {
+        parse_path(naming, &path(text)).kind
+    }
+
+    #[test]
+    fn cgroupfs_paths() {
+        let n = cgroupfs();
+        assert_eq!(kind_of(&n, ""), CgroupKind::KubepodsRoot);
+        for (text, qos) in [
+            ("burstable", QosClass::Burstable),
+            ("besteffort", QosClass::BestEffort),
+        ] {
+            let info = parse_path(&n, &path(text));
+            assert_eq!((info.kind, info.qos), (CgroupKind::QosDir, Some(qos)));
+        }
+        let pod = parse_path(&n, &path(&format!("pod{UID}")));
+        assert_eq!(pod.kind, CgroupKind::Pod);
+        assert_eq!(pod.qos, Some(QosClass::Guaranteed));
+        assert_eq!(pod.pod_uid.as_deref(), Some(UID));
+        let pod = parse_path(&n, &path(&format!("besteffort/pod{UID}")));
+        assert_eq!(pod.qos, Some(QosClass::BestEffort));
+
+        let container = parse_path(&n, &path(&format!("burstable/pod{UID}/{ID}")));
+        assert_eq!(container.kind, CgroupKind::Container);
+        assert_eq!(container.qos, Some(QosClass::Burstable));
+        assert_eq!(container.pod_uid.as_deref(), Some(UID));
+        assert_eq!(container.container_id.as_deref(), Some(ID));
+        let crio = parse_path(&n, &path(&format!("pod{UID}/crio-{ID}")));
+        assert_eq!(crio.container_id.as_deref(), Some(ID));
+
+        let child = parse_path(&n, &path(&format!("pod{UID}/{ID}/sub/deeper")));
+        assert_eq!(child.kind, CgroupKind::ContainerChild);
+        assert_eq!(child.container_id.as_deref(), Some(ID));
+        assert_eq!(child.qos, Some(QosClass::Guaranteed));
+
+        // A static pod's UID is an md5 hash without dashes.
+        let static_pod = parse_path(&n, &path("burstable/pod6d5f0a1b2c3d4e5f6a7b8c9d0e1f2a3b"));
+        assert_eq!(static_pod.kind, CgroupKind::Pod);
+    }
+
+    #[test]
+    fn systemd_paths() {
+        let n = systemd();
+        let info = parse_path(&n, &path("kubepods-burstable.slice"));
+        assert_eq!(info.qos, Some(QosClass::Burstable));
+        let pod = parse_path(&n, &path(&format!("kubepods-pod{UID_}.slice")));
+        assert_eq!(pod.kind, CgroupKind::Pod);
+        assert_eq!(pod.qos, Some(QosClass::Guaranteed));
+        assert_eq!(pod.pod_uid.as_deref(), Some(UID), "normalised with '-'");
+        let pod = parse_path(
+            &n,
+            &path(&format!(
+                "kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice"
+            )),
+        );
+        assert_eq!(pod.qos, Some(QosClass::BestEffort));
+        for scope in [
+            format!("cri-containerd-{ID}.scope"),
+            format!("crio-{ID}.scope"),
+            format!("docker-{ID}.scope"),
+        ] {
+            let info = parse_path(&n, &path(&format!("kubepods-pod{UID_}.slice/{scope}")));
+            assert_eq!(info.kind, CgroupKind::Container, "{scope}");
+            assert_eq!(info.container_id.as_deref(), Some(ID));
+        }
+        let conmon = kind_of(
+            &n,
+            &format!("kubepods-pod{UID_}.slice/crio-conmon-{ID}.scope"),
+        );
+        assert!(
+            matches!(
+                conmon,
+                CgroupKind::Unknown {
+                    reason: UnknownReason::RuntimeHelper { .. }
+                }
+            ),
+            "{conmon:?}"
+        );
+        // crun's "container" sub-cgroup is a child of the container.
+        let child = kind_of(
+            &n,
+            &format!("kubepods-pod{UID_}.slice/crio-{ID}.scope/container"),
+        );
+        assert_eq!(child, CgroupKind::ContainerChild);
+        // A burstable pod slice directly under the root is not a Guaranteed pod.
+        let misplaced = kind_of(&n, &format!("kubepods-burstable-pod{UID_}.slice"));
+        assert!(
+            matches!(misplaced, CgroupKind::Unknown { .. }),
+            "{misplaced:?}"
+        );
+    }
+
+    #[test]
+    fn systemd_prefix_follows_a_custom_kubepods_slice() {
+        let n = CgroupNaming::new(
+            CgroupDriver::Systemd,
+            &path("kubelet.slice/kubelet-kubepods.slice"),
+        );
+        let pod = parse_path(
+            &n,
+            &path(&format!(
+                "kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-pod{UID_}.slice"
+            )),
+        );
+        assert_eq!(pod.kind, CgroupKind::Pod);
+        assert_eq!(pod.qos, Some(QosClass::Burstable));
+    }
+
+    #[test]
+    fn malformed_names_are_unknown_with_a_reason() {
+        let n = cgroupfs();
+        let long = "p".repeat(255);
+        let cases: Vec<(String, &str)> = vec![
+            (
+                "not-a-pod".into(),
+                "neither a QoS class directory nor a pod",
+            ),
+            ("pod with space".into(), "does not hold a valid pod UID"),
+            (
+                "pod\nnewline".into(),
+                "'pod\\nnewline' does not hold a valid pod UID",
+            ),
+            ("podé-ü".into(), "does not hold a valid pod UID"),
+            (
+                format!("pod{}", UID.to_uppercase()),
+                "does not hold a valid pod UID",
+            ),
+            (format!("pod{UID_}"), "does not hold a valid pod UID"),
+            (long.clone(), "neither a QoS class"),
+            ("burstable/x".into(), "is not a pod of its QoS class"),
+            (
+                format!("pod{UID}/{}", ID.to_uppercase()),
+                "is not a container cgroup",
+            ),
+            (
+                format!("pod{UID}/{}", &ID[..63]),
+                "is not a container cgroup",
+            ),
+            (
+                format!("pod{UID}/cri-containerd-{ID}.scope"),
+                "is not a container cgroup",
+            ),
+            (
+                "not-a-pod/child/grandchild".into(),
+                "inside the unknown cgroup 'not-a-pod'",
+            ),
+        ];
+        for (text, why) in cases {
+            match kind_of(&n, &text) {
+                CgroupKind::Unknown { reason } => {
+                    assert!(reason.to_string().contains(why), "{text:?}: {reason}");
+                    assert!(!reason.to_string().contains('\n'));
+                }
+                other => panic!("{text:?} classified as {other:?}"),
+            }
+        }
+        let bytes = CgroupPath::root()
+            .join(OsStr::from_bytes(b"pod\xff"))
+            .unwrap();
+        let info = parse_path(&n, &bytes);
+        assert!(
+            matches!(&info.kind, CgroupKind::Unknown { reason: UnknownReason::NotUtf8 { name } } if name == "pod\\xff"),
+            "{info:?}"
+        );
+        // Below a container, any name is the container's own business.
+        let child = path(&format!("pod{UID}/{ID}"))
+            .join(OsStr::from_bytes(b"\xff\n"))
+            .unwrap();
+        assert_eq!(parse_path(&n, &child).kind, CgroupKind::ContainerChild);
+    }
+
+    #[test]
+    fn shares_invert_exactly() {
+        for milli in 3..256_000u64 {
+            let shares = milli_to_shares(milli);
+            assert_eq!(
+                shares_to_milli(shares),
+                Millicores::Exact(milli),
+                "{milli}m"
+            );
+        }
+        assert_eq!(milli_to_shares(0), 2);
+        assert_eq!(shares_to_milli(2), Millicores::Between { min: 0, max: 2 });
+        assert!(matches!(shares_to_milli(42), Millicores::Between { .. }));
+        assert_eq!(
+            shares_to_milli(262_144),
+            Millicores::Between {
+                min: 256_000,
+                max: u64::MAX
+            }
+        );
+    }
+
+    #[test]
+    fn quota_inverts_exactly_for_common_periods() {
+        for period in [100_000u64, 50_000, 10_000, 1_000_000] {
+            for milli in (11..=64_000u64).step_by(7) {
+                let quota = milli * period / 1000;
+                if quota <= MIN_QUOTA_US {
+                    continue;
+                }
+                assert_eq!(
+                    quota_to_milli(quota, period),
+                    Millicores::Exact(milli),
+                    "{milli}m period {period}"
+                );
+            }
+        }
+        assert_eq!(
+            quota_to_milli(1000, 100_000),
+            Millicores::Between { min: 1, max: 10 }
+        );
+    }
+
+    #[test]
+    fn weight_conversions_match_the_runtimes() {
+        assert_eq!(weight_linear(2), 1);
+        assert_eq!(weight_linear(1024), 39);
+        assert_eq!(weight_linear(2048), 79);
+        assert_eq!(weight_linear(262_144), 10_000);
+        assert_eq!(weight_quadratic(2), 1);
+        assert_eq!(weight_quadratic(1024), 100);
+        assert_eq!(weight_quadratic(1536), 138);
+        assert_eq!(weight_quadratic(2048), 174);
+        assert_eq!(weight_quadratic(262_144), 10_000);
+        // Every weight of a whole-CPU request maps back to a range holding that request.
+        for cpus in 1..=64u64 {
+            for convert in [weight_linear, weight_quadratic] {
+                let weight = convert(milli_to_shares(cpus * 1000));
+                let (min, max) = match weight_to_milli(weight).unwrap() {
+                    Millicores::Exact(m) => (m, m),
+                    Millicores::Between { min, max } => (min, max),
+                };
+                assert!(min <= cpus * 1000 && cpus * 1000 <= max, "{cpus} cpus");
+            }
+        }
+    }
+
+    fn exclusivity(
+        naming: &CgroupNaming,
+        text: &str,
+        cpu: &CpuSettings,
+        rt: Option<&RuntimeInfo>,
+    ) -> Classification {
+        classify(naming, &path(text), cpu, rt)
+    }
+
+    #[test]
+    fn guaranteed_whole_cpus_are_exclusive_on_v1() {
+        let n = cgroupfs();
+        let c = exclusivity(
+            &n,
+            &format!("pod{UID}/{ID}"),
+            &v1(2048, Some(200_000)),
+            None,
+        );
+        assert_eq!(c.kind, CgroupKind::Container);
+        assert_eq!(c.exclusivity, Exclusivity::Exclusive { cpus: 2 });
+        assert_eq!(
+            c.resources,
+            Some(CpuResources {
+                source: CpuSource::CgroupV1,
+                request: Millicores::Exact(2000),
+                limit: Some(Millicores::Exact(2000)),
+            })
+        );
+        // After the agent lifted the quota, shares still say 2 CPUs.
+        let c = exclusivity(&n, &format!("pod{UID}/{ID}"), &v1(2048, None), None);
+        assert_eq!(c.exclusive_cpus(), 2);
+        assert!(c.notices.is_empty(), "{:?}", c.notices);
+    }
+
+    #[test]
+    fn fractional_burstable_and_besteffort_are_shared() {
+        let n = cgroupfs();
+        let c = exclusivity(
+            &n,
+            &format!("pod{UID}/{ID}"),
+            &v1(1536, Some(150_000)),
+            None,
+        );
+        assert_eq!(
+            c.exclusivity,
+            Exclusivity::Shared {
+                reason: SharedReason::NotWholeCpus {
+                    request: Millicores::Exact(1500)
+                }
+            }
+        );
+        let c = exclusivity(
+            &n,
+            &format!("burstable/pod{UID}/{ID}"),
+            &v1(2048, Some(400_000)),
+            None,
+        );
+        assert_eq!(
+            c.exclusivity,
+            Exclusivity::Shared {
+                reason: SharedReason::NotGuaranteed {
+                    qos: QosClass::Burstable
+                }
+            }
+        );
+        let c = exclusivity(&n, &format!("besteffort/pod{UID}/{ID}"), &v1(2, None), None);
+        assert_eq!(
+            c.kind,
+            CgroupKind::Container,
+            "no sandbox guess outside Guaranteed"
+        );
+        assert_eq!(c.exclusive_cpus(), 0);
+    }
+
+    #[test]
+    fn sandboxes_are_shared() {
+        let n = cgroupfs();
+        // Heuristic: minimum shares and no limit in a Guaranteed pod.
+        let c = exclusivity(&n, &format!("pod{UID}/{ID}"), &v1(2, None), None);
+        assert_eq!(c.kind, CgroupKind::Sandbox);
+        assert_eq!(
+            c.exclusivity,
+            Exclusivity::Shared {
+                reason: SharedReason::Sandbox
+            }
+        );
+        let c = exclusivity(&n, &format!("pod{UID}/{ID}"), &v2(1, None), None);
+        assert_eq!(c.kind, CgroupKind::Sandbox);
+        // The runtime's word wins, even for a sandbox with pod-level resources.
+        let rt = runtime(
+            &[("io.kubernetes.cri.container-type", "sandbox")],
+            OciCpu {
+                shares: Some(4096),
+                quota: Some(400_000),
+                period: Some(100_000),
+            },
+        );
+        let c = exclusivity(
+            &n,
+            &format!("pod{UID}/{ID}"),
+            &v1(4096, Some(400_000)),
+            Some(&rt),
+        );
+        assert_eq!(c.kind, CgroupKind::Sandbox);
+        assert_eq!(c.exclusive_cpus(), 0);
+        let rt = runtime(
+            &[("io.kubernetes.cri-o.ContainerType", "sandbox")],
+            OciCpu::default(),
+        );
+        let c = exclusivity(&n, &format!("pod{UID}/{ID}"), &v1(1024, None), Some(&rt));
+        assert_eq!(c.kind, CgroupKind::Sandbox);
+    }
+
+    #[test]
+    fn runtime_config_is_the_first_source() {
+        let n = cgroupfs();
+        let rt = runtime(
+            &[
+                ("io.kubernetes.cri.container-type", "container"),
+                ("io.kubernetes.cri.container-name", "app"),
+                ("io.kubernetes.cri.sandbox-uid", UID),
+            ],
+            OciCpu {
+                shares: Some(3072),
+                quota: Some(300_000),
+                period: Some(100_000),
+            },
+        );
+        // v2 weight alone could not decide; the config's shares can.
+        let c = exclusivity(
+            &n,
+            &format!("pod{UID}/{ID}"),
+            &v2(weight_linear(3072), None),
+            Some(&rt),
+        );
+        assert_eq!(c.exclusivity, Exclusivity::Exclusive { cpus: 3 });
+        assert_eq!(c.container_name.as_deref(), Some("app"));
+        assert_eq!(c.resources.unwrap().source, CpuSource::OciConfig);
+        assert_eq!(
+            c.assignment_key(),
+            Some(AssignmentKey::Named {
+                pod_uid: UID.into(),
+                container: "app".into()
+            })
+        );
+        // Disagreement with the cgroup is noticed.
+        let c = exclusivity(&n, &format!("pod{UID}/{ID}"), &v1(1024, None), Some(&rt));
+        assert_eq!(c.exclusive_cpus(), 3);
+        assert!(matches!(
+            c.notices.as_slice(),
+            [Notice::RuntimeConfigDisagrees { .. }]
+        ));
+    }
+
+    #[test]
+    fn v2_weight_decides_with_an_exact_limit_only() {
+        let n = systemd();
+        let container = format!("kubepods-pod{UID_}.slice/cri-containerd-{ID}.scope");
+        for convert in [weight_linear, weight_quadratic] {
+            let weight = convert(2048);
+            let c = exclusivity(&n, &container, &v2(weight, Some(200_000)), None);
+            assert_eq!(
+                c.exclusivity,
+                Exclusivity::Exclusive { cpus: 2 },
+                "weight {weight}"
+            );
+            assert_eq!(c.resources.unwrap().request, Millicores::Exact(2000));
+
+            let c = exclusivity(&n, &container, &v2(weight, None), None);
+            assert!(
+                matches!(
+                    c.exclusivity,
+                    Exclusivity::Shared {
+                        reason: SharedReason::Undecidable { .. }
+                    }
+                ),
+                "{c:?}"
+            );
+            assert!(matches!(c.notices.as_slice(), [Notice::LossyWeight { .. }]));
+
+            // 1.5 CPUs: no whole request is consistent with the weight.
+            let weight = convert(1536);
+            let c = exclusivity(&n, &container, &v2(weight, None), None);
+            assert!(
+                matches!(
+                    c.exclusivity,
+                    Exclusivity::Shared {
+                        reason: SharedReason::NotWholeCpus { .. }
+                    }
+                ),
+                "{c:?}"
+            );
+            assert!(c.notices.is_empty());
+        }
+        // A limit inconsistent with the weight settles nothing.
+        let c = exclusivity(
+            &n,
+            &container,
+            &v2(weight_linear(1536), Some(200_000)),
+            None,
+        );
+        assert_eq!(c.exclusive_cpus(), 0);
+    }
+
+    #[test]
+    fn annotations_only_narrow() {
+        let n = cgroupfs();
+        let cpu = OciCpu {
+            shares: Some(2048),
+            quota: Some(200_000),
+            period: Some(100_000),
+        };
+        let named = |extra: &[(&str, &str)]| {
+            let mut pairs = vec![("io.kubernetes.container.name", "app")];
+            pairs.extend_from_slice(extra);
+            runtime(&pairs, cpu)
+        };
+        let pod_off = named(&[("cpusetd.io/exclusive", "false")]);
+        let c = exclusivity(
+            &n,
+            &format!("pod{UID}/{ID}"),
+            &v1(2048, Some(200_000)),
+            Some(&pod_off),
+        );
+        assert_eq!(
+            c.exclusivity,
+            Exclusivity::Shared {
+                reason: SharedReason::OptedOut {
+                    annotation: "cpusetd.io/exclusive".into()
+                }
+            }
+        );
+        let ctr_off = named(&[("cpusetd.io/exclusive.app", "false")]);
+        let c = exclusivity(
+            &n,
+            &format!("pod{UID}/{ID}"),
+            &v1(2048, Some(200_000)),
+            Some(&ctr_off),
+        );
+        assert_eq!(c.exclusive_cpus(), 0);
+        let other_off = named(&[("cpusetd.io/exclusive.sidecar", "false")]);
+        let c = exclusivity(
+            &n,
+            &format!("pod{UID}/{ID}"),
+            &v1(2048, Some(200_000)),
+            Some(&other_off),
+        );
+        assert_eq!(c.exclusive_cpus(), 2);
+        // "true" cannot widen a Burstable container; garbage is noticed.
+        let widen = named(&[
+            ("cpusetd.io/exclusive", "true"),
+            ("cpusetd.io/exclusive.app", "yes"),
+        ]);
+        let c = exclusivity(
+            &n,
+            &format!("burstable/pod{UID}/{ID}"),
+            &v1(2048, Some(200_000)),
+            Some(&widen),
+        );
+        assert_eq!(c.exclusive_cpus(), 0);
+        assert!(matches!(
+            c.notices.as_slice(),
+            [Notice::IgnoredAnnotation { key, .. }] if key == "cpusetd.io/exclusive.app"
+        ));
+    }
+
+    #[test]
+    fn unusable_settings_keep_a_container_shared() {
+        let n = cgroupfs();
+        let garbage = CpuSettings::V2 {
+            max: FileValue::Invalid {
+                text: "garbage".into(),
+                error: ValueError::NotANumber {
+                    text: "garbage".into(),
+                },
+            },
+            weight: FileValue::Missing,
+        };
+        let c = exclusivity(&n, &format!("pod{UID}/{ID}"), &garbage, None);
+        assert_eq!(
+            c.exclusivity,
+            Exclusivity::Shared {
+                reason: SharedReason::CpuSettingsUnavailable
+            }
+        );
+        let negative = CpuSettings::V1 {
+            shares: FileValue::Invalid {
+                text: "-5".into(),
+                error: ValueError::NotANumber { text: "-5".into() },
+            },
+            cfs_quota: FileValue::Value(Quota::Micros(200_000)),
+            cfs_period_us: FileValue::Value(100_000),
+        };
+        let c = exclusivity(&n, &format!("pod{UID}/{ID}"), &negative, None);
+        assert_eq!(c.exclusive_cpus(), 0);
+        assert_eq!(c.resources, None);
+    }
+
+    #[test]
+    fn pod_uid_from_the_runtime_wins_and_mismatch_is_noticed() {
+        let n = cgroupfs();
+        let other = "11111111-2222-3333-4444-555555555555";
+        let rt = runtime(&[("io.kubernetes.pod.uid", other)], OciCpu::default());
+        let c = exclusivity(
+            &n,
+            &format!("pod{UID}/{ID}"),
+            &v1(1024, Some(100_000)),
+            Some(&rt),
+        );
+        assert_eq!(c.pod_uid.as_deref(), Some(other));
+        assert!(c
+            .notices
+            .iter()
+            .any(|n| matches!(n, Notice::PodUidMismatch { .. })));
+        assert_eq!(c.assignment_key(), Some(AssignmentKey::Id(ID.into())));
+    }
+
+    #[test]
+    fn non_containers_carry_their_place() {
+        let n = cgroupfs();
+        let c = exclusivity(&n, &format!("burstable/pod{UID}"), &v1(1024, None), None);
+        assert_eq!(c.kind, CgroupKind::Pod);
+        assert_eq!(c.exclusivity, Exclusivity::NotApplicable);
+        assert_eq!(c.assignment_key(), None);
+        let c = exclusivity(&n, "", &v1(1024, None), None);
+        assert_eq!(c.kind, CgroupKind::KubepodsRoot);
+        assert_eq!(c.qos, None);
+    }
+}

@@ -1,0 +1,84 @@
+//! Logging helpers shared by the edges: [`LogOnce`], which remembers which problems were already
+//! logged so that a periodic pass (a reconcile scan every few seconds) reports a lasting problem
+//! once instead of on every pass, and [`error_chain`], which puts an error and its sources on one
+//! log line.
+//!
+//! A problem is identified by a key string. It is reported when it is first seen, stays quiet
+//! while it is seen in every following pass, and is forgotten after a pass that did not see it,
+//! so if it comes back later it is reported again. Memory is bounded by the problems of two
+//! passes.
+
+use std::collections::HashSet;
+
+/// Deduplicates log lines across passes; see the module docs.
+#[derive(Debug, Default, Clone)]
+pub struct LogOnce {
+    previous: HashSet<String>,
+    current: HashSet<String>,
+}
+
+impl LogOnce {
+    pub fn new() -> Self {
+        LogOnce::default()
+    }
+
+    /// Records `key` in this pass and says whether it should be logged now: true the first time
+    /// in this pass when the previous pass did not see it.
+    pub fn first_time(&mut self, key: impl Into<String>) -> bool {
+        let key = key.into();
+        let seen_before = self.previous.contains(&key);
+        let new_in_pass = self.current.insert(key);
+        new_in_pass && !seen_before
+    }
+
+    /// Ends the current pass: problems not seen in it are forgotten.
+    pub fn next_pass(&mut self) {
+        self.previous = std::mem::take(&mut self.current);
+    }
+}
+
+/// An error and its sources on one line: `cannot read X: Permission denied (os error 13)`.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_chain_joins_sources() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot read x")]
+        struct Outer(#[source] std::io::Error);
+        let err = Outer(std::io::Error::from_raw_os_error(13));
+        assert_eq!(
+            error_chain(&err),
+            "cannot read x: Permission denied (os error 13)"
+        );
+    }
+
+    #[test]
+    fn logs_once_while_present_and_again_after_a_gap() {
+        let mut once = LogOnce::new();
+        assert!(once.first_time("a"));
+        assert!(!once.first_time("a"));
+        once.next_pass();
+        assert!(!once.first_time("a"));
+        assert!(once.first_time("b"));
+        once.next_pass();
+        // "a" seen in the last pass: still quiet. "b" not seen now.
+        assert!(!once.first_time("a"));
+        once.next_pass();
+        once.next_pass();
+        assert!(once.first_time("b"));
+        assert!(once.first_time("a"));
+    }
+}

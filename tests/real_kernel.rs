@@ -1,0 +1,324 @@
+//! Real-kernel tests on this machine's cgroup v1 cpuset hierarchy: read and write `cpuset.cpus`
+//! through the agent's API, scan and classify a kubepods-like subtree, and check that the
+//! kernel's refusals (a child that is not a subset, a parent shrunk under a child) come back
+//! with path, value and errno. Each test builds its own uniquely named subtree and removes it
+//! bottom-up whatever happens. Skipped with a printed reason without a v1 cpuset mount at
+//! `/sys/fs/cgroup/cpuset` or without root.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use nix::errno::Errno;
+
+use cpusetd::cgroupfs::{
+    detect_layout, parse_mountinfo, CgroupFs, CgroupPath, CgroupVersion, CpuSettings, FileValue,
+    InterfaceFile, LayoutConfig, Quota,
+};
+use cpusetd::classify::{classify_scan, CgroupKind, CgroupNaming, Exclusivity};
+use cpusetd::cpuset::CpuSet;
+use cpusetd::logging::error_chain;
+
+use crate::util::scanner;
+
+const CPUSET_MOUNT: &str = "/sys/fs/cgroup/cpuset";
+const POD_UID: &str = "5e1f0000-0000-4000-8000-000000000001";
+const CONTAINER_ID: &str = "5e1f5e1f5e1f5e1f5e1f5e1f5e1f5e1f5e1f5e1f5e1f5e1f5e1f5e1f5e1f5e1f";
+
+/// Why the real-kernel tests cannot run here, if they cannot.
+fn skip_reason() -> Option<String> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mounted = parse_mountinfo(&mountinfo).iter().any(|m| {
+        m.mount_point == Path::new(CPUSET_MOUNT)
+            && m.fs_type == "cgroup"
+            && m.super_options.iter().any(|o| o == "cpuset")
+    });
+    if !mounted {
+        return Some(format!("{CPUSET_MOUNT} is not a cgroup v1 cpuset mount"));
+    }
+    if fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(u32::MAX)
+        != 0
+    {
+        return Some("not running as root".to_string());
+    }
+    None
+}
+
+/// A uniquely named subtree in one or more hierarchies, removed bottom-up on drop.
+struct Subtree {
+    name: String,
+    tops: Vec<PathBuf>,
+}
+
+impl Subtree {
+    fn new(mounts: &[&Path]) -> Subtree {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "cpusetd-test-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        let mut tops = Vec::new();
+        let mut seen = Vec::new();
+        for mount in mounts {
+            if seen.contains(mount) {
+                continue;
+            }
+            seen.push(*mount);
+            tops.push(mount.join(&name));
+        }
+        Subtree { name, tops }
+    }
+
+    /// Creates `rel` (relative to the subtree) in every hierarchy.
+    fn create(&self, rel: &str) {
+        for top in &self.tops {
+            fs::create_dir_all(top.join(rel)).unwrap();
+        }
+    }
+}
+
+impl Drop for Subtree {
+    fn drop(&mut self) {
+        for top in &self.tops {
+            let mut dirs = Vec::new();
+            collect_dirs(top, &mut dirs);
+            dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+            for dir in dirs {
+                if let Err(err) = fs::remove_dir(&dir) {
+                    eprintln!("cleanup: cannot remove {}: {err}", dir.display());
+                }
+            }
+        }
+    }
+}
+
+fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
+    if !dir.is_dir() {
+        return;
+    }
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                collect_dirs(&entry.path(), out);
+            }
+        }
+    }
+    out.push(dir.to_path_buf());
+}
+
+fn path(text: &str) -> CgroupPath {
+    CgroupPath::new(text).unwrap()
+}
+
+#[test]
+fn real_cpuset_reads_writes_and_kernel_refusals() {
+    if let Some(reason) = skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let layout_probe = detect_layout(&LayoutConfig {
+        proc_root: PathBuf::from("/proc"),
+        cgroup_root: None,
+        driver: None,
+        kubepods: Some(path("kubepods")),
+    })
+    .unwrap();
+    assert_eq!(layout_probe.version, CgroupVersion::V1);
+    let tree = Subtree::new(&[&layout_probe.cpuset_root, &layout_probe.cpu_root]);
+    let pod = format!("kubepods/pod{POD_UID}");
+    let container = format!("{pod}/{CONTAINER_ID}");
+    tree.create("");
+    // Children must start with empty cpusets even where the mount clones them by default.
+    fs::write(
+        layout_probe
+            .cpuset_root
+            .join(&tree.name)
+            .join("cgroup.clone_children"),
+        "0",
+    )
+    .unwrap();
+    tree.create(&container);
+
+    let layout = detect_layout(&LayoutConfig {
+        proc_root: PathBuf::from("/proc"),
+        cgroup_root: None,
+        driver: None,
+        kubepods: Some(path(&format!("{}/kubepods", tree.name))),
+    })
+    .unwrap();
+    let cpuset = CgroupFs::open(&layout.cpuset_root).unwrap();
+    let cpu = CgroupFs::open(&layout.cpu_root).unwrap();
+    let all_cpus = cpuset
+        .read(&CgroupPath::root(), InterfaceFile::CpusetCpus)
+        .unwrap();
+    let all_mems = cpuset
+        .read(&CgroupPath::root(), InterfaceFile::CpusetMems)
+        .unwrap();
+    let cpus = CpuSet::parse(&all_cpus).unwrap();
+
+    // Fresh v1 cpusets start empty; initialise the levels down to the pod.
+    let top = path(&tree.name);
+    let kubepods = top.join("kubepods".as_ref()).unwrap();
+    let pod_cg = path(&format!("{}/{pod}", tree.name));
+    let container_cg = path(&format!("{}/{container}", tree.name));
+    assert_eq!(
+        cpuset.read(&kubepods, InterfaceFile::CpusetCpus).unwrap(),
+        ""
+    );
+    for cg in [&top, &kubepods, &pod_cg] {
+        cpuset
+            .write(cg, InterfaceFile::CpusetCpus, &all_cpus)
+            .unwrap();
+        cpuset
+            .write(cg, InterfaceFile::CpusetMems, &all_mems)
+            .unwrap();
+        assert_eq!(
+            cpuset.read(cg, InterfaceFile::CpusetCpus).unwrap(),
+            all_cpus
+        );
+    }
+    cpu.write(&container_cg, InterfaceFile::CpuShares, "2048")
+        .unwrap();
+    cpu.write(&container_cg, InterfaceFile::CpuCfsQuotaUs, "200000")
+        .unwrap();
+
+    // The scan sees the container as not yet initialised, and the classifier as Guaranteed
+    // with 2 CPUs, from the real cpu controller.
+    let scan = scanner(&layout).scan().unwrap();
+    assert_eq!(scan.cgroups.len(), 3);
+    let scanned = scan
+        .cgroups
+        .iter()
+        .find(|c| c.path == container_cg)
+        .unwrap();
+    assert_eq!(scanned.cpus.value().map(CpuSet::is_empty), Some(true));
+    assert_eq!(scanned.cpus.configured(), None);
+    assert_eq!(
+        scanned.cpu,
+        CpuSettings::V1 {
+            shares: FileValue::Value(2048),
+            cfs_quota: FileValue::Value(Quota::Micros(200_000)),
+            cfs_period_us: FileValue::Value(100_000),
+        }
+    );
+    let naming = CgroupNaming::new(layout.driver, &layout.kubepods);
+    let classes = classify_scan(&naming, &scan, |_| None);
+    let at = scan
+        .cgroups
+        .iter()
+        .position(|c| c.path == container_cg)
+        .unwrap();
+    assert_eq!(classes[at].kind, CgroupKind::Container);
+    assert_eq!(classes[at].exclusivity, Exclusivity::Exclusive { cpus: 2 });
+
+    let (Some(first), Some(last)) = (cpus.first(), cpus.last()) else {
+        panic!("no cpus in {all_cpus:?}");
+    };
+    if first == last {
+        println!("skipped the refusal checks: only one cpu ({all_cpus})");
+        return;
+    }
+    let (first, last) = (first.to_string(), last.to_string());
+    cpuset
+        .write(&container_cg, InterfaceFile::CpusetMems, &all_mems)
+        .unwrap();
+    cpuset
+        .write(&container_cg, InterfaceFile::CpusetCpus, &last)
+        .unwrap();
+    assert_eq!(
+        cpuset
+            .read(&container_cg, InterfaceFile::CpusetCpus)
+            .unwrap(),
+        last
+    );
+
+    // Shrinking the pod under its container: the kernel says EBUSY.
+    let err = cpuset
+        .write(&pod_cg, InterfaceFile::CpusetCpus, &first)
+        .unwrap_err();
+    assert_eq!(
+        err.errno(),
+        Some(Errno::EBUSY as i32),
+        "{}",
+        error_chain(&err)
+    );
+    let shown = error_chain(&err);
+    assert!(
+        shown.contains(&format!("cannot write {first:?} to ")),
+        "{shown}"
+    );
+    assert!(shown.contains(&format!("{pod}/cpuset.cpus")), "{shown}");
+    assert!(shown.contains("busy"), "{shown}");
+    println!("kernel refused as expected: {shown}");
+    assert_eq!(
+        cpuset.read(&pod_cg, InterfaceFile::CpusetCpus).unwrap(),
+        all_cpus
+    );
+
+    // Narrow bottom-up, then a container outside its pod's set is refused.
+    cpuset
+        .write(&container_cg, InterfaceFile::CpusetCpus, &first)
+        .unwrap();
+    cpuset
+        .write(&pod_cg, InterfaceFile::CpusetCpus, &first)
+        .unwrap();
+    let err = cpuset
+        .write(&container_cg, InterfaceFile::CpusetCpus, &last)
+        .unwrap_err();
+    let errno = err.errno();
+    assert!(
+        errno == Some(Errno::EACCES as i32) || errno == Some(Errno::EINVAL as i32),
+        "{}",
+        error_chain(&err)
+    );
+    assert!(!err.is_gone());
+    let shown = error_chain(&err);
+    assert!(
+        shown.contains(&format!("cannot write {last:?} to ")),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(&format!("{container}/cpuset.cpus")),
+        "{shown}"
+    );
+    println!("kernel refused as expected: {shown}");
+    assert_eq!(
+        cpuset
+            .read(&container_cg, InterfaceFile::CpusetCpus)
+            .unwrap(),
+        first
+    );
+
+    // Writing to a cgroup that is gone is distinguishable.
+    let gone = pod_cg.join("not-there".as_ref()).unwrap();
+    let err = cpuset
+        .write(&gone, InterfaceFile::CpusetCpus, &first)
+        .unwrap_err();
+    assert!(err.is_gone(), "{}", error_chain(&err));
+}
+
+#[test]
+fn real_interface_files_cannot_be_created() {
+    if let Some(reason) = skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let root = Path::new(CPUSET_MOUNT);
+    let tree = Subtree::new(&[root]);
+    tree.create("x");
+    let cpuset = CgroupFs::open(root).unwrap();
+    // `cpu.shares` does not exist in the cpuset hierarchy; a write must not create it.
+    let err = cpuset
+        .write(
+            &path(&format!("{}/x", tree.name)),
+            InterfaceFile::CpuShares,
+            "2",
+        )
+        .unwrap_err();
+    assert!(err.is_gone(), "{}", error_chain(&err));
+    assert!(!root.join(&tree.name).join("x/cpu.shares").exists());
+}
