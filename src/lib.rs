@@ -12,6 +12,8 @@ pub mod cli;
 pub mod cpuset;
 pub mod logging;
 pub mod planner;
+pub mod report;
 pub mod runtime;
 pub mod state;
 pub mod topology;
+pub mod writer;

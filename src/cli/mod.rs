@@ -3,6 +3,8 @@
 //! `/sys` or `/proc`, and only as flag defaults.
 
 mod allocate;
+mod node;
+mod plan;
 mod topology;
 
 use std::error::Error;
@@ -36,6 +38,8 @@ enum Command {
     Topology(topology::TopologyArgs),
     /// What-if: which CPUs the static policy would give a container requesting N CPUs.
     Allocate(allocate::AllocateArgs),
+    /// Scan the cgroup tree and show (or --apply) the writes one agent pass would make.
+    Plan(plan::PlanArgs),
 }
 
 /// A failed command: the message to print and the exit status.
@@ -86,6 +90,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Topology(args) => topology::run(&args),
         Command::Allocate(args) => allocate::run(&args),
+        Command::Plan(args) => plan::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

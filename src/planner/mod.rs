@@ -1,7 +1,258 @@
-//! The planner: from the scanned tree and the assignments to the desired `cpuset.cpus` /
-//! `cpuset.mems` of every cgroup, and from there to an ordered `WritePlan` (DESIGN.md §5).
-//! Pure: values in, values out.
+//! The planner: from the scanned tree, its classification and the assignments so far to the
+//! desired `cpuset.cpus` / `cpuset.mems` of every cgroup and an ordered [`WritePlan`]
+//! (DESIGN.md §5). Pure: values in, values out; `writer` does the I/O.
+//!
+//! Steps: [`assign`] decides who holds which exclusive CPUs; [`desired_tree`] derives every
+//! cgroup's value from that; [`order_writes`] orders the cpuset writes so the kernel's nesting
+//! rules hold after every single write; CFS quota lifts for exclusive containers come last.
 
+pub mod assign;
+pub mod desired;
 pub mod order;
 
+use std::collections::BTreeSet;
+
+pub use assign::{assign, AssignEvent, ContainerDemand, Entitlement, ReleaseReason};
+pub use desired::{desired_tree, parent_indexes, DesiredCgroup, Pools};
 pub use order::{order_writes, NestingChecker, NestingViolation, Phase, SetNode, SetWrite};
+
+use crate::allocator::StaticPolicy;
+use crate::cgroupfs::{CgroupPath, CpuSettings, FileValue, InterfaceFile, Quota, Scan};
+use crate::classify::{CgroupKind, Classification, Exclusivity, Millicores, SharedReason};
+use crate::cpuset::CpuSet;
+use crate::state::Assignments;
+use crate::topology::Topology;
+
+/// What the planner needs besides the tree.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanConfig<'a> {
+    pub topology: &'a Topology,
+    /// `None` is the `none` policy: nothing is managed, nothing written.
+    pub policy: Option<&'a StaticPolicy>,
+    pub align_memory: bool,
+    pub keep_cfs_quota: bool,
+}
+
+/// The step of the plan a write belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WriteStep {
+    /// Top-down, `old ∪ new`.
+    Widen,
+    /// Bottom-up, `new`.
+    Narrow,
+    /// Lift the CFS quota of an exclusive container.
+    LiftQuota,
+}
+
+/// One write of a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedWrite {
+    /// Index of the cgroup in the scan.
+    pub cgroup: usize,
+    /// Relative to the controller root that holds `file`.
+    pub path: CgroupPath,
+    pub file: InterfaceFile,
+    pub value: String,
+    pub step: WriteStep,
+}
+
+/// The ordered writes of one pass.
+pub type WritePlan = Vec<PlannedWrite>;
+
+/// Everything one planning pass decided.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// `None` under the `none` policy.
+    pub pools: Option<Pools>,
+    /// Per scanned cgroup, in scan order.
+    pub desired: Vec<DesiredCgroup>,
+    pub parents: Vec<Option<usize>>,
+    pub assignments: Assignments,
+    pub events: Vec<AssignEvent>,
+    pub writes: WritePlan,
+}
+
+/// What classification says a container is entitled to. Undecidable or unreadable settings
+/// keep what the container holds rather than dropping a pin.
+pub fn entitlement(class: &Classification) -> Entitlement {
+    match &class.exclusivity {
+        Exclusivity::Exclusive { cpus } => Entitlement::Exclusive(*cpus as usize),
+        Exclusivity::Shared {
+            reason: SharedReason::Undecidable { request },
+        } => Entitlement::Unknown {
+            request_range: Some(match *request {
+                Millicores::Exact(m) => (m, m),
+                Millicores::Between { min, max } => (min, max),
+            }),
+        },
+        Exclusivity::Shared {
+            reason: SharedReason::CpuSettingsUnavailable,
+        } => Entitlement::Unknown {
+            request_range: None,
+        },
+        Exclusivity::Shared { .. } | Exclusivity::NotApplicable => Entitlement::Shared,
+    }
+}
+
+/// Plans one pass. `classes[i]` classifies `scan.cgroups[i]`; `previous` are the assignments
+/// so far (empty for a one-shot `plan`: the live tree is adopted).
+pub fn plan(
+    scan: &Scan,
+    classes: &[Classification],
+    previous: &Assignments,
+    config: &PlanConfig<'_>,
+) -> Plan {
+    let parents = parent_indexes(scan);
+    let Some(policy) = config.policy else {
+        return Plan {
+            pools: None,
+            desired: vec![DesiredCgroup::default(); scan.cgroups.len()],
+            parents,
+            assignments: Assignments::new(),
+            events: Vec::new(),
+            writes: Vec::new(),
+        };
+    };
+
+    let mut pod_cpus = policy.initial_shared_pool();
+    pod_cpus.remove_all(policy.excluded());
+
+    let mut demands = Vec::new();
+    let mut live_pods: BTreeSet<String> = BTreeSet::new();
+    for (cgroup, class) in scan.cgroups.iter().zip(classes) {
+        match class.kind {
+            CgroupKind::Pod => live_pods.extend(class.pod_uid.clone()),
+            CgroupKind::Container => {
+                if let Some(key) = class.assignment_key() {
+                    demands.push(ContainerDemand {
+                        key,
+                        container_id: class.container_id.clone(),
+                        entitlement: entitlement(class),
+                        current: cgroup.cpus.configured().cloned(),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    if !scan.complete {
+        // Pods beyond the scan limit were not seen: keep their assignments.
+        live_pods.extend(previous.iter().map(|(k, _)| k.pod_uid().to_string()));
+    }
+    let (assignments, events) = assign(policy, &pod_cpus, &demands, &live_pods, previous);
+
+    let pools = Pools {
+        shared: pod_cpus.difference(&assignments.exclusive_cpus()),
+        pod_cpus,
+        memory_nodes: config.topology.memory_nodes().clone(),
+    };
+    let desired = desired_tree(
+        scan,
+        classes,
+        &parents,
+        &assignments,
+        &pools,
+        config.topology,
+        config.align_memory,
+    );
+
+    let mut writes = cpuset_writes(scan, &parents, &desired);
+    if !config.keep_cfs_quota {
+        writes.extend(quota_lifts(scan, classes, &assignments));
+    }
+    Plan {
+        pools: Some(pools),
+        desired,
+        parents,
+        assignments,
+        events,
+        writes,
+    }
+}
+
+/// Widen top-down then narrow bottom-up, for `cpuset.cpus` and `cpuset.mems`.
+fn cpuset_writes(scan: &Scan, parents: &[Option<usize>], desired: &[DesiredCgroup]) -> WritePlan {
+    let current = |v: &FileValue<CpuSet>| v.value().cloned().unwrap_or_default();
+    let nodes = |pick: fn(&DesiredCgroup) -> &Option<CpuSet>,
+                 now: fn(&crate::cgroupfs::ScannedCgroup) -> &FileValue<CpuSet>| {
+        scan.cgroups
+            .iter()
+            .zip(desired)
+            .zip(parents)
+            .map(|((c, d), p)| SetNode {
+                parent: *p,
+                current: current(now(c)),
+                desired: pick(d).clone().unwrap_or_default(),
+            })
+            .collect::<Vec<_>>()
+    };
+    let cpus = order_writes(&nodes(|d| &d.cpus, |c| &c.cpus));
+    let mems = order_writes(&nodes(|d| &d.mems, |c| &c.mems));
+    let to_write = |w: &SetWrite, file| PlannedWrite {
+        cgroup: w.node,
+        path: scan.cgroups[w.node].path.clone(),
+        file,
+        value: w.value.to_string(),
+        step: match w.phase {
+            Phase::Widen => WriteStep::Widen,
+            Phase::Narrow => WriteStep::Narrow,
+        },
+    };
+    let mut plan = Vec::with_capacity(cpus.len() + mems.len());
+    for phase in [Phase::Widen, Phase::Narrow] {
+        plan.extend(
+            cpus.iter()
+                .filter(|w| w.phase == phase)
+                .map(|w| to_write(w, InterfaceFile::CpusetCpus)),
+        );
+        plan.extend(
+            mems.iter()
+                .filter(|w| w.phase == phase)
+                .map(|w| to_write(w, InterfaceFile::CpusetMems)),
+        );
+    }
+    plan
+}
+
+/// kubelet's (and the kernel's) default CFS period.
+const DEFAULT_CFS_PERIOD_US: u64 = 100_000;
+
+/// `cpu.cfs_quota_us = -1` (v1) or `cpu.max = max PERIOD` (v2) for every exclusive container that is
+/// still throttled.
+fn quota_lifts(scan: &Scan, classes: &[Classification], assignments: &Assignments) -> WritePlan {
+    let mut plan = Vec::new();
+    for (i, (cgroup, class)) in scan.cgroups.iter().zip(classes).enumerate() {
+        let exclusive = class.kind == CgroupKind::Container
+            && class
+                .assignment_key()
+                .is_some_and(|k| assignments.get(&k).is_some());
+        if !exclusive {
+            continue;
+        }
+        let (file, value) = match &cgroup.cpu {
+            CpuSettings::V1 { cfs_quota, .. } => match cfs_quota {
+                FileValue::Value(Quota::Unlimited) | FileValue::Missing => continue,
+                _ => (InterfaceFile::CpuCfsQuotaUs, "-1".to_string()),
+            },
+            // The period is kept; written out so the file reads back as the kernel shows it.
+            CpuSettings::V2 { max, .. } => match max {
+                FileValue::Missing => continue,
+                FileValue::Value(m) if m.quota == Quota::Unlimited => continue,
+                FileValue::Value(m) => (InterfaceFile::CpuMax, format!("max {}", m.period_us)),
+                _ => (
+                    InterfaceFile::CpuMax,
+                    format!("max {DEFAULT_CFS_PERIOD_US}"),
+                ),
+            },
+        };
+        plan.push(PlannedWrite {
+            cgroup: i,
+            path: cgroup.path.clone(),
+            file,
+            value,
+            step: WriteStep::LiftQuota,
+        });
+    }
+    plan
+}

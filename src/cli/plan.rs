@@ -1,0 +1,184 @@
+//! `cpusetd plan [--apply] [--json]`: one pass of the agent, shown and optionally performed.
+//! The one-shot repair tool: scan the tree, classify, adopt what is pinned, allocate what is
+//! missing, print every container and the ordered writes; `--apply` performs them.
+
+use clap::Args;
+use serde::Serialize;
+
+use super::node::{PolicyArgs, TreeArgs};
+use super::{CommandError, EXIT_FAILURE};
+use crate::classify::classify_scan;
+use crate::logging::error_chain;
+use crate::planner::{plan, AssignEvent, PlanConfig, WriteStep};
+use crate::report::{render_table, rows, CgroupRow};
+use crate::state::Assignments;
+use crate::writer::apply;
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    tree: TreeArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
+    /// Perform the writes.
+    #[arg(long)]
+    apply: bool,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct JsonWrite {
+    path: String,
+    file: &'static str,
+    value: String,
+    step: WriteStep,
+}
+
+#[derive(Serialize)]
+struct JsonApplied {
+    applied: usize,
+    gone: usize,
+    skipped: usize,
+    failed: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct JsonPlan {
+    cgroup_version: String,
+    cgroup_driver: String,
+    kubepods: String,
+    policy: &'static str,
+    reserved: Option<String>,
+    pod_cpus: Option<String>,
+    shared_pool: Option<String>,
+    containers: Vec<CgroupRow>,
+    writes: Vec<JsonWrite>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    applied: Option<JsonApplied>,
+}
+
+pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
+    let mut node = args.tree.open()?;
+    let policy = args.policy.policy(&node.topology)?;
+    let scan = node
+        .scanner()
+        .scan()
+        .map_err(|e| CommandError::failure(&e))?;
+    let runtime = &mut node.runtime;
+    let classes = classify_scan(&node.naming, &scan, |id| runtime.lookup(id));
+    for (cgroup, class) in scan.cgroups.iter().zip(&classes) {
+        for notice in &class.notices {
+            log::warn!("cg={} {notice}", cgroup.relative);
+        }
+    }
+    let config = PlanConfig {
+        topology: &node.topology,
+        policy: policy.as_ref(),
+        align_memory: args.policy.align_memory,
+        keep_cfs_quota: args.policy.keep_cfs_quota,
+    };
+    let planned = plan(&scan, &classes, &Assignments::new(), &config);
+    for event in &planned.events {
+        if let AssignEvent::Failed {
+            key,
+            requested,
+            error,
+        } = event
+        {
+            log::warn!("{key}: {requested} exclusive cpus cannot be given, stays shared: {error}");
+        }
+    }
+    let table = rows(&scan, &classes, &planned);
+    let report = args
+        .apply
+        .then(|| apply(&node.hierarchy, &planned.writes, &planned.parents));
+
+    if args.json {
+        let doc = JsonPlan {
+            cgroup_version: node.layout.version.to_string(),
+            cgroup_driver: node.layout.driver.to_string(),
+            kubepods: node.layout.kubepods.to_string(),
+            policy: if policy.is_some() { "static" } else { "none" },
+            reserved: policy.as_ref().map(|p| p.reserved().to_string()),
+            pod_cpus: planned.pools.as_ref().map(|p| p.pod_cpus.to_string()),
+            shared_pool: planned.pools.as_ref().map(|p| p.shared.to_string()),
+            containers: table,
+            writes: planned
+                .writes
+                .iter()
+                .map(|w| JsonWrite {
+                    path: w.path.to_string(),
+                    file: w.file.name(),
+                    value: w.value.clone(),
+                    step: w.step,
+                })
+                .collect(),
+            applied: report.as_ref().map(|r| JsonApplied {
+                applied: r.applied,
+                gone: r.gone,
+                skipped: r.skipped,
+                failed: r.failed.iter().map(|(_, e)| error_chain(e)).collect(),
+            }),
+        };
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| CommandError::failure(&e))?;
+        println!("{text}");
+    } else {
+        println!(
+            "cgroup {} ({} driver), kubepods {}",
+            node.layout.version, node.layout.driver, node.layout.kubepods
+        );
+        match (&policy, &planned.pools) {
+            (Some(p), Some(pools)) => println!(
+                "policy static: reserved {}, pod cpus {}, shared pool {}, {} exclusive assignment(s)",
+                p.reserved(),
+                pools.pod_cpus,
+                pools.shared,
+                planned.assignments.len()
+            ),
+            _ => println!("policy none: nothing is managed"),
+        }
+        println!();
+        print!("{}", render_table(&table));
+        println!();
+        if planned.writes.is_empty() {
+            println!("no writes: the tree is as planned");
+        } else {
+            println!("writes, in order ({}):", planned.writes.len());
+            for w in &planned.writes {
+                let step = match w.step {
+                    WriteStep::Widen => "widen ",
+                    WriteStep::Narrow => "narrow",
+                    WriteStep::LiftQuota => "quota ",
+                };
+                println!("  {step} {}/{} = {}", w.path, w.file.name(), w.value);
+            }
+        }
+        if let Some(r) = &report {
+            println!(
+                "applied {} write(s); {} skipped (cgroup gone), {} skipped (a write above failed), {} failed",
+                r.applied,
+                r.gone,
+                r.skipped,
+                r.failed.len()
+            );
+        }
+    }
+    if let Some(r) = &report {
+        for (_, e) in &r.failed {
+            eprintln!("cpusetd: {}", error_chain(e));
+        }
+        if !r.is_clean() {
+            return Err(CommandError {
+                status: EXIT_FAILURE,
+                message: format!(
+                    "{} write(s) failed; the next pass retries them",
+                    r.failed.len()
+                ),
+                bare: false,
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,200 @@
+//! The desired `cpuset.cpus` / `cpuset.mems` of every scanned cgroup (DESIGN.md §5).
+//!
+//! * kubepods root: every CPU any pod may use; QoS directories: the shared pool;
+//! * a container: its exclusive set or the shared pool; a sandbox: the shared pool;
+//! * a pod: the union of its children (the shared pool while it has none);
+//! * a cgroup a container made itself (or anything below an unknown directory): its current set
+//!   ∩ its parent's new set, or the parent's new set where that is empty;
+//! * any other unknown directory: the shared pool;
+//! * `cpuset.mems`: all memory nodes, or with `--align-memory` the memory nodes of an exclusive
+//!   set's NUMA nodes.
+//!
+//! A last pass clamps every value into its parent's, so the tree nests whatever the input.
+//! A cgroup without the interface file is left alone (`None`).
+
+use std::collections::HashMap;
+
+use crate::cgroupfs::{CgroupPath, FileValue, Scan};
+use crate::classify::{CgroupKind, Classification, UnknownReason};
+use crate::cpuset::CpuSet;
+use crate::state::Assignments;
+use crate::topology::Topology;
+
+/// The pools the desired tree is made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pools {
+    /// Every CPU pods may use: the kubepods root.
+    pub pod_cpus: CpuSet,
+    /// `pod_cpus` minus every exclusive assignment.
+    pub shared: CpuSet,
+    /// Every memory node.
+    pub memory_nodes: CpuSet,
+}
+
+/// Desired values of one cgroup; `None` = leave the file alone.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DesiredCgroup {
+    pub cpus: Option<CpuSet>,
+    pub mems: Option<CpuSet>,
+}
+
+/// The index of each cgroup's parent in the scan (parents come first in a scan).
+pub fn parent_indexes(scan: &Scan) -> Vec<Option<usize>> {
+    let index: HashMap<&CgroupPath, usize> = scan
+        .cgroups
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (&c.relative, i))
+        .collect();
+    scan.cgroups
+        .iter()
+        .map(|c| {
+            if c.relative.is_root() {
+                None
+            } else {
+                c.relative.parent().and_then(|p| index.get(&p).copied())
+            }
+        })
+        .collect()
+}
+
+/// Computes the desired tree. `classes[i]` classifies `scan.cgroups[i]`.
+pub fn desired_tree(
+    scan: &Scan,
+    classes: &[Classification],
+    parents: &[Option<usize>],
+    assignments: &Assignments,
+    pools: &Pools,
+    topology: &Topology,
+    align_memory: bool,
+) -> Vec<DesiredCgroup> {
+    let n = scan.cgroups.len();
+    let mut cpus: Vec<Option<CpuSet>> = vec![None; n];
+    let mut mems: Vec<Option<CpuSet>> = vec![None; n];
+
+    // Forward pass: everything but pods (parents are computed before children).
+    for i in 0..n {
+        let class = &classes[i];
+        let parent_cpus = parents[i].and_then(|p| cpus[p].clone());
+        let parent_mems = parents[i].and_then(|p| mems[p].clone());
+        let cgroup = &scan.cgroups[i];
+        let (c, m) = match &class.kind {
+            CgroupKind::KubepodsRoot => (
+                Some(pools.pod_cpus.clone()),
+                Some(pools.memory_nodes.clone()),
+            ),
+            CgroupKind::QosDir | CgroupKind::Sandbox => {
+                (Some(pools.shared.clone()), Some(pools.memory_nodes.clone()))
+            }
+            CgroupKind::Pod => (None, None),
+            CgroupKind::Container => {
+                let exclusive = class
+                    .assignment_key()
+                    .and_then(|k| assignments.get(&k))
+                    .map(|a| a.cpus.clone());
+                match exclusive {
+                    Some(set) => {
+                        let m = if align_memory {
+                            aligned_mems(&set, topology, &pools.memory_nodes)
+                        } else {
+                            pools.memory_nodes.clone()
+                        };
+                        (Some(set), Some(m))
+                    }
+                    None => (Some(pools.shared.clone()), Some(pools.memory_nodes.clone())),
+                }
+            }
+            CgroupKind::ContainerChild
+            | CgroupKind::Unknown {
+                reason: UnknownReason::BelowUnknown { .. },
+            } => (
+                inherit(&cgroup.cpus, parent_cpus.as_ref()),
+                inherit(&cgroup.mems, parent_mems.as_ref()),
+            ),
+            CgroupKind::Unknown { .. } => {
+                (Some(pools.shared.clone()), Some(pools.memory_nodes.clone()))
+            }
+        };
+        cpus[i] = c;
+        mems[i] = m;
+    }
+
+    // Pods: the union of their children; the shared pool while they have none.
+    for i in 0..n {
+        if classes[i].kind != CgroupKind::Pod {
+            continue;
+        }
+        let mut c = CpuSet::new();
+        let mut m = CpuSet::new();
+        for j in (i + 1)..n {
+            if parents[j] == Some(i) {
+                c.extend_from(cpus[j].as_ref().unwrap_or(&pools.shared));
+                m.extend_from(mems[j].as_ref().unwrap_or(&pools.memory_nodes));
+            }
+        }
+        cpus[i] = Some(if c.is_empty() {
+            pools.shared.clone()
+        } else {
+            c
+        });
+        mems[i] = Some(if m.is_empty() {
+            pools.memory_nodes.clone()
+        } else {
+            m
+        });
+    }
+
+    // Clamp into the parent, in pre-order, so the tree nests whatever the classification said.
+    for i in 0..n {
+        if let Some(p) = parents[i] {
+            cpus[i] = clamp(cpus[i].take(), cpus[p].as_ref());
+            mems[i] = clamp(mems[i].take(), mems[p].as_ref());
+        }
+    }
+
+    // A cgroup without the interface file is not a cpuset cgroup: leave it alone.
+    (0..n)
+        .map(|i| DesiredCgroup {
+            cpus: cpus[i]
+                .take()
+                .filter(|_| !scan.cgroups[i].cpus.is_missing()),
+            mems: mems[i]
+                .take()
+                .filter(|_| !scan.cgroups[i].mems.is_missing()),
+        })
+        .collect()
+}
+
+/// `current ∩ parent`, or the parent's value where that is empty or unknown.
+fn inherit(current: &FileValue<CpuSet>, parent: Option<&CpuSet>) -> Option<CpuSet> {
+    let parent = parent?;
+    let kept = current
+        .configured()
+        .map(|c| c.intersection(parent))
+        .filter(|c| !c.is_empty());
+    Some(kept.unwrap_or_else(|| parent.clone()))
+}
+
+fn clamp(value: Option<CpuSet>, parent: Option<&CpuSet>) -> Option<CpuSet> {
+    match (value, parent) {
+        (Some(v), Some(p)) => {
+            let within = v.intersection(p);
+            Some(if within.is_empty() { p.clone() } else { within })
+        }
+        (v, _) => v,
+    }
+}
+
+/// The memory nodes of the NUMA nodes an exclusive set spans; all nodes if none has memory.
+fn aligned_mems(cpus: &CpuSet, topology: &Topology, memory_nodes: &CpuSet) -> CpuSet {
+    let nodes: CpuSet = cpus
+        .iter()
+        .filter_map(|id| topology.cpu(id).map(|c| c.numa))
+        .collect();
+    let with_memory = nodes.intersection(memory_nodes);
+    if with_memory.is_empty() {
+        memory_nodes.clone()
+    } else {
+        with_memory
+    }
+}

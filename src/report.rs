@@ -1,0 +1,155 @@
+//! What `plan`, `status` and `demo` show of the tree: one row per container, sandbox or other
+//! non-structural cgroup, with its class, request, current and desired sets, as a table or JSON.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::cgroupfs::Scan;
+use crate::classify::{CgroupKind, Classification, Exclusivity};
+use crate::planner::{AssignEvent, Plan};
+
+/// One cgroup as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CgroupRow {
+    /// Relative to the kubepods root.
+    pub path: String,
+    pub kind: String,
+    pub pod_uid: Option<String>,
+    pub container: Option<String>,
+    pub container_id: Option<String>,
+    pub qos: Option<String>,
+    pub request: Option<String>,
+    pub limit: Option<String>,
+    /// `cpuset.cpus` now (`None`: missing or unreadable; "" not yet initialised).
+    pub current: Option<String>,
+    /// What the plan wants (`None`: left alone).
+    pub desired: Option<String>,
+    pub exclusive: bool,
+    /// Why the row is what it is: exclusive, or why shared.
+    pub note: String,
+}
+
+impl CgroupRow {
+    /// Current and desired differ (drift, or a write still to come).
+    pub fn differs(&self) -> bool {
+        self.desired.is_some() && self.current != self.desired
+    }
+}
+
+/// Rows for every cgroup that is not the root, a QoS directory or a pod.
+pub fn rows(scan: &Scan, classes: &[Classification], plan: &Plan) -> Vec<CgroupRow> {
+    let mut rows = Vec::new();
+    for (i, (cgroup, class)) in scan.cgroups.iter().zip(classes).enumerate() {
+        if matches!(
+            class.kind,
+            CgroupKind::KubepodsRoot | CgroupKind::QosDir | CgroupKind::Pod
+        ) {
+            continue;
+        }
+        let key = class.assignment_key();
+        let assigned = key.as_ref().and_then(|k| plan.assignments.get(k));
+        let failure = key.as_ref().and_then(|k| {
+            plan.events.iter().find_map(|e| match e {
+                AssignEvent::Failed { key: fk, error, .. } if fk == k => Some(error.to_string()),
+                _ => None,
+            })
+        });
+        let note = match (&class.kind, assigned, failure, &class.exclusivity) {
+            (_, Some(_), _, _) => "exclusive".to_string(),
+            (_, None, Some(error), _) => format!("shared: {error}"),
+            (CgroupKind::Unknown { reason }, ..) => format!("unknown: {reason}"),
+            (CgroupKind::ContainerChild, ..) => "inside its container's set".to_string(),
+            (_, None, None, Exclusivity::Shared { reason }) => format!("shared: {reason}"),
+            (_, None, None, Exclusivity::Exclusive { .. }) if plan.pools.is_none() => {
+                "shared: policy none".to_string()
+            }
+            _ => "shared".to_string(),
+        };
+        rows.push(CgroupRow {
+            path: cgroup.relative.to_string(),
+            kind: class.kind.to_string(),
+            pod_uid: class.pod_uid.clone(),
+            container: class.container_name.clone(),
+            container_id: class.container_id.clone(),
+            qos: class.qos.map(|q| q.to_string()),
+            request: class.resources.as_ref().map(|r| r.request.to_string()),
+            limit: class
+                .resources
+                .as_ref()
+                .and_then(|r| r.limit.as_ref())
+                .map(|l| l.to_string()),
+            current: cgroup.cpus.value().map(|c| c.to_string()),
+            desired: plan.desired[i].cpus.as_ref().map(|c| c.to_string()),
+            exclusive: assigned.is_some(),
+            note,
+        });
+    }
+    rows
+}
+
+/// The rows as a fixed-width table; `*` marks rows whose current set is not the desired one.
+pub fn render_table(rows: &[CgroupRow]) -> String {
+    let headers = [
+        "POD",
+        "CONTAINER",
+        "QOS",
+        "REQUEST",
+        "CURRENT",
+        "DESIRED",
+        "NOTE",
+    ];
+    let short = |s: &Option<String>, n: usize| -> String {
+        match s {
+            Some(s) if s.chars().count() > n => s.chars().take(n).collect::<String>() + "…",
+            Some(s) if s.is_empty() => "\"\"".to_string(),
+            Some(s) => s.clone(),
+            None => "-".to_string(),
+        }
+    };
+    let table: Vec<[String; 7]> = rows
+        .iter()
+        .map(|r| {
+            let name = match (&r.container, &r.container_id) {
+                (Some(name), _) => name.clone(),
+                (None, Some(id)) => short(&Some(id.clone()), 12),
+                (None, None) => r.kind.clone(),
+            };
+            let mark = if r.differs() { "*" } else { "" };
+            [
+                short(&r.pod_uid, 8),
+                name,
+                r.qos.clone().unwrap_or_else(|| "-".into()),
+                r.request.clone().unwrap_or_else(|| "-".into()),
+                short(&r.current, 24) + mark,
+                short(&r.desired, 24),
+                r.note.clone(),
+            ]
+        })
+        .collect();
+    let mut widths = headers.map(str::len);
+    for row in &table {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &[String]| {
+        let mut text = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                text.push_str(cell);
+            } else {
+                let pad = widths[i] - cell.chars().count();
+                let _ = write!(text, "{cell}{}  ", " ".repeat(pad));
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(&headers.map(String::from));
+    for row in &table {
+        line(row);
+    }
+    out
+}
