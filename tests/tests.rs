@@ -8,5 +8,6 @@ mod allocate_cli;
 mod cgroup_scan;
 mod hostile;
 mod kubelet_vectors;
+mod plan_cli;
 mod real_kernel;
 mod topology_cli;

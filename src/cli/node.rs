@@ -120,6 +120,14 @@ impl TreeArgs {
         .map_err(|e| CommandError::usage(super::error_chain(&e)))?;
         let hierarchy =
             Hierarchy::open(&layout).map_err(|e| CommandError::usage(super::error_chain(&e)))?;
+        if !hierarchy.cpuset.exists(&layout.kubepods) {
+            return Err(CommandError::usage(format!(
+                "kubepods cgroup {} does not exist under {}: is kubelet running with this \
+                 cgroup root? Otherwise pass --kubepods-path",
+                layout.kubepods,
+                layout.cpuset_root.display()
+            )));
+        }
         if !self.sysfs_root.is_dir() {
             return Err(CommandError::usage(format!(
                 "--sysfs-root {}: not a directory",

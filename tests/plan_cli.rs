@@ -1,0 +1,378 @@
+//! `cpusetd plan [--apply]` on copies of the fake trees (both drivers, v1 and v2): the
+//! classification and writes an operator sees, every write replayed through the kernel's v1
+//! nesting rules, convergence (a second plan writes nothing), and bad input.
+
+use std::fs;
+use std::path::Path;
+
+use cpusetd::allocator::{PolicyOptions, ReservedCpus, StaticPolicy};
+use cpusetd::cgroupfs::InterfaceFile;
+use cpusetd::classify::classify_scan;
+use cpusetd::cpuset::CpuSet;
+use cpusetd::planner::{plan, NestingChecker, PlanConfig, SetNode, WriteStep};
+use cpusetd::runtime::RuntimeLookup;
+use cpusetd::state::Assignments;
+use cpusetd::topology::discover;
+
+use crate::util::{
+    cgroup_testdata, copy_tree, cpusetd, layout_of, scanner, stderr, stdout, templates, testdata,
+};
+
+const TREES: [&str; 4] = ["v1-cgroupfs", "v1-systemd", "v2-cgroupfs", "v2-systemd"];
+
+/// `plan` arguments for a fake tree on the 8-CPU fixture machine, CPU 0 reserved.
+fn plan_args(root: &Path, extra: &[&str]) -> Vec<String> {
+    let sysfs = testdata("sysfs/1s-4c-ht");
+    let runtime = cgroup_testdata("runtime");
+    let mut args: Vec<String> = vec![
+        "plan".into(),
+        "--cgroup-root".into(),
+        root.to_str().unwrap().into(),
+        "--sysfs-root".into(),
+        sysfs.to_str().unwrap().into(),
+        "--proc-root".into(),
+        sysfs.join("proc").to_str().unwrap().into(),
+        "--reserved-cpus".into(),
+        "0".into(),
+    ];
+    for t in templates(&runtime) {
+        args.push("--runtime-config-path".into());
+        args.push(t.to_string());
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn run(args: &[String]) -> std::process::Output {
+    cpusetd(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+fn plan_json(root: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut e = vec!["--json"];
+    e.extend_from_slice(extra);
+    let out = run(&plan_args(root, &e));
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).unwrap()
+}
+
+fn fake_tree(name: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    copy_tree(&cgroup_testdata(name), &dir.path().join(name));
+    dir
+}
+
+/// (container name or short id, desired) of the exclusive containers.
+fn exclusive(doc: &serde_json::Value) -> Vec<(String, String)> {
+    doc["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["exclusive"] == true)
+        .map(|c| {
+            let name = c["container"]
+                .as_str()
+                .map(String::from)
+                .unwrap_or_else(|| c["container_id"].as_str().unwrap()[..2].to_string());
+            (name, c["desired"].as_str().unwrap().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn each_tree_is_planned_applied_and_then_stable() {
+    for name in TREES {
+        let dir = fake_tree(name);
+        let root = dir.path().join(name);
+        let first = plan_json(&root, &[]);
+        assert!(!first["writes"].as_array().unwrap().is_empty(), "{name}");
+        // kubelet's packed order on 1 socket × 4 cores × 2 threads with cpu 0 reserved: the
+        // 2-cpu app gets core 1 (1,5); 1-cpu containers fill the half-used core 0 (4) then 2.
+        // v2-systemd already holds pins (4-7, and 2 with its quota lifted): they are adopted
+        // and the 2-cpu app gets what is left (1,3).
+        let expected: &[(&str, &str)] = match name {
+            "v1-cgroupfs" => &[("app", "1,5"), ("init", "4"), ("1c", "2")],
+            "v1-systemd" => &[("app", "1,5"), ("init", "4"), ("2c", "2")],
+            "v2-cgroupfs" => &[("4a", "1,5"), ("4c", "4")],
+            _ => &[("3a", "1,3"), ("app", "2"), ("37", "4-7")],
+        };
+        let pinned = exclusive(&first);
+        let want: Vec<(String, String)> = expected
+            .iter()
+            .map(|(n, c)| (n.to_string(), c.to_string()))
+            .collect();
+        assert_eq!(pinned, want, "{name}");
+        let shared = CpuSet::parse(first["shared_pool"].as_str().unwrap()).unwrap();
+        for (_, cpus) in &pinned {
+            assert!(
+                shared.is_disjoint(&CpuSet::parse(cpus).unwrap()),
+                "{name}: {shared} vs {cpus}"
+            );
+        }
+
+        let out = run(&plan_args(&root, &["--apply"]));
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        assert!(stdout(&out).contains(" 0 failed"), "{}", stdout(&out));
+
+        let second = plan_json(&root, &[]);
+        assert_eq!(
+            second["writes"],
+            serde_json::json!([]),
+            "{name}: not converged"
+        );
+        assert_eq!(
+            exclusive(&second),
+            pinned,
+            "{name}: pins changed on re-plan"
+        );
+        // What the files say now is what was planned.
+        for c in second["containers"].as_array().unwrap() {
+            if c["desired"].is_string() {
+                assert_eq!(c["current"], c["desired"], "{name}: {}", c["path"]);
+            }
+        }
+    }
+}
+
+#[test]
+fn v1_cgroupfs_classification_and_quota_lift() {
+    let dir = fake_tree("v1-cgroupfs");
+    let root = dir.path().join("v1-cgroupfs");
+    let out = run(&plan_args(&root, &[]));
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        text.contains("cgroup v1 (cgroupfs driver), kubepods kubepods"),
+        "{text}"
+    );
+    assert!(
+        text.contains("policy static: reserved 0, pod cpus 0-7"),
+        "{text}"
+    );
+    for needle in [
+        "shared: cpu request 1500m is not a whole number of cpus",
+        "shared: cpusetd.io/exclusive.app: \"false\"",
+        "shared: pod sandbox",
+        "shared: Burstable pod",
+        "shared: BestEffort pod",
+        "unknown: 'not-a-pod' is neither a QoS class directory nor a pod",
+        "inside its container's set",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    // Quota lifts come last, only for exclusive containers.
+    let doc = plan_json(&root, &[]);
+    let writes = doc["writes"].as_array().unwrap();
+    let quota: Vec<&serde_json::Value> = writes
+        .iter()
+        .filter(|w| w["file"] == "cpu.cfs_quota_us")
+        .collect();
+    assert_eq!(quota.len(), 3, "{quota:?}");
+    assert!(quota
+        .iter()
+        .all(|w| w["value"] == "-1" && w["step"] == "lift_quota"));
+    let first_quota = writes
+        .iter()
+        .position(|w| w["step"] == "lift_quota")
+        .unwrap();
+    assert!(writes[first_quota..]
+        .iter()
+        .all(|w| w["step"] == "lift_quota"));
+    // --keep-cfs-quota: none.
+    let doc = plan_json(&root, &["--keep-cfs-quota"]);
+    assert!(doc["writes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|w| w["file"] != "cpu.cfs_quota_us"));
+    // Applied: the files say so.
+    let out = run(&plan_args(&root, &["--apply"]));
+    assert!(out.status.success());
+    let app =
+        fs::read_dir(root.join("cpu,cpuacct/kubepods/pod1a2b3c4d-0000-4000-8000-00000000000a"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().is_dir())
+            .map(|e| fs::read_to_string(e.path().join("cpu.cfs_quota_us")).unwrap())
+            .collect::<Vec<_>>();
+    assert!(
+        app.iter().filter(|q| q.trim() == "-1").count() >= 2,
+        "{app:?}"
+    );
+}
+
+#[test]
+fn every_planned_write_is_one_the_v1_kernel_accepts() {
+    for name in ["v1-cgroupfs", "v1-systemd"] {
+        let dir = fake_tree(name);
+        let root = dir.path().join(name);
+        let layout = layout_of(&root);
+        let scan = scanner(&layout).scan().unwrap();
+        let mut lookup = RuntimeLookup::new(templates(&cgroup_testdata("runtime")));
+        let naming = cpusetd::classify::CgroupNaming::new(layout.driver, &layout.kubepods);
+        let classes = classify_scan(&naming, &scan, |id| lookup.lookup(id));
+        let sysfs = testdata("sysfs/1s-4c-ht");
+        let topo = discover(&sysfs, &sysfs.join("proc")).unwrap();
+        for reserved in ["0", "0-1,4-5", "7"] {
+            let policy = StaticPolicy::new(
+                &topo,
+                PolicyOptions::default(),
+                ReservedCpus::List(CpuSet::parse(reserved).unwrap()),
+                false,
+            )
+            .unwrap();
+            let config = PlanConfig {
+                topology: &topo,
+                policy: Some(&policy),
+                align_memory: false,
+                keep_cfs_quota: false,
+            };
+            let planned = plan(&scan, &classes, &Assignments::new(), &config);
+            type Read =
+                fn(&cpusetd::cgroupfs::ScannedCgroup) -> &cpusetd::cgroupfs::FileValue<CpuSet>;
+            let files: [(InterfaceFile, Read); 2] = [
+                (InterfaceFile::CpusetCpus, |c| &c.cpus),
+                (InterfaceFile::CpusetMems, |c| &c.mems),
+            ];
+            for (file, current) in files {
+                let nodes: Vec<SetNode> = scan
+                    .cgroups
+                    .iter()
+                    .zip(&planned.parents)
+                    .map(|(c, p)| SetNode {
+                        parent: *p,
+                        current: current(c).value().cloned().unwrap_or_default(),
+                        desired: CpuSet::new(),
+                    })
+                    .collect();
+                let mut kernel = NestingChecker::new(&nodes);
+                for w in planned.writes.iter().filter(|w| w.file == file) {
+                    assert_ne!(w.step, WriteStep::LiftQuota);
+                    let value = CpuSet::parse(&w.value).unwrap();
+                    if let Err(e) = kernel.write(w.cgroup, &value) {
+                        panic!(
+                            "{name} reserved {reserved}: the kernel would refuse {}/{} = {}: {e}",
+                            w.path,
+                            file.name(),
+                            w.value
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn policy_none_writes_nothing() {
+    let dir = fake_tree("v1-cgroupfs");
+    let root = dir.path().join("v1-cgroupfs");
+    let doc = plan_json(&root, &["--cpu-manager-policy", "none"]);
+    assert_eq!(doc["policy"], "none");
+    assert_eq!(doc["writes"], serde_json::json!([]));
+}
+
+#[test]
+fn configuration_errors_exit_2_naming_the_fix() {
+    let dir = fake_tree("v1-cgroupfs");
+    let root = dir.path().join("v1-cgroupfs");
+    let mut args = plan_args(&root, &[]);
+    // No reserved CPUs.
+    let at = args.iter().position(|a| a == "--reserved-cpus").unwrap();
+    args.drain(at..at + 2);
+    let out = run(&args);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("pass --reserved-cpus LIST or --reserved-cpu-count N"),
+        "{}",
+        stderr(&out)
+    );
+
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--reserved-cpus", "9"],
+            "--reserved-cpus: cpus 9 are not online",
+        ),
+        (&["--kubepods-path", "../etc"], "--kubepods-path"),
+        (
+            &["--kubepods-path", "nope"],
+            "kubepods cgroup nope does not exist under",
+        ),
+        (
+            &["--cgroup-driver", "systemd"],
+            "(looked for kubepods.slice)",
+        ),
+        (&["--cpu-manager-policy", "dynamic"], "--cpu-manager-policy"),
+        (
+            &["--cpu-manager-policy-options", "full-pcpus-only=maybe"],
+            "--cpu-manager-policy-options",
+        ),
+        (
+            &["--runtime-config-path", "/no/placeholder.json"],
+            "--runtime-config-path",
+        ),
+    ];
+    for (extra, needle) in cases {
+        let mut args = plan_args(&root, &[]);
+        // Later flags replace the defaults where clap allows one value.
+        if extra[0] == "--reserved-cpus" {
+            let at = args.iter().position(|a| a == "--reserved-cpus").unwrap();
+            args.drain(at..at + 2);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{extra:?}: {}", stderr(&out));
+    }
+    let out = cpusetd(&[
+        "plan",
+        "--cgroup-root",
+        "/nonexistent-cgroup-root",
+        "--reserved-cpus",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("pass --cgroup-root"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn hostile_tree_never_writes_outside_the_root() {
+    let dir = fake_tree("v1-cgroupfs");
+    let root = dir.path().join("v1-cgroupfs");
+    let outside = tempfile::tempdir().unwrap();
+    let victim = outside.path().join("cpuset.cpus");
+    fs::write(&victim, "0-7\n").unwrap();
+    let pod = root.join("cpuset/kubepods/pod1a2b3c4d-0000-4000-8000-00000000000a");
+    // A symlinked "container" pointing outside, garbage CPU settings, a huge config.json.
+    let evil_id = "9".repeat(64);
+    std::os::unix::fs::symlink(outside.path(), pod.join(&evil_id)).unwrap();
+    let cpu_pod = root.join("cpu,cpuacct/kubepods/pod1a2b3c4d-0000-4000-8000-00000000000b");
+    let b1 = fs::read_dir(&cpu_pod)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| e.file_name().to_string_lossy().starts_with("1b1"))
+        .unwrap()
+        .path();
+    fs::write(b1.join("cpu.shares"), "-5\n").unwrap();
+    fs::write(b1.join("cpu.cfs_quota_us"), "garbage\n").unwrap();
+
+    let out = run(&plan_args(&root, &["--apply"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        fs::read_to_string(&victim).unwrap(),
+        "0-7\n",
+        "wrote through a symlink"
+    );
+    let log = stderr(&out);
+    assert!(log.contains("symlink"), "{log}");
+    assert!(
+        log.contains("cpu.shares") && log.contains("\"-5\""),
+        "{log}"
+    );
+    // Still converges.
+    let second = plan_json(&root, &[]);
+    assert_eq!(second["writes"], serde_json::json!([]));
+}
