@@ -9,4 +9,5 @@ mod cgroup_scan;
 mod hostile;
 mod kubelet_vectors;
 mod real_kernel;
+mod runc;
 mod topology_cli;
