@@ -8,6 +8,7 @@ mod allocate_cli;
 mod cgroup_scan;
 mod hostile;
 mod kubelet_vectors;
+mod real_containers;
 mod real_kernel;
 mod runc;
 mod topology_cli;
