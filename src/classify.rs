@@ -29,6 +29,7 @@ use std::fmt;
 
 use crate::cgroupfs::{CgroupDriver, CgroupPath, CpuSettings, FileValue, Quota, Scan};
 use crate::runtime::RuntimeInfo;
+use crate::state::AssignmentKey;
 
 /// Pod annotation that keeps every container of the pod shared when `"false"`.
 pub const EXCLUSIVE_ANNOTATION: &str = "cpusetd.io/exclusive";
@@ -300,14 +301,6 @@ impl fmt::Display for Notice {
     }
 }
 
-/// How assignments are keyed: by (pod UID, container name) when the name is known, so a
-/// restarted container gets its CPUs back; else by container id.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum AssignmentKey {
-    Named { pod_uid: String, container: String },
-    Id(String),
-}
-
 /// Everything classification says about one cgroup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Classification {
@@ -347,17 +340,24 @@ impl Classification {
         }
     }
 
-    /// The key under which an exclusive assignment of this container is kept.
+    /// The key under which an exclusive assignment of this container is kept: (pod UID,
+    /// container name) when the name is known, so a restarted container gets its CPUs back;
+    /// else (pod UID, container id).
     pub fn assignment_key(&self) -> Option<AssignmentKey> {
         if !matches!(self.kind, CgroupKind::Container | CgroupKind::Sandbox) {
             return None;
         }
-        match (&self.pod_uid, &self.container_name) {
-            (Some(pod_uid), Some(container)) => Some(AssignmentKey::Named {
-                pod_uid: pod_uid.clone(),
+        let pod_uid = self.pod_uid.clone()?;
+        match (&self.container_name, &self.container_id) {
+            (Some(container), _) => Some(AssignmentKey::Named {
+                pod_uid,
                 container: container.clone(),
             }),
-            _ => self.container_id.clone().map(AssignmentKey::Id),
+            (None, Some(id)) => Some(AssignmentKey::Id {
+                pod_uid,
+                container_id: id.clone(),
+            }),
+            (None, None) => None,
         }
     }
 }
@@ -1646,7 +1646,9 @@ mod tests {
             .notices
             .iter()
             .any(|n| matches!(n, Notice::PodUidMismatch { .. })));
-        assert_eq!(c.assignment_key(), Some(AssignmentKey::Id(ID.into())));
+        assert!(
+            matches!(c.assignment_key(), Some(AssignmentKey::Id { container_id, .. }) if container_id == ID)
+        );
     }
 
     #[test]

@@ -8,7 +8,8 @@ use cpusetd::cgroupfs::{
     detect_layout, CgroupDriver, CgroupPath, CgroupVersion, CpuMax, CpuSettings, FileValue,
     LayoutConfig, Quota,
 };
-use cpusetd::classify::{AssignmentKey, CpuSource, Millicores, Notice};
+use cpusetd::classify::{CpuSource, Millicores, Notice};
+use cpusetd::state::AssignmentKey;
 
 use crate::util::*;
 
@@ -353,7 +354,7 @@ fn resources_come_from_the_most_exact_source() {
     assert_eq!(no_config.resources.unwrap().source, CpuSource::CgroupV1);
     assert!(matches!(
         no_config.assignment_key(),
-        Some(AssignmentKey::Id(_))
+        Some(AssignmentKey::Id { .. })
     ));
     let burstable = find("burstable/pod<0d>/<d1>").resources.unwrap();
     assert_eq!(burstable.request, Millicores::Exact(500));
