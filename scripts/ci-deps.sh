@@ -2,15 +2,32 @@
 # Installs what the build and the test suite need on a Debian machine (idempotent).
 set -euo pipefail
 
+# Required: the fixture generator runs on python3.
 need_apt=()
 command -v python3 >/dev/null || need_apt+=(python3)
-if [ "${#need_apt[@]}" -gt 0 ]; then
-    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+# Optional: the real-container tests start containers with runc from a rootfs holding a static
+# busybox. Without them (or without root) those tests skip with a printed reason.
+want_apt=()
+command -v runc >/dev/null || want_apt+=(runc)
+if command -v dpkg-query >/dev/null; then
+    dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' \
+        || want_apt+=(busybox-static)
+else
+    [ -x /bin/busybox ] || want_apt+=(busybox-static)
+fi
+
+if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    if [ "$((${#need_apt[@]} + ${#want_apt[@]}))" -gt 0 ]; then
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
-    else
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" "${want_apt[@]}"
+    fi
+else
+    if [ "${#need_apt[@]}" -gt 0 ]; then
         echo "missing: ${need_apt[*]} (install them, or run as root on Debian)" >&2
         exit 1
+    fi
+    if [ "${#want_apt[@]}" -gt 0 ]; then
+        echo "not installing ${want_apt[*]} (needs root and apt-get): the real-container tests will skip" >&2
     fi
 fi
 

@@ -9,5 +9,7 @@ mod cgroup_scan;
 mod hostile;
 mod kubelet_vectors;
 mod plan_cli;
+mod real_containers;
 mod real_kernel;
+mod runc;
 mod topology_cli;
