@@ -7,6 +7,7 @@
 
 pub mod allocator;
 pub mod cgroupfs;
+pub mod checkpoint;
 pub mod classify;
 pub mod cli;
 pub mod cpuset;

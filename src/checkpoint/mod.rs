@@ -1,0 +1,315 @@
+//! The agent's own state file, `<state-dir>/state.json`.
+//!
+//! The checkpoint never decides anything on start: the live cgroup tree wins, the checkpoint only
+//! fills in what the tree cannot tell (container names, the quota changes to undo, the last
+//! reconcile). So a checkpoint that cannot be used is reported and set aside, never a reason to
+//! refuse to start ([`load`] cannot fail; it says [`LoadOutcome::Unusable`] and why).
+//!
+//! # Format (version 1)
+//!
+//! Pretty-printed JSON, one object:
+//!
+//! ```json
+//! {
+//!   "version": 1,
+//!   "policy": "static",
+//!   "options": "full-pcpus-only=true",
+//!   "reserved": "0",
+//!   "online": "0-7",
+//!   "shared_pool": "0-1,4-7",
+//!   "assignments": [{"named": {"pod_uid": "…", "container": "app"}, "cpus": "2-3"}],
+//!   "quota_lifted": [{"cgroup": "kubepods/pod…/…", "original": "200000 100000"}],
+//!   "last_reconcile_unix_ms": 1700000000000,
+//!   "checksum": "9f1c0a6d3b2e4f58"
+//! }
+//! ```
+//!
+//! `options` is [`PolicyOptions`]' display form; CPU sets are list strings; `assignments` is
+//! [`Assignments`]' JSON list; `last_reconcile_unix_ms` is left out until the first reconcile.
+//! Unknown members are refused: a file of version 1 has exactly these.
+//!
+//! # Checksum
+//!
+//! `checksum` is FNV-1a 64 (offset basis `0xcbf29ce484222325`, prime `0x100000001b3`) over the
+//! canonical form of the document without its `checksum` member, written as 16 lower-case hex
+//! digits (a string, because JSON tools such as `jq` round integers above 2^53). The canonical
+//! form is compact JSON (no whitespace) with the members of every object sorted by the UTF-8
+//! bytes of their names, strings escaped as serde_json escapes them (`"`, `\` and control
+//! characters only; other characters written as UTF-8) and integers in decimal. It is what
+//! Python's `json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)` writes,
+//! so an operator can check a file by hand. The checksum covers the values, not the layout:
+//! re-indenting the file or reordering its members keeps it valid; changing any value does not.
+//!
+//! The version is checked before the checksum, so a newer format may hash differently.
+//!
+//! # Writing and reading
+//!
+//! [`save`] writes `state.json.tmp`, fsyncs it, renames it over `state.json` and fsyncs the
+//! directory, so a crash or a failed write leaves the previous file whole. [`load`] reads at most
+//! [`MAX_FILE_SIZE`] bytes without following a symlink or blocking on a FIFO, and [`quarantine`]
+//! moves an unusable file aside as `state.json.corrupt-<unix-ms>` for an operator to inspect.
+
+mod load;
+mod store;
+
+pub use load::{load, load_on_node, LoadOutcome, UnusableReason};
+pub use store::{quarantine, save, CheckpointError, QUARANTINE_KEEP};
+
+use std::fmt;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::OFlag;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::allocator::PolicyOptions;
+use crate::cpuset::CpuSet;
+use crate::state::{AssignmentKey, Assignments};
+
+/// The format version this build writes and the newest it reads.
+pub const VERSION: u32 = 1;
+/// The checkpoint's file name in the state directory.
+pub const STATE_FILE: &str = "state.json";
+/// The temporary file [`save`] writes before renaming it over [`STATE_FILE`].
+pub const TMP_FILE: &str = "state.json.tmp";
+/// The lock file in the state directory.
+pub const LOCK_FILE: &str = "lock";
+/// Files larger than this are refused unread (ours are a few KiB; kubelet's are smaller).
+pub const MAX_FILE_SIZE: u64 = 1 << 20;
+
+/// The CPU manager policy the checkpoint was written under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    None,
+    Static,
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Policy::None => "none",
+            Policy::Static => "static",
+        })
+    }
+}
+
+/// A CFS quota cpusetd lifted from a cgroup, with the value to put back on `reset`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaLift {
+    /// The cgroup, relative to the cgroup root.
+    pub cgroup: String,
+    /// The interface file's content before cpusetd changed it (`cpu.max` or `cpu.cfs_quota_us`).
+    pub original: String,
+}
+
+/// What the agent remembers across restarts. The file's `version` and `checksum` are not fields:
+/// [`save`] writes the current version and the checksum of what it writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub policy: Policy,
+    pub options: PolicyOptions,
+    pub reserved: CpuSet,
+    /// The online CPUs when written, to notice a topology change.
+    pub online: CpuSet,
+    pub shared_pool: CpuSet,
+    pub assignments: Assignments,
+    pub quota_lifted: Vec<QuotaLift>,
+    pub last_reconcile_unix_ms: Option<u64>,
+}
+
+impl Checkpoint {
+    /// The CPUs the checkpoint gives out (reserved, shared pool, assignments) that are not in
+    /// `online`. Empty when all of them exist on this node.
+    pub fn cpus_outside(&self, online: &CpuSet) -> CpuSet {
+        let mut used = self.reserved.union(&self.shared_pool);
+        used.extend_from(&self.assignments.exclusive_cpus());
+        used.difference(online)
+    }
+
+    /// The file content [`save`] writes: pretty JSON with the checksum, and a final newline.
+    pub fn to_json(&self) -> Result<Vec<u8>, serde_json::Error> {
+        let mut document = Document::from(self);
+        let unsigned = serde_json::to_value(&document)?;
+        document.checksum = Some(checksum_hex(&unsigned));
+        let mut bytes = serde_json::to_vec_pretty(&document)?;
+        bytes.push(b'\n');
+        Ok(bytes)
+    }
+}
+
+/// The file's shape. CPU sets and options stay strings here, so [`load`] can verify the
+/// checksum before interpreting anything and name the field that does not parse.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Document {
+    version: u32,
+    policy: Policy,
+    options: String,
+    reserved: String,
+    online: String,
+    shared_pool: String,
+    assignments: Vec<DocumentAssignment>,
+    quota_lifted: Vec<QuotaLift>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_reconcile_unix_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    checksum: Option<String>,
+}
+
+/// One element of `assignments`, in [`Assignments`]' own JSON form (a unit test keeps the two
+/// identical).
+#[derive(Debug, Serialize, Deserialize)]
+struct DocumentAssignment {
+    #[serde(flatten)]
+    key: AssignmentKey,
+    cpus: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    container_id: Option<String>,
+}
+
+impl From<&Checkpoint> for Document {
+    fn from(c: &Checkpoint) -> Self {
+        Document {
+            version: VERSION,
+            policy: c.policy,
+            options: c.options.to_string(),
+            reserved: c.reserved.to_string(),
+            online: c.online.to_string(),
+            shared_pool: c.shared_pool.to_string(),
+            assignments: c
+                .assignments
+                .iter()
+                .map(|(key, a)| DocumentAssignment {
+                    key: key.clone(),
+                    cpus: a.cpus.to_string(),
+                    container_id: a.container_id.clone(),
+                })
+                .collect(),
+            quota_lifted: c.quota_lifted.clone(),
+            last_reconcile_unix_ms: c.last_reconcile_unix_ms,
+            checksum: None,
+        }
+    }
+}
+
+/// FNV-1a 64 of the canonical form of `document` (see the module docs), as 16 hex digits.
+/// `document` must not contain `checksum`.
+fn checksum_hex(document: &Value) -> String {
+    let mut canonical = Vec::new();
+    write_canonical(document, &mut canonical);
+    format!("{:016x}", fnv1a64(&canonical))
+}
+
+/// Compact JSON with sorted object members, whatever order `serde_json::Map` keeps.
+fn write_canonical(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Object(map) => {
+            let mut members: Vec<(&String, &Value)> = map.iter().collect();
+            members.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            out.push(b'{');
+            for (i, (name, member)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_scalar(&Value::String(name.clone()), out);
+                out.push(b':');
+                write_canonical(member, out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(b']');
+        }
+        scalar => write_scalar(scalar, out),
+    }
+}
+
+fn write_scalar(value: &Value, out: &mut Vec<u8>) {
+    // Writing a scalar `Value` into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, value);
+}
+
+/// FNV-1a, 64 bits.
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// What [`read_bounded`] found.
+#[derive(Debug)]
+enum Bounded {
+    Missing,
+    Data(Vec<u8>),
+    TooLarge(u64),
+    /// Not a regular file: "a symlink", "a directory", "a fifo", …
+    NotRegular(&'static str),
+}
+
+/// Reads a small regular file: no symlink is followed, a FIFO does not block, nothing past
+/// `limit` bytes is read.
+fn read_bounded(path: &Path, limit: u64) -> io::Result<Bounded> {
+    let flags = OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK;
+    let file = match File::options()
+        .read(true)
+        .custom_flags(flags.bits())
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Bounded::Missing),
+        Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ELOOP as i32) => {
+            return Ok(Bounded::NotRegular("a symlink"))
+        }
+        Err(e) => return Err(e),
+    };
+    let meta = file.metadata()?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        return Ok(Bounded::NotRegular(if kind.is_dir() {
+            "a directory"
+        } else if kind.is_fifo() {
+            "a fifo"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "a device"
+        }));
+    }
+    if meta.len() > limit {
+        return Ok(Bounded::TooLarge(meta.len()));
+    }
+    let mut data = Vec::with_capacity(meta.len() as usize);
+    file.take(limit + 1).read_to_end(&mut data)?;
+    if data.len() as u64 > limit {
+        return Ok(Bounded::TooLarge(data.len() as u64));
+    }
+    Ok(Bounded::Data(data))
+}
+
+/// `<dir>/state.json`.
+pub fn state_path(dir: &Path) -> PathBuf {
+    dir.join(STATE_FILE)
+}
+
+#[cfg(test)]
+mod tests;
