@@ -1,4 +1,5 @@
-//! The agent's own state file, `<state-dir>/state.json`.
+//! The agent's own state file, `<state-dir>/state.json`, and the lock that keeps a second agent
+//! out.
 //!
 //! The checkpoint never decides anything on start: the live cgroup tree wins, the checkpoint only
 //! fills in what the tree cannot tell (container names, the quota changes to undo, the last
@@ -50,9 +51,11 @@
 //! moves an unusable file aside as `state.json.corrupt-<unix-ms>` for an operator to inspect.
 
 mod load;
+mod lock;
 mod store;
 
 pub use load::{load, load_on_node, LoadOutcome, UnusableReason};
+pub use lock::{LockError, StateLock};
 pub use store::{quarantine, save, CheckpointError, QUARANTINE_KEEP};
 
 use std::fmt;
