@@ -6,6 +6,7 @@ mod util;
 
 mod allocate_cli;
 mod cgroup_scan;
+mod checkpoint;
 mod hostile;
 mod kubelet_vectors;
 mod plan_cli;
