@@ -13,3 +13,4 @@ mod real_containers;
 mod real_kernel;
 mod runc;
 mod topology_cli;
+mod watcher;
