@@ -17,4 +17,5 @@ pub mod report;
 pub mod runtime;
 pub mod state;
 pub mod topology;
+pub mod watcher;
 pub mod writer;

@@ -14,3 +14,4 @@ mod real_containers;
 mod real_kernel;
 mod runc;
 mod topology_cli;
+mod watcher;
