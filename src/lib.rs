@@ -5,6 +5,7 @@
 //! values and returns values; the edges (`topology::discover`, cgroupfs, the runtime config
 //! lookup, the watcher, the checkpoint) do the I/O. See docs/ARCHITECTURE.md for the pipeline and where each part lives.
 
+pub mod agent;
 pub mod allocator;
 pub mod cgroupfs;
 pub mod checkpoint;

@@ -194,21 +194,54 @@ impl Scanner {
         &self.hierarchy
     }
 
+    /// The kubepods cgroup, relative to the controller roots.
+    pub fn kubepods(&self) -> &CgroupPath {
+        &self.kubepods
+    }
+
     /// Walks the kubepods subtree. Fails only when the kubepods root cannot be opened or listed.
     pub fn scan(&mut self) -> Result<Scan, CgroupError> {
         self.problems.next_pass();
         let root = self.kubepods.clone();
         // Surface a missing or refused root as an error instead of an empty scan.
         self.hierarchy.cpuset.list(&root)?;
+        let mut scan = self.empty_scan();
+        self.walk(root, &mut scan);
+        Ok(scan)
+    }
 
-        let mut scan = Scan {
+    /// Scans the subtree at `path` (relative to the controller root, at or below the kubepods
+    /// root): its cgroups in pre-order. Empty when it is gone or not below the kubepods root.
+    /// What the agent reads when a directory appears.
+    pub fn scan_subtree(&mut self, path: &CgroupPath) -> Scan {
+        let mut scan = self.empty_scan();
+        if path.strip_prefix(&self.kubepods).is_some() {
+            self.walk(path.clone(), &mut scan);
+        }
+        scan
+    }
+
+    /// Reads one cgroup without its children; `None` when it is gone or not below the kubepods
+    /// root. What the agent reads when an interface file changes.
+    pub fn read_cgroup(&mut self, path: &CgroupPath) -> Option<ScannedCgroup> {
+        path.strip_prefix(&self.kubepods)?;
+        let mut scan = self.empty_scan();
+        self.visit(path, &mut scan)?;
+        scan.cgroups.pop()
+    }
+
+    fn empty_scan(&self) -> Scan {
+        Scan {
             version: self.hierarchy.version,
-            kubepods: root.clone(),
+            kubepods: self.kubepods.clone(),
             cgroups: Vec::new(),
             skipped: Vec::new(),
             complete: true,
-        };
-        let mut pending = vec![root];
+        }
+    }
+
+    fn walk(&mut self, start: CgroupPath, scan: &mut Scan) {
+        let mut pending = vec![start];
         while let Some(path) = pending.pop() {
             if scan.cgroups.len() >= MAX_SCAN_CGROUPS {
                 scan.complete = false;
@@ -220,12 +253,11 @@ impl Scanner {
                 }
                 break;
             }
-            if let Some(children) = self.visit(&path, &mut scan) {
+            if let Some(children) = self.visit(&path, scan) {
                 // Reversed so that popping yields siblings in name order.
                 pending.extend(children.into_iter().rev());
             }
         }
-        Ok(scan)
     }
 
     /// Records one directory and returns its child directories, or `None` when it vanished.

@@ -5,6 +5,9 @@
 mod allocate;
 mod node;
 mod plan;
+mod reset;
+mod run;
+mod status;
 mod topology;
 
 use std::error::Error;
@@ -38,8 +41,14 @@ enum Command {
     Topology(topology::TopologyArgs),
     /// What-if: which CPUs the static policy would give a container requesting N CPUs.
     Allocate(allocate::AllocateArgs),
+    /// Run the agent: watch the kubepods cgroups and keep every container on its CPUs.
+    Run(run::RunArgs),
+    /// Every container, the CPUs it should have and the CPUs it has (while the agent runs).
+    Status(status::StatusArgs),
     /// Scan the cgroup tree and show (or --apply) the writes one agent pass would make.
     Plan(plan::PlanArgs),
+    /// Undo: every cgroup back to all CPUs, lifted quotas restored, checkpoint removed.
+    Reset(reset::ResetArgs),
 }
 
 /// A failed command: the message to print and the exit status.
@@ -91,6 +100,9 @@ pub fn main() -> ExitCode {
         Command::Topology(args) => topology::run(&args),
         Command::Allocate(args) => allocate::run(&args),
         Command::Plan(args) => plan::run(&args),
+        Command::Run(args) => run::run(&args),
+        Command::Status(args) => status::run(&args),
+        Command::Reset(args) => reset::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,506 @@
+//! The controller: the one thread that owns the agent's state and writes cgroupfs.
+//!
+//! It keeps a model of the kubepods tree (what the files said when last read), updates it from
+//! watcher events (re-reading only the cgroups an event names) and from the reconcile thread's
+//! full scans, and after every change runs one pass: classify → assign → plan → write →
+//! re-read what was written. Its own writes come back as `IN_MODIFY` events; re-reading shows
+//! the value the model already holds, so they cause no further pass (no repair loops).
+//!
+//! Reconcile merge rule: a full scan started at time T replaces every model entry last updated
+//! before T; entries updated after T (by events that raced the scan) are newer and kept.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use crate::allocator::StaticPolicy;
+use crate::cgroupfs::{CgroupError, CgroupPath, Hierarchy, Scan, ScannedCgroup, Scanner};
+use crate::classify::{classify_scan, CgroupKind, CgroupNaming, Classification};
+use crate::cpuset::CpuSet;
+use crate::logging::error_chain;
+use crate::planner::{plan, AssignEvent, Plan, PlanConfig, ReleaseReason, WriteStep};
+use crate::runtime::RuntimeLookup;
+use crate::state::Assignments;
+use crate::topology::Topology;
+use crate::watcher::TreeEvent;
+use crate::writer::apply;
+
+use super::metrics::Metrics;
+
+/// A full scan made by the reconcile thread, and when it started.
+#[derive(Debug)]
+pub struct ReconcileScan {
+    pub started: Instant,
+    pub scan: Scan,
+}
+
+/// How long a new container may wait for its CPU settings before the controller stops
+/// re-reading it on its own (events still wake it).
+const SETTINGS_RETRY: [Duration; 4] = [
+    Duration::from_millis(5),
+    Duration::from_millis(25),
+    Duration::from_millis(100),
+    Duration::from_millis(500),
+];
+
+/// How long a new container is tracked for the event → pin latency figure.
+const PIN_TRACKING_LIMIT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone)]
+struct ModelEntry {
+    cgroup: ScannedCgroup,
+    updated: Instant,
+}
+
+/// What the controller needs to run, besides its channels.
+#[derive(Debug)]
+pub struct ControllerParts {
+    pub hierarchy: Hierarchy,
+    pub scanner: Scanner,
+    pub naming: CgroupNaming,
+    pub runtime: RuntimeLookup,
+    pub topology: Topology,
+    pub policy: Option<StaticPolicy>,
+    pub align_memory: bool,
+    pub keep_cfs_quota: bool,
+    /// Assignments from the checkpoint (names and intent; the live tree still wins).
+    pub assignments: Assignments,
+    /// CFS quotas this agent lifted, with their original values (from the checkpoint).
+    pub quota_lifted: BTreeMap<CgroupPath, String>,
+}
+
+/// The outcome of one pass, for the caller's bookkeeping (checkpoint, notify).
+#[derive(Debug, Default)]
+pub struct PassOutcome {
+    pub assignments_changed: bool,
+    pub writes: usize,
+    pub failed_writes: usize,
+}
+
+/// The agent's state and its one writer.
+#[derive(Debug)]
+pub struct Controller {
+    parts: ControllerParts,
+    model: BTreeMap<CgroupPath, ModelEntry>,
+    /// The cpus each cgroup should have after the last pass, for drift detection.
+    last_desired: HashMap<CgroupPath, CpuSet>,
+    /// Cgroups with a foreign change seen since the last pass.
+    drifted: HashSet<CgroupPath>,
+    /// New cgroups and when they were seen, until their cpuset is final.
+    pending_pins: HashMap<CgroupPath, Instant>,
+    /// Containers waiting for their CPU settings, and how many re-reads they had.
+    settings_wait: HashMap<CgroupPath, usize>,
+    next_retry: Option<Instant>,
+    last_plan: Option<Plan>,
+    last_classes: Vec<Classification>,
+    pub metrics: Metrics,
+}
+
+impl Controller {
+    pub fn new(parts: ControllerParts) -> Self {
+        Controller {
+            parts,
+            model: BTreeMap::new(),
+            last_desired: HashMap::new(),
+            drifted: HashSet::new(),
+            pending_pins: HashMap::new(),
+            settings_wait: HashMap::new(),
+            next_retry: None,
+            last_plan: None,
+            last_classes: Vec::new(),
+            metrics: Metrics::default(),
+        }
+    }
+
+    pub fn assignments(&self) -> &Assignments {
+        &self.parts.assignments
+    }
+
+    /// CFS quotas lifted by this agent and their original values, for `reset`.
+    pub fn quota_lifted(&self) -> &BTreeMap<CgroupPath, String> {
+        &self.parts.quota_lifted
+    }
+
+    pub fn policy(&self) -> Option<&StaticPolicy> {
+        self.parts.policy.as_ref()
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.parts.topology
+    }
+
+    /// The shared pool after the last pass.
+    pub fn shared_pool(&self) -> Option<&CpuSet> {
+        self.last_plan
+            .as_ref()
+            .and_then(|p| p.pools.as_ref())
+            .map(|p| &p.shared)
+    }
+
+    /// (containers, exclusive containers) after the last pass.
+    pub fn counts(&self) -> (usize, usize) {
+        let containers = self
+            .last_classes
+            .iter()
+            .filter(|c| c.kind == CgroupKind::Container)
+            .count();
+        (containers, self.parts.assignments.len())
+    }
+
+    /// When the controller wants to re-read containers still waiting for CPU settings.
+    pub fn next_retry(&self) -> Option<Instant> {
+        self.next_retry
+    }
+
+    /// Reads the whole tree into the model (at start, and after a watcher overflow).
+    pub fn full_scan(&mut self) -> Result<(), CgroupError> {
+        let started = Instant::now();
+        let scan = self.parts.scanner.scan()?;
+        self.merge_scan(ReconcileScan { started, scan });
+        Ok(())
+    }
+
+    /// Merges a full scan: entries last updated before the scan started are replaced or, when
+    /// the scan did not see them, dropped; entries updated since (by events that raced the
+    /// scan) are newer and kept.
+    pub fn merge_scan(&mut self, reconcile: ReconcileScan) {
+        let ReconcileScan { started, scan } = reconcile;
+        let seen: HashSet<&CgroupPath> = scan.cgroups.iter().map(|c| &c.path).collect();
+        let gone: Vec<CgroupPath> = self
+            .model
+            .iter()
+            .filter(|(p, e)| !seen.contains(p) && e.updated <= started)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for path in &gone {
+            self.forget(path);
+        }
+        for cgroup in scan.cgroups {
+            if self
+                .model
+                .get(&cgroup.path)
+                .is_some_and(|e| e.updated > started)
+            {
+                continue;
+            }
+            self.upsert(cgroup, started);
+        }
+    }
+
+    /// Applies one watcher event to the model. Returns whether the model changed.
+    pub fn apply_event(&mut self, event: TreeEvent, now: Instant) -> Result<bool, CgroupError> {
+        match event {
+            TreeEvent::Created { cgroup } => {
+                let scan = self.parts.scanner.scan_subtree(&cgroup);
+                let mut changed = false;
+                for c in scan.cgroups {
+                    self.pending_pins.entry(c.path.clone()).or_insert(now);
+                    changed |= self.upsert(c, now);
+                }
+                Ok(changed)
+            }
+            TreeEvent::Removed { cgroup } => Ok(self.remove_subtree(&cgroup)),
+            TreeEvent::Modified { cgroup, .. } => match self.parts.scanner.read_cgroup(&cgroup) {
+                Some(c) => Ok(self.upsert(c, now)),
+                None => Ok(self.remove_subtree(&cgroup)),
+            },
+            TreeEvent::Rescan { reason } => {
+                log::warn!("watcher lost track ({reason}): rescanning the whole tree");
+                self.metrics.rescans += 1;
+                self.full_scan()?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Re-reads containers still waiting for their CPU settings. Returns whether the model
+    /// changed.
+    pub fn retry_settings(&mut self, now: Instant) -> bool {
+        self.next_retry = None;
+        let waiting: Vec<CgroupPath> = self.settings_wait.keys().cloned().collect();
+        let mut changed = false;
+        for path in waiting {
+            match self.parts.scanner.read_cgroup(&path) {
+                Some(c) => changed |= self.upsert(c, now),
+                None => changed |= self.remove_subtree(&path),
+            }
+        }
+        changed
+    }
+
+    fn upsert(&mut self, cgroup: ScannedCgroup, now: Instant) -> bool {
+        let path = cgroup.path.clone();
+        if let Some(entry) = self.model.get(&path) {
+            if entry.cgroup == cgroup {
+                return false;
+            }
+        }
+        if let (Some(desired), Some(now_cpus)) =
+            (self.last_desired.get(&path), cgroup.cpus.configured())
+        {
+            if desired != now_cpus {
+                self.drifted.insert(path.clone());
+            }
+        }
+        self.model.insert(
+            path,
+            ModelEntry {
+                cgroup,
+                updated: now,
+            },
+        );
+        true
+    }
+
+    fn remove_subtree(&mut self, root: &CgroupPath) -> bool {
+        let doomed: Vec<CgroupPath> = self
+            .model
+            .range(root.clone()..)
+            .take_while(|(p, _)| p.strip_prefix(root).is_some())
+            .map(|(p, _)| p.clone())
+            .collect();
+        for path in &doomed {
+            self.forget(path);
+        }
+        !doomed.is_empty()
+    }
+
+    fn forget(&mut self, path: &CgroupPath) {
+        self.model.remove(path);
+        self.parts.quota_lifted.remove(path);
+        self.pending_pins.remove(path);
+        self.settings_wait.remove(path);
+        self.last_desired.remove(path);
+        self.drifted.remove(path);
+    }
+
+    /// One pass over the model: classify, assign, plan, write, re-read what was written.
+    pub fn pass(&mut self, now: Instant) -> PassOutcome {
+        let scan = self.model_scan();
+        let runtime = &mut self.parts.runtime;
+        let classes = classify_scan(&self.parts.naming, &scan, |id| runtime.lookup(id));
+        let config = PlanConfig {
+            topology: &self.parts.topology,
+            policy: self.parts.policy.as_ref(),
+            align_memory: self.parts.align_memory,
+            keep_cfs_quota: self.parts.keep_cfs_quota,
+        };
+        let planned = plan(&scan, &classes, &self.parts.assignments, &config);
+        self.log_events(&planned.events);
+
+        // Drift: a cgroup whose value changed behind our back and that this plan rewrites.
+        let repaired: usize = self
+            .drifted
+            .drain()
+            .filter(|p| {
+                planned
+                    .writes
+                    .iter()
+                    .any(|w| &w.path == p && w.step != WriteStep::LiftQuota)
+            })
+            .count();
+        if repaired > 0 {
+            self.metrics.drift_repairs += repaired as u64;
+        }
+
+        self.remember_quotas(&scan, &planned);
+        let report = apply(&self.parts.hierarchy, &planned.writes, &planned.parents);
+        for (write, error) in &report.failed {
+            let errno = error.errno().unwrap_or(0);
+            *self.metrics.write_errors.entry(errno).or_default() += 1;
+            if self.metrics.first_failure(&write.path, write.file, errno) {
+                log::warn!("{}", error_chain(error));
+            }
+        }
+        // Re-read what was written, so the model holds what the files say.
+        let written: Vec<CgroupPath> = {
+            let mut seen = HashSet::new();
+            planned
+                .writes
+                .iter()
+                .filter(|w| seen.insert(w.path.clone()))
+                .map(|w| w.path.clone())
+                .collect()
+        };
+        for path in written {
+            match self.parts.scanner.read_cgroup(&path) {
+                Some(c) => {
+                    self.model.insert(
+                        path,
+                        ModelEntry {
+                            cgroup: c,
+                            updated: now,
+                        },
+                    );
+                }
+                None => {
+                    self.remove_subtree(&path);
+                }
+            }
+        }
+
+        // Desired sets, for drift detection and pin latency.
+        self.last_desired.clear();
+        for (cgroup, desired) in scan.cgroups.iter().zip(&planned.desired) {
+            if let Some(cpus) = &desired.cpus {
+                self.last_desired.insert(cgroup.path.clone(), cpus.clone());
+            }
+        }
+        self.track_pins(&scan, &classes, now);
+        self.track_settings_wait(&scan, &classes, now);
+
+        let changed = planned.assignments != self.parts.assignments
+            || planned
+                .writes
+                .iter()
+                .any(|w| w.step == WriteStep::LiftQuota);
+        self.parts.assignments = planned.assignments.clone();
+        self.metrics.record_pass(&planned, &report);
+        self.metrics.containers = classes
+            .iter()
+            .filter(|c| c.kind == CgroupKind::Container)
+            .count() as u64;
+        let outcome = PassOutcome {
+            assignments_changed: changed,
+            writes: report.applied,
+            failed_writes: report.failed.len(),
+        };
+        self.last_plan = Some(planned);
+        self.last_classes = classes;
+        outcome
+    }
+
+    /// Records the value each quota lift overwrites, so `reset` can put it back.
+    fn remember_quotas(&mut self, scan: &Scan, planned: &Plan) {
+        use crate::cgroupfs::{CpuSettings, FileValue, Quota};
+        for w in planned
+            .writes
+            .iter()
+            .filter(|w| w.step == WriteStep::LiftQuota)
+        {
+            let original = match &scan.cgroups[w.cgroup].cpu {
+                CpuSettings::V1 {
+                    cfs_quota: FileValue::Value(Quota::Micros(us)),
+                    ..
+                } => us.to_string(),
+                CpuSettings::V2 {
+                    max: FileValue::Value(max),
+                    ..
+                } if max.quota != Quota::Unlimited => max.to_string(),
+                _ => continue,
+            };
+            self.parts
+                .quota_lifted
+                .entry(w.path.clone())
+                .or_insert(original);
+        }
+    }
+
+    fn model_scan(&self) -> Scan {
+        Scan {
+            version: self.parts.hierarchy.version,
+            kubepods: self.parts.scanner.kubepods().clone(),
+            cgroups: self.model.values().map(|e| e.cgroup.clone()).collect(),
+            skipped: Vec::new(),
+            complete: true,
+        }
+    }
+
+    fn log_events(&mut self, events: &[AssignEvent]) {
+        for event in events {
+            match event {
+                AssignEvent::Allocated { key, cpus } => {
+                    self.metrics.pinning_requests += 1;
+                    log::info!("{key}: allocated cpus={cpus}");
+                }
+                AssignEvent::Adopted { key, cpus } => log::info!("{key}: adopted cpus={cpus}"),
+                AssignEvent::Reused { key, from, cpus } => {
+                    log::info!("{key}: took over cpus={cpus} from {from}")
+                }
+                AssignEvent::Released { key, cpus, why } => {
+                    let why = match why {
+                        ReleaseReason::PodGone => "pod gone",
+                        ReleaseReason::NowShared => "now shared",
+                        ReleaseReason::Resized => "resized",
+                        ReleaseReason::Reused => "reused by its pod",
+                    };
+                    log::info!("{key}: released cpus={cpus} ({why})");
+                }
+                AssignEvent::Failed {
+                    key,
+                    requested,
+                    error,
+                } => {
+                    self.metrics.pinning_requests += 1;
+                    self.metrics.pinning_errors += 1;
+                    if self.metrics.first_pin_failure(key) {
+                        log::warn!(
+                            "{key}: {requested} exclusive cpus cannot be given, stays shared: {error}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Event → pin latency: a new container counts once its cpuset reads back as desired.
+    fn track_pins(&mut self, scan: &Scan, classes: &[Classification], now: Instant) {
+        if self.pending_pins.is_empty() {
+            return;
+        }
+        for (cgroup, class) in scan.cgroups.iter().zip(classes) {
+            let Some(seen) = self.pending_pins.get(&cgroup.path).copied() else {
+                continue;
+            };
+            if class.kind != CgroupKind::Container {
+                self.pending_pins.remove(&cgroup.path);
+                continue;
+            }
+            let current = self
+                .model
+                .get(&cgroup.path)
+                .and_then(|e| e.cgroup.cpus.configured());
+            if current.is_some() && current == self.last_desired.get(&cgroup.path) {
+                self.metrics
+                    .event_to_pin
+                    .record(now.saturating_duration_since(seen));
+                self.pending_pins.remove(&cgroup.path);
+            }
+        }
+        self.pending_pins
+            .retain(|_, seen| now.saturating_duration_since(*seen) < PIN_TRACKING_LIMIT);
+    }
+
+    /// Containers whose CPU settings are not readable yet get a few bounded re-reads.
+    fn track_settings_wait(&mut self, scan: &Scan, classes: &[Classification], now: Instant) {
+        use crate::classify::{Exclusivity, SharedReason};
+        let mut still = HashMap::new();
+        for (cgroup, class) in scan.cgroups.iter().zip(classes) {
+            let waiting = class.kind == CgroupKind::Container
+                && matches!(
+                    class.exclusivity,
+                    Exclusivity::Shared {
+                        reason: SharedReason::CpuSettingsUnavailable
+                    }
+                );
+            if waiting {
+                let tries = self.settings_wait.get(&cgroup.path).copied().unwrap_or(0);
+                if tries < SETTINGS_RETRY.len() {
+                    still.insert(cgroup.path.clone(), tries + 1);
+                }
+            }
+        }
+        self.next_retry = still
+            .values()
+            .map(|&tries| now + SETTINGS_RETRY[tries - 1])
+            .min();
+        self.settings_wait = still;
+    }
+
+    /// The rows of `status` as the controller sees them now.
+    pub fn last_rows(&self) -> Vec<crate::report::CgroupRow> {
+        match &self.last_plan {
+            Some(plan) => crate::report::rows(&self.model_scan(), &self.last_classes, plan),
+            None => Vec::new(),
+        }
+    }
+}

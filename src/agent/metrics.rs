@@ -1,0 +1,250 @@
+//! The agent's metrics, in Prometheus text format, written atomically to `--metrics-file` after
+//! each pass for node_exporter's textfile collector. Names follow kubelet's CPU manager metrics
+//! where they mean the same (`pinning_requests_total`, `pinning_errors_total`,
+//! `shared_pool_size_millicores`, `exclusive_cpu_allocation_count`).
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::fmt::Write as _;
+use std::fs;
+use std::io;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::cgroupfs::{CgroupPath, InterfaceFile};
+use crate::planner::Plan;
+use crate::state::AssignmentKey;
+use crate::writer::WriteReport;
+
+/// How many recent samples the latency summary keeps for its quantiles.
+const SUMMARY_WINDOW: usize = 1024;
+
+/// A Prometheus summary over the most recent samples.
+#[derive(Debug, Default, Clone)]
+pub struct LatencySummary {
+    recent: VecDeque<Duration>,
+    sum: Duration,
+    count: u64,
+}
+
+impl LatencySummary {
+    pub fn record(&mut self, sample: Duration) {
+        if self.recent.len() == SUMMARY_WINDOW {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(sample);
+        self.sum += sample;
+        self.count += 1;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The `q` quantile of the recent samples (nearest rank).
+    pub fn quantile(&self, q: f64) -> Option<Duration> {
+        if self.recent.is_empty() {
+            return None;
+        }
+        let mut sorted: Vec<Duration> = self.recent.iter().copied().collect();
+        sorted.sort_unstable();
+        let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+        Some(sorted[rank - 1])
+    }
+}
+
+/// Counters and gauges of the running agent.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub pinning_requests: u64,
+    pub pinning_errors: u64,
+    pub drift_repairs: u64,
+    pub rescans: u64,
+    pub passes: u64,
+    /// Failed cgroup writes by errno.
+    pub write_errors: BTreeMap<i32, u64>,
+    pub event_to_pin: LatencySummary,
+    pub reconcile_duration: Option<Duration>,
+    pub last_reconcile: Option<SystemTime>,
+    pub shared_pool_millicores: u64,
+    pub exclusive_cpus: u64,
+    pub containers: u64,
+    // Log-once bookkeeping: failures already reported.
+    reported_writes: HashSet<(CgroupPath, InterfaceFile, i32)>,
+    reported_pins: HashSet<AssignmentKey>,
+}
+
+impl Metrics {
+    /// Updates the gauges from a pass.
+    pub fn record_pass(&mut self, plan: &Plan, report: &WriteReport) {
+        self.passes += 1;
+        if let Some(pools) = &plan.pools {
+            self.shared_pool_millicores = pools.shared.len() as u64 * 1000;
+        }
+        self.exclusive_cpus = plan.assignments.exclusive_cpus().len() as u64;
+        if report.is_clean() {
+            // A write that succeeds again may fail again later and deserves a new report.
+            self.reported_writes.clear();
+        }
+    }
+
+    /// Whether this write failure is new (to be logged) rather than a retry of a known one.
+    pub fn first_failure(&mut self, path: &CgroupPath, file: InterfaceFile, errno: i32) -> bool {
+        self.reported_writes.insert((path.clone(), file, errno))
+    }
+
+    /// Whether this container's allocation failure is new.
+    pub fn first_pin_failure(&mut self, key: &AssignmentKey) -> bool {
+        self.reported_pins.insert(key.clone())
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, lines: &[(String, String)]| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (labels, value) in lines {
+                let _ = writeln!(out, "{name}{labels} {value}");
+            }
+        };
+        let plain = |v: u64| vec![(String::new(), v.to_string())];
+        metric(
+            "cpusetd_pinning_requests_total",
+            "counter",
+            "Exclusive CPU allocations attempted.",
+            &plain(self.pinning_requests),
+        );
+        metric(
+            "cpusetd_pinning_errors_total",
+            "counter",
+            "Exclusive CPU allocations that could not be met (the container stays shared).",
+            &plain(self.pinning_errors),
+        );
+        metric(
+            "cpusetd_shared_pool_size_millicores",
+            "gauge",
+            "Size of the shared CPU pool in millicores.",
+            &plain(self.shared_pool_millicores),
+        );
+        metric(
+            "cpusetd_exclusive_cpu_allocation_count",
+            "gauge",
+            "CPUs held exclusively by containers.",
+            &plain(self.exclusive_cpus),
+        );
+        metric(
+            "cpusetd_containers",
+            "gauge",
+            "Containers under the kubepods cgroup.",
+            &plain(self.containers),
+        );
+        metric(
+            "cpusetd_drift_repairs_total",
+            "counter",
+            "Cgroups whose cpuset was changed by someone else and written back.",
+            &plain(self.drift_repairs),
+        );
+        metric(
+            "cpusetd_rescans_total",
+            "counter",
+            "Full rescans forced by the watcher losing track (queue overflow, watch limit).",
+            &plain(self.rescans),
+        );
+        let errors: Vec<(String, String)> = self
+            .write_errors
+            .iter()
+            .map(|(errno, n)| {
+                let name = format!("{:?}", nix::errno::Errno::from_raw(*errno));
+                (format!("{{errno=\"{name}\"}}"), n.to_string())
+            })
+            .collect();
+        metric(
+            "cpusetd_cgroup_write_errors_total",
+            "counter",
+            "Failed cgroup writes, by errno.",
+            &errors,
+        );
+        if let Some(d) = self.reconcile_duration {
+            metric(
+                "cpusetd_reconcile_duration_seconds",
+                "gauge",
+                "Duration of the last full reconcile pass.",
+                &[(String::new(), format!("{:.6}", d.as_secs_f64()))],
+            );
+        }
+        if let Some(t) = self.last_reconcile {
+            let secs = t
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs_f64();
+            metric(
+                "cpusetd_last_reconcile_timestamp_seconds",
+                "gauge",
+                "When the last full reconcile pass finished.",
+                &[(String::new(), format!("{secs:.3}"))],
+            );
+        }
+        let mut lines = Vec::new();
+        for q in [0.5, 0.9, 0.99] {
+            if let Some(v) = self.event_to_pin.quantile(q) {
+                lines.push((
+                    format!("{{quantile=\"{q}\"}}"),
+                    format!("{:.6}", v.as_secs_f64()),
+                ));
+            }
+        }
+        let summary = &self.event_to_pin;
+        let name = "cpusetd_event_to_pin_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} From a container cgroup appearing to its cpuset being final (recent {SUMMARY_WINDOW})."
+        );
+        let _ = writeln!(out, "# TYPE {name} summary");
+        for (labels, value) in lines {
+            let _ = writeln!(out, "{name}{labels} {value}");
+        }
+        let _ = writeln!(out, "{name}_sum {:.6}", summary.sum.as_secs_f64());
+        let _ = writeln!(out, "{name}_count {}", summary.count);
+        out
+    }
+
+    /// Writes the exposition to `path` atomically (temporary file, then rename).
+    pub fn write_file(&self, path: &Path) -> io::Result<()> {
+        let tmp = path.with_extension("prom.tmp");
+        fs::write(&tmp, self.render())?;
+        fs::rename(&tmp, path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_quantiles_use_recent_samples() {
+        let mut s = LatencySummary::default();
+        for ms in 1..=100 {
+            s.record(Duration::from_millis(ms));
+        }
+        assert_eq!(s.quantile(0.5), Some(Duration::from_millis(50)));
+        assert_eq!(s.quantile(0.99), Some(Duration::from_millis(99)));
+        assert_eq!(s.count(), 100);
+    }
+
+    #[test]
+    fn exposition_has_kubelet_like_names_and_errno_labels() {
+        let mut m = Metrics {
+            pinning_requests: 3,
+            pinning_errors: 1,
+            ..Metrics::default()
+        };
+        m.write_errors.insert(16, 2);
+        m.event_to_pin.record(Duration::from_micros(300));
+        let text = m.render();
+        assert!(text.contains("cpusetd_pinning_requests_total 3\n"));
+        assert!(text.contains("cpusetd_pinning_errors_total 1\n"));
+        assert!(text.contains("cpusetd_cgroup_write_errors_total{errno=\"EBUSY\"} 2\n"));
+        assert!(text.contains("cpusetd_event_to_pin_seconds{quantile=\"0.5\"} 0.000300\n"));
+        assert!(text.contains("cpusetd_event_to_pin_seconds_count 1\n"));
+    }
+}

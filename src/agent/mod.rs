@@ -1,0 +1,428 @@
+//! The long-running agent (`cpusetd run`): threads, channels and the controller loop
+//! (DESIGN.md §1 and §6).
+//!
+//! ```text
+//!  watcher thread ── TreeEvent ──────┐
+//!  reconcile thread ── ReconcileScan ┤ (bounded(1): missed ticks collapse)
+//!  signal thread ── Control ─────────┴──► controller loop (the one writer)
+//! ```
+//!
+//! Only the controller mutates state or writes cgroupfs; the others observe and send typed
+//! messages on bounded channels. Start-up: lock the state dir, load the checkpoint (names and
+//! intent; the live tree wins), full scan, first pass, checkpoint, `READY=1`. Shutdown on
+//! SIGTERM/SIGINT: finish the current pass, write the checkpoint, exit 0. SIGHUP: reconcile now.
+
+mod controller;
+pub mod metrics;
+
+pub use controller::{Controller, ControllerParts, PassOutcome, ReconcileScan};
+
+use std::path::PathBuf;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::{bounded, select, Receiver, Sender};
+use nix::sys::signal::{SigSet, Signal};
+
+use crate::allocator::PolicyOptions;
+use crate::cgroupfs::{CgroupLayout, Scanner};
+use crate::checkpoint::{self, Checkpoint, LoadOutcome, Policy, QuotaLift, StateLock};
+use crate::logging::error_chain;
+use crate::watcher::{TreeEvent, WatchRoot, Watcher};
+
+/// Capacity of the watcher → controller channel.
+const EVENT_QUEUE: usize = 4096;
+
+/// Everything `run` needs, built by the command line.
+#[derive(Debug)]
+pub struct AgentConfig {
+    pub layout: CgroupLayout,
+    pub parts: ControllerParts,
+    pub options: PolicyOptions,
+    pub state_dir: PathBuf,
+    pub reconcile_period: Duration,
+    pub metrics_file: Option<PathBuf>,
+}
+
+/// Why the agent stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Lock(#[from] checkpoint::LockError),
+    #[error("cannot watch the kubepods cgroups")]
+    Watcher(#[source] crate::watcher::WatchError),
+    #[error("cannot scan the kubepods cgroup at start")]
+    FirstScan(#[source] crate::cgroupfs::CgroupError),
+    #[error("cannot block signals for the signal thread")]
+    Signals(#[source] nix::Error),
+    #[error("the {0} thread stopped unexpectedly")]
+    ThreadGone(&'static str),
+}
+
+/// Messages from the signal thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Control {
+    Stop(Signal),
+    Reconcile,
+}
+
+/// Runs the agent until SIGTERM/SIGINT.
+pub fn run(config: AgentConfig) -> Result<(), AgentError> {
+    let AgentConfig {
+        layout,
+        parts,
+        options,
+        state_dir,
+        reconcile_period,
+        metrics_file,
+    } = config;
+
+    // Signals first, so every thread spawned below inherits the blocked mask.
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        signals.add(s);
+    }
+    signals.thread_block().map_err(AgentError::Signals)?;
+
+    let _lock = StateLock::acquire(&state_dir)?;
+    let mut parts = parts;
+    (parts.assignments, parts.quota_lifted) = restore(&state_dir, &parts, &options);
+    let hierarchy = parts.hierarchy.clone();
+    let kubepods = layout.kubepods.clone();
+
+    // Watch before the first scan, so nothing created in between is missed.
+    let (event_tx, event_rx) = bounded::<TreeEvent>(EVENT_QUEUE);
+    let watcher = Watcher::new(WatchRoot::of_layout(&layout)).map_err(AgentError::Watcher)?;
+
+    let mut controller = Controller::new(parts);
+    let started = Instant::now();
+    controller.full_scan().map_err(AgentError::FirstScan)?;
+    let outcome = controller.pass(Instant::now());
+    controller.metrics.reconcile_duration = Some(started.elapsed());
+    controller.metrics.last_reconcile = Some(SystemTime::now());
+    let watcher = watcher.start(event_tx).map_err(AgentError::Watcher)?;
+    let (containers, exclusive) = controller.counts();
+    log::info!(
+        "first pass: {containers} containers, {exclusive} exclusive, {} writes ({} failed)",
+        outcome.writes,
+        outcome.failed_writes
+    );
+    let mut persist = Persist {
+        state_dir,
+        options,
+        metrics_file,
+        failing: false,
+    };
+    persist.save(&controller, true);
+    notify(&[sd_notify::NotifyState::Ready]);
+    notify_status(&controller);
+
+    let (reconcile_tx, reconcile_rx) = bounded::<ReconcileScan>(1);
+    let (stop_reconcile_tx, stop_reconcile_rx) = bounded::<()>(1);
+    let reconciler = spawn_reconciler(
+        Scanner::new(hierarchy, kubepods),
+        reconcile_period,
+        reconcile_tx,
+        stop_reconcile_rx,
+    );
+    let (control_tx, control_rx) = bounded::<Control>(4);
+    spawn_signal_thread(signals, control_tx);
+
+    let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
+    let mut next_ping = watchdog.map(|d| Instant::now() + d);
+
+    let result = loop {
+        let now = Instant::now();
+        let wake = [controller.next_retry(), next_ping]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|t| t.saturating_duration_since(now))
+            .unwrap_or(Duration::from_secs(3600));
+        select! {
+            recv(event_rx) -> event => {
+                let Ok(event) = event else { break Err(AgentError::ThreadGone("watcher")) };
+                let now = Instant::now();
+                let mut changed = apply(&mut controller, event, now);
+                // Coalesce whatever else is queued into the same pass.
+                while let Ok(event) = event_rx.try_recv() {
+                    changed |= apply(&mut controller, event, now);
+                }
+                if changed {
+                    let outcome = controller.pass(now);
+                    persist.save(&controller, outcome.assignments_changed);
+                    notify_status(&controller);
+                }
+            }
+            recv(reconcile_rx) -> scan => {
+                let Ok(scan) = scan else { break Err(AgentError::ThreadGone("reconcile")) };
+                reconcile(&mut controller, &mut persist, scan);
+            }
+            recv(control_rx) -> control => match control {
+                Ok(Control::Stop(signal)) => {
+                    log::info!("{signal}: writing the checkpoint and stopping");
+                    notify(&[sd_notify::NotifyState::Stopping]);
+                    persist.save(&controller, true);
+                    break Ok(());
+                }
+                Ok(Control::Reconcile) => {
+                    log::info!("SIGHUP: reconciling now");
+                    let started = Instant::now();
+                    match controller.full_scan() {
+                        Ok(()) => {
+                            controller.pass(Instant::now());
+                            controller.metrics.reconcile_duration = Some(started.elapsed());
+                            controller.metrics.last_reconcile = Some(SystemTime::now());
+                            persist.save(&controller, true);
+                        }
+                        Err(e) => log::error!("reconcile: {}", error_chain(&e)),
+                    }
+                }
+                Err(_) => break Err(AgentError::ThreadGone("signal")),
+            },
+            default(wake) => {}
+        }
+        let now = Instant::now();
+        if controller.next_retry().is_some_and(|t| t <= now) && controller.retry_settings(now) {
+            let outcome = controller.pass(now);
+            persist.save(&controller, outcome.assignments_changed);
+        }
+        if let (Some(interval), Some(due)) = (watchdog, next_ping) {
+            if due <= now {
+                notify(&[sd_notify::NotifyState::Watchdog]);
+                next_ping = Some(now + interval);
+            }
+        }
+    };
+    let _ = stop_reconcile_tx.send(());
+    let _ = reconciler.join();
+    if let Err(e) = watcher.stop_and_join(Duration::from_secs(2)) {
+        log::warn!("watcher: {}", error_chain(&e));
+    }
+    result
+}
+
+fn apply(controller: &mut Controller, event: TreeEvent, now: Instant) -> bool {
+    match controller.apply_event(event, now) {
+        Ok(changed) => changed,
+        Err(e) => {
+            log::error!("{}", error_chain(&e));
+            false
+        }
+    }
+}
+
+fn reconcile(controller: &mut Controller, persist: &mut Persist, scan: ReconcileScan) {
+    let started = scan.started;
+    controller.merge_scan(scan);
+    controller.pass(Instant::now());
+    controller.metrics.reconcile_duration = Some(started.elapsed());
+    controller.metrics.last_reconcile = Some(SystemTime::now());
+    persist.save(controller, true);
+    notify_status(controller);
+}
+
+/// Loads the checkpoint: its assignments fill in names and intent; anything unusable is moved
+/// aside and logged, never a reason to refuse to start.
+fn restore(
+    state_dir: &std::path::Path,
+    parts: &ControllerParts,
+    options: &PolicyOptions,
+) -> (
+    crate::state::Assignments,
+    std::collections::BTreeMap<crate::cgroupfs::CgroupPath, String>,
+) {
+    let policy_name = if parts.policy.is_some() {
+        Policy::Static
+    } else {
+        Policy::None
+    };
+    match checkpoint::load(state_dir) {
+        LoadOutcome::Missing => Default::default(),
+        LoadOutcome::Unusable { path, reason } => {
+            log::warn!("{}; starting from the live tree", reason.describe(&path));
+            match checkpoint::quarantine(state_dir, &reason) {
+                Ok(moved) => log::warn!("the unusable checkpoint was moved to {}", moved.display()),
+                Err(e) => log::warn!(
+                    "cannot move the unusable checkpoint aside: {}",
+                    error_chain(&e)
+                ),
+            }
+            Default::default()
+        }
+        LoadOutcome::Loaded(cp) => {
+            if cp.policy != policy_name {
+                log::warn!(
+                    "checkpoint was written under policy {}, now {policy_name}: re-planning",
+                    cp.policy
+                );
+            }
+            if &cp.options != options {
+                log::warn!(
+                    "policy options changed ({} → {options}): existing pins are kept where they still fit",
+                    cp.options
+                );
+            }
+            if let Some(policy) = &parts.policy {
+                if &cp.reserved != policy.reserved() {
+                    log::warn!(
+                        "reserved cpus changed ({} → {}): pins on reserved cpus are released",
+                        cp.reserved,
+                        policy.reserved()
+                    );
+                }
+            }
+            let gone = cp.cpus_outside(parts.topology.all_cpus());
+            if !gone.is_empty() {
+                log::warn!(
+                    "cpus {gone} of the checkpoint are no longer online: their pins are re-planned"
+                );
+            }
+            let quota_lifted = cp
+                .quota_lifted
+                .into_iter()
+                .filter_map(|q| {
+                    crate::cgroupfs::CgroupPath::new(&q.cgroup)
+                        .ok()
+                        .map(|p| (p, q.original))
+                })
+                .collect();
+            (cp.assignments, quota_lifted)
+        }
+    }
+}
+
+/// Writes the checkpoint and the metrics file; reports a failing save once until it works.
+#[derive(Debug)]
+struct Persist {
+    state_dir: PathBuf,
+    options: PolicyOptions,
+    metrics_file: Option<PathBuf>,
+    failing: bool,
+}
+
+impl Persist {
+    fn save(&mut self, controller: &Controller, checkpoint_changed: bool) {
+        if checkpoint_changed {
+            let cp = Checkpoint {
+                policy: if controller.policy().is_some() {
+                    Policy::Static
+                } else {
+                    Policy::None
+                },
+                options: self.options,
+                reserved: controller
+                    .policy()
+                    .map(|p| p.reserved().clone())
+                    .unwrap_or_default(),
+                online: controller.topology().all_cpus().clone(),
+                shared_pool: controller.shared_pool().cloned().unwrap_or_default(),
+                assignments: controller.assignments().clone(),
+                quota_lifted: controller
+                    .quota_lifted()
+                    .iter()
+                    .map(|(cgroup, original)| QuotaLift {
+                        cgroup: cgroup.to_string(),
+                        original: original.clone(),
+                    })
+                    .collect(),
+                last_reconcile_unix_ms: controller
+                    .metrics
+                    .last_reconcile
+                    .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                    .map(|d| d.as_millis() as u64),
+            };
+            match checkpoint::save(&self.state_dir, &cp) {
+                Ok(()) => {
+                    if self.failing {
+                        log::info!("checkpoint written again to {}", self.state_dir.display());
+                    }
+                    self.failing = false;
+                }
+                Err(e) => {
+                    if !self.failing {
+                        log::error!(
+                            "{} (pins stay in force; retried after the next change)",
+                            error_chain(&e)
+                        );
+                    }
+                    self.failing = true;
+                }
+            }
+        }
+        if let Some(path) = &self.metrics_file {
+            if let Err(e) = controller.metrics.write_file(path) {
+                log::debug!("cannot write metrics to {}: {e}", path.display());
+            }
+        }
+    }
+}
+
+fn spawn_reconciler(
+    mut scanner: Scanner,
+    period: Duration,
+    tx: Sender<ReconcileScan>,
+    stop: Receiver<()>,
+) -> thread::JoinHandle<()> {
+    thread::Builder::new()
+        .name("cpusetd-reconcile".into())
+        .spawn(move || loop {
+            match stop.recv_timeout(period) {
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                _ => return,
+            }
+            let started = Instant::now();
+            match scanner.scan() {
+                // A full channel means the controller has not taken the last scan yet: this
+                // tick collapses into it.
+                Ok(scan) => {
+                    let _ = tx.try_send(ReconcileScan { started, scan });
+                }
+                Err(e) => log::error!("reconcile scan: {}", error_chain(&e)),
+            }
+        })
+        .expect("spawn the reconcile thread")
+}
+
+fn spawn_signal_thread(signals: SigSet, tx: Sender<Control>) {
+    let spawned = thread::Builder::new()
+        .name("cpusetd-signals".into())
+        .spawn(move || loop {
+            match signals.wait() {
+                Ok(Signal::SIGHUP) => {
+                    let _ = tx.try_send(Control::Reconcile);
+                }
+                Ok(signal) => {
+                    let _ = tx.send(Control::Stop(signal));
+                    return;
+                }
+                Err(e) => {
+                    log::error!("waiting for signals: {e}");
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        log::error!("cannot start the signal thread: {e}");
+    }
+}
+
+fn notify(state: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(state) {
+        log::debug!("sd_notify: {e}");
+    }
+}
+
+fn notify_status(controller: &Controller) {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    let (containers, exclusive) = controller.counts();
+    let shared = controller
+        .shared_pool()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|| "-".into());
+    let status =
+        format!("{containers} containers, {exclusive} with exclusive cpus, shared pool {shared}");
+    notify(&[sd_notify::NotifyState::Status(&status)]);
+}

@@ -1,0 +1,131 @@
+//! `cpusetd status`: every container, its class, the CPUs it should have and the CPUs it has,
+//! from the agent's checkpoint and the live tree. Works while the agent runs; needs no IPC.
+
+use std::path::PathBuf;
+use std::time::{Duration, UNIX_EPOCH};
+
+use clap::Args;
+use serde::Serialize;
+
+use super::node::TreeArgs;
+use super::run::DEFAULT_STATE_DIR;
+use super::CommandError;
+use crate::checkpoint::{self, LoadOutcome};
+use crate::classify::classify_scan;
+use crate::planner::{desired_tree, parent_indexes, Plan, Pools};
+use crate::report::{render_table, rows, CgroupRow};
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    tree: TreeArgs,
+    /// The agent's state directory.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct StatusDoc {
+    policy: String,
+    reserved: String,
+    shared_pool: String,
+    shared_pool_size: usize,
+    exclusive_cpus: String,
+    exclusive_cpu_count: usize,
+    last_reconcile_unix_ms: Option<u64>,
+    containers: Vec<CgroupRow>,
+    /// Rows whose current set is not the desired one.
+    differing: usize,
+}
+
+pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
+    let cp = match checkpoint::load(&args.state_dir) {
+        LoadOutcome::Loaded(cp) => cp,
+        LoadOutcome::Missing => {
+            return Err(CommandError::usage(format!(
+                "no checkpoint in {}: is cpusetd running with --state-dir {}?",
+                args.state_dir.display(),
+                args.state_dir.display()
+            )))
+        }
+        LoadOutcome::Unusable { path, reason } => {
+            return Err(CommandError::failure(&std::io::Error::other(
+                reason.describe(&path),
+            )))
+        }
+    };
+    let mut node = args.tree.open()?;
+    let scan = node
+        .scanner()
+        .scan()
+        .map_err(|e| CommandError::failure(&e))?;
+    let runtime = &mut node.runtime;
+    let classes = classify_scan(&node.naming, &scan, |id| runtime.lookup(id));
+    let exclusive = cp.assignments.exclusive_cpus();
+    let pools = Pools {
+        pod_cpus: cp.shared_pool.union(&exclusive),
+        shared: cp.shared_pool.clone(),
+        memory_nodes: node.topology.memory_nodes().clone(),
+    };
+    let parents = parent_indexes(&scan);
+    let desired = desired_tree(
+        &scan,
+        &classes,
+        &parents,
+        &cp.assignments,
+        &pools,
+        &node.topology,
+        false,
+    );
+    let view = Plan {
+        pools: (cp.policy == checkpoint::Policy::Static).then_some(pools),
+        desired,
+        parents,
+        assignments: cp.assignments.clone(),
+        events: Vec::new(),
+        writes: Vec::new(),
+    };
+    let table = rows(&scan, &classes, &view);
+    let differing = table.iter().filter(|r| r.differs()).count();
+    if args.json {
+        let doc = StatusDoc {
+            policy: cp.policy.to_string(),
+            reserved: cp.reserved.to_string(),
+            shared_pool: cp.shared_pool.to_string(),
+            shared_pool_size: cp.shared_pool.len(),
+            exclusive_cpus: exclusive.to_string(),
+            exclusive_cpu_count: exclusive.len(),
+            last_reconcile_unix_ms: cp.last_reconcile_unix_ms,
+            containers: table,
+            differing,
+        };
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| CommandError::failure(&e))?;
+        println!("{text}");
+        return Ok(());
+    }
+    let age = cp.last_reconcile_unix_ms.map(|ms| {
+        let then = UNIX_EPOCH + Duration::from_millis(ms);
+        then.elapsed()
+            .map(|d| format!("{}s ago", d.as_secs()))
+            .unwrap_or_else(|_| "just now".into())
+    });
+    println!(
+        "policy {}: reserved {}, shared pool {} ({} cpus), exclusive {} ({} cpus), last reconcile {}",
+        cp.policy,
+        cp.reserved,
+        cp.shared_pool,
+        cp.shared_pool.len(),
+        exclusive,
+        exclusive.len(),
+        age.unwrap_or_else(|| "never".into())
+    );
+    println!();
+    print!("{}", render_table(&table));
+    if differing > 0 {
+        println!("\n{differing} cgroup(s) marked * differ from what the agent wants (a write still to come, or drift the next pass repairs)");
+    }
+    Ok(())
+}
