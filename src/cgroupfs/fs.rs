@@ -327,6 +327,14 @@ impl CgroupFs {
         value: &str,
     ) -> Result<(), CgroupError> {
         let path = self.file_path(cgroup, file);
+        #[cfg(debug_assertions)]
+        super::fake_kernel::check(self, cgroup, file, value).map_err(|source| {
+            CgroupError::Write {
+                path: path.clone(),
+                value: value.to_string(),
+                source,
+            }
+        })?;
         let refused = |path: PathBuf, reason| CgroupError::Refused {
             path,
             value: Some(value.to_string()),

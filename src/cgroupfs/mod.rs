@@ -7,6 +7,8 @@
 //! the kubepods subtree into plain values ([`Scanner`] → [`Scan`]). Nothing here decides
 //! anything: classification and planning take the scan's values.
 
+#[cfg(debug_assertions)]
+mod fake_kernel;
 mod fs;
 mod layout;
 mod path;

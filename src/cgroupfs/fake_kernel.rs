@@ -1,0 +1,158 @@
+//! Debug builds only: make a fake cgroup tree refuse what cgroup v1's cpuset controller refuses,
+//! so integration tests of the real binary on a temporary tree fail on any write the kernel
+//! would refuse. Enabled by `CPUSETD_FAKE_KERNEL_RULES=1`; each refusal is also appended to the
+//! file named by `CPUSETD_FAKE_KERNEL_LOG`, for tests to assert on. Release builds have none of
+//! this (the module is compiled only with `debug_assertions`).
+//!
+//! Rules, for `cpuset.cpus` and `cpuset.mems`: an empty value is refused (EINVAL; cpusetd never
+//! writes one), a value not within the parent's is refused (EACCES), and a value that drops
+//! what a child holds is refused (EBUSY). Empty (uninitialised) parents and children do not
+//! constrain, as on a real v1 tree.
+
+use std::io::{self, Write as _};
+use std::sync::OnceLock;
+
+use nix::errno::Errno;
+
+use super::fs::{CgroupFs, FileKind, InterfaceFile};
+use super::path::CgroupPath;
+use crate::cpuset::CpuSet;
+
+fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("CPUSETD_FAKE_KERNEL_RULES").is_some_and(|v| v == "1"))
+}
+
+/// Checks a write the way the kernel would; `Err` carries the errno the kernel would return.
+pub(super) fn check(
+    fs: &CgroupFs,
+    cgroup: &CgroupPath,
+    file: InterfaceFile,
+    value: &str,
+) -> Result<(), io::Error> {
+    if !enabled() {
+        return Ok(());
+    }
+    rules(
+        fs,
+        cgroup,
+        file,
+        value,
+        std::env::var_os("CPUSETD_FAKE_KERNEL_LOG").as_deref(),
+    )
+}
+
+fn rules(
+    fs: &CgroupFs,
+    cgroup: &CgroupPath,
+    file: InterfaceFile,
+    value: &str,
+    log: Option<&std::ffi::OsStr>,
+) -> Result<(), io::Error> {
+    if !matches!(file, InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems) {
+        return Ok(());
+    }
+    let refuse = |errno: Errno, why: String| {
+        if let Some(log) = log {
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(log)
+            {
+                let _ = writeln!(f, "{cgroup}/{} = {value:?}: {errno}: {why}", file.name());
+            }
+        }
+        Err(io::Error::from(errno))
+    };
+    let Ok(new) = CpuSet::parse(value) else {
+        return refuse(Errno::EINVAL, "not a cpu list".into());
+    };
+    if new.is_empty() {
+        return refuse(Errno::EINVAL, "empty value".into());
+    }
+    let read = |path: &CgroupPath| {
+        fs.read(path, file)
+            .ok()
+            .and_then(|text| CpuSet::parse(&text).ok())
+            .filter(|set| !set.is_empty())
+    };
+    if let Some(parent) = cgroup.parent().filter(|p| !p.is_root()) {
+        if let Some(held) = read(&parent) {
+            if !new.is_subset(&held) {
+                return refuse(Errno::EACCES, format!("not within the parent's {held}"));
+            }
+        }
+    }
+    if let Ok(entries) = fs.list(cgroup) {
+        for entry in entries.iter().filter(|e| e.kind == FileKind::Directory) {
+            let Ok(child) = cgroup.join(&entry.name) else {
+                continue;
+            };
+            if let Some(held) = read(&child) {
+                if !held.is_subset(&new) {
+                    return refuse(Errno::EBUSY, format!("child {child} holds {held}"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_what_cgroup_v1_refuses() {
+        let dir = tempfile::tempdir().unwrap();
+        for (rel, cpus) in [
+            ("kp", "0-3"),
+            ("kp/pod", "0-3"),
+            ("kp/pod/c", "2-3"),
+            ("kp/new", ""),
+        ] {
+            std::fs::create_dir_all(dir.path().join(rel)).unwrap();
+            std::fs::write(
+                dir.path().join(rel).join("cpuset.cpus"),
+                format!("{cpus}\n"),
+            )
+            .unwrap();
+        }
+        let fs = CgroupFs::open(dir.path()).unwrap();
+        let path = |p: &str| CgroupPath::new(p).unwrap();
+        let cpus = InterfaceFile::CpusetCpus;
+        let log = dir.path().join("refused.log");
+        let errno = |r: Result<(), io::Error>| r.unwrap_err().raw_os_error();
+        // A parent shrunk under a child: EBUSY.
+        assert_eq!(
+            errno(rules(
+                &fs,
+                &path("kp/pod"),
+                cpus,
+                "0-1",
+                Some(log.as_os_str())
+            )),
+            Some(Errno::EBUSY as i32)
+        );
+        // A child outside its parent: EACCES.
+        assert_eq!(
+            errno(rules(&fs, &path("kp/pod/c"), cpus, "4", None)),
+            Some(Errno::EACCES as i32)
+        );
+        // Empty: EINVAL.
+        assert_eq!(
+            errno(rules(&fs, &path("kp/pod/c"), cpus, "", None)),
+            Some(Errno::EINVAL as i32)
+        );
+        // Fine: narrowing a leaf, widening a parent, an uninitialised child, other files.
+        rules(&fs, &path("kp/pod/c"), cpus, "3", None).unwrap();
+        rules(&fs, &path("kp/pod"), cpus, "0-3", None).unwrap();
+        rules(&fs, &path("kp/new"), cpus, "1", None).unwrap();
+        rules(&fs, &path("kp/pod"), InterfaceFile::CpuShares, "2", None).unwrap();
+        let logged = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            logged.contains("kp/pod/cpuset.cpus = \"0-1\": EBUSY"),
+            "{logged}"
+        );
+    }
+}
