@@ -5,7 +5,7 @@
 use clap::Args;
 use serde::Serialize;
 
-use super::node::{PolicyArgs, TreeArgs};
+use super::node::AgentArgs;
 use super::{CommandError, EXIT_FAILURE};
 use crate::classify::classify_scan;
 use crate::logging::error_chain;
@@ -16,10 +16,10 @@ use crate::writer::apply;
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
+    /// The agent's flags; the checkpoint in --state-dir, when there is one, supplies the
+    /// assignments (as the agent would use them).
     #[command(flatten)]
-    tree: TreeArgs,
-    #[command(flatten)]
-    policy: PolicyArgs,
+    agent: AgentArgs,
     /// Perform the writes.
     #[arg(long)]
     apply: bool,
@@ -60,8 +60,14 @@ struct JsonPlan {
 }
 
 pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
+    let (apply_writes, json) = (args.apply, args.json);
+    let args = &args.agent;
     let mut node = args.tree.open()?;
     let policy = args.policy.policy(&node.topology)?;
+    let previous = match crate::checkpoint::load(&args.state_dir) {
+        crate::checkpoint::LoadOutcome::Loaded(cp) => cp.assignments,
+        _ => Assignments::new(),
+    };
     let scan = node
         .scanner()
         .scan()
@@ -79,7 +85,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
         align_memory: args.policy.align_memory,
         keep_cfs_quota: args.policy.keep_cfs_quota,
     };
-    let planned = plan(&scan, &classes, &Assignments::new(), &config);
+    let planned = plan(&scan, &classes, &previous, &config);
     for event in &planned.events {
         if let AssignEvent::Failed {
             key,
@@ -91,11 +97,9 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
         }
     }
     let table = rows(&scan, &classes, &planned);
-    let report = args
-        .apply
-        .then(|| apply(&node.hierarchy, &planned.writes, &planned.parents));
+    let report = apply_writes.then(|| apply(&node.hierarchy, &planned.writes, &planned.parents));
 
-    if args.json {
+    if json {
         let doc = JsonPlan {
             cgroup_version: node.layout.version.to_string(),
             cgroup_driver: node.layout.driver.to_string(),

@@ -1,14 +1,13 @@
 //! `cpusetd status`: every container, its class, the CPUs it should have and the CPUs it has,
 //! from the agent's checkpoint and the live tree. Works while the agent runs; needs no IPC.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, UNIX_EPOCH};
 
 use clap::Args;
 use serde::Serialize;
 
-use super::node::{NodeView, TreeArgs};
-use super::run::DEFAULT_STATE_DIR;
+use super::node::{AgentArgs, NodeView};
 use super::CommandError;
 use crate::checkpoint::{self, LoadOutcome};
 use crate::classify::classify_scan;
@@ -17,11 +16,9 @@ use crate::report::{render_table, rows, CgroupRow};
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
+    /// The agent's flags (only the tree flags and --state-dir matter here).
     #[command(flatten)]
-    tree: TreeArgs,
-    /// The agent's state directory.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
-    state_dir: PathBuf,
+    agent: AgentArgs,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -151,8 +148,8 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
 }
 
 pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
-    let mut node = args.tree.open()?;
-    let view = collect(&mut node, &args.state_dir)?;
+    let mut node = args.agent.tree.open()?;
+    let view = collect(&mut node, &args.agent.state_dir)?;
     if args.json {
         let text =
             serde_json::to_string_pretty(&view.doc).map_err(|e| CommandError::failure(&e))?;
