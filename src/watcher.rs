@@ -839,7 +839,12 @@ impl Watcher {
             }
             let host = state.host_path(&path);
             #[cfg(debug_assertions)]
-            let added = match crate::faults::add_watch() {
+            let injected = match report {
+                Report::Created => crate::faults::add_watch(),
+                Report::Silent => None,
+            };
+            #[cfg(debug_assertions)]
+            let added = match injected {
                 Some(injected) => Err(injected),
                 None => self.watches.add(&host, DIR_MASK),
             };

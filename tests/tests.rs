@@ -9,6 +9,7 @@ mod cgroup_scan;
 mod checkpoint;
 mod crash;
 mod demo_cli;
+mod faults;
 mod fuzz_replay;
 mod harness;
 mod hostile;
