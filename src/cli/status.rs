@@ -11,7 +11,7 @@ use super::node::{AgentArgs, NodeView};
 use super::CommandError;
 use crate::checkpoint::{self, LoadOutcome};
 use crate::classify::classify_scan;
-use crate::planner::{desired_tree, parent_indexes, Plan, Pools};
+use crate::planner::{desired_tree, names_from_assignments, parent_indexes, Plan, Pools};
 use crate::report::{render_table, rows, CgroupRow};
 
 #[derive(Debug, Args)]
@@ -101,7 +101,8 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
         .scan()
         .map_err(|e| CommandError::failure(&e))?;
     let runtime = &mut node.runtime;
-    let classes = classify_scan(&node.naming, &scan, |id| runtime.lookup(id));
+    let mut classes = classify_scan(&node.naming, &scan, |id| runtime.lookup(id));
+    names_from_assignments(&mut classes, &cp.assignments);
     let exclusive = cp.assignments.exclusive_cpus();
     let pools = Pools {
         pod_cpus: cp.shared_pool.union(&exclusive),

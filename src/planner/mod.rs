@@ -95,6 +95,34 @@ pub fn entitlement(class: &Classification) -> Entitlement {
     }
 }
 
+/// Containers whose name is unknown now (their `config.json` became unreadable) but that hold
+/// an assignment made under their name, recognised by container id: the name is filled in, so
+/// the container keeps its assignment key and its pin. Returns whether any name was filled.
+pub fn names_from_assignments(classes: &mut [Classification], assignments: &Assignments) -> bool {
+    let mut filled = false;
+    for class in classes.iter_mut() {
+        if class.kind != CgroupKind::Container || class.container_name.is_some() {
+            continue;
+        }
+        let (Some(pod), Some(id)) = (&class.pod_uid, &class.container_id) else {
+            continue;
+        };
+        let named = assignments.iter().find_map(|(key, a)| match key {
+            AssignmentKey::Named { pod_uid, container }
+                if pod_uid == pod && a.container_id.as_ref() == Some(id) =>
+            {
+                Some(container.clone())
+            }
+            _ => None,
+        });
+        if let Some(name) = named {
+            class.container_name = Some(name);
+            filled = true;
+        }
+    }
+    filled
+}
+
 /// Plans one pass. `classes[i]` classifies `scan.cgroups[i]`; `previous` are the assignments
 /// so far (empty for a one-shot `plan`: the live tree is adopted).
 pub fn plan(
@@ -103,6 +131,12 @@ pub fn plan(
     previous: &Assignments,
     config: &PlanConfig<'_>,
 ) -> Plan {
+    let mut named = classes.to_vec();
+    let classes: &[Classification] = if names_from_assignments(&mut named, previous) {
+        &named
+    } else {
+        classes
+    };
     let parents = parent_indexes(scan);
     let Some(policy) = config.policy else {
         return Plan {
