@@ -252,7 +252,7 @@ impl Node {
             self.assert_running();
             match self.status() {
                 Ok(status)
-                    if status["differing"] == 0
+                    if differing(&status) == 0
                         && status["last_reconcile_unix_ms"]
                             .as_u64()
                             .is_some_and(|t| t >= since_unix_ms)
@@ -296,6 +296,17 @@ pub fn now_ms() -> u64 {
 pub fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Rows whose current set differs from the desired one, leaving out those whose cpuset cannot
+/// be read at all (a FIFO planted in its place: nothing the agent can repair).
+pub fn differing(status: &Value) -> usize {
+    rows(status)
+        .iter()
+        .filter(|r| {
+            !r["current"].is_null() && !r["desired"].is_null() && r["current"] != r["desired"]
+        })
+        .count()
 }
 
 /// The container rows of a status document.

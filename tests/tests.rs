@@ -13,6 +13,7 @@ mod faults;
 mod fuzz_replay;
 mod harness;
 mod hostile;
+mod hostile_agent;
 mod kubelet_vectors;
 mod plan_cli;
 mod real_containers;
