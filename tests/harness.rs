@@ -5,7 +5,7 @@
 //! on drop, even on panic.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -315,11 +315,4 @@ pub fn rows(status: &Value) -> Vec<&Value> {
         .as_array()
         .map(|a| a.iter().collect())
         .unwrap_or_default()
-}
-
-/// Whether every path in `paths` lies under one of `roots`.
-pub fn all_under<'a>(paths: impl IntoIterator<Item = &'a Path>, roots: &[&Path]) -> bool {
-    paths
-        .into_iter()
-        .all(|p| roots.iter().any(|r| p.starts_with(r)))
 }

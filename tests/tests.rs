@@ -7,6 +7,7 @@ mod util;
 mod allocate_cli;
 mod cgroup_scan;
 mod checkpoint;
+mod confinement;
 mod crash;
 mod demo_cli;
 mod faults;
