@@ -13,8 +13,11 @@ use crate::util::repo;
 #[allow(dead_code, unused_qualifications)]
 mod props;
 
+/// A fuzz target's property: panics on a violation.
+type Property = fn(&[u8]);
+
 /// (target, property) for every fuzz target.
-const TARGETS: [(&str, fn(&[u8])); 5] = [
+const TARGETS: [(&str, Property); 5] = [
     ("cpu_list", props::cpu_list),
     ("classify", props::classify),
     ("runtime_config", props::runtime_config),
@@ -35,7 +38,7 @@ fn inputs(target: &str) -> Vec<PathBuf> {
 }
 
 /// Runs `property` on each file; returns the files that failed, with the panic message.
-fn replay(property: fn(&[u8]), files: &[PathBuf]) -> Vec<String> {
+fn replay(property: Property, files: &[PathBuf]) -> Vec<String> {
     let mut failed = Vec::new();
     for file in files {
         let data = fs::read(file).unwrap();
