@@ -7,10 +7,14 @@
 //! Rules, for `cpuset.cpus` and `cpuset.mems`: an empty value is refused (EINVAL; cpusetd never
 //! writes one), a value not within the parent's is refused (EACCES), and a value that drops
 //! what a child holds is refused (EBUSY). Empty (uninitialised) parents and children do not
-//! constrain, as on a real v1 tree.
+//! constrain, as on a real v1 tree. The check and the write happen under a lock on the
+//! hierarchy's root ([`lock`]), as the kernel's checks happen under `cgroup_mutex`.
 
+use std::fs::File;
 use std::io::{self, Write as _};
 use std::sync::OnceLock;
+
+use nix::fcntl::{Flock, FlockArg};
 
 use nix::errno::Errno;
 
@@ -18,9 +22,21 @@ use super::fs::{CgroupFs, FileKind, InterfaceFile};
 use super::path::CgroupPath;
 use crate::cpuset::CpuSet;
 
-fn enabled() -> bool {
+pub(super) fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("CPUSETD_FAKE_KERNEL_RULES").is_some_and(|v| v == "1"))
+}
+
+/// The fake tree's `cgroup_mutex`: an exclusive `flock` on the hierarchy's root directory, held
+/// from the check of a cpuset write to the write itself. `kubesim` takes the same lock while it
+/// copies a parent's cpuset into a new cgroup, so neither sees the other half done, as in the
+/// kernel. `None` when the rules are off (or the root cannot be locked).
+pub(super) fn lock(fs: &CgroupFs, file: InterfaceFile) -> Option<Flock<File>> {
+    if !enabled() || !matches!(file, InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems) {
+        return None;
+    }
+    let dir = File::open(fs.root()).ok()?;
+    Flock::lock(dir, FlockArg::LockExclusive).ok()
 }
 
 /// Checks a write the way the kernel would; `Err` carries the errno the kernel would return.
