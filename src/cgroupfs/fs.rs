@@ -328,6 +328,8 @@ impl CgroupFs {
     ) -> Result<(), CgroupError> {
         let path = self.file_path(cgroup, file);
         #[cfg(debug_assertions)]
+        let _cgroup_mutex = super::fake_kernel::lock(self, file);
+        #[cfg(debug_assertions)]
         super::fake_kernel::check(self, cgroup, file, value).map_err(|source| {
             CgroupError::Write {
                 path: path.clone(),
@@ -356,28 +358,43 @@ impl CgroupFs {
             },
             WalkError::Refused(reason) => refused(self.host_path(cgroup), reason),
         })?;
-        let fd = open_regular(&dir, file.name(), OFlag::O_WRONLY | OFlag::O_TRUNC).map_err(
-            |e| match e {
-                WalkError::Io(source) => CgroupError::Write {
-                    path: path.clone(),
-                    value: value.to_string(),
-                    source,
-                },
-                WalkError::Refused(reason) => refused(path.clone(), reason),
-            },
-        )?;
-        let written =
-            nix::unistd::write(&fd, value.as_bytes()).map_err(|errno| CgroupError::Write {
+        // A fake tree's files are plain files that O_TRUNC empties: an agent killed between the
+        // truncation and the write would leave a value no kernel ever shows. With the fake
+        // kernel's rules on, the value overwrites in place, padded with newlines (which every
+        // reader trims) to the old length.
+        #[cfg(debug_assertions)]
+        let in_place = super::fake_kernel::enabled();
+        #[cfg(not(debug_assertions))]
+        let in_place = false;
+        let mode = if in_place {
+            OFlag::O_WRONLY
+        } else {
+            OFlag::O_WRONLY | OFlag::O_TRUNC
+        };
+        let fd = open_regular(&dir, file.name(), mode).map_err(|e| match e {
+            WalkError::Io(source) => CgroupError::Write {
                 path: path.clone(),
                 value: value.to_string(),
-                source: io::Error::from(errno),
-            })?;
-        if written != value.len() {
+                source,
+            },
+            WalkError::Refused(reason) => refused(path.clone(), reason),
+        })?;
+        let mut bytes = value.as_bytes().to_vec();
+        if in_place {
+            let old_len = fstat(&fd).map(|st| st.st_size as usize).unwrap_or(0);
+            bytes.resize(old_len.max(bytes.len()), b'\n');
+        }
+        let written = nix::unistd::write(&fd, &bytes).map_err(|errno| CgroupError::Write {
+            path: path.clone(),
+            value: value.to_string(),
+            source: io::Error::from(errno),
+        })?;
+        if written != bytes.len() {
             return Err(refused(
                 path,
                 Refusal::ShortWrite {
                     written,
-                    len: value.len(),
+                    len: bytes.len(),
                 },
             ));
         }
