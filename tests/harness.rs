@@ -154,7 +154,10 @@ impl Node {
             .unwrap();
         command
             .args(self.run_args())
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("CPUSETD_TEST_AGENT_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .env("CPUSETD_FAKE_KERNEL_RULES", "1")
             .env("CPUSETD_FAKE_KERNEL_LOG", &self.refusals)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
@@ -264,9 +267,18 @@ impl Node {
                 Err(e) => last = e,
             }
             if Instant::now() > deadline {
+                // What a fresh one-shot plan of the same tree would write, for the diagnosis.
+                let plan = Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+                    .arg("plan")
+                    .args(self.tree_flags())
+                    .env("RUST_LOG", "error")
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
                 panic!(
-                    "the agent did not settle in {SETTLE:?}; last status: {last}\nlog:\n{}",
-                    tail(&self.log_text(), 40)
+                    "the agent did not settle in {SETTLE:?}; last status: {last}\nlog:\n{}\nplan:\n{}",
+                    tail(&self.log_text(), 40),
+                    tail(&plan, 30)
                 );
             }
             thread::sleep(Duration::from_millis(10));
