@@ -18,3 +18,7 @@ cargo test --locked --lib --bins --tests "$@"
 
 # The kubelet vector count (the test itself asserts every case; this shows ran/skipped).
 cargo test --locked --test tests kubelet_vectors_pass -- --nocapture 2>&1 | grep -A20 "^kubelet vectors:" || true
+
+# The reliability counts (kills, traced writes, fuzz inputs replayed); the tests assert the rest.
+cargo test --locked --test tests -- --nocapture crash:: confinement::the_traced fuzz_replay 2>&1 \
+    | grep -E "^(crash|confinement|fuzz replay|skipped):" || true
