@@ -7,7 +7,6 @@ use serde::Serialize;
 
 use super::node::AgentArgs;
 use super::{CommandError, EXIT_FAILURE};
-use crate::classify::classify_scan;
 use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, PlanConfig, WriteStep};
 use crate::report::{render_table, rows, CgroupRow};
@@ -68,12 +67,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
         crate::checkpoint::LoadOutcome::Loaded(cp) => cp.assignments,
         _ => Assignments::new(),
     };
-    let scan = node
-        .scanner()
-        .scan()
-        .map_err(|e| CommandError::failure(&e))?;
-    let runtime = &mut node.runtime;
-    let classes = classify_scan(&node.naming, &scan, |id| runtime.lookup(id));
+    let (scan, classes) = node.scan_and_classify()?;
     for (cgroup, class) in scan.cgroups.iter().zip(&classes) {
         for notice in &class.notices {
             log::warn!("cg={} {notice}", cgroup.relative);
