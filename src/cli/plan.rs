@@ -61,6 +61,19 @@ struct JsonPlan {
 pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
     let (apply_writes, json) = (args.apply, args.json);
     let args = &args.agent;
+    // One writer: with --apply, a running agent's lock means "it applies this itself".
+    let _lock = if apply_writes && args.state_dir.join(crate::checkpoint::LOCK_FILE).exists() {
+        Some(
+            crate::checkpoint::StateLock::acquire(&args.state_dir).map_err(|e| {
+                CommandError::usage(format!(
+                    "{}: the agent applies its plans itself; run `plan` without --apply to look",
+                    error_chain(&e)
+                ))
+            })?,
+        )
+    } else {
+        None
+    };
     let mut node = args.tree.open()?;
     let policy = args.policy.policy(&node.topology)?;
     let previous = match crate::checkpoint::load(&args.state_dir) {
