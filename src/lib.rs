@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod classify;
 pub mod cli;
 pub mod cpuset;
+pub mod kubesim;
 pub mod logging;
 pub mod planner;
 pub mod report;

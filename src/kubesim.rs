@@ -1,0 +1,528 @@
+//! A scripted kubelet and container runtime over a fake cgroup tree: what `cpusetd demo`, the
+//! agent's integration tests and the benchmarks use to make pods appear and go.
+//!
+//! It writes what kubelet (cgroupfs driver) and runc write: pod directories under `kubepods`
+//! (Guaranteed) or `kubepods/burstable|besteffort`, a sandbox container and app containers per
+//! pod with 64-hex ids, `cpu.shares = milli × 1024 / 1000` (at least 2), `cpu.cfs_quota_us =
+//! limit × period / 1000` (or -1), period 100000; on cgroup v2 `cpu.weight` (runc's linear
+//! conversion from shares) and `cpu.max`. Like the kernel, a new cgroup directory appears with
+//! all its interface files at once (holding the kernel's defaults: empty cpusets on v1, shares
+//! 1024, no quota): it is assembled outside the watched tree and renamed into place. Then the
+//! runtime writes its values one file at a time, as runc does, and copies the parent's cpuset
+//! into an empty v1 cpuset (runc's `ensureParent`). Containers also get an OCI `config.json`
+//! with the CRI annotations under `<runtime dir>/<id>/config.json`.
+//!
+//! Not for production use: it only ever writes below the roots it is given.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::cgroupfs::CgroupVersion;
+use crate::cpuset::CpuSet;
+
+/// kubelet's default CFS period.
+pub const PERIOD_US: u64 = 100_000;
+
+/// A pod's QoS class, as kubelet derives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Qos {
+    Guaranteed,
+    Burstable,
+    BestEffort,
+}
+
+/// One container of a pod: requests and limits in millicores (`None` = not set).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerSpec {
+    pub name: String,
+    pub request_milli: Option<u64>,
+    pub limit_milli: Option<u64>,
+}
+
+impl ContainerSpec {
+    /// request = limit = `milli` (a Guaranteed container).
+    pub fn guaranteed(name: &str, milli: u64) -> Self {
+        ContainerSpec {
+            name: name.into(),
+            request_milli: Some(milli),
+            limit_milli: Some(milli),
+        }
+    }
+
+    pub fn burstable(name: &str, request: u64, limit: Option<u64>) -> Self {
+        ContainerSpec {
+            name: name.into(),
+            request_milli: Some(request),
+            limit_milli: limit,
+        }
+    }
+
+    pub fn best_effort(name: &str) -> Self {
+        ContainerSpec {
+            name: name.into(),
+            request_milli: None,
+            limit_milli: None,
+        }
+    }
+}
+
+/// A pod: UID, name (for display), QoS and containers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodSpec {
+    pub uid: String,
+    pub name: String,
+    pub qos: Qos,
+    pub containers: Vec<ContainerSpec>,
+}
+
+/// A fake node: a cgroup tree (v1 with `cpuset/` and `cpu,cpuacct/` side by side, or v2) with a
+/// `kubepods` cgroup, plus the runtime's config directory.
+#[derive(Debug)]
+pub struct FakeNode {
+    root: PathBuf,
+    version: CgroupVersion,
+    cpus: CpuSet,
+    mems: CpuSet,
+    runtime_dir: PathBuf,
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh 64-hex container id, distinct within the process.
+pub fn new_container_id(tag: &str) -> String {
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let seed = format!("{:016x}{:08x}{}", n, std::process::id(), hex_of(tag));
+    seed.chars().cycle().take(64).collect()
+}
+
+/// A fresh pod UID, distinct within the process.
+pub fn new_pod_uid() -> String {
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+        std::process::id(),
+        n & 0xffff,
+        (n >> 16) & 0xfff,
+        (n >> 28) & 0xfff,
+        n
+    )
+}
+
+fn hex_of(text: &str) -> String {
+    text.bytes().map(|b| format!("{:02x}", b)).collect()
+}
+
+/// kubelet's shares for a request (`MilliCPUToShares`).
+pub fn shares(request_milli: Option<u64>) -> u64 {
+    match request_milli {
+        None | Some(0) => 2,
+        Some(m) => (m * 1024 / 1000).max(2),
+    }
+}
+
+/// runc's (pre-1.3.2) linear shares → cpu.weight conversion.
+pub fn weight(shares: u64) -> u64 {
+    1 + (shares.saturating_sub(2) * 9999) / 262_142
+}
+
+impl FakeNode {
+    /// Creates the tree under `root` (which must exist and be empty) with `kubepods`,
+    /// `kubepods/burstable` and `kubepods/besteffort`, each holding every CPU and memory node.
+    pub fn create(
+        root: &Path,
+        version: CgroupVersion,
+        cpus: CpuSet,
+        mems: CpuSet,
+        runtime_dir: &Path,
+    ) -> io::Result<FakeNode> {
+        let node = FakeNode {
+            root: root.to_path_buf(),
+            version,
+            cpus,
+            mems,
+            runtime_dir: runtime_dir.to_path_buf(),
+        };
+        fs::create_dir_all(runtime_dir)?;
+        match version {
+            CgroupVersion::V1 => {
+                for controller in ["cpuset", "cpu,cpuacct"] {
+                    fs::create_dir_all(root.join(controller))?;
+                }
+                write(&root.join("cpuset/cpuset.cpus"), &node.cpus.to_string())?;
+                write(&root.join("cpuset/cpuset.mems"), &node.mems.to_string())?;
+                write(&root.join("cpu,cpuacct/cpu.shares"), "1024")?;
+                write(&root.join("cpu,cpuacct/cpu.cfs_quota_us"), "-1")?;
+                write(&root.join("cpu,cpuacct/cpu.cfs_period_us"), "100000")?;
+            }
+            CgroupVersion::V2 => {
+                fs::create_dir_all(root)?;
+                write(
+                    &root.join("cgroup.controllers"),
+                    "cpuset cpu io memory pids",
+                )?;
+                write(&root.join("cgroup.subtree_control"), "cpuset cpu")?;
+                write(&root.join("cpuset.cpus.effective"), &node.cpus.to_string())?;
+                write(&root.join("cpuset.mems.effective"), &node.mems.to_string())?;
+            }
+        }
+        for dir in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
+            node.add_cgroup(dir, None, None)?;
+            // kubelet leaves cpusets alone; runc-style inheritance fills them.
+            node.inherit_cpuset(dir)?;
+        }
+        Ok(node)
+    }
+
+    /// The `--cgroup-root` to give the agent.
+    pub fn cgroup_root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The `--runtime-config-path` template to give the agent.
+    pub fn runtime_template(&self) -> String {
+        format!("{}/{{id}}/config.json", self.runtime_dir.display())
+    }
+
+    pub fn version(&self) -> CgroupVersion {
+        self.version
+    }
+
+    /// The pod's directory relative to the controller roots.
+    pub fn pod_dir(&self, pod: &PodSpec) -> String {
+        match pod.qos {
+            Qos::Guaranteed => format!("kubepods/pod{}", pod.uid),
+            Qos::Burstable => format!("kubepods/burstable/pod{}", pod.uid),
+            Qos::BestEffort => format!("kubepods/besteffort/pod{}", pod.uid),
+        }
+    }
+
+    /// Creates the pod cgroup and its sandbox container; returns the sandbox's id.
+    pub fn add_pod(&self, pod: &PodSpec) -> io::Result<String> {
+        let dir = self.pod_dir(pod);
+        let requests: u64 = pod.containers.iter().filter_map(|c| c.request_milli).sum();
+        let limits: Option<u64> = pod
+            .containers
+            .iter()
+            .map(|c| c.limit_milli)
+            .sum::<Option<u64>>();
+        self.add_cgroup(&dir, Some(shares(Some(requests))), limits)?;
+        self.inherit_cpuset(&dir)?;
+        let sandbox = new_container_id("pause");
+        self.add_container_cgroup(pod, &sandbox, "POD", None, None, true)?;
+        Ok(sandbox)
+    }
+
+    /// Starts one container of the pod (runc create: cgroup, config, CPU settings, cpuset);
+    /// returns its id.
+    pub fn add_container(&self, pod: &PodSpec, container: &ContainerSpec) -> io::Result<String> {
+        let id = new_container_id(&container.name);
+        self.add_container_cgroup(
+            pod,
+            &id,
+            &container.name,
+            container.request_milli,
+            container.limit_milli,
+            false,
+        )?;
+        Ok(id)
+    }
+
+    /// Creates the pod, its sandbox and every container; returns the app containers' ids.
+    pub fn start_pod(&self, pod: &PodSpec) -> io::Result<Vec<String>> {
+        self.add_pod(pod)?;
+        pod.containers
+            .iter()
+            .map(|c| self.add_container(pod, c))
+            .collect()
+    }
+
+    /// A container exits and is removed (its cgroup goes, bottom-up).
+    pub fn remove_container(&self, pod: &PodSpec, id: &str) -> io::Result<()> {
+        let rel = format!("{}/{id}", self.pod_dir(pod));
+        for root in self.controller_roots() {
+            remove_tree(&root.join(&rel))?;
+        }
+        let _ = fs::remove_dir_all(self.runtime_dir.join(id));
+        Ok(())
+    }
+
+    /// The pod is deleted: every container and the pod cgroup go.
+    pub fn remove_pod(&self, pod: &PodSpec) -> io::Result<()> {
+        let rel = self.pod_dir(pod);
+        for root in self.controller_roots() {
+            remove_tree(&root.join(&rel))?;
+        }
+        Ok(())
+    }
+
+    /// Path of an interface file of a cgroup (relative path as returned by [`Self::pod_dir`],
+    /// optionally with `/<container id>`), in the controller that holds it.
+    pub fn file(&self, rel: &str, file: &str) -> PathBuf {
+        match self.version {
+            CgroupVersion::V2 => self.root.join(rel).join(file),
+            CgroupVersion::V1 if file.starts_with("cpu.") => {
+                self.root.join("cpu,cpuacct").join(rel).join(file)
+            }
+            CgroupVersion::V1 => self.root.join("cpuset").join(rel).join(file),
+        }
+    }
+
+    /// A container's `cpuset.cpus` as the file says.
+    pub fn container_cpus(&self, pod: &PodSpec, id: &str) -> io::Result<String> {
+        let text =
+            fs::read_to_string(self.file(&format!("{}/{id}", self.pod_dir(pod)), "cpuset.cpus"))?;
+        Ok(text.trim().to_string())
+    }
+
+    fn controller_roots(&self) -> Vec<PathBuf> {
+        match self.version {
+            CgroupVersion::V1 => vec![self.root.join("cpuset"), self.root.join("cpu,cpuacct")],
+            CgroupVersion::V2 => vec![self.root.clone()],
+        }
+    }
+
+    fn add_container_cgroup(
+        &self,
+        pod: &PodSpec,
+        id: &str,
+        name: &str,
+        request: Option<u64>,
+        limit: Option<u64>,
+        sandbox: bool,
+    ) -> io::Result<()> {
+        // The runtime's config first: containerd writes it before creating the task.
+        let cpu_shares = if sandbox { 2 } else { shares(request) };
+        let quota = limit.map(|l| (l * PERIOD_US / 1000) as i64).unwrap_or(-1);
+        let config = serde_json::json!({
+            "ociVersion": "1.0.2",
+            "annotations": {
+                "io.kubernetes.cri.container-type": if sandbox { "sandbox" } else { "container" },
+                "io.kubernetes.cri.container-name": name,
+                "io.kubernetes.cri.sandbox-uid": pod.uid,
+                "io.kubernetes.cri.sandbox-name": pod.name,
+            },
+            "linux": {"resources": {"cpu": {
+                "shares": cpu_shares,
+                "quota": quota,
+                "period": PERIOD_US,
+            }}},
+        });
+        let dir = self.runtime_dir.join(id);
+        fs::create_dir_all(&dir)?;
+        write(&dir.join("config.json"), &config.to_string())?;
+
+        let rel = format!("{}/{id}", self.pod_dir(pod));
+        self.add_cgroup(&rel, Some(cpu_shares), limit)?;
+        self.inherit_cpuset(&rel)
+    }
+
+    /// A new cgroup: appears with the kernel's default files, then gets the given CPU settings
+    /// one file at a time.
+    fn add_cgroup(&self, rel: &str, cpu_shares: Option<u64>, limit: Option<u64>) -> io::Result<()> {
+        match self.version {
+            CgroupVersion::V1 => {
+                appear(
+                    &self.root.join("cpuset"),
+                    rel,
+                    &[
+                        ("cpuset.cpus", ""),
+                        ("cpuset.mems", ""),
+                        ("cpuset.effective_cpus", ""),
+                        ("cpuset.effective_mems", ""),
+                        ("cgroup.procs", ""),
+                    ],
+                )?;
+                appear(
+                    &self.root.join("cpu,cpuacct"),
+                    rel,
+                    &[
+                        ("cpu.shares", "1024"),
+                        ("cpu.cfs_quota_us", "-1"),
+                        ("cpu.cfs_period_us", "100000"),
+                        ("cgroup.procs", ""),
+                    ],
+                )?;
+                let cpu = self.root.join("cpu,cpuacct").join(rel);
+                if let Some(s) = cpu_shares {
+                    write(&cpu.join("cpu.shares"), &s.to_string())?;
+                }
+                if let Some(l) = limit {
+                    write(
+                        &cpu.join("cpu.cfs_quota_us"),
+                        &(l * PERIOD_US / 1000).to_string(),
+                    )?;
+                }
+            }
+            CgroupVersion::V2 => {
+                appear(
+                    &self.root,
+                    rel,
+                    &[
+                        ("cgroup.controllers", "cpuset cpu"),
+                        ("cgroup.subtree_control", "cpuset cpu"),
+                        ("cgroup.procs", ""),
+                        ("cpuset.cpus", ""),
+                        ("cpuset.mems", ""),
+                        ("cpuset.cpus.effective", &self.cpus.to_string()),
+                        ("cpuset.mems.effective", &self.mems.to_string()),
+                        ("cpu.max", "max 100000"),
+                        ("cpu.weight", "100"),
+                    ],
+                )?;
+                let dir = self.root.join(rel);
+                if let Some(s) = cpu_shares {
+                    write(&dir.join("cpu.weight"), &weight(s).to_string())?;
+                }
+                if let Some(l) = limit {
+                    write(
+                        &dir.join("cpu.max"),
+                        &format!("{} {PERIOD_US}", l * PERIOD_US / 1000),
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// runc's `ensureParent` on v1: an empty cpuset gets its parent's values. On v2 an empty
+    /// cpuset inherits by itself; nothing is written.
+    fn inherit_cpuset(&self, rel: &str) -> io::Result<()> {
+        if self.version == CgroupVersion::V2 {
+            return Ok(());
+        }
+        let dir = self.root.join("cpuset").join(rel);
+        let parent = dir.parent().unwrap_or(&dir).to_path_buf();
+        for file in ["cpuset.cpus", "cpuset.mems"] {
+            let own = fs::read_to_string(dir.join(file))?;
+            if own.trim().is_empty() {
+                let inherited = fs::read_to_string(parent.join(file))?;
+                write(&dir.join(file), inherited.trim())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Makes `root/rel` appear at once with the given files: assembled in a staging directory
+/// beside `root` (outside any watched tree) and renamed into place.
+fn appear(root: &Path, rel: &str, files: &[(&str, &str)]) -> io::Result<()> {
+    let target = root.join(rel);
+    if target.exists() {
+        return Ok(());
+    }
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let staging = root.join(format!(".staging-{}-{n}", std::process::id()));
+    fs::create_dir(&staging)?;
+    for (name, value) in files {
+        write(&staging.join(name), value)?;
+    }
+    if let Some(parent) = target.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    fs::rename(&staging, &target)
+}
+
+/// Writes a value with the kernel's trailing newline, into an existing or new file.
+fn write(path: &Path, value: &str) -> io::Result<()> {
+    fs::write(path, format!("{value}\n"))
+}
+
+/// Removes a cgroup directory and everything below it, files first (a fake tree has real
+/// files; the kernel would refuse an rmdir with children, the runtime removes bottom-up).
+fn remove_tree(path: &Path) -> io::Result<()> {
+    match fs::remove_dir_all(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubelets_conversions() {
+        assert_eq!(shares(Some(1000)), 1024);
+        assert_eq!(shares(Some(1500)), 1536);
+        assert_eq!(shares(None), 2);
+        assert_eq!(shares(Some(1)), 2);
+        assert_eq!(weight(1024), 39);
+        assert_eq!(weight(2048), 79);
+    }
+
+    #[test]
+    fn a_guaranteed_pod_on_v1_looks_like_kubelets() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = FakeNode::create(
+            &dir.path().join("cg"),
+            CgroupVersion::V1,
+            CpuSet::range(0, 7),
+            CpuSet::range(0, 0),
+            &dir.path().join("runtime"),
+        )
+        .unwrap();
+        let pod = PodSpec {
+            uid: new_pod_uid(),
+            name: "db".into(),
+            qos: Qos::Guaranteed,
+            containers: vec![ContainerSpec::guaranteed("app", 2000)],
+        };
+        let ids = node.start_pod(&pod).unwrap();
+        let rel = format!("{}/{}", node.pod_dir(&pod), ids[0]);
+        let read = |f| fs::read_to_string(node.file(&rel, f)).unwrap();
+        assert_eq!(read("cpu.shares"), "2048\n");
+        assert_eq!(read("cpu.cfs_quota_us"), "200000\n");
+        assert_eq!(read("cpuset.cpus"), "0-7\n");
+        assert_eq!(node.container_cpus(&pod, &ids[0]).unwrap(), "0-7");
+        let config: serde_json::Value = serde_json::from_str(
+            &fs::read_to_string(dir.path().join("runtime").join(&ids[0]).join("config.json"))
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            config["annotations"]["io.kubernetes.cri.container-name"],
+            "app"
+        );
+        node.remove_pod(&pod).unwrap();
+        assert!(!node.file(&rel, "cpu.shares").exists());
+        // No staging directories left behind.
+        let leftovers: Vec<_> = fs::read_dir(dir.path().join("cg/cpuset"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".staging"))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod v2_tests {
+    use super::*;
+
+    #[test]
+    fn a_burstable_pod_on_v2_gets_weight_and_max() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = FakeNode::create(
+            &dir.path().join("cg"),
+            CgroupVersion::V2,
+            CpuSet::range(0, 7),
+            CpuSet::range(0, 0),
+            &dir.path().join("runtime"),
+        )
+        .unwrap();
+        let pod = PodSpec {
+            uid: new_pod_uid(),
+            name: "api".into(),
+            qos: Qos::Burstable,
+            containers: vec![ContainerSpec::burstable("api", 1000, Some(2000))],
+        };
+        let ids = node.start_pod(&pod).unwrap();
+        let rel = format!("{}/{}", node.pod_dir(&pod), ids[0]);
+        let read = |f| fs::read_to_string(node.file(&rel, f)).unwrap();
+        assert_eq!(read("cpu.weight"), "39\n");
+        assert_eq!(read("cpu.max"), "200000 100000\n");
+        assert_eq!(read("cpuset.cpus"), "\n");
+    }
+}
