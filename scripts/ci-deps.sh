@@ -9,6 +9,8 @@ command -v python3 >/dev/null || need_apt+=(python3)
 # busybox. Without them (or without root) those tests skip with a printed reason.
 want_apt=()
 command -v runc >/dev/null || want_apt+=(runc)
+# Optional: the confinement test traces the agent with strace (skips without it).
+command -v strace >/dev/null || want_apt+=(strace)
 if command -v dpkg-query >/dev/null; then
     dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' \
         || want_apt+=(busybox-static)

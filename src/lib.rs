@@ -12,6 +12,8 @@ pub mod checkpoint;
 pub mod classify;
 pub mod cli;
 pub mod cpuset;
+#[cfg(debug_assertions)]
+mod faults;
 pub mod kubesim;
 pub mod logging;
 pub mod planner;

@@ -218,12 +218,54 @@ where
     Ok(T::deserialize(value).ok())
 }
 
-#[derive(Deserialize, Default)]
+/// The top level of an OCI config. A member given twice counts once, the last time (as Go's
+/// `encoding/json`, which the runtimes use, reads such a file), instead of failing the whole
+/// document as serde's derived code would; members the agent does not read are skipped without
+/// being built.
+#[derive(Default)]
 struct SpecDocument {
-    #[serde(default, deserialize_with = "lenient")]
     annotations: Option<BTreeMap<String, serde_json::Value>>,
-    #[serde(default, deserialize_with = "lenient")]
     linux: Option<LinuxDocument>,
+}
+
+/// A member read with [`lenient`].
+struct Lenient<T>(Option<T>);
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Lenient<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        lenient(deserializer).map(Lenient)
+    }
+}
+
+impl<'de> Deserialize<'de> for SpecDocument {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = SpecDocument;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an OCI config object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<SpecDocument, A::Error> {
+                let mut document = SpecDocument::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "annotations" => document.annotations = map.next_value::<Lenient<_>>()?.0,
+                        "linux" => document.linux = map.next_value::<Lenient<_>>()?.0,
+                        _ => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(document)
+            }
+        }
+        deserializer.deserialize_map(Members)
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -525,6 +567,18 @@ mod tests {
             "{:?}",
             info.ignored
         );
+    }
+
+    #[test]
+    fn a_member_given_twice_counts_the_last_time() {
+        // Found by fuzzing: serde's derived code refused the whole document.
+        let json = br#"{"annotations": {"a": "1"}, "linux": 3,
+            "annotations": {"io.kubernetes.cri.container-name": "app"},
+            "linux": {"resources": {"cpu": {"shares": 2048}}}}"#;
+        let info = parse_config(json).unwrap();
+        assert_eq!(info.container_name(), Some("app"));
+        assert_eq!(info.annotation("a"), None);
+        assert_eq!(info.cpu.shares, Some(2048));
     }
 
     #[test]

@@ -838,7 +838,19 @@ impl Watcher {
                 continue;
             }
             let host = state.host_path(&path);
-            let handle = match self.watches.add(&host, DIR_MASK) {
+            #[cfg(debug_assertions)]
+            let injected = match report {
+                Report::Created => crate::faults::add_watch(),
+                Report::Silent => None,
+            };
+            #[cfg(debug_assertions)]
+            let added = match injected {
+                Some(injected) => Err(injected),
+                None => self.watches.add(&host, DIR_MASK),
+            };
+            #[cfg(not(debug_assertions))]
+            let added = self.watches.add(&host, DIR_MASK);
+            let handle = match added {
                 Ok(handle) => handle,
                 // Removed again, or replaced by a file or a symlink: nothing to watch.
                 Err(err) if is_gone(&err) => continue,
@@ -983,6 +995,10 @@ impl Watcher {
             match self.inotify.read_events(buffer) {
                 Ok(events) => {
                     self.read_failures = 0;
+                    #[cfg(debug_assertions)]
+                    if crate::faults::queue_overflow() {
+                        self.overflowed();
+                    }
                     for event in events {
                         self.handle(&event);
                     }
@@ -1062,18 +1078,23 @@ impl Watcher {
         );
     }
 
+    /// Events were lost: re-synchronise at the end of the batch and ask for a rescan.
+    fn overflowed(&mut self) {
+        if self.throttle.allow("overflow") {
+            log::warn!(
+                "the inotify queue overflowed (fs.inotify.max_queued_events): re-synchronising and asking for a rescan"
+            );
+        }
+        self.resync_needed = true;
+        self.request_rescan(RescanReason::QueueOverflow);
+    }
+
     /// Turns one inotify event into bookkeeping and at most a few tree events.
     fn handle(&mut self, event: &Event<&OsStr>) {
         let mask = event.mask;
         let wd = event.wd.get_watch_descriptor_id();
         if mask.contains(EventMask::Q_OVERFLOW) {
-            if self.throttle.allow("overflow") {
-                log::warn!(
-                    "the inotify queue overflowed (fs.inotify.max_queued_events): re-synchronising and asking for a rescan"
-                );
-            }
-            self.resync_needed = true;
-            self.request_rescan(RescanReason::QueueOverflow);
+            self.overflowed();
             return;
         }
         if let Some(index) = self.roots.iter().position(|r| r.anchor == Some(wd)) {

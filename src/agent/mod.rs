@@ -366,19 +366,35 @@ fn spawn_reconciler(
 ) -> thread::JoinHandle<()> {
     thread::Builder::new()
         .name("cpusetd-reconcile".into())
-        .spawn(move || loop {
-            match stop.recv_timeout(period) {
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-                _ => return,
-            }
-            let started = Instant::now();
-            match scanner.scan() {
-                // A full channel means the controller has not taken the last scan yet: this
-                // tick collapses into it.
-                Ok(scan) => {
-                    let _ = tx.try_send(ReconcileScan { started, scan });
+        .spawn(move || {
+            // A scan that keeps failing (the kubepods cgroup removed) is reported once, and
+            // again only after a scan worked.
+            let mut failing = false;
+            loop {
+                match stop.recv_timeout(period) {
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                    _ => return,
                 }
-                Err(e) => log::error!("reconcile scan: {}", error_chain(&e)),
+                let started = Instant::now();
+                match scanner.scan() {
+                    // A full channel means the controller has not taken the last scan yet: this
+                    // tick collapses into it.
+                    Ok(scan) => {
+                        if std::mem::take(&mut failing) {
+                            log::info!("reconcile scans work again");
+                        }
+                        let _ = tx.try_send(ReconcileScan { started, scan });
+                    }
+                    Err(e) => {
+                        if !failing {
+                            log::error!(
+                                "reconcile scan: {} (not repeated while it keeps failing)",
+                                error_chain(&e)
+                            );
+                        }
+                        failing = true;
+                    }
+                }
             }
         })
         .expect("spawn the reconcile thread")

@@ -49,6 +49,26 @@ pub enum PolicyError {
          CPU ID: {cpu}"
     )]
     UnknownReservedCpu { cpu: u32 },
+    /// Not a kubelet error: kubelet would run every pod on an empty shared pool.
+    #[error("no cpu is left for pods: {}", cover_every_cpu(reserved, excluded, *strict))]
+    NoCpusForPods {
+        reserved: CpuSet,
+        excluded: CpuSet,
+        strict: bool,
+    },
+}
+
+fn cover_every_cpu(reserved: &CpuSet, excluded: &CpuSet, strict: bool) -> String {
+    let mut text = format!("the reserved cpus {reserved}");
+    if strict {
+        text.push_str(" (kept out of the shared pool by strict-cpu-reservation)");
+    }
+    if !excluded.is_empty() {
+        text.push_str(&format!(
+            " and the isolated cpus {excluded} (--respect-isolcpus)"
+        ));
+    }
+    text + " cover every cpu"
 }
 
 /// Why a request for exclusive CPUs cannot be met. The kubelet variants carry kubelet's texts.
@@ -194,6 +214,15 @@ impl StaticPolicy {
             .index
             .expand_to_cores(&reserved.union(&policy.excluded));
         policy.reserved = reserved;
+        let mut pod_cpus = policy.initial_shared_pool();
+        pod_cpus.remove_all(&policy.excluded);
+        if pod_cpus.is_empty() {
+            return Err(PolicyError::NoCpusForPods {
+                reserved: policy.reserved,
+                excluded: policy.excluded,
+                strict: policy.options.strict_cpu_reservation,
+            });
+        }
         Ok(policy)
     }
 

@@ -215,6 +215,34 @@ fn reservation_errors_use_kubelets_texts() {
 }
 
 #[test]
+fn a_reservation_that_leaves_pods_no_cpu_is_refused() {
+    // Found by fuzzing the planner: a strict reservation of every CPU left an empty shared pool.
+    let topo = Topology::regular(RegularShape {
+        sockets: 1,
+        numa_nodes_per_socket: 1,
+        uncore_caches_per_numa_node: 1,
+        cores_per_uncore_cache: 1,
+        threads_per_core: 2,
+    })
+    .unwrap();
+    let strict = PolicyOptions::parse("strict-cpu-reservation=true").unwrap();
+    let err = StaticPolicy::new(&topo, strict, ReservedCpus::Count(2), false).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "no cpu is left for pods: the reserved cpus 0-1 (kept out of the shared pool by \
+         strict-cpu-reservation) cover every cpu"
+    );
+    // Without strict reservation the reserved CPUs stay in the shared pool.
+    StaticPolicy::new(
+        &topo,
+        PolicyOptions::default(),
+        ReservedCpus::Count(2),
+        false,
+    )
+    .unwrap();
+}
+
+#[test]
 fn full_pcpus_only_refuses_odd_requests_and_split_reservations() {
     let topo = dual_socket_ht();
     let strict_smt = policy(

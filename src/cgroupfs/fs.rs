@@ -335,6 +335,14 @@ impl CgroupFs {
                 source,
             }
         })?;
+        #[cfg(debug_assertions)]
+        if let Some(source) = crate::faults::cgroup_write(file.name()) {
+            return Err(CgroupError::Write {
+                path,
+                value: value.to_string(),
+                source,
+            });
+        }
         let refused = |path: PathBuf, reason| CgroupError::Refused {
             path,
             value: Some(value.to_string()),

@@ -64,6 +64,10 @@ pub fn save(dir: &Path, checkpoint: &Checkpoint) -> Result<(), CheckpointError> 
     ensure_dir(dir)?;
     let tmp = dir.join(TMP_FILE);
     let path = state_path(dir);
+    #[cfg(debug_assertions)]
+    if let Some(source) = crate::faults::checkpoint_save() {
+        return Err(CheckpointError::Write { path: tmp, source });
+    }
     write_fresh(&tmp, &bytes).map_err(|source| CheckpointError::Write {
         path: tmp.clone(),
         source,

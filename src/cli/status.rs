@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::node::{AgentArgs, NodeView};
 use super::CommandError;
 use crate::checkpoint::{self, LoadOutcome};
-use crate::planner::{desired_tree, parent_indexes, Plan, Pools};
+use crate::planner::{desired_tree, names_from_assignments, parent_indexes, Plan, Pools};
 use crate::report::{render_table, rows, CgroupRow};
 
 #[derive(Debug, Args)]
@@ -95,7 +95,8 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
             )))
         }
     };
-    let (scan, classes) = node.scan_and_classify()?;
+    let (scan, mut classes) = node.scan_and_classify()?;
+    names_from_assignments(&mut classes, &cp.assignments);
     let exclusive = cp.assignments.exclusive_cpus();
     let pools = Pools {
         pod_cpus: cp.shared_pool.union(&exclusive),

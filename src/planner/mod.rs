@@ -10,7 +10,7 @@ pub mod assign;
 pub mod desired;
 pub mod order;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 pub use assign::{assign, AssignEvent, ContainerDemand, Entitlement, ReleaseReason};
 pub use desired::{desired_tree, parent_indexes, DesiredCgroup, Pools};
@@ -20,7 +20,7 @@ use crate::allocator::StaticPolicy;
 use crate::cgroupfs::{CgroupPath, CpuSettings, FileValue, InterfaceFile, Quota, Scan};
 use crate::classify::{CgroupKind, Classification, Exclusivity, Millicores, SharedReason};
 use crate::cpuset::CpuSet;
-use crate::state::Assignments;
+use crate::state::{AssignmentKey, Assignments};
 use crate::topology::Topology;
 
 /// What the planner needs besides the tree.
@@ -95,6 +95,34 @@ pub fn entitlement(class: &Classification) -> Entitlement {
     }
 }
 
+/// Containers whose name is unknown now (their `config.json` became unreadable) but that hold
+/// an assignment made under their name, recognised by container id: the name is filled in, so
+/// the container keeps its assignment key and its pin. Returns whether any name was filled.
+pub fn names_from_assignments(classes: &mut [Classification], assignments: &Assignments) -> bool {
+    let mut filled = false;
+    for class in classes.iter_mut() {
+        if class.kind != CgroupKind::Container || class.container_name.is_some() {
+            continue;
+        }
+        let (Some(pod), Some(id)) = (&class.pod_uid, &class.container_id) else {
+            continue;
+        };
+        let named = assignments.iter().find_map(|(key, a)| match key {
+            AssignmentKey::Named { pod_uid, container }
+                if pod_uid == pod && a.container_id.as_ref() == Some(id) =>
+            {
+                Some(container.clone())
+            }
+            _ => None,
+        });
+        if let Some(name) = named {
+            class.container_name = Some(name);
+            filled = true;
+        }
+    }
+    filled
+}
+
 /// Plans one pass. `classes[i]` classifies `scan.cgroups[i]`; `previous` are the assignments
 /// so far (empty for a one-shot `plan`: the live tree is adopted).
 pub fn plan(
@@ -103,6 +131,12 @@ pub fn plan(
     previous: &Assignments,
     config: &PlanConfig<'_>,
 ) -> Plan {
+    let mut named = classes.to_vec();
+    let classes: &[Classification] = if names_from_assignments(&mut named, previous) {
+        &named
+    } else {
+        classes
+    };
     let parents = parent_indexes(scan);
     let Some(policy) = config.policy else {
         return Plan {
@@ -118,19 +152,39 @@ pub fn plan(
     let mut pod_cpus = policy.initial_shared_pool();
     pod_cpus.remove_all(policy.excluded());
 
-    let mut demands = Vec::new();
+    let mut demands: Vec<ContainerDemand> = Vec::new();
+    let mut demand_of: HashMap<AssignmentKey, usize> = HashMap::new();
     let mut live_pods: BTreeSet<String> = BTreeSet::new();
     for (cgroup, class) in scan.cgroups.iter().zip(classes) {
         match class.kind {
             CgroupKind::Pod => live_pods.extend(class.pod_uid.clone()),
             CgroupKind::Container => {
                 if let Some(key) = class.assignment_key() {
-                    demands.push(ContainerDemand {
+                    let demand = ContainerDemand {
                         key,
                         container_id: class.container_id.clone(),
                         entitlement: entitlement(class),
                         current: cgroup.cpus.configured().cloned(),
-                    });
+                    };
+                    match demand_of.get(&demand.key) {
+                        None => {
+                            demand_of.insert(demand.key.clone(), demands.len());
+                            demands.push(demand);
+                        }
+                        // Two live containers under one key: a restarted container whose old
+                        // cgroup is not gone yet. One demand per key, or the two would undo each
+                        // other's assignment pass after pass; the container holding the
+                        // assignment speaks for the key while it lives, else the first found.
+                        // Both sit on the key's CPUs meanwhile.
+                        Some(&i) => {
+                            let holder = previous
+                                .get(&demand.key)
+                                .and_then(|a| a.container_id.as_ref());
+                            if holder.is_some() && holder == demand.container_id.as_ref() {
+                                demands[i] = demand;
+                            }
+                        }
+                    }
                 }
             }
             _ => {}

@@ -1,0 +1,504 @@
+//! Fault injection on the running agent: every errno class on cgroupfs writes and checkpoint
+//! saves (through the debug-build seam `CPUSETD_FAULTS`), a failing `add_watch`, an inotify
+//! queue overflow, a cgroup gone between scan and write, a state directory removed while
+//! running, and the real kernel's own EACCES and EBUSY on a v1 cpuset subtree. Each time the
+//! agent keeps running, reports the fault once, counts it, and converges at the next pass.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use cpusetd::kubesim::{new_pod_uid, ContainerSpec, PodSpec, Qos};
+use serde_json::Value;
+
+use crate::harness::{is_root, now_ms, rows, tail, Node, SETTLE};
+
+fn guaranteed_pod(cpus: u64) -> PodSpec {
+    PodSpec {
+        uid: new_pod_uid(),
+        name: "db".into(),
+        qos: Qos::Guaranteed,
+        containers: vec![ContainerSpec::guaranteed("db", cpus * 1000)],
+    }
+}
+
+/// The container `name` is exclusive with `n` cpus and nothing differs.
+fn pinned(name: &'static str, n: usize) -> impl Fn(&Value) -> bool {
+    move |status| {
+        rows(status).iter().any(|r| {
+            r["container"] == name
+                && r["exclusive"] == true
+                && r["current"]
+                    .as_str()
+                    .and_then(|c| cpusetd::cpuset::CpuSet::parse(c).ok())
+                    .is_some_and(|c| c.len() == n)
+        })
+    }
+}
+
+/// The value of a metric line such as `cpusetd_rescans_total` or
+/// `cpusetd_cgroup_write_errors_total{errno="EBUSY"}`.
+fn metric(node: &Node, name: &str) -> Option<u64> {
+    node.metrics_text().lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?.strip_prefix(' ')?;
+        rest.trim().parse().ok()
+    })
+}
+
+/// Waits (with a deadline) until `done` holds.
+fn eventually(what: &str, node: &Node, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + SETTLE;
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; log:\n{}",
+            tail(&node.log_text(), 30)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A node whose agent runs with `faults`, settled after its first pass.
+fn node_with_faults(faults: &str) -> Node {
+    let mut node = Node::new();
+    node.env
+        .push(("CPUSETD_FAULTS".to_string(), faults.to_string()));
+    let started = now_ms();
+    node.start();
+    if !faults.starts_with("checkpoint") {
+        node.settled(started, |_| true);
+    }
+    node
+}
+
+#[test]
+fn every_cgroup_write_errno_is_reported_once_counted_and_retried() {
+    for errno in ["EBUSY", "EACCES", "EINVAL", "ENOSPC"] {
+        let mut node = node_with_faults(&format!("write:cpuset.cpus:{errno}:3"));
+        let pod = guaranteed_pod(2);
+        node.node.start_pod(&pod).unwrap();
+        let since = now_ms();
+        node.settled(since, pinned("db", 2));
+        let text = nix::errno::Errno::from_raw(match errno {
+            "EBUSY" => 16,
+            "EACCES" => 13,
+            "EINVAL" => 22,
+            _ => 28,
+        })
+        .desc();
+        // Once per failing cgroup (the pod's widening, the container's narrowing), not once
+        // per pass: 3 failures, so at most 3 lines, each about another cgroup.
+        let reported = node.log_lines(text);
+        let paths: std::collections::BTreeSet<&str> = reported
+            .iter()
+            .map(|l| l.split(" to ").nth(1).unwrap_or(l))
+            .collect();
+        assert!(
+            !reported.is_empty() && paths.len() == reported.len() && reported.len() <= 3,
+            "{errno}: reported {} times:\n{}",
+            reported.len(),
+            node.log_text()
+        );
+        for line in &reported {
+            assert!(
+                line.contains("WARN") && line.contains("cpuset.cpus"),
+                "{line}"
+            );
+        }
+        eventually("the error count", &node, || {
+            metric(
+                &node,
+                &format!("cpusetd_cgroup_write_errors_total{{errno=\"{errno}\"}}"),
+            ) == Some(3)
+        });
+        node.assert_running();
+        assert!(node.refused().is_empty(), "{:?}", node.refused());
+    }
+}
+
+#[test]
+fn a_cgroup_gone_between_scan_and_write_is_skipped_quietly() {
+    // ENOENT is what the kernel says when the container exited after the scan: not an error.
+    let mut node = node_with_faults("write:*:ENOENT:2");
+    let pod = guaranteed_pod(1);
+    node.node.start_pod(&pod).unwrap();
+    node.settled(now_ms(), pinned("db", 1));
+    assert!(
+        node.log_lines("No such file").is_empty(),
+        "{}",
+        node.log_text()
+    );
+    assert_eq!(
+        metric(&node, "cpusetd_cgroup_write_errors_total{errno=\"ENOENT\"}"),
+        None
+    );
+    // And for real: a pod that comes and goes at once, many times.
+    for _ in 0..20 {
+        let pod = guaranteed_pod(1);
+        node.node.start_pod(&pod).unwrap();
+        node.node.remove_pod(&pod).unwrap();
+    }
+    node.settled(now_ms(), pinned("db", 1));
+    node.assert_running();
+}
+
+#[test]
+fn every_checkpoint_errno_is_reported_once_and_the_next_save_works() {
+    for errno in ["ENOSPC", "EROFS", "EACCES"] {
+        // The first two saves fail: the one after the first pass and the next.
+        let mut node = node_with_faults(&format!("checkpoint:{errno}:2"));
+        let pod = guaranteed_pod(1);
+        node.node.start_pod(&pod).unwrap();
+        node.settled(now_ms(), pinned("db", 1));
+        let failed = node.log_lines("cannot write checkpoint file");
+        assert_eq!(failed.len(), 1, "{errno}:\n{}", node.log_text());
+        assert!(failed[0].contains("pins stay in force"), "{}", failed[0]);
+        assert_eq!(node.log_lines("checkpoint written again").len(), 1);
+        node.assert_running();
+    }
+}
+
+#[test]
+fn a_failed_add_watch_is_reported_once_and_a_rescan_catches_up() {
+    let mut node = node_with_faults("watch:ENOSPC:1");
+    let pod = guaranteed_pod(1);
+    node.node.start_pod(&pod).unwrap();
+    node.settled(now_ms(), pinned("db", 1));
+    let warned = node.log_lines("not watched");
+    assert_eq!(warned.len(), 1, "{}", node.log_text());
+    assert!(warned[0].contains("max_user_watches"), "{}", warned[0]);
+    eventually("a rescan", &node, || {
+        metric(&node, "cpusetd_rescans_total").is_some_and(|n| n >= 1)
+    });
+    // Later pods are seen as usual.
+    let next = PodSpec {
+        name: "web".into(),
+        ..guaranteed_pod(1)
+    };
+    node.node.start_pod(&next).unwrap();
+    node.settled(now_ms(), |s| {
+        rows(s).iter().filter(|r| r["exclusive"] == true).count() == 2
+    });
+    node.assert_running();
+}
+
+#[test]
+fn an_inotify_queue_overflow_resynchronises_and_rescans() {
+    let mut node = node_with_faults("overflow:1");
+    let pod = guaranteed_pod(2);
+    node.node.start_pod(&pod).unwrap();
+    node.settled(now_ms(), pinned("db", 2));
+    assert_eq!(
+        node.log_lines("the inotify queue overflowed (fs.inotify")
+            .len(),
+        1
+    );
+    assert_eq!(node.log_lines("watcher lost track").len(), 1);
+    assert_eq!(node.log_lines("re-synchronised the watches").len(), 1);
+    eventually("a rescan", &node, || {
+        metric(&node, "cpusetd_rescans_total").is_some_and(|n| n >= 1)
+    });
+    node.assert_running();
+}
+
+#[test]
+fn a_state_dir_removed_while_running_comes_back() {
+    let mut node = node_with_faults("");
+    fs::remove_dir_all(&node.state_dir).unwrap();
+    let pod = guaranteed_pod(1);
+    node.node.start_pod(&pod).unwrap();
+    node.settled(now_ms(), pinned("db", 1));
+    assert!(node.state_dir.join("state.json").is_file());
+    assert!(node.log_lines("ERROR").is_empty(), "{}", node.log_text());
+    node.assert_running();
+    // And the agent still stops cleanly, writing its checkpoint.
+    let status = node.stop().unwrap();
+    assert!(status.success(), "{status}");
+}
+
+// The real kernel's own errors, on this machine's cgroup v1 cpuset hierarchy.
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+fn real_kernel_skip_reason() -> Option<String> {
+    if !is_root() {
+        return Some("not running as root".into());
+    }
+    for controller in ["cpuset", "cpu"] {
+        let dir = Path::new(CGROUP_ROOT).join(controller);
+        if !dir.join("cgroup.procs").is_file() {
+            return Some(format!("{} is not a cgroup v1 hierarchy", dir.display()));
+        }
+    }
+    if !Path::new(CGROUP_ROOT).join("cpuset/cpuset.cpus").is_file() {
+        return Some("no v1 cpuset controller".into());
+    }
+    let online = fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    match cpusetd::cpuset::CpuSet::parse(&online) {
+        Ok(cpus) if cpus.len() >= 2 => None,
+        _ => Some(format!("needs 2 online cpus, has {online:?}")),
+    }
+}
+
+/// A uniquely named subtree in the cpuset and cpu hierarchies, removed bottom-up on drop.
+struct RealSubtree {
+    name: String,
+}
+
+impl RealSubtree {
+    fn new() -> RealSubtree {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "cpusetd-faults-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let tree = RealSubtree { name };
+        for controller in ["cpuset", "cpu"] {
+            fs::create_dir(tree.dir(controller, "")).unwrap();
+        }
+        tree
+    }
+
+    fn dir(&self, controller: &str, rel: &str) -> PathBuf {
+        Path::new(CGROUP_ROOT)
+            .join(controller)
+            .join(&self.name)
+            .join(rel)
+    }
+
+    /// Creates `rel` in both hierarchies, its cpuset copied from its parent (as runc does).
+    fn create(&self, rel: &str) {
+        for controller in ["cpuset", "cpu"] {
+            fs::create_dir(self.dir(controller, rel)).unwrap();
+        }
+        let dir = self.dir("cpuset", rel);
+        for file in ["cpuset.cpus", "cpuset.mems"] {
+            let parent = fs::read_to_string(dir.parent().unwrap().join(file)).unwrap();
+            fs::write(dir.join(file), parent.trim()).unwrap();
+        }
+    }
+
+    fn write(&self, controller: &str, rel: &str, file: &str, value: &str) {
+        fs::write(self.dir(controller, rel).join(file), value).unwrap();
+    }
+}
+
+impl Drop for RealSubtree {
+    fn drop(&mut self) {
+        for controller in ["cpuset", "cpu"] {
+            let mut dirs = Vec::new();
+            collect_dirs(&self.dir(controller, ""), &mut dirs);
+            // Deepest first.
+            dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+            for dir in dirs {
+                let _ = fs::remove_dir(&dir);
+            }
+        }
+    }
+}
+
+fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                collect_dirs(&entry.path(), out);
+            }
+        }
+    }
+    out.push(dir.to_path_buf());
+}
+
+/// The agent on a real subtree, stopped on drop.
+struct RealAgent {
+    child: std::process::Child,
+    log: PathBuf,
+    metrics: PathBuf,
+    _state: tempfile::TempDir,
+}
+
+impl RealAgent {
+    fn start(tree: &RealSubtree) -> RealAgent {
+        let state = tempfile::tempdir().unwrap();
+        let log = state.path().join("agent.log");
+        let metrics = state.path().join("cpusetd.prom");
+        let child = Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+            .args(["run", "--cgroup-root", CGROUP_ROOT, "--kubepods-path"])
+            .arg(format!("{}/kubepods", tree.name))
+            .args(["--cgroup-driver", "cgroupfs", "--reserved-cpus", "0"])
+            .args(["--cpu-manager-reconcile-period", "100ms"])
+            .args(["--runtime-config-path", "/nonexistent/{id}/config.json"])
+            .arg("--state-dir")
+            .arg(state.path().join("state"))
+            .arg("--metrics-file")
+            .arg(&metrics)
+            .env("RUST_LOG", "info")
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        RealAgent {
+            child,
+            log,
+            metrics,
+            _state: state,
+        }
+    }
+
+    fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn errors(&self, errno: &str) -> Option<u64> {
+        let needle = format!("cpusetd_cgroup_write_errors_total{{errno=\"{errno}\"}} ");
+        fs::read_to_string(&self.metrics)
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix(&needle)?.trim().parse().ok())
+    }
+
+    fn wait_for(&mut self, what: &str, mut done: impl FnMut(&Self) -> bool) {
+        let deadline = Instant::now() + SETTLE;
+        while !done(self) {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("the agent exited ({status}):\n{}", self.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; log:\n{}",
+                tail(&self.log_text(), 30)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for RealAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_real_kernel_refusing_a_write_is_reported_once_and_retried() {
+    if let Some(reason) = real_kernel_skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let tree = RealSubtree::new();
+    let all = fs::read_to_string(Path::new(CGROUP_ROOT).join("cpuset/cpuset.cpus")).unwrap();
+    let mems = fs::read_to_string(Path::new(CGROUP_ROOT).join("cpuset/cpuset.mems")).unwrap();
+    // The subtree's top holds cpu 0 only: kubepods cannot be widened to every cpu (EACCES).
+    tree.write("cpuset", "", "cpuset.mems", mems.trim());
+    tree.write("cpuset", "", "cpuset.cpus", "0");
+    tree.create("kubepods");
+    for qos in ["burstable", "besteffort"] {
+        tree.create(&format!("kubepods/{qos}"));
+    }
+    let mut agent = RealAgent::start(&tree);
+    agent.wait_for("EACCES to be counted", |a| a.errors("EACCES").is_some());
+    let kubepods_cpus = tree.dir("cpuset", "kubepods").join("cpuset.cpus");
+    // Several passes fail the same way; the log says it once.
+    let first = agent.errors("EACCES").unwrap();
+    agent.wait_for("more passes", |a| a.errors("EACCES") > Some(first + 2));
+    let log = agent.log_text();
+    let reported: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("Permission denied"))
+        .collect();
+    assert_eq!(reported.len(), 1, "{log}");
+    assert!(
+        reported[0].contains(&kubepods_cpus.display().to_string()),
+        "{}",
+        reported[0]
+    );
+
+    // The operator fixes the parent: the next pass converges.
+    tree.write("cpuset", "", "cpuset.cpus", all.trim());
+    agent.wait_for("kubepods widened", |_| {
+        fs::read_to_string(&kubepods_cpus).is_ok_and(|c| c.trim() == all.trim())
+    });
+}
+
+#[test]
+fn the_real_kernel_refusing_to_narrow_over_an_unseen_child_is_retried_until_it_goes() {
+    if let Some(reason) = real_kernel_skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let tree = RealSubtree::new();
+    let all = fs::read_to_string(Path::new(CGROUP_ROOT).join("cpuset/cpuset.cpus")).unwrap();
+    let mems = fs::read_to_string(Path::new(CGROUP_ROOT).join("cpuset/cpuset.mems")).unwrap();
+    tree.write("cpuset", "", "cpuset.mems", mems.trim());
+    tree.write("cpuset", "", "cpuset.cpus", all.trim());
+    tree.create("kubepods");
+    for qos in ["burstable", "besteffort"] {
+        tree.create(&format!("kubepods/{qos}"));
+    }
+    // A Guaranteed pod whose container asks for one whole cpu (shares 1024, quota 1 cpu), with
+    // a chain of cgroups it made below itself, one level deeper than the agent scans: the
+    // kernel refuses to narrow the deepest scanned one over it (EBUSY).
+    let pod = "kubepods/pod5e1f0000-0000-4000-8000-00000000fa17";
+    let container = format!("{pod}/{}", "fa17".repeat(16));
+    tree.create(pod);
+    tree.create(&container);
+    tree.write("cpu", &container, "cpu.shares", "1024");
+    tree.write("cpu", &container, "cpu.cfs_quota_us", "100000");
+    let mut deep = container.clone();
+    for level in 0..=cpusetd::cgroupfs::MAX_SCAN_DEPTH - 2 {
+        deep = format!("{deep}/l{level}");
+        fs::create_dir(tree.dir("cpuset", &deep)).unwrap();
+        let dir = tree.dir("cpuset", &deep);
+        fs::write(dir.join("cpuset.mems"), mems.trim()).unwrap();
+        fs::write(dir.join("cpuset.cpus"), all.trim()).unwrap();
+    }
+    let mut agent = RealAgent::start(&tree);
+    agent.wait_for("EBUSY to be counted", |a| a.errors("EBUSY").is_some());
+    let first = agent.errors("EBUSY").unwrap();
+    agent.wait_for("more passes", |a| a.errors("EBUSY") > Some(first * 2));
+    let log = agent.log_text();
+    let reported: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("Device or resource busy"))
+        .collect();
+    // Once per refused cgroup, not once per pass.
+    let distinct: std::collections::BTreeSet<&str> = reported.iter().copied().collect();
+    assert_eq!(distinct.len(), reported.len(), "{log}");
+    assert!((reported.len() as u64) < agent.errors("EBUSY").unwrap());
+
+    // The container removes its deepest cgroup: the next pass pins it.
+    fs::remove_dir(tree.dir("cpuset", &deep)).unwrap();
+    let container_cpus = tree.dir("cpuset", &container).join("cpuset.cpus");
+    agent.wait_for("the container pinned", |_| {
+        fs::read_to_string(&container_cpus).is_ok_and(|c| c.trim() == "1")
+    });
+}
+
+#[test]
+fn a_kubepods_cgroup_removed_while_running_is_reported_once() {
+    let mut node = node_with_faults("");
+    let kubepods = node.node.cgroup_root().join("cpuset/kubepods");
+    let moved = node.node.cgroup_root().join("cpuset/kubepods.away");
+    fs::rename(&kubepods, &moved).unwrap();
+    // Several reconcile periods fail; one line says so.
+    eventually("the failure report", &node, || {
+        !node.log_lines("reconcile scan").is_empty()
+    });
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(
+        node.log_lines("reconcile scan:").len(),
+        1,
+        "{}",
+        node.log_text()
+    );
+    fs::rename(&moved, &kubepods).unwrap();
+    eventually("scans to work again", &node, || {
+        !node.log_lines("reconcile scans work again").is_empty()
+    });
+    let pod = guaranteed_pod(1);
+    node.node.start_pod(&pod).unwrap();
+    node.settled(now_ms(), pinned("db", 1));
+    node.assert_running();
+}
