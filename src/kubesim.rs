@@ -150,8 +150,22 @@ impl FakeNode {
                 for controller in ["cpuset", "cpu,cpuacct"] {
                     fs::create_dir_all(root.join(controller))?;
                 }
-                write(&root.join("cpuset/cpuset.cpus"), &node.cpus.to_string())?;
-                write(&root.join("cpuset/cpuset.mems"), &node.mems.to_string())?;
+                // The root cgroups' interface files, as the kernel shows them.
+                let cpus = node.cpus.to_string();
+                let mems = node.mems.to_string();
+                for (file, value) in [
+                    ("cpuset/cpuset.cpus", cpus.as_str()),
+                    ("cpuset/cpuset.mems", mems.as_str()),
+                    ("cpuset/cpuset.effective_cpus", cpus.as_str()),
+                    ("cpuset/cpuset.effective_mems", mems.as_str()),
+                    ("cpuset/cgroup.procs", ""),
+                    ("cpu,cpuacct/cpu.shares", "1024"),
+                    ("cpu,cpuacct/cpu.cfs_quota_us", "-1"),
+                    ("cpu,cpuacct/cpu.cfs_period_us", "100000"),
+                    ("cpu,cpuacct/cgroup.procs", ""),
+                ] {
+                    write(&root.join(file), value)?;
+                }
             }
             CgroupVersion::V2 => {
                 write(
@@ -465,6 +479,16 @@ mod tests {
             qos: Qos::Guaranteed,
             containers: vec![ContainerSpec::guaranteed("app", 2000)],
         };
+        // The roots hold the kernel's files, so layout detection finds both controllers.
+        let cg = dir.path().join("cg");
+        assert_eq!(
+            fs::read_to_string(cg.join("cpu,cpuacct/cpu.shares")).unwrap(),
+            "1024\n"
+        );
+        assert_eq!(
+            fs::read_to_string(cg.join("cpuset/cpuset.cpus")).unwrap(),
+            "0-7\n"
+        );
         let ids = node.start_pod(&pod).unwrap();
         let rel = format!("{}/{}", node.pod_dir(&pod), ids[0]);
         let read = |f| fs::read_to_string(node.file(&rel, f)).unwrap();
