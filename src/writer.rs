@@ -5,11 +5,18 @@
 //! value and the errno, and the rest of the plan goes on where the nesting rules still allow it:
 //! writes of the same file below a cgroup whose write failed are skipped (the kernel would refuse
 //! them too, and the next pass retries the lot).
+//!
+//! A plan is made from a scan that may be a moment old: a container cgroup created since (its
+//! runtime copies the parent's wide cpuset into it at once) is not in it. So before a cpuset is
+//! narrowed, its children are read from the tree; if one holds CPUs outside the new value the
+//! write is not made (the kernel would refuse it with EBUSY) and the cgroup is reported
+//! [`WriteReport::stale`], for the caller to re-read it and plan again.
 
 use std::collections::HashSet;
 
-use crate::cgroupfs::{CgroupError, Hierarchy, InterfaceFile};
-use crate::planner::{PlannedWrite, WritePlan};
+use crate::cgroupfs::{CgroupError, CgroupFs, CgroupPath, FileKind, Hierarchy, InterfaceFile};
+use crate::cpuset::CpuSet;
+use crate::planner::{PlannedWrite, WritePlan, WriteStep};
 
 /// What happened to a plan.
 #[derive(Debug, Default)]
@@ -22,11 +29,15 @@ pub struct WriteReport {
     pub skipped: usize,
     /// Writes that failed, with the error (path, value and errno inside).
     pub failed: Vec<(PlannedWrite, CgroupError)>,
+    /// Narrowing writes not made because a child the plan did not know of holds more: the
+    /// scan was stale below these cgroups (indexes in the scan).
+    pub stale: Vec<usize>,
 }
 
 impl WriteReport {
+    /// Every write was made (or its cgroup is gone).
     pub fn is_clean(&self) -> bool {
-        self.failed.is_empty()
+        self.failed.is_empty() && self.stale.is_empty()
     }
 }
 
@@ -73,6 +84,17 @@ pub fn apply(hierarchy: &Hierarchy, plan: &WritePlan, parents: &[Option<usize>])
             Controller::Cpuset => &hierarchy.cpuset,
             Controller::Cpu => &hierarchy.cpu,
         };
+        if write.step == WriteStep::Narrow {
+            if let Some((child, held)) = busy_child(fs, &write.path, write.file, &write.value) {
+                log::debug!(
+                    "cg={} not narrowed to {}: child {child} holds {held} (re-planning)",
+                    write.path,
+                    write.value
+                );
+                report.stale.push(write.cgroup);
+                continue;
+            }
+        }
         match fs.write(&write.path, write.file, &write.value) {
             Ok(()) => report.applied += 1,
             Err(e) if e.is_gone() => {
@@ -93,4 +115,87 @@ pub fn apply(hierarchy: &Hierarchy, plan: &WritePlan, parents: &[Option<usize>])
         }
     }
     report
+}
+
+/// A child of `cgroup` whose `file` holds CPUs (or memory nodes) outside `value`, as the tree
+/// says now. Unreadable children and uninitialised (empty) ones do not count: the kernel lets
+/// a parent narrow over them.
+fn busy_child(
+    fs: &CgroupFs,
+    cgroup: &CgroupPath,
+    file: InterfaceFile,
+    value: &str,
+) -> Option<(CgroupPath, CpuSet)> {
+    if !matches!(file, InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems) {
+        return None;
+    }
+    let new = CpuSet::parse(value).ok()?;
+    let entries = fs.list(cgroup).ok()?;
+    entries
+        .iter()
+        .filter(|e| e.kind == FileKind::Directory)
+        .filter_map(|e| cgroup.join(&e.name).ok())
+        .find_map(|child| {
+            let held = CpuSet::parse(&fs.read(&child, file).ok()?).ok()?;
+            (!held.is_subset(&new)).then_some((child, held))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroupfs::{CgroupDriver, CgroupLayout, CgroupVersion};
+    use std::fs;
+
+    #[test]
+    fn a_narrowing_write_over_a_child_the_plan_did_not_know_is_not_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let cpuset = dir.path().join("cpuset");
+        for (rel, cpus) in [
+            ("", "0-3"),
+            ("kubepods", "0-3"),
+            ("kubepods/pod", "0-3"),
+            ("kubepods/pod/planned", "0-3"),
+            // Created after the scan, with the parent's set copied down.
+            ("kubepods/pod/late", "0-3"),
+            ("kubepods/other", "0-3"),
+            ("kubepods/other/new", ""),
+        ] {
+            fs::create_dir_all(cpuset.join(rel)).unwrap();
+            fs::write(cpuset.join(rel).join("cpuset.cpus"), format!("{cpus}\n")).unwrap();
+        }
+        fs::create_dir_all(dir.path().join("cpu")).unwrap();
+        fs::write(dir.path().join("cpu/cpu.shares"), "1024\n").unwrap();
+        let layout = CgroupLayout {
+            version: CgroupVersion::V1,
+            driver: CgroupDriver::Cgroupfs,
+            cpuset_root: cpuset.clone(),
+            cpu_root: dir.path().join("cpu"),
+            kubepods: CgroupPath::new("kubepods").unwrap(),
+        };
+        let hierarchy = Hierarchy::open(&layout).unwrap();
+        let path = |p: &str| CgroupPath::new(p).unwrap();
+        let write = |cgroup, p: &str, value: &str| PlannedWrite {
+            cgroup,
+            path: path(p),
+            file: InterfaceFile::CpusetCpus,
+            value: value.into(),
+            step: WriteStep::Narrow,
+        };
+        let plan = vec![
+            write(2, "kubepods/pod/planned", "1"),
+            write(1, "kubepods/pod", "1"),
+            // An uninitialised child does not hold its parent back.
+            write(3, "kubepods/other", "2"),
+        ];
+        let parents = [None, Some(0), Some(1), Some(0)];
+        let report = apply(&hierarchy, &plan, &parents);
+        assert_eq!(report.stale, vec![1]);
+        assert!(report.failed.is_empty());
+        assert_eq!(report.applied, 2);
+        let read = |rel: &str| fs::read_to_string(cpuset.join(rel).join("cpuset.cpus")).unwrap();
+        assert_eq!(read("kubepods/pod"), "0-3\n");
+        assert_eq!(read("kubepods/pod/planned"), "1");
+        assert_eq!(read("kubepods/other"), "2");
+    }
 }

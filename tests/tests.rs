@@ -7,6 +7,7 @@ mod util;
 mod allocate_cli;
 mod cgroup_scan;
 mod checkpoint;
+mod controller;
 mod hostile;
 mod kubelet_vectors;
 mod plan_cli;

@@ -42,6 +42,9 @@ const SETTINGS_RETRY: [Duration; 4] = [
     Duration::from_millis(500),
 ];
 
+/// Plans per pass when the writer finds the model stale below a cgroup it narrows.
+const MAX_REPLANS: usize = 3;
+
 /// How long a new container is tracked for the event → pin latency figure.
 const PIN_TRACKING_LIMIT: Duration = Duration::from_secs(60);
 
@@ -273,8 +276,30 @@ impl Controller {
         self.drifted.remove(path);
     }
 
-    /// One pass over the model: classify, assign, plan, write, re-read what was written.
+    /// One pass over the model: classify, assign, plan, write, re-read what was written. When
+    /// the writer finds the model stale (a cgroup it was to narrow has a child the model does
+    /// not know yet), that subtree is re-read and the pass planned again, a few times at most.
     pub fn pass(&mut self, now: Instant) -> PassOutcome {
+        let mut outcome = PassOutcome::default();
+        for _ in 0..MAX_REPLANS {
+            let (this, stale) = self.pass_once(now);
+            outcome.assignments_changed |= this.assignments_changed;
+            outcome.writes += this.writes;
+            outcome.failed_writes = this.failed_writes;
+            if stale.is_empty() {
+                break;
+            }
+            for root in stale {
+                for cgroup in self.parts.scanner.scan_subtree(&root).cgroups {
+                    self.pending_pins.entry(cgroup.path.clone()).or_insert(now);
+                    self.upsert(cgroup, now);
+                }
+            }
+        }
+        outcome
+    }
+
+    fn pass_once(&mut self, now: Instant) -> (PassOutcome, Vec<CgroupPath>) {
         let scan = self.model_scan();
         let runtime = &mut self.parts.runtime;
         let classes = classify_scan(&self.parts.naming, &scan, |id| runtime.lookup(id));
@@ -364,9 +389,14 @@ impl Controller {
             writes: report.applied,
             failed_writes: report.failed.len(),
         };
+        let stale = report
+            .stale
+            .iter()
+            .map(|&i| scan.cgroups[i].path.clone())
+            .collect();
         self.last_plan = Some(planned);
         self.last_classes = classes;
-        outcome
+        (outcome, stale)
     }
 
     /// Records the value each quota lift overwrites, so `reset` can put it back.

@@ -42,6 +42,8 @@ struct JsonApplied {
     gone: usize,
     skipped: usize,
     failed: Vec<String>,
+    /// Narrowing writes not made: a child appeared since the scan (run again).
+    deferred: usize,
 }
 
 #[derive(Serialize)]
@@ -120,6 +122,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
                 gone: r.gone,
                 skipped: r.skipped,
                 failed: r.failed.iter().map(|(_, e)| error_chain(e)).collect(),
+                deferred: r.stale.len(),
             }),
         };
         let text = serde_json::to_string_pretty(&doc).map_err(|e| CommandError::failure(&e))?;
@@ -157,11 +160,12 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
         }
         if let Some(r) = &report {
             println!(
-                "applied {} write(s); {} skipped (cgroup gone), {} skipped (a write above failed), {} failed",
+                "applied {} write(s); {} skipped (cgroup gone), {} skipped (a write above failed), {} failed, {} deferred (the tree changed since the scan)",
                 r.applied,
                 r.gone,
                 r.skipped,
-                r.failed.len()
+                r.failed.len(),
+                r.stale.len()
             );
         }
     }
@@ -173,8 +177,9 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
             return Err(CommandError {
                 status: EXIT_FAILURE,
                 message: format!(
-                    "{} write(s) failed; the next pass retries them",
-                    r.failed.len()
+                    "{} write(s) failed, {} deferred; the next pass retries them",
+                    r.failed.len(),
+                    r.stale.len()
                 ),
                 bare: false,
             });

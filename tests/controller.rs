@@ -1,0 +1,134 @@
+//! The agent's controller driven as a library on a fake node, one step at a time: cases whose
+//! timing the agent binary cannot make deterministic (a cgroup that appears after the
+//! controller's model was read, but before it writes).
+
+use std::fs;
+use std::time::Instant;
+
+use cpusetd::agent::{Controller, ControllerParts};
+use cpusetd::allocator::{PolicyOptions, ReservedCpus, StaticPolicy};
+use cpusetd::cgroupfs::{CgroupPath, CgroupVersion, Hierarchy, Scanner};
+use cpusetd::classify::CgroupNaming;
+use cpusetd::cpuset::CpuSet;
+use cpusetd::kubesim::{new_pod_uid, ContainerSpec, FakeNode, PodSpec, Qos};
+use cpusetd::runtime::{ConfigTemplate, RuntimeLookup};
+use cpusetd::topology::discover;
+use cpusetd::watcher::TreeEvent;
+
+use crate::util::{layout_of, testdata};
+
+/// The 16-CPU machine of the agent tests.
+const MACHINE: &str = "sysfs/2s-8c-ht-2numa";
+
+/// A fake v1 node with the machine's CPUs and memory nodes, in `dir`.
+fn fake_node(dir: &std::path::Path) -> FakeNode {
+    fs::create_dir(dir.join("cgroup")).unwrap();
+    FakeNode::create(
+        &dir.join("cgroup"),
+        CgroupVersion::V1,
+        CpuSet::parse("0-15").unwrap(),
+        CpuSet::parse("0-1").unwrap(),
+        &dir.join("runtime"),
+    )
+    .unwrap()
+}
+
+fn pod(name: &str, qos: Qos, containers: Vec<ContainerSpec>) -> PodSpec {
+    PodSpec {
+        uid: new_pod_uid(),
+        name: name.into(),
+        qos,
+        containers,
+    }
+}
+
+/// A controller over the node's tree, with CPU 0 reserved, after its first full scan.
+fn controller(node: &FakeNode) -> Controller {
+    let layout = layout_of(node.cgroup_root());
+    let hierarchy = Hierarchy::open(&layout).unwrap();
+    let sysfs = testdata(MACHINE);
+    let topology = discover(&sysfs, &sysfs.join("proc")).unwrap();
+    let policy = StaticPolicy::new(
+        &topology,
+        PolicyOptions::default(),
+        ReservedCpus::List(CpuSet::parse("0").unwrap()),
+        false,
+    )
+    .unwrap();
+    let mut controller = Controller::new(ControllerParts {
+        scanner: Scanner::new(hierarchy.clone(), layout.kubepods.clone()),
+        hierarchy,
+        naming: CgroupNaming::new(layout.driver, &layout.kubepods),
+        runtime: RuntimeLookup::new(vec![ConfigTemplate::new(&node.runtime_template()).unwrap()]),
+        topology,
+        policy: Some(policy),
+        align_memory: false,
+        keep_cfs_quota: false,
+        assignments: Default::default(),
+        quota_lifted: Default::default(),
+    });
+    controller.full_scan().unwrap();
+    controller
+}
+
+/// Every cpuset directory under kubepods holds a subset of its parent's set.
+fn assert_nested(node: &FakeNode) {
+    let top = node.file("kubepods", "cpuset.cpus");
+    let top = top.parent().unwrap();
+    let read = |dir: &std::path::Path| {
+        CpuSet::parse(fs::read_to_string(dir.join("cpuset.cpus")).unwrap().trim()).unwrap()
+    };
+    let mut dirs = vec![top.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let held = read(&dir);
+        for entry in fs::read_dir(&dir).unwrap().flatten() {
+            if entry.file_type().unwrap().is_dir() {
+                let child = read(&entry.path());
+                assert!(
+                    child.is_subset(&held),
+                    "{} holds {child}, outside its parent's {held}",
+                    entry.path().display()
+                );
+                dirs.push(entry.path());
+            }
+        }
+    }
+}
+
+#[test]
+fn controller_replans_when_a_cgroup_appeared_after_its_model_was_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fake_node(dir.path());
+    let mut controller = controller(&node);
+    controller.pass(Instant::now());
+
+    // A BestEffort pod starts (its cgroups copy the wide sets down) and a Guaranteed one; the
+    // controller has heard of the Guaranteed pod only when it plans.
+    let late = pod(
+        "late",
+        Qos::BestEffort,
+        vec![ContainerSpec::best_effort("late")],
+    );
+    let late_ids = node.start_pod(&late).unwrap();
+    let db = pod(
+        "db",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("db", 2000)],
+    );
+    let db_ids = node.start_pod(&db).unwrap();
+    let created = TreeEvent::Created {
+        cgroup: CgroupPath::new(&format!("kubepods/pod{}", db.uid)).unwrap(),
+    };
+    controller.apply_event(created, Instant::now()).unwrap();
+    let outcome = controller.pass(Instant::now());
+
+    // Narrowing the besteffort directory would have dropped what the late pod holds: the
+    // controller read it and planned again instead, in the same pass.
+    assert_eq!(outcome.failed_writes, 0);
+    assert_eq!(node.container_cpus(&db, &db_ids[0]).unwrap(), "1,9");
+    let shared = "0,2-8,10-15";
+    assert_eq!(node.container_cpus(&late, &late_ids[0]).unwrap(), shared);
+    let late_pod = node.file(&node.pod_dir(&late), "cpuset.cpus");
+    assert_eq!(fs::read_to_string(late_pod).unwrap().trim(), shared);
+    assert_nested(&node);
+}
