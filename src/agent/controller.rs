@@ -14,11 +14,13 @@ use std::time::{Duration, Instant};
 
 use crate::allocator::StaticPolicy;
 use crate::cgroupfs::{CgroupError, CgroupPath, Hierarchy, Scan, ScannedCgroup, Scanner};
-use crate::classify::{classify_scan, CgroupKind, CgroupNaming, Classification};
+use crate::classify::{
+    classify, classify_scan, config_matches_cgroup, CgroupKind, CgroupNaming, Classification,
+};
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, Plan, PlanConfig, ReleaseReason, WriteStep};
-use crate::runtime::RuntimeLookup;
+use crate::runtime::{OciCpu, RuntimeLookup};
 use crate::state::Assignments;
 use crate::topology::Topology;
 use crate::watcher::TreeEvent;
@@ -93,6 +95,11 @@ pub struct Controller {
     /// Containers waiting for their CPU settings, and how many re-reads they had.
     settings_wait: HashMap<CgroupPath, usize>,
     next_retry: Option<Instant>,
+    /// Containers (by id) whose cgroup has held their runtime config's CPU request, or that
+    /// were running when the agent started: a difference now is an in-place resize.
+    settled: HashSet<String>,
+    /// Containers (by id) classified from their cgroup because they were resized.
+    resized: HashSet<String>,
     last_plan: Option<Plan>,
     last_classes: Vec<Classification>,
     pub metrics: Metrics,
@@ -108,6 +115,8 @@ impl Controller {
             pending_pins: HashMap::new(),
             settings_wait: HashMap::new(),
             next_retry: None,
+            settled: HashSet::new(),
+            resized: HashSet::new(),
             last_plan: None,
             last_classes: Vec::new(),
             metrics: Metrics::default(),
@@ -301,8 +310,7 @@ impl Controller {
 
     fn pass_once(&mut self, now: Instant) -> (PassOutcome, Vec<CgroupPath>) {
         let scan = self.model_scan();
-        let runtime = &mut self.parts.runtime;
-        let classes = classify_scan(&self.parts.naming, &scan, |id| runtime.lookup(id));
+        let classes = self.classify_model(&scan);
         let config = PlanConfig {
             topology: &self.parts.topology,
             policy: self.parts.policy.as_ref(),
@@ -397,6 +405,54 @@ impl Controller {
         self.last_plan = Some(planned);
         self.last_classes = classes;
         (outcome, stale)
+    }
+
+    /// Classifies the model. The runtime's config gives a container's CPU request while its
+    /// cgroup still holds the kernel's defaults; once the cgroup has held the config's request
+    /// (or was there when the agent started), a cgroup that differs from the config was resized
+    /// in place, and its own settings are the truth (the config still names the container).
+    fn classify_model(&mut self, scan: &Scan) -> Vec<Classification> {
+        let naming = &self.parts.naming;
+        let runtime = &mut self.parts.runtime;
+        let mut classes = classify_scan(naming, scan, |id| runtime.lookup(id));
+        let starting = self.last_plan.is_none();
+        let mut live = HashSet::new();
+        for (cgroup, class) in scan.cgroups.iter().zip(classes.iter_mut()) {
+            if class.kind != CgroupKind::Container {
+                continue;
+            }
+            let Some(id) = class.container_id.clone() else {
+                continue;
+            };
+            live.insert(id.clone());
+            let Some(mut info) = runtime.lookup(&id) else {
+                continue;
+            };
+            match config_matches_cgroup(&cgroup.cpu, &info.cpu) {
+                Some(true) => {
+                    self.resized.remove(&id);
+                    self.settled.insert(id);
+                }
+                Some(false) if starting || self.settled.contains(&id) => {
+                    info.cpu = OciCpu::default();
+                    *class = classify(naming, &cgroup.relative, &cgroup.cpu, Some(&info));
+                    if self.resized.insert(id.clone()) {
+                        log::info!(
+                            "cg={} cpu settings differ from the runtime config (resized in place): request {} from the cgroup",
+                            cgroup.path,
+                            class
+                                .resources
+                                .map_or_else(|| "unknown".to_string(), |r| r.request.to_string())
+                        );
+                    }
+                    self.settled.insert(id);
+                }
+                _ => {}
+            }
+        }
+        self.settled.retain(|id| live.contains(id));
+        self.resized.retain(|id| live.contains(id));
+        classes
     }
 
     /// Records the value each quota lift overwrites, so `reset` can put it back.
