@@ -456,8 +456,23 @@ impl Controller {
     }
 
     /// Records the value each quota lift overwrites, so `reset` can put it back.
+    /// A quota someone set again after the lift (an in-place resize) is theirs: the value from
+    /// before the lift is forgotten, and a new lift records the new one.
     fn remember_quotas(&mut self, scan: &Scan, planned: &Plan) {
         use crate::cgroupfs::{CpuSettings, FileValue, Quota};
+        let model = &self.model;
+        self.parts.quota_lifted.retain(|path, _| {
+            let quota_set = match model.get(path).map(|e| &e.cgroup.cpu) {
+                Some(CpuSettings::V1 { cfs_quota, .. }) => {
+                    matches!(cfs_quota, FileValue::Value(Quota::Micros(_)))
+                }
+                Some(CpuSettings::V2 { max, .. }) => {
+                    matches!(max, FileValue::Value(m) if m.quota != Quota::Unlimited)
+                }
+                None => false,
+            };
+            !quota_set
+        });
         for w in planned
             .writes
             .iter()
@@ -474,10 +489,7 @@ impl Controller {
                 } if max.quota != Quota::Unlimited => max.to_string(),
                 _ => continue,
             };
-            self.parts
-                .quota_lifted
-                .entry(w.path.clone())
-                .or_insert(original);
+            self.parts.quota_lifted.insert(w.path.clone(), original);
         }
     }
 
