@@ -8,13 +8,16 @@
 //!
 //! A plan is made from a scan that may be a moment old: a container cgroup created since (its
 //! runtime copies the parent's wide cpuset into it at once) is not in it. So before a cpuset is
-//! narrowed, its children are read from the tree; if one holds CPUs outside the new value the
-//! write is not made (the kernel would refuse it with EBUSY) and the cgroup is reported
-//! [`WriteReport::stale`], for the caller to re-read it and plan again.
+//! narrowed, its directory is listed, and children the scan did not have are read; if one holds
+//! CPUs outside the new value the write is not made (the kernel would refuse it with EBUSY) and
+//! the cgroup is reported [`WriteReport::stale`], for the caller to re-read it and plan again.
 
 use std::collections::HashSet;
+use std::ffi::OsStr;
 
-use crate::cgroupfs::{CgroupError, CgroupFs, CgroupPath, FileKind, Hierarchy, InterfaceFile};
+use crate::cgroupfs::{
+    CgroupError, CgroupFs, CgroupPath, FileKind, Hierarchy, InterfaceFile, Scan,
+};
 use crate::cpuset::CpuSet;
 use crate::planner::{PlannedWrite, WritePlan, WriteStep};
 
@@ -59,8 +62,14 @@ enum Controller {
     Cpu,
 }
 
-/// Executes `plan` in order. `parents[i]` is the parent of scanned cgroup `i` (as planned).
-pub fn apply(hierarchy: &Hierarchy, plan: &WritePlan, parents: &[Option<usize>]) -> WriteReport {
+/// Executes `plan`, made from `scan`, in order. `parents[i]` is the parent of scanned cgroup
+/// `i` (as planned).
+pub fn apply(
+    hierarchy: &Hierarchy,
+    plan: &WritePlan,
+    scan: &Scan,
+    parents: &[Option<usize>],
+) -> WriteReport {
     let mut report = WriteReport::default();
     let mut gone = vec![false; parents.len()];
     // Cgroups whose write of a file failed, per file.
@@ -85,7 +94,14 @@ pub fn apply(hierarchy: &Hierarchy, plan: &WritePlan, parents: &[Option<usize>])
             Controller::Cpu => &hierarchy.cpu,
         };
         if write.step == WriteStep::Narrow {
-            if let Some((child, held)) = busy_child(fs, &write.path, write.file, &write.value) {
+            let known: HashSet<&OsStr> = parents
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| **p == Some(write.cgroup))
+                .filter_map(|(i, _)| scan.cgroups.get(i)?.path.name())
+                .collect();
+            let unplanned = busy_child(fs, &write.path, write.file, &write.value, &known);
+            if let Some((child, held)) = unplanned {
                 log::debug!(
                     "cg={} not narrowed to {}: child {child} holds {held} (re-planning)",
                     write.path,
@@ -117,14 +133,15 @@ pub fn apply(hierarchy: &Hierarchy, plan: &WritePlan, parents: &[Option<usize>])
     report
 }
 
-/// A child of `cgroup` whose `file` holds CPUs (or memory nodes) outside `value`, as the tree
-/// says now. Unreadable children and uninitialised (empty) ones do not count: the kernel lets
-/// a parent narrow over them.
+/// A child of `cgroup` not among `known` whose `file` holds CPUs (or memory nodes) outside
+/// `value`, as the tree says now. Unreadable children and uninitialised (empty) ones do not
+/// count: the kernel lets a parent narrow over them.
 fn busy_child(
     fs: &CgroupFs,
     cgroup: &CgroupPath,
     file: InterfaceFile,
     value: &str,
+    known: &HashSet<&OsStr>,
 ) -> Option<(CgroupPath, CpuSet)> {
     if !matches!(file, InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems) {
         return None;
@@ -133,7 +150,7 @@ fn busy_child(
     let entries = fs.list(cgroup).ok()?;
     entries
         .iter()
-        .filter(|e| e.kind == FileKind::Directory)
+        .filter(|e| e.kind == FileKind::Directory && !known.contains(e.name.as_os_str()))
         .filter_map(|e| cgroup.join(&e.name).ok())
         .find_map(|child| {
             let held = CpuSet::parse(&fs.read(&child, file).ok()?).ok()?;
@@ -151,18 +168,18 @@ mod tests {
     fn a_narrowing_write_over_a_child_the_plan_did_not_know_is_not_made() {
         let dir = tempfile::tempdir().unwrap();
         let cpuset = dir.path().join("cpuset");
+        let make = |rel: &str, cpus: &str| {
+            fs::create_dir_all(cpuset.join(rel)).unwrap();
+            fs::write(cpuset.join(rel).join("cpuset.cpus"), format!("{cpus}\n")).unwrap();
+        };
         for (rel, cpus) in [
             ("", "0-3"),
             ("kubepods", "0-3"),
             ("kubepods/pod", "0-3"),
             ("kubepods/pod/planned", "0-3"),
-            // Created after the scan, with the parent's set copied down.
-            ("kubepods/pod/late", "0-3"),
             ("kubepods/other", "0-3"),
-            ("kubepods/other/new", ""),
         ] {
-            fs::create_dir_all(cpuset.join(rel)).unwrap();
-            fs::write(cpuset.join(rel).join("cpuset.cpus"), format!("{cpus}\n")).unwrap();
+            make(rel, cpus);
         }
         fs::create_dir_all(dir.path().join("cpu")).unwrap();
         fs::write(dir.path().join("cpu/cpu.shares"), "1024\n").unwrap();
@@ -174,28 +191,40 @@ mod tests {
             kubepods: CgroupPath::new("kubepods").unwrap(),
         };
         let hierarchy = Hierarchy::open(&layout).unwrap();
-        let path = |p: &str| CgroupPath::new(p).unwrap();
-        let write = |cgroup, p: &str, value: &str| PlannedWrite {
-            cgroup,
-            path: path(p),
+        let scan = crate::cgroupfs::Scanner::new(hierarchy.clone(), layout.kubepods.clone())
+            .scan()
+            .unwrap();
+        // Created after the scan: one with the parent's set copied down, one uninitialised.
+        make("kubepods/pod/late", "0-3");
+        make("kubepods/other/new", "");
+
+        let index = |p: &str| {
+            scan.cgroups
+                .iter()
+                .position(|c| c.path == CgroupPath::new(p).unwrap())
+                .unwrap()
+        };
+        let write = |p: &str, value: &str| PlannedWrite {
+            cgroup: index(p),
+            path: CgroupPath::new(p).unwrap(),
             file: InterfaceFile::CpusetCpus,
             value: value.into(),
             step: WriteStep::Narrow,
         };
         let plan = vec![
-            write(2, "kubepods/pod/planned", "1"),
-            write(1, "kubepods/pod", "1"),
-            // An uninitialised child does not hold its parent back.
-            write(3, "kubepods/other", "2"),
+            write("kubepods/pod/planned", "1"),
+            write("kubepods/pod", "1"),
+            write("kubepods/other", "2"),
         ];
-        let parents = [None, Some(0), Some(1), Some(0)];
-        let report = apply(&hierarchy, &plan, &parents);
-        assert_eq!(report.stale, vec![1]);
+        let parents = crate::planner::parent_indexes(&scan);
+        let report = apply(&hierarchy, &plan, &scan, &parents);
+        assert_eq!(report.stale, vec![index("kubepods/pod")]);
         assert!(report.failed.is_empty());
         assert_eq!(report.applied, 2);
         let read = |rel: &str| fs::read_to_string(cpuset.join(rel).join("cpuset.cpus")).unwrap();
         assert_eq!(read("kubepods/pod"), "0-3\n");
         assert_eq!(read("kubepods/pod/planned"), "1");
+        // An uninitialised child does not hold its parent back.
         assert_eq!(read("kubepods/other"), "2");
     }
 }

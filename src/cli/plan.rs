@@ -95,7 +95,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
     let table = rows(&scan, &classes, &planned);
     let report = args
         .apply
-        .then(|| apply(&node.hierarchy, &planned.writes, &planned.parents));
+        .then(|| apply(&node.hierarchy, &planned.writes, &scan, &planned.parents));
 
     if args.json {
         let doc = JsonPlan {

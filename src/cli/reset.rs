@@ -95,7 +95,7 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
             restored += 1;
         }
     }
-    let report = apply(&node.hierarchy, &writes, &parents);
+    let report = apply(&node.hierarchy, &writes, &scan, &parents);
     println!(
         "reset {} cgroup(s) under {} to cpus {} mems {}; {restored} quota(s) restored; {} write(s) applied, {} gone, {} failed",
         scan.cgroups.len(),
