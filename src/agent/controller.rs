@@ -20,7 +20,7 @@ use crate::classify::{
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, Plan, PlanConfig, ReleaseReason, WriteStep};
-use crate::runtime::{OciCpu, RuntimeLookup};
+use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
 use crate::state::Assignments;
 use crate::topology::Topology;
 use crate::watcher::TreeEvent;
@@ -336,7 +336,12 @@ impl Controller {
         }
 
         self.remember_quotas(&scan, &planned);
-        let report = apply(&self.parts.hierarchy, &planned.writes, &planned.parents);
+        let report = apply(
+            &self.parts.hierarchy,
+            &planned.writes,
+            &scan,
+            &planned.parents,
+        );
         for (write, error) in &report.failed {
             let errno = error.errno().unwrap_or(0);
             *self.metrics.write_errors.entry(errno).or_default() += 1;
@@ -414,7 +419,14 @@ impl Controller {
     fn classify_model(&mut self, scan: &Scan) -> Vec<Classification> {
         let naming = &self.parts.naming;
         let runtime = &mut self.parts.runtime;
-        let mut classes = classify_scan(naming, scan, |id| runtime.lookup(id));
+        let mut found: HashMap<String, RuntimeInfo> = HashMap::new();
+        let mut classes = classify_scan(naming, scan, |id| {
+            let info = runtime.lookup(id);
+            if let Some(info) = &info {
+                found.insert(id.to_string(), info.clone());
+            }
+            info
+        });
         let starting = self.last_plan.is_none();
         let mut live = HashSet::new();
         for (cgroup, class) in scan.cgroups.iter().zip(classes.iter_mut()) {
@@ -425,7 +437,7 @@ impl Controller {
                 continue;
             };
             live.insert(id.clone());
-            let Some(mut info) = runtime.lookup(&id) else {
+            let Some(mut info) = found.remove(&id) else {
                 continue;
             };
             match config_matches_cgroup(&cgroup.cpu, &info.cpu) {
