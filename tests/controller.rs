@@ -132,3 +132,37 @@ fn controller_replans_when_a_cgroup_appeared_after_its_model_was_read() {
     assert_eq!(fs::read_to_string(late_pod).unwrap().trim(), shared);
     assert_nested(&node);
 }
+
+#[test]
+fn controller_forgets_the_runtime_configs_of_containers_that_are_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fake_node(dir.path());
+    let mut controller = controller(&node);
+    let pods: Vec<PodSpec> = (0..3)
+        .map(|i| {
+            let p = pod(
+                &format!("p{i}"),
+                Qos::Guaranteed,
+                vec![ContainerSpec::guaranteed("app", 1000)],
+            );
+            node.start_pod(&p).unwrap();
+            p
+        })
+        .collect();
+    let cgroup = |p: &PodSpec| CgroupPath::new(&format!("kubepods/pod{}", p.uid)).unwrap();
+    for p in &pods {
+        let created = TreeEvent::Created { cgroup: cgroup(p) };
+        controller.apply_event(created, Instant::now()).unwrap();
+    }
+    controller.pass(Instant::now());
+    // A sandbox and an app container per pod.
+    assert_eq!(controller.cached_runtime_configs(), 6);
+
+    for p in &pods {
+        node.remove_pod(p).unwrap();
+        let removed = TreeEvent::Removed { cgroup: cgroup(p) };
+        controller.apply_event(removed, Instant::now()).unwrap();
+    }
+    controller.pass(Instant::now());
+    assert_eq!(controller.cached_runtime_configs(), 0);
+}

@@ -132,6 +132,11 @@ impl Controller {
         &self.parts.quota_lifted
     }
 
+    /// How many containers' runtime configs are cached (those in the tree).
+    pub fn cached_runtime_configs(&self) -> usize {
+        self.parts.runtime.cached()
+    }
+
     pub fn policy(&self) -> Option<&StaticPolicy> {
         self.parts.policy.as_ref()
     }
@@ -420,13 +425,17 @@ impl Controller {
         let naming = &self.parts.naming;
         let runtime = &mut self.parts.runtime;
         let mut found: HashMap<String, RuntimeInfo> = HashMap::new();
+        let mut looked_up: HashSet<String> = HashSet::new();
         let mut classes = classify_scan(naming, scan, |id| {
+            looked_up.insert(id.to_string());
             let info = runtime.lookup(id);
             if let Some(info) = &info {
                 found.insert(id.to_string(), info.clone());
             }
             info
         });
+        // Configs of containers that are gone are not needed again.
+        runtime.retain(|id| looked_up.contains(id));
         let starting = self.last_plan.is_none();
         let mut live = HashSet::new();
         for (cgroup, class) in scan.cgroups.iter().zip(classes.iter_mut()) {
