@@ -166,3 +166,44 @@ fn controller_forgets_the_runtime_configs_of_containers_that_are_gone() {
     controller.pass(Instant::now());
     assert_eq!(controller.cached_runtime_configs(), 0);
 }
+
+#[test]
+fn controller_releases_the_cpus_of_a_pod_found_gone_while_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fake_node(dir.path());
+    let mut controller = controller(&node);
+    let guaranteed = |name: &str| {
+        let p = pod(
+            name,
+            Qos::Guaranteed,
+            vec![ContainerSpec::guaranteed(name, 1000)],
+        );
+        node.start_pod(&p).unwrap();
+        p
+    };
+    let (first, second) = (guaranteed("first"), guaranteed("second"));
+    let cgroup = |p: &PodSpec| CgroupPath::new(&format!("kubepods/pod{}", p.uid)).unwrap();
+    for p in [&first, &second] {
+        let created = TreeEvent::Created { cgroup: cgroup(p) };
+        controller.apply_event(created, Instant::now()).unwrap();
+    }
+    controller.pass(Instant::now());
+    assert_eq!(controller.assignments().exclusive_cpus().to_string(), "1,8");
+
+    // Both pods are deleted; the controller hears of the first only. Releasing its CPU widens
+    // the second pod's sandbox, which is gone: the second pod leaves the model while writing.
+    node.remove_pod(&first).unwrap();
+    node.remove_pod(&second).unwrap();
+    let removed = TreeEvent::Removed {
+        cgroup: cgroup(&first),
+    };
+    assert!(controller.apply_event(removed, Instant::now()).unwrap());
+    controller.pass(Instant::now());
+    // Its own removal event comes later and finds nothing to do: its CPU is free already.
+    let removed = TreeEvent::Removed {
+        cgroup: cgroup(&second),
+    };
+    assert!(!controller.apply_event(removed, Instant::now()).unwrap());
+    assert_eq!(controller.assignments().len(), 0);
+    assert_eq!(controller.shared_pool().unwrap().to_string(), "0-15");
+}

@@ -44,8 +44,8 @@ const SETTINGS_RETRY: [Duration; 4] = [
     Duration::from_millis(500),
 ];
 
-/// Plans per pass when the writer finds the model stale below a cgroup it narrows.
-const MAX_REPLANS: usize = 3;
+/// Plans per pass when writing shows the model out of date (see [`Controller::pass`]).
+const MAX_REPLANS: usize = 4;
 
 /// How long a new container is tracked for the event → pin latency figure.
 const PIN_TRACKING_LIMIT: Duration = Duration::from_secs(60);
@@ -290,17 +290,20 @@ impl Controller {
         self.drifted.remove(path);
     }
 
-    /// One pass over the model: classify, assign, plan, write, re-read what was written. When
-    /// the writer finds the model stale (a cgroup it was to narrow has a child the model does
-    /// not know yet), that subtree is re-read and the pass planned again, a few times at most.
+    /// One pass over the model: classify, assign, plan, write, re-read what was written. The
+    /// pass is planned again (a few times at most) when writing showed the model out of date:
+    /// a cgroup it was to narrow has a child the model does not know yet (that subtree is
+    /// re-read first), or a cgroup written to is gone (it left the model, and what it held,
+    /// an exclusive set perhaps, must be released now: its own removal event finds nothing
+    /// left to do).
     pub fn pass(&mut self, now: Instant) -> PassOutcome {
         let mut outcome = PassOutcome::default();
         for _ in 0..MAX_REPLANS {
-            let (this, stale) = self.pass_once(now);
+            let (this, stale, vanished) = self.pass_once(now);
             outcome.assignments_changed |= this.assignments_changed;
             outcome.writes += this.writes;
             outcome.failed_writes = this.failed_writes;
-            if stale.is_empty() {
+            if stale.is_empty() && !vanished {
                 break;
             }
             for root in stale {
@@ -313,7 +316,9 @@ impl Controller {
         outcome
     }
 
-    fn pass_once(&mut self, now: Instant) -> (PassOutcome, Vec<CgroupPath>) {
+    /// One plan and its writes; also returns the cgroups found stale by the writer and whether
+    /// a cgroup written to was gone.
+    fn pass_once(&mut self, now: Instant) -> (PassOutcome, Vec<CgroupPath>, bool) {
         let scan = self.model_scan();
         let classes = self.classify_model(&scan);
         let config = PlanConfig {
@@ -364,6 +369,7 @@ impl Controller {
                 .map(|w| w.path.clone())
                 .collect()
         };
+        let mut vanished = false;
         for path in written {
             match self.parts.scanner.read_cgroup(&path) {
                 Some(c) => {
@@ -375,9 +381,7 @@ impl Controller {
                         },
                     );
                 }
-                None => {
-                    self.remove_subtree(&path);
-                }
+                None => vanished |= self.remove_subtree(&path),
             }
         }
 
@@ -414,7 +418,7 @@ impl Controller {
             .collect();
         self.last_plan = Some(planned);
         self.last_classes = classes;
-        (outcome, stale)
+        (outcome, stale, vanished)
     }
 
     /// Classifies the model. The runtime's config gives a container's CPU request while its
