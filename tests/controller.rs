@@ -207,3 +207,31 @@ fn controller_releases_the_cpus_of_a_pod_found_gone_while_writing() {
     assert_eq!(controller.assignments().len(), 0);
     assert_eq!(controller.shared_pool().unwrap().to_string(), "0-15");
 }
+
+#[test]
+fn controller_measures_event_to_pin_until_the_cpuset_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fake_node(dir.path());
+    let mut controller = controller(&node);
+    let p = pod(
+        "g",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("g", 1000)],
+    );
+    node.start_pod(&p).unwrap();
+    let seen = Instant::now();
+    let cgroup = CgroupPath::new(&format!("kubepods/pod{}", p.uid)).unwrap();
+    controller
+        .apply_event(TreeEvent::Created { cgroup }, seen)
+        .unwrap();
+    controller.pass(seen);
+    let took = seen.elapsed();
+    let summary = &controller.metrics.event_to_pin;
+    // The sandbox is not counted; the app container is, with the time its pass took.
+    assert_eq!(summary.count(), 1);
+    let median = summary.quantile(0.5).unwrap();
+    assert!(
+        median > std::time::Duration::ZERO && median <= took,
+        "{median:?} of {took:?}"
+    );
+}

@@ -392,7 +392,8 @@ impl Controller {
                 self.last_desired.insert(cgroup.path.clone(), cpus.clone());
             }
         }
-        self.track_pins(&scan, &classes, now);
+        // Measured now, when the sets are written and read back: `now` is when the pass began.
+        self.track_pins(&scan, &classes, Instant::now());
         self.track_settings_wait(&scan, &classes, now);
 
         let changed = planned.assignments != self.parts.assignments
