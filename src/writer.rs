@@ -8,9 +8,11 @@
 //!
 //! A plan is made from a scan that may be a moment old: a container cgroup created since (its
 //! runtime copies the parent's wide cpuset into it at once) is not in it. So before a cpuset is
-//! narrowed, its directory is listed, and children the scan did not have are read; if one holds
-//! CPUs outside the new value the write is not made (the kernel would refuse it with EBUSY) and
-//! the cgroup is reported [`WriteReport::stale`], for the caller to re-read it and plan again.
+//! narrowed, its directory is listed, and children the scan did not have (or found uninitialised,
+//! which the runtime may have filled since) are read; if one holds CPUs outside the new value
+//! the write is not made (the kernel would refuse it with EBUSY), nor are its ancestors'
+//! narrowings, and the cgroup is reported [`WriteReport::stale`], for the caller to re-read it
+//! and plan again.
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
@@ -74,6 +76,8 @@ pub fn apply(
     let mut gone = vec![false; parents.len()];
     // Cgroups whose write of a file failed, per file.
     let mut failed: HashSet<(usize, InterfaceFile)> = HashSet::new();
+    // Ancestors of cgroups whose narrowing was deferred, per file.
+    let mut deferred: HashSet<(usize, InterfaceFile)> = HashSet::new();
     let ancestors =
         |cgroup: usize| std::iter::successors(Some(cgroup), |&i| parents.get(i).copied().flatten());
     for write in plan {
@@ -94,13 +98,13 @@ pub fn apply(
             Controller::Cpu => &hierarchy.cpu,
         };
         if write.step == WriteStep::Narrow {
-            let known: HashSet<&OsStr> = parents
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| **p == Some(write.cgroup))
-                .filter_map(|(i, _)| scan.cgroups.get(i)?.path.name())
-                .collect();
-            let unplanned = busy_child(fs, &write.path, write.file, &write.value, &known);
+            if deferred.contains(&(write.cgroup, write.file)) {
+                // A child's narrowing was deferred: it still holds more than this value.
+                report.skipped += 1;
+                continue;
+            }
+            let settled = settled_children(scan, parents, write.cgroup, write.file);
+            let unplanned = busy_child(fs, &write.path, write.file, &write.value, &settled);
             if let Some((child, held)) = unplanned {
                 log::debug!(
                     "cg={} not narrowed to {}: child {child} holds {held} (re-planning)",
@@ -108,6 +112,7 @@ pub fn apply(
                     write.value
                 );
                 report.stale.push(write.cgroup);
+                deferred.extend(ancestors(write.cgroup).skip(1).map(|i| (i, write.file)));
                 continue;
             }
         }
@@ -131,6 +136,31 @@ pub fn apply(
         }
     }
     report
+}
+
+/// Names of the children of scanned cgroup `parent` whose `file` the scan found set (the plan
+/// narrowed them first, if needed) or missing (not cpuset cgroups). The others, uninitialised
+/// when scanned, may have had the parent's wide set copied into them since, and are read again.
+fn settled_children<'a>(
+    scan: &'a Scan,
+    parents: &[Option<usize>],
+    parent: usize,
+    file: InterfaceFile,
+) -> HashSet<&'a OsStr> {
+    parents
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| **p == Some(parent))
+        .filter_map(|(i, _)| scan.cgroups.get(i))
+        .filter(|c| {
+            let value = match file {
+                InterfaceFile::CpusetMems => &c.mems,
+                _ => &c.cpus,
+            };
+            value.configured().is_some() || value.is_missing()
+        })
+        .filter_map(|c| c.path.name())
+        .collect()
 }
 
 /// A child of `cgroup` not among `known` whose `file` holds CPUs (or memory nodes) outside
@@ -178,6 +208,9 @@ mod tests {
             ("kubepods/pod", "0-3"),
             ("kubepods/pod/planned", "0-3"),
             ("kubepods/other", "0-3"),
+            ("kubepods/other/filled", ""),
+            ("kubepods/third", "0-3"),
+            ("kubepods/third/empty", ""),
         ] {
             make(rel, cpus);
         }
@@ -194,9 +227,10 @@ mod tests {
         let scan = crate::cgroupfs::Scanner::new(hierarchy.clone(), layout.kubepods.clone())
             .scan()
             .unwrap();
-        // Created after the scan: one with the parent's set copied down, one uninitialised.
+        // Since the scan: a child created with its parent's set copied down, and a child
+        // that was uninitialised then and got its parent's set since.
         make("kubepods/pod/late", "0-3");
-        make("kubepods/other/new", "");
+        make("kubepods/other/filled", "0-3");
 
         let index = |p: &str| {
             scan.cgroups
@@ -215,16 +249,24 @@ mod tests {
             write("kubepods/pod/planned", "1"),
             write("kubepods/pod", "1"),
             write("kubepods/other", "2"),
+            write("kubepods/third", "2"),
+            write("kubepods", "1-2"),
         ];
         let parents = crate::planner::parent_indexes(&scan);
         let report = apply(&hierarchy, &plan, &scan, &parents);
-        assert_eq!(report.stale, vec![index("kubepods/pod")]);
+        assert_eq!(
+            report.stale,
+            vec![index("kubepods/pod"), index("kubepods/other")]
+        );
         assert!(report.failed.is_empty());
-        assert_eq!(report.applied, 2);
+        assert_eq!((report.applied, report.skipped), (2, 1));
         let read = |rel: &str| fs::read_to_string(cpuset.join(rel).join("cpuset.cpus")).unwrap();
         assert_eq!(read("kubepods/pod"), "0-3\n");
         assert_eq!(read("kubepods/pod/planned"), "1");
+        assert_eq!(read("kubepods/other"), "0-3\n");
         // An uninitialised child does not hold its parent back.
-        assert_eq!(read("kubepods/other"), "2");
+        assert_eq!(read("kubepods/third"), "2");
+        // Nor is a parent narrowed over a child whose narrowing was deferred.
+        assert_eq!(read("kubepods"), "0-3\n");
     }
 }
