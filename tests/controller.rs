@@ -235,3 +235,49 @@ fn controller_measures_event_to_pin_until_the_cpuset_is_written() {
         "{median:?} of {took:?}"
     );
 }
+
+#[test]
+fn controller_counts_each_new_container_once_when_its_final_set_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fake_node(dir.path());
+    let mut controller = controller(&node);
+    let p = pod(
+        "g",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("g", 1000)],
+    );
+    let id = node.start_pod(&p).unwrap().remove(0);
+    // Its CPU settings cannot be read yet, and the runtime's config is not there.
+    let container = format!("{}/{id}", node.pod_dir(&p));
+    let shares = node.file(&container, "cpu.shares");
+    fs::write(&shares, "").unwrap();
+    let config = dir.path().join("runtime").join(&id).join("config.json");
+    let config_text = fs::read(&config).unwrap();
+    fs::remove_file(&config).unwrap();
+
+    let pod_cgroup = CgroupPath::new(&format!("kubepods/pod{}", p.uid)).unwrap();
+    // On v1 the pod appears under both hierarchies: two events, one new pod.
+    for _ in 0..2 {
+        let created = TreeEvent::Created {
+            cgroup: pod_cgroup.clone(),
+        };
+        controller.apply_event(created, Instant::now()).unwrap();
+    }
+    controller.pass(Instant::now());
+    assert_eq!(node.container_cpus(&p, &id).unwrap(), "0-15");
+    assert_eq!(controller.metrics.event_to_pin.count(), 0, "still waiting");
+
+    fs::write(&shares, "1024\n").unwrap();
+    fs::write(&config, config_text).unwrap();
+    let modified = TreeEvent::Modified {
+        cgroup: CgroupPath::new(&format!("kubepods/pod{}/{id}", p.uid)).unwrap(),
+        file: cpusetd::cgroupfs::InterfaceFile::CpuShares,
+    };
+    controller.apply_event(modified, Instant::now()).unwrap();
+    controller.pass(Instant::now());
+    assert_eq!(node.container_cpus(&p, &id).unwrap(), "8");
+    let again = TreeEvent::Created { cgroup: pod_cgroup };
+    controller.apply_event(again, Instant::now()).unwrap();
+    controller.pass(Instant::now());
+    assert_eq!(controller.metrics.event_to_pin.count(), 1);
+}

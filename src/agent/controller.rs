@@ -210,7 +210,10 @@ impl Controller {
                 let scan = self.parts.scanner.scan_subtree(&cgroup);
                 let mut changed = false;
                 for c in scan.cgroups {
-                    self.pending_pins.entry(c.path.clone()).or_insert(now);
+                    // On v1 a cgroup appears in each hierarchy: it is new once.
+                    if !self.model.contains_key(&c.path) {
+                        self.pending_pins.entry(c.path.clone()).or_insert(now);
+                    }
                     changed |= self.upsert(c, now);
                 }
                 Ok(changed)
@@ -308,7 +311,9 @@ impl Controller {
             }
             for root in stale {
                 for cgroup in self.parts.scanner.scan_subtree(&root).cgroups {
-                    self.pending_pins.entry(cgroup.path.clone()).or_insert(now);
+                    if !self.model.contains_key(&cgroup.path) {
+                        self.pending_pins.entry(cgroup.path.clone()).or_insert(now);
+                    }
                     self.upsert(cgroup, now);
                 }
             }
@@ -566,8 +571,10 @@ impl Controller {
         }
     }
 
-    /// Event → pin latency: a new container counts once its cpuset reads back as desired.
+    /// Event → pin latency: a new container counts once, when its cpuset reads back as desired
+    /// and its CPU settings were known (before, it waits in the shared pool for them).
     fn track_pins(&mut self, scan: &Scan, classes: &[Classification], now: Instant) {
+        use crate::classify::{Exclusivity, SharedReason};
         if self.pending_pins.is_empty() {
             return;
         }
@@ -577,6 +584,12 @@ impl Controller {
             };
             if class.kind != CgroupKind::Container {
                 self.pending_pins.remove(&cgroup.path);
+                continue;
+            }
+            if let Exclusivity::Shared {
+                reason: SharedReason::CpuSettingsUnavailable,
+            } = class.exclusivity
+            {
                 continue;
             }
             let current = self
