@@ -407,8 +407,8 @@ impl FakeNode {
         for file in ["cpuset.cpus", "cpuset.mems"] {
             let own = fs::read_to_string(dir.join(file))?;
             if own.trim().is_empty() {
-                let inherited = fs::read_to_string(parent.join(file))?;
-                write(&dir.join(file), inherited.trim())?;
+                let inherited = read_whole(&parent.join(file))?;
+                write(&dir.join(file), &inherited)?;
             }
         }
         Ok(())
@@ -432,6 +432,20 @@ fn appear(root: &Path, rel: &str, files: &[(&str, &str)]) -> io::Result<()> {
         fs::create_dir_all(parent)?;
     }
     fs::rename(&staging, &target)
+}
+
+/// Reads a parent's cpuset the way the kernel shows it: never half-written. A fake tree's file
+/// is empty for a moment while someone rewrites it (truncate, then write); the kernel's never
+/// is, and copying that moment into a child would leave the child uninitialised.
+fn read_whole(path: &Path) -> io::Result<String> {
+    for _ in 0..1000 {
+        let text = fs::read_to_string(path)?;
+        if !text.trim().is_empty() {
+            return Ok(text.trim().to_string());
+        }
+        std::thread::yield_now();
+    }
+    Ok(String::new())
 }
 
 /// Writes a value with the kernel's trailing newline, into an existing or new file.
