@@ -12,7 +12,8 @@
 //! which the runtime may have filled since) are read; if one holds CPUs outside the new value
 //! the write is not made (the kernel would refuse it with EBUSY), nor are its ancestors'
 //! narrowings, and the cgroup is reported [`WriteReport::stale`], for the caller to re-read it
-//! and plan again.
+//! and plan again. A narrowing the kernel refuses with EBUSY (a child set up between that check
+//! and the write) is reported the same way.
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
@@ -37,12 +38,14 @@ pub struct WriteReport {
     /// Narrowing writes not made because a child the plan did not know of holds more: the
     /// scan was stale below these cgroups (indexes in the scan).
     pub stale: Vec<usize>,
+    /// Narrowing writes not made yet because a child is new ([`NewChildren::LetThemSettle`]).
+    pub settling: Vec<usize>,
 }
 
 impl WriteReport {
     /// Every write was made (or its cgroup is gone).
     pub fn is_clean(&self) -> bool {
-        self.failed.is_empty() && self.stale.is_empty()
+        self.failed.is_empty() && self.stale.is_empty() && self.settling.is_empty()
     }
 }
 
@@ -64,6 +67,22 @@ enum Controller {
     Cpu,
 }
 
+/// How narrowing treats a cgroup whose children are new.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewChildren {
+    /// Narrow now (the one-shot commands).
+    NarrowNow,
+    /// The agent on cgroup v1, while runtimes create cgroups: a new cpuset cgroup is empty until
+    /// its runtime copies the parent's set into it (read the parent, then write the child, at
+    /// any moment; runc's `ensureParent`). Writing the child first races with that copy, and
+    /// narrowing the parent meanwhile makes one of the two writes fail (EBUSY for us, EACCES
+    /// for the runtime, which then fails to start the container). So a cgroup uninitialised in
+    /// the scan is left to its runtime (not written, nor anything below it), and a cgroup is not
+    /// narrowed while a child is uninitialised on disk: it is reported
+    /// [`WriteReport::settling`], for a pass a moment later.
+    LetThemSettle,
+}
+
 /// Executes `plan`, made from `scan`, in order. `parents[i]` is the parent of scanned cgroup
 /// `i` (as planned).
 pub fn apply(
@@ -71,6 +90,7 @@ pub fn apply(
     plan: &WritePlan,
     scan: &Scan,
     parents: &[Option<usize>],
+    new_children: NewChildren,
 ) -> WriteReport {
     let mut report = WriteReport::default();
     let mut gone = vec![false; parents.len()];
@@ -78,6 +98,9 @@ pub fn apply(
     let mut failed: HashSet<(usize, InterfaceFile)> = HashSet::new();
     // Ancestors of cgroups whose narrowing was deferred, per file.
     let mut deferred: HashSet<(usize, InterfaceFile)> = HashSet::new();
+    // Cgroups left to their runtime, per file.
+    let mut uninitialised: HashSet<(usize, InterfaceFile)> = HashSet::new();
+    let settle = new_children == NewChildren::LetThemSettle;
     let ancestors =
         |cgroup: usize| std::iter::successors(Some(cgroup), |&i| parents.get(i).copied().flatten());
     for write in plan {
@@ -93,6 +116,14 @@ pub fn apply(
             report.skipped += 1;
             continue;
         }
+        if settle
+            && (is_uninitialised(scan, write.cgroup, write.file)
+                || ancestors(write.cgroup).any(|i| uninitialised.contains(&(i, write.file))))
+        {
+            uninitialised.insert((write.cgroup, write.file));
+            report.skipped += 1;
+            continue;
+        }
         let fs = match controller_of(write.file) {
             Controller::Cpuset => &hierarchy.cpuset,
             Controller::Cpu => &hierarchy.cpu,
@@ -104,14 +135,18 @@ pub fn apply(
                 continue;
             }
             let settled = settled_children(scan, parents, write.cgroup, write.file);
-            let unplanned = busy_child(fs, &write.path, write.file, &write.value, &settled);
-            if let Some((child, held)) = unplanned {
+            let child =
+                child_in_the_way(fs, &write.path, write.file, &write.value, &settled, settle);
+            if let Some(child) = child {
                 log::debug!(
-                    "cg={} not narrowed to {}: child {child} holds {held} (re-planning)",
+                    "cg={} not narrowed to {} now: {child}",
                     write.path,
                     write.value
                 );
-                report.stale.push(write.cgroup);
+                match child {
+                    ChildState::Holds { .. } => report.stale.push(write.cgroup),
+                    ChildState::Uninitialised => report.settling.push(write.cgroup),
+                }
                 deferred.extend(ancestors(write.cgroup).skip(1).map(|i| (i, write.file)));
                 continue;
             }
@@ -129,6 +164,19 @@ pub fn apply(
                 }
                 report.gone += 1;
             }
+            Err(e)
+                if write.step == WriteStep::Narrow
+                    && e.errno() == Some(nix::errno::Errno::EBUSY as i32) =>
+            {
+                // A child set up since the check holds more: the kernel's word for "stale".
+                log::debug!(
+                    "cg={} not narrowed to {}: a child holds more (re-planning)",
+                    write.path,
+                    write.value
+                );
+                report.stale.push(write.cgroup);
+                deferred.extend(ancestors(write.cgroup).skip(1).map(|i| (i, write.file)));
+            }
             Err(e) => {
                 failed.insert((write.cgroup, write.file));
                 report.failed.push((write.clone(), e));
@@ -136,6 +184,20 @@ pub fn apply(
         }
     }
     report
+}
+
+/// Whether the scan found scanned cgroup `cgroup`'s cpuset `file` empty: a v1 cgroup its
+/// runtime has not set up yet.
+fn is_uninitialised(scan: &Scan, cgroup: usize, file: InterfaceFile) -> bool {
+    let Some(c) = scan.cgroups.get(cgroup) else {
+        return false;
+    };
+    let value = match file {
+        InterfaceFile::CpusetMems => &c.mems,
+        InterfaceFile::CpusetCpus => &c.cpus,
+        _ => return false,
+    };
+    value.value().is_some_and(|v| v.is_empty())
 }
 
 /// Names of the children of scanned cgroup `parent` whose `file` the scan found set (the plan
@@ -163,16 +225,38 @@ fn settled_children<'a>(
         .collect()
 }
 
+/// Why a cgroup is not narrowed now.
+#[derive(Debug)]
+enum ChildState {
+    /// A child the plan did not know holds more than the new value.
+    Holds { child: CgroupPath, held: CpuSet },
+    /// A child is not initialised yet: its runtime is about to copy the parent's set into it.
+    Uninitialised,
+}
+
+impl std::fmt::Display for ChildState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChildState::Holds { child, held } => {
+                write!(f, "child {child} holds {held} (re-planning)")
+            }
+            ChildState::Uninitialised => write!(f, "a new child is being set up (later)"),
+        }
+    }
+}
+
 /// A child of `cgroup` not among `known` whose `file` holds CPUs (or memory nodes) outside
-/// `value`, as the tree says now. Unreadable children and uninitialised (empty) ones do not
-/// count: the kernel lets a parent narrow over them.
-fn busy_child(
+/// `value`, as the tree says now; with `settle`, also one that is not initialised yet.
+/// Unreadable children do not count, nor (without `settle`) uninitialised ones: the kernel lets
+/// a parent narrow over them.
+fn child_in_the_way(
     fs: &CgroupFs,
     cgroup: &CgroupPath,
     file: InterfaceFile,
     value: &str,
     known: &HashSet<&OsStr>,
-) -> Option<(CgroupPath, CpuSet)> {
+    settle: bool,
+) -> Option<ChildState> {
     if !matches!(file, InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems) {
         return None;
     }
@@ -184,7 +268,11 @@ fn busy_child(
         .filter_map(|e| cgroup.join(&e.name).ok())
         .find_map(|child| {
             let held = CpuSet::parse(&fs.read(&child, file).ok()?).ok()?;
-            (!held.is_subset(&new)).then_some((child, held))
+            if held.is_empty() {
+                settle.then_some(ChildState::Uninitialised)
+            } else {
+                (!held.is_subset(&new)).then_some(ChildState::Holds { child, held })
+            }
         })
 }
 
@@ -253,7 +341,7 @@ mod tests {
             write("kubepods", "1-2"),
         ];
         let parents = crate::planner::parent_indexes(&scan);
-        let report = apply(&hierarchy, &plan, &scan, &parents);
+        let report = apply(&hierarchy, &plan, &scan, &parents, NewChildren::NarrowNow);
         assert_eq!(
             report.stale,
             vec![index("kubepods/pod"), index("kubepods/other")]
@@ -268,5 +356,77 @@ mod tests {
         assert_eq!(read("kubepods/third"), "2");
         // Nor is a parent narrowed over a child whose narrowing was deferred.
         assert_eq!(read("kubepods"), "0-3\n");
+    }
+
+    #[test]
+    fn the_agent_leaves_a_new_cgroup_to_its_runtime_and_narrows_its_parent_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let cpuset = dir.path().join("cpuset");
+        for (rel, cpus) in [
+            ("", "0-3"),
+            ("kubepods", "0-3"),
+            ("kubepods/pod", "0-3"),
+            ("kubepods/pod/ready", "0-3"),
+            ("kubepods/pod/fresh", ""),
+        ] {
+            fs::create_dir_all(cpuset.join(rel)).unwrap();
+            fs::write(cpuset.join(rel).join("cpuset.cpus"), format!("{cpus}\n")).unwrap();
+        }
+        fs::create_dir_all(dir.path().join("cpu")).unwrap();
+        fs::write(dir.path().join("cpu/cpu.shares"), "1024\n").unwrap();
+        let layout = CgroupLayout {
+            version: CgroupVersion::V1,
+            driver: CgroupDriver::Cgroupfs,
+            cpuset_root: cpuset.clone(),
+            cpu_root: dir.path().join("cpu"),
+            kubepods: CgroupPath::new("kubepods").unwrap(),
+        };
+        let hierarchy = Hierarchy::open(&layout).unwrap();
+        let scan = crate::cgroupfs::Scanner::new(hierarchy.clone(), layout.kubepods.clone())
+            .scan()
+            .unwrap();
+        let index = |p: &str| {
+            scan.cgroups
+                .iter()
+                .position(|c| c.path == CgroupPath::new(p).unwrap())
+                .unwrap()
+        };
+        let write = |p: &str, value: &str, step| PlannedWrite {
+            cgroup: index(p),
+            path: CgroupPath::new(p).unwrap(),
+            file: InterfaceFile::CpusetCpus,
+            value: value.into(),
+            step,
+        };
+        let plan = vec![
+            write("kubepods/pod/fresh", "1", WriteStep::Widen),
+            write("kubepods/pod/ready", "1", WriteStep::Narrow),
+            write("kubepods/pod", "1", WriteStep::Narrow),
+        ];
+        let parents = crate::planner::parent_indexes(&scan);
+        let read = |rel: &str| fs::read_to_string(cpuset.join(rel).join("cpuset.cpus")).unwrap();
+
+        let report = apply(
+            &hierarchy,
+            &plan,
+            &scan,
+            &parents,
+            NewChildren::LetThemSettle,
+        );
+        assert_eq!(report.settling, vec![index("kubepods/pod")]);
+        assert_eq!((report.applied, report.skipped), (1, 1));
+        assert_eq!(read("kubepods/pod/fresh"), "\n", "left to its runtime");
+        assert_eq!(read("kubepods/pod/ready"), "1");
+        assert_eq!(
+            read("kubepods/pod"),
+            "0-3\n",
+            "narrowed once the child is set up"
+        );
+
+        // The one-shot commands set it up themselves and narrow at once.
+        let report = apply(&hierarchy, &plan, &scan, &parents, NewChildren::NarrowNow);
+        assert!(report.is_clean());
+        assert_eq!(read("kubepods/pod/fresh"), "1");
+        assert_eq!(read("kubepods/pod"), "1");
     }
 }

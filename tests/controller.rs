@@ -281,3 +281,43 @@ fn controller_counts_each_new_container_once_when_its_final_set_is_written() {
     controller.pass(Instant::now());
     assert_eq!(controller.metrics.event_to_pin.count(), 1);
 }
+
+#[test]
+fn controller_leaves_a_new_cgroup_to_its_runtime_and_narrows_its_parent_once_it_is_set_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fake_node(dir.path());
+    let mut controller = controller(&node);
+    // A BestEffort container whose runtime has not copied the pod's cpuset into it yet.
+    let be = pod(
+        "be",
+        Qos::BestEffort,
+        vec![ContainerSpec::best_effort("be")],
+    );
+    let be_id = node.start_pod(&be).unwrap().remove(0);
+    let be_cpus = node.file(&format!("{}/{be_id}", node.pod_dir(&be)), "cpuset.cpus");
+    fs::write(&be_cpus, "\n").unwrap();
+    let db = pod(
+        "db",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("db", 2000)],
+    );
+    node.start_pod(&db).unwrap();
+    controller.full_scan().unwrap();
+    controller.pass(Instant::now());
+
+    // The new container is not written, and its pod not narrowed over it: the runtime is
+    // about to copy the pod's set into it, and the kernel would refuse one of the writes.
+    assert_eq!(fs::read_to_string(&be_cpus).unwrap(), "\n");
+    let be_pod = node.file(&node.pod_dir(&be), "cpuset.cpus");
+    assert_eq!(fs::read_to_string(&be_pod).unwrap().trim(), "0-15");
+    let retry = controller.next_retry().expect("a pass planned for later");
+
+    // The runtime sets it up; the pass planned for later narrows both.
+    fs::write(&be_cpus, "0-15\n").unwrap();
+    assert!(controller.retry_settings(retry));
+    controller.pass(retry);
+    let shared = "0,2-8,10-15";
+    assert_eq!(node.container_cpus(&be, &be_id).unwrap(), shared);
+    assert_eq!(fs::read_to_string(&be_pod).unwrap().trim(), shared);
+    assert_nested(&node);
+}

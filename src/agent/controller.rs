@@ -13,7 +13,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crate::allocator::StaticPolicy;
-use crate::cgroupfs::{CgroupError, CgroupPath, Hierarchy, Scan, ScannedCgroup, Scanner};
+use crate::cgroupfs::{
+    CgroupError, CgroupPath, CgroupVersion, Hierarchy, Scan, ScannedCgroup, Scanner,
+};
 use crate::classify::{
     classify, classify_scan, config_matches_cgroup, CgroupKind, CgroupNaming, Classification,
 };
@@ -24,7 +26,7 @@ use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
 use crate::state::Assignments;
 use crate::topology::Topology;
 use crate::watcher::TreeEvent;
-use crate::writer::apply;
+use crate::writer::{apply, NewChildren};
 
 use super::metrics::Metrics;
 
@@ -43,6 +45,29 @@ const SETTINGS_RETRY: [Duration; 4] = [
     Duration::from_millis(100),
     Duration::from_millis(500),
 ];
+
+/// How long a cgroup's narrowing waits, again and again, for runtimes to set up its new
+/// children (to copy its cpuset into them: a read and a write, microseconds apart unless the
+/// runtime is descheduled). After the last, the next event or reconcile tick tries again.
+const SETTLE_DELAYS: [Duration; 6] = [
+    Duration::from_millis(5),
+    Duration::from_millis(20),
+    Duration::from_millis(50),
+    Duration::from_millis(200),
+    Duration::from_millis(500),
+    Duration::from_millis(1000),
+];
+
+/// What writing a plan showed of the model.
+#[derive(Debug, Default)]
+struct FollowUp {
+    /// Cgroups with a child the model does not know: re-read them and plan again now.
+    stale: Vec<CgroupPath>,
+    /// Cgroups not narrowed while a child is set up: plan again after a [`SETTLE_DELAYS`].
+    settling: Vec<CgroupPath>,
+    /// A cgroup written to was gone (it left the model): plan again now.
+    vanished: bool,
+}
 
 /// Plans per pass when writing shows the model out of date (see [`Controller::pass`]).
 const MAX_REPLANS: usize = 4;
@@ -95,6 +120,10 @@ pub struct Controller {
     /// Containers waiting for their CPU settings, and how many re-reads they had.
     settings_wait: HashMap<CgroupPath, usize>,
     next_retry: Option<Instant>,
+    /// Cgroups whose narrowing waits for new children, and when to plan them again.
+    settling: Vec<CgroupPath>,
+    settle_at: Option<Instant>,
+    settle_tries: usize,
     /// Containers (by id) whose cgroup has held their runtime config's CPU request, or that
     /// were running when the agent started: a difference now is an in-place resize.
     settled: HashSet<String>,
@@ -115,6 +144,9 @@ impl Controller {
             pending_pins: HashMap::new(),
             settings_wait: HashMap::new(),
             next_retry: None,
+            settling: Vec::new(),
+            settle_at: None,
+            settle_tries: 0,
             settled: HashSet::new(),
             resized: HashSet::new(),
             last_plan: None,
@@ -163,9 +195,13 @@ impl Controller {
         (containers, self.parts.assignments.len())
     }
 
-    /// When the controller wants to re-read containers still waiting for CPU settings.
+    /// When the controller wants to re-read containers still waiting for CPU settings, or
+    /// cgroups whose narrowing waits for new children to be set up.
     pub fn next_retry(&self) -> Option<Instant> {
-        self.next_retry
+        [self.next_retry, self.settle_at]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Reads the whole tree into the model (at start, and after a watcher overflow).
@@ -232,12 +268,19 @@ impl Controller {
         }
     }
 
-    /// Re-reads containers still waiting for their CPU settings. Returns whether the model
-    /// changed.
+    /// Re-reads containers still waiting for their CPU settings, and, once due, the cgroups
+    /// whose narrowing waited for new children. Returns whether a pass is needed.
     pub fn retry_settings(&mut self, now: Instant) -> bool {
         self.next_retry = None;
-        let waiting: Vec<CgroupPath> = self.settings_wait.keys().cloned().collect();
         let mut changed = false;
+        if self.settle_at.is_some_and(|t| t <= now) {
+            self.settle_at = None;
+            for root in std::mem::take(&mut self.settling) {
+                self.rescan_subtree(&root, now);
+            }
+            changed = true;
+        }
+        let waiting: Vec<CgroupPath> = self.settings_wait.keys().cloned().collect();
         for path in waiting {
             match self.parts.scanner.read_cgroup(&path) {
                 Some(c) => changed |= self.upsert(c, now),
@@ -299,31 +342,56 @@ impl Controller {
     /// re-read first), or a cgroup written to is gone (it left the model, and what it held,
     /// an exclusive set perhaps, must be released now: its own removal event finds nothing
     /// left to do).
+    ///
+    /// On cgroup v1 a cgroup whose children are being set up by their runtime is narrowed by a
+    /// pass a moment later (see [`NewChildren::LetThemSettle`]).
     pub fn pass(&mut self, now: Instant) -> PassOutcome {
         let mut outcome = PassOutcome::default();
-        for _ in 0..MAX_REPLANS {
-            let (this, stale, vanished) = self.pass_once(now);
+        for replan in 1..=MAX_REPLANS {
+            let (this, follow_up) = self.pass_once(now);
             outcome.assignments_changed |= this.assignments_changed;
             outcome.writes += this.writes;
             outcome.failed_writes = this.failed_writes;
-            if stale.is_empty() && !vanished {
+            let mut settling = follow_up.settling;
+            let again = !follow_up.stale.is_empty() || follow_up.vanished;
+            let last = replan == MAX_REPLANS;
+            if again && last {
+                // The tree keeps changing under this pass (runtimes setting up cgroups one
+                // after the other): plan again a moment later, as for new children.
+                log::debug!("the tree still changes after {MAX_REPLANS} plans: again later");
+                settling.extend(follow_up.stale.iter().cloned());
+            }
+            let later = !settling.is_empty() || (again && last);
+            self.settling = settling;
+            self.settle_at = None;
+            if !later {
+                self.settle_tries = 0;
+            } else if let Some(delay) = SETTLE_DELAYS.get(self.settle_tries) {
+                self.settle_at = Some(Instant::now() + *delay);
+                self.settle_tries += 1;
+            }
+            if !again || last {
                 break;
             }
-            for root in stale {
-                for cgroup in self.parts.scanner.scan_subtree(&root).cgroups {
-                    if !self.model.contains_key(&cgroup.path) {
-                        self.pending_pins.entry(cgroup.path.clone()).or_insert(now);
-                    }
-                    self.upsert(cgroup, now);
-                }
+            for root in follow_up.stale {
+                self.rescan_subtree(&root, now);
             }
         }
         outcome
     }
 
-    /// One plan and its writes; also returns the cgroups found stale by the writer and whether
-    /// a cgroup written to was gone.
-    fn pass_once(&mut self, now: Instant) -> (PassOutcome, Vec<CgroupPath>, bool) {
+    /// Reads a subtree again into the model; cgroups new to it count as new for pin latency.
+    fn rescan_subtree(&mut self, root: &CgroupPath, now: Instant) {
+        for cgroup in self.parts.scanner.scan_subtree(root).cgroups {
+            if !self.model.contains_key(&cgroup.path) {
+                self.pending_pins.entry(cgroup.path.clone()).or_insert(now);
+            }
+            self.upsert(cgroup, now);
+        }
+    }
+
+    /// One plan and its writes, and what they showed of the model.
+    fn pass_once(&mut self, now: Instant) -> (PassOutcome, FollowUp) {
         let scan = self.model_scan();
         let classes = self.classify_model(&scan);
         let config = PlanConfig {
@@ -356,6 +424,10 @@ impl Controller {
             &planned.writes,
             &scan,
             &planned.parents,
+            match self.parts.hierarchy.version {
+                CgroupVersion::V1 => NewChildren::LetThemSettle,
+                CgroupVersion::V2 => NewChildren::NarrowNow,
+            },
         );
         for (write, error) in &report.failed {
             let errno = error.errno().unwrap_or(0);
@@ -417,14 +489,20 @@ impl Controller {
             writes: report.applied,
             failed_writes: report.failed.len(),
         };
-        let stale = report
-            .stale
-            .iter()
-            .map(|&i| scan.cgroups[i].path.clone())
-            .collect();
+        let paths = |indexes: &[usize]| -> Vec<CgroupPath> {
+            indexes
+                .iter()
+                .map(|&i| scan.cgroups[i].path.clone())
+                .collect()
+        };
+        let follow_up = FollowUp {
+            stale: paths(&report.stale),
+            settling: paths(&report.settling),
+            vanished,
+        };
         self.last_plan = Some(planned);
         self.last_classes = classes;
-        (outcome, stale, vanished)
+        (outcome, follow_up)
     }
 
     /// Classifies the model. The runtime's config gives a container's CPU request while its

@@ -12,7 +12,7 @@ use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, PlanConfig, WriteStep};
 use crate::report::{render_table, rows, CgroupRow};
 use crate::state::Assignments;
-use crate::writer::apply;
+use crate::writer::{apply, NewChildren};
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -93,9 +93,15 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
         }
     }
     let table = rows(&scan, &classes, &planned);
-    let report = args
-        .apply
-        .then(|| apply(&node.hierarchy, &planned.writes, &scan, &planned.parents));
+    let report = args.apply.then(|| {
+        apply(
+            &node.hierarchy,
+            &planned.writes,
+            &scan,
+            &planned.parents,
+            NewChildren::NarrowNow,
+        )
+    });
 
     if args.json {
         let doc = JsonPlan {
