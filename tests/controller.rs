@@ -42,7 +42,8 @@ fn pod(name: &str, qos: Qos, containers: Vec<ContainerSpec>) -> PodSpec {
     }
 }
 
-/// A controller over the node's tree, with CPU 0 reserved, after its first full scan.
+/// A controller over the node's tree, with CPU 0 reserved, after its first scan and pass (as
+/// the agent starts).
 fn controller(node: &FakeNode) -> Controller {
     let layout = layout_of(node.cgroup_root());
     let hierarchy = Hierarchy::open(&layout).unwrap();
@@ -68,6 +69,7 @@ fn controller(node: &FakeNode) -> Controller {
         quota_lifted: Default::default(),
     });
     controller.full_scan().unwrap();
+    controller.pass(Instant::now());
     controller
 }
 

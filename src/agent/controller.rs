@@ -246,10 +246,6 @@ impl Controller {
                 let scan = self.parts.scanner.scan_subtree(&cgroup);
                 let mut changed = false;
                 for c in scan.cgroups {
-                    // On v1 a cgroup appears in each hierarchy: it is new once.
-                    if !self.model.contains_key(&c.path) {
-                        self.pending_pins.entry(c.path.clone()).or_insert(now);
-                    }
                     changed |= self.upsert(c, now);
                 }
                 Ok(changed)
@@ -274,7 +270,9 @@ impl Controller {
         self.next_retry = None;
         let mut changed = false;
         if self.settle_at.is_some_and(|t| t <= now) {
+            // Only retries that find the tree still unsettled wait longer next time.
             self.settle_at = None;
+            self.settle_tries += 1;
             for root in std::mem::take(&mut self.settling) {
                 self.rescan_subtree(&root, now);
             }
@@ -290,12 +288,18 @@ impl Controller {
         changed
     }
 
+    /// Puts what was read of a cgroup into the model. A cgroup new to it after the first pass
+    /// (by whichever way it was seen first: its event, in either v1 hierarchy, or a scan) is
+    /// tracked for the event-to-pin latency from `now`.
     fn upsert(&mut self, cgroup: ScannedCgroup, now: Instant) -> bool {
         let path = cgroup.path.clone();
-        if let Some(entry) = self.model.get(&path) {
-            if entry.cgroup == cgroup {
-                return false;
+        match self.model.get(&path) {
+            Some(entry) if entry.cgroup == cgroup => return false,
+            Some(_) => {}
+            None if self.last_plan.is_some() => {
+                self.pending_pins.entry(path.clone()).or_insert(now);
             }
+            None => {}
         }
         if let (Some(desired), Some(now_cpus)) =
             (self.last_desired.get(&path), cgroup.cpus.configured())
@@ -368,7 +372,6 @@ impl Controller {
                 self.settle_tries = 0;
             } else if let Some(delay) = SETTLE_DELAYS.get(self.settle_tries) {
                 self.settle_at = Some(Instant::now() + *delay);
-                self.settle_tries += 1;
             }
             if !again || last {
                 break;
@@ -380,12 +383,9 @@ impl Controller {
         outcome
     }
 
-    /// Reads a subtree again into the model; cgroups new to it count as new for pin latency.
+    /// Reads a subtree again into the model.
     fn rescan_subtree(&mut self, root: &CgroupPath, now: Instant) {
         for cgroup in self.parts.scanner.scan_subtree(root).cgroups {
-            if !self.model.contains_key(&cgroup.path) {
-                self.pending_pins.entry(cgroup.path.clone()).or_insert(now);
-            }
             self.upsert(cgroup, now);
         }
     }
