@@ -743,8 +743,14 @@ fn agent_event_to_pin_latency_on_a_fake_tree() {
         for p in &pods {
             node.fake.start_pod(p).unwrap();
         }
-        node.wait_status(&format!("round {round} pinned"), |s| {
-            s.converged() && s.exclusive_cpus == "1-2,8-10" && s.containers.len() == 20
+        // The agent's own count: each container is counted once, when its set is final.
+        let counted = (round + 1) as f64 * 10.0;
+        let pinned = poll_until(DEADLINE, || {
+            Some(node.metric("cpusetd_event_to_pin_seconds_count")).filter(|n| *n >= counted)
+        });
+        assert!(pinned.is_some(), "round {round}: {:?}", node.metrics());
+        node.wait_status(&format!("round {round} converged"), |s| {
+            s.converged() && s.exclusive_cpus == "1-2,8-10"
         });
         for p in &pods {
             node.fake.remove_pod(p).unwrap();
@@ -754,7 +760,8 @@ fn agent_event_to_pin_latency_on_a_fake_tree() {
         });
     }
     println!(
-        "event-to-pin latency, fake tree (tmpfs, debug build): {}",
+        "event-to-pin latency, fake tree ({}): {}",
+        crate::agent_util::build(),
         pin_latency(&node.metrics())
     );
     assert_eq!(node.metric("cpusetd_pinning_requests_total"), 100.0);

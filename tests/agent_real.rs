@@ -320,8 +320,18 @@ fn agent_event_to_pin_latency_on_the_real_v1_hierarchy() {
         let pods: Vec<HandMadePod> = (0..10)
             .map(|i| HandMadePod::start(&tree, &runtime, (i == 0).then_some(1000)))
             .collect();
-        agent.wait_status(&format!("round {round} pinned"), |s| {
-            s.converged() && cpus(&s.exclusive_cpus).len() == 1 && s.containers.len() == 10
+        // The agent's own count: each container is counted once, when its set is final.
+        let counted = (round + 1) as f64 * 10.0;
+        let pinned = poll_until(DEADLINE, || {
+            let count = agent
+                .metrics()
+                .get("cpusetd_event_to_pin_seconds_count")
+                .copied();
+            count.filter(|n| *n >= counted)
+        });
+        assert!(pinned.is_some(), "round {round}: {:?}", agent.metrics());
+        agent.wait_status(&format!("round {round} converged"), |s| {
+            s.converged() && cpus(&s.exclusive_cpus).len() == 1
         });
         for p in &pods {
             p.remove(&tree);
@@ -331,7 +341,8 @@ fn agent_event_to_pin_latency_on_the_real_v1_hierarchy() {
         });
     }
     println!(
-        "event-to-pin latency, real cgroup v1 hierarchy (debug build): {}",
+        "event-to-pin latency, real cgroup v1 hierarchy ({}): {}",
+        crate::agent_util::build(),
         pin_latency(&agent.metrics())
     );
     agent.stop_clean();

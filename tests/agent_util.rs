@@ -344,6 +344,15 @@ impl TestNode {
     }
 }
 
+/// Which build of cpusetd the tests run, for the figures they print.
+pub fn build() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug build"
+    } else {
+        "release build"
+    }
+}
+
 /// Prometheus text as `name{labels}` → value.
 pub fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
     text.lines()
