@@ -101,6 +101,8 @@ pub fn apply(
     // Cgroups left to their runtime, per file.
     let mut uninitialised: HashSet<(usize, InterfaceFile)> = HashSet::new();
     let settle = new_children == NewChildren::LetThemSettle;
+    // Children of each scanned cgroup, built at the first narrowing.
+    let mut children: Option<Vec<Vec<usize>>> = None;
     let ancestors =
         |cgroup: usize| std::iter::successors(Some(cgroup), |&i| parents.get(i).copied().flatten());
     for write in plan {
@@ -134,7 +136,17 @@ pub fn apply(
                 report.skipped += 1;
                 continue;
             }
-            let settled = settled_children(scan, parents, write.cgroup, write.file);
+            let children = children.get_or_insert_with(|| {
+                let mut index = vec![Vec::new(); parents.len()];
+                for (child, parent) in parents.iter().enumerate() {
+                    if let Some(list) = parent.and_then(|p| index.get_mut(p)) {
+                        list.push(child);
+                    }
+                }
+                index
+            });
+            let of_this = children.get(write.cgroup).map_or(&[][..], |c| &c[..]);
+            let settled = settled_children(scan, of_this, write.file);
             let child =
                 child_in_the_way(fs, &write.path, write.file, &write.value, &settled, settle);
             if let Some(child) = child {
@@ -200,20 +212,17 @@ fn is_uninitialised(scan: &Scan, cgroup: usize, file: InterfaceFile) -> bool {
     value.value().is_some_and(|v| v.is_empty())
 }
 
-/// Names of the children of scanned cgroup `parent` whose `file` the scan found set (the plan
-/// narrowed them first, if needed) or missing (not cpuset cgroups). The others, uninitialised
-/// when scanned, may have had the parent's wide set copied into them since, and are read again.
+/// Names of the scanned `children` whose `file` the scan found set (the plan narrowed them
+/// first, if needed) or missing (not cpuset cgroups). The others, uninitialised when scanned,
+/// may have had the parent's wide set copied into them since, and are read again.
 fn settled_children<'a>(
     scan: &'a Scan,
-    parents: &[Option<usize>],
-    parent: usize,
+    children: &[usize],
     file: InterfaceFile,
 ) -> HashSet<&'a OsStr> {
-    parents
+    children
         .iter()
-        .enumerate()
-        .filter(|(_, p)| **p == Some(parent))
-        .filter_map(|(i, _)| scan.cgroups.get(i))
+        .filter_map(|&i| scan.cgroups.get(i))
         .filter(|c| {
             let value = match file {
                 InterfaceFile::CpusetMems => &c.mems,
