@@ -168,6 +168,7 @@ impl FakeNode {
                 }
             }
             CgroupVersion::V2 => {
+                fs::create_dir_all(root)?;
                 write(
                     &root.join("cgroup.controllers"),
                     "cpuset cpu io memory pids",
@@ -528,5 +529,35 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().starts_with(".staging"))
             .collect();
         assert!(leftovers.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod v2_tests {
+    use super::*;
+
+    #[test]
+    fn a_burstable_pod_on_v2_gets_weight_and_max() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = FakeNode::create(
+            &dir.path().join("cg"),
+            CgroupVersion::V2,
+            CpuSet::range(0, 7),
+            CpuSet::range(0, 0),
+            &dir.path().join("runtime"),
+        )
+        .unwrap();
+        let pod = PodSpec {
+            uid: new_pod_uid(),
+            name: "api".into(),
+            qos: Qos::Burstable,
+            containers: vec![ContainerSpec::burstable("api", 1000, Some(2000))],
+        };
+        let ids = node.start_pod(&pod).unwrap();
+        let rel = format!("{}/{}", node.pod_dir(&pod), ids[0]);
+        let read = |f| fs::read_to_string(node.file(&rel, f)).unwrap();
+        assert_eq!(read("cpu.weight"), "39\n");
+        assert_eq!(read("cpu.max"), "200000 100000\n");
+        assert_eq!(read("cpuset.cpus"), "\n");
     }
 }

@@ -100,7 +100,7 @@ fn every_class_arrives_and_leaves(version: CgroupVersion) {
     // The pod is deleted: its CPUs return to the shared pool.
     node.fake.remove_pod(&db).unwrap();
     let status = node.wait_status("db's cpus back in the shared pool", |s| {
-        s.exclusive_cpus.is_empty() && s.has(&be[0], "0-15") && s.converged()
+        s.exclusive_cpu_count == 0 && s.has(&be[0], "0-15") && s.converged()
     });
     assert_eq!(status.shared_pool, "0-15");
     for (p, id) in [
@@ -358,7 +358,7 @@ fn cpu_limit_resize(version: CgroupVersion) {
 
     resize(&node, &p, &id, 1500);
     let status = node.wait_status("resized to 1.5 cpus: shared", |s| {
-        s.converged() && s.by_id(&id).is_some_and(|r| !r.exclusive) && s.exclusive_cpus.is_empty()
+        s.converged() && s.by_id(&id).is_some_and(|r| !r.exclusive) && s.exclusive_cpu_count == 0
     });
     assert!(status.has(&id, "0-15"), "{status:#?}");
     assert!(agent.stop().success());
@@ -756,7 +756,7 @@ fn agent_event_to_pin_latency_on_a_fake_tree() {
             node.fake.remove_pod(p).unwrap();
         }
         node.wait_status(&format!("round {round} gone"), |s| {
-            s.containers.is_empty() && s.exclusive_cpus.is_empty()
+            s.containers.is_empty() && s.exclusive_cpu_count == 0
         });
     }
     println!(

@@ -16,7 +16,7 @@ use serde_json::json;
 
 use cpusetd::cpuset::CpuSet;
 
-use crate::agent_util::{cpus, parse_metrics, pin_latency, poll_until, Agent, Status, DEADLINE};
+use crate::agent_util::{parse_metrics, pin_latency, poll_until, Agent, Status, DEADLINE};
 use crate::runc::{
     container_id, controller_mount, kernel_skip_reason, online_cpus, pod_uid, runc_skip_reason,
     CpuResources, E2eTree, Runc,
@@ -235,7 +235,7 @@ fn agent_pins_real_containers_started_and_deleted_while_it_runs() {
     runc.tree().remove(&guaranteed_pod);
     assert_eq!(best_effort.wait_cpus_allowed(&online), online);
     agent.wait_status("the pod's cpu released", |s| {
-        s.exclusive_cpus.is_empty() && s.converged()
+        s.exclusive_cpu_count == 0 && s.converged()
     });
     // A new one gets a CPU again.
     let again = runc.start(&format!("pod{}", pod_uid()), CpuResources::guaranteed(1));
@@ -331,7 +331,7 @@ fn agent_event_to_pin_latency_on_the_real_v1_hierarchy() {
         });
         assert!(pinned.is_some(), "round {round}: {:?}", agent.metrics());
         agent.wait_status(&format!("round {round} converged"), |s| {
-            s.converged() && cpus(&s.exclusive_cpus).len() == 1
+            s.converged() && s.exclusive_cpu_count == 1
         });
         for p in &pods {
             p.remove(&tree);

@@ -100,6 +100,7 @@ pub struct Status {
     pub policy: String,
     pub shared_pool: String,
     pub exclusive_cpus: String,
+    pub exclusive_cpu_count: usize,
     pub last_reconcile_unix_ms: Option<u64>,
     pub containers: Vec<Row>,
     pub differing: usize,

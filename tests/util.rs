@@ -11,11 +11,14 @@ use cpusetd::cgroupfs::{detect_layout, CgroupLayout, Hierarchy, LayoutConfig, Sc
 use cpusetd::classify::{classify_scan, CgroupNaming, Classification, Exclusivity};
 use cpusetd::runtime::{ConfigTemplate, RuntimeLookup};
 
+/// The repository root.
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
 /// `testdata/<rel>` in the source tree.
 pub fn testdata(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("testdata")
-        .join(rel)
+    repo().join("testdata").join(rel)
 }
 
 /// `testdata/cgroup/<rel>` in the source tree.

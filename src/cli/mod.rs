@@ -3,6 +3,7 @@
 //! `/sys` or `/proc`, and only as flag defaults.
 
 mod allocate;
+mod demo;
 mod node;
 mod plan;
 mod reset;
@@ -41,6 +42,8 @@ enum Command {
     Topology(topology::TopologyArgs),
     /// What-if: which CPUs the static policy would give a container requesting N CPUs.
     Allocate(allocate::AllocateArgs),
+    /// See it work: the real agent on a fake node, with a scripted kubelet (no setup needed).
+    Demo(demo::DemoArgs),
     /// Run the agent: watch the kubepods cgroups and keep every container on its CPUs.
     Run(run::RunArgs),
     /// Every container, the CPUs it should have and the CPUs it has (while the agent runs).
@@ -123,6 +126,7 @@ pub fn main() -> ExitCode {
         Command::Allocate(args) => allocate::run(&args),
         Command::Plan(args) => plan::run(&args),
         Command::Run(args) => run::run(&args),
+        Command::Demo(args) => demo::run(&args),
         Command::Status(args) => status::run(&args),
         Command::Reset(args) => reset::run(&args),
     };

@@ -77,6 +77,70 @@ pub struct PolicyArgs {
     pub align_memory: bool,
 }
 
+/// Default state directory.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/cpusetd";
+
+/// The flags shared by `run`, `plan`, `status` and `reset` (DESIGN.md §7), so one set of flags
+/// (the systemd env file's) works for all of them.
+#[derive(Debug, Clone, Args)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    pub tree: TreeArgs,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    /// Where the agent's checkpoint (state.json) and lock live.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// How often `run` does a full read-only scan that repairs drift and catches anything missed.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub cpu_manager_reconcile_period: std::time::Duration,
+    /// `run` writes Prometheus metrics here after each pass (node_exporter textfile collector).
+    #[arg(long, value_name = "PATH")]
+    pub metrics_file: Option<PathBuf>,
+}
+
+/// A Go-style duration (`10s`, `500ms`, `1m30s`, `2h`), between 10ms and 24h.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    use std::time::Duration;
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err("empty duration".into());
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(digits);
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let value: f64 = number
+            .parse()
+            .map_err(|_| format!("{text:?} is not a duration such as 10s, 500ms or 1m30s"))?;
+        let seconds = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => {
+                return Err(format!(
+                    "{text:?}: unknown unit {unit:?} (use ms, s, m or h)"
+                ))
+            }
+        };
+        total += Duration::from_secs_f64(value * seconds);
+        rest = tail;
+    }
+    if total < Duration::from_millis(10) || total > Duration::from_secs(86_400) {
+        return Err(format!("{text:?} is outside 10ms..24h"));
+    }
+    Ok(total)
+}
+
 /// Everything a command needs to look at the node's cgroup tree.
 #[derive(Debug)]
 pub struct NodeView {
@@ -90,6 +154,19 @@ pub struct NodeView {
 impl NodeView {
     pub fn scanner(&self) -> Scanner {
         Scanner::new(self.hierarchy.clone(), self.layout.kubepods.clone())
+    }
+
+    /// Scans the kubepods tree and classifies every cgroup in it.
+    pub fn scan_and_classify(
+        &mut self,
+    ) -> Result<(crate::cgroupfs::Scan, Vec<crate::classify::Classification>), CommandError> {
+        let scan = self
+            .scanner()
+            .scan()
+            .map_err(|e| CommandError::failure(&e))?;
+        let runtime = &mut self.runtime;
+        let classes = crate::classify::classify_scan(&self.naming, &scan, |id| runtime.lookup(id));
+        Ok((scan, classes))
     }
 }
 
@@ -198,5 +275,22 @@ impl PolicyArgs {
                 }
                 _ => CommandError::usage(format!("--reserved-cpus/--reserved-cpu-count: {e}")),
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_like_kubelets() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        for bad in ["", "10", "10x", "0s", "-1s", "25h", "s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -5,9 +5,8 @@
 use clap::Args;
 use serde::Serialize;
 
-use super::node::{PolicyArgs, TreeArgs};
+use super::node::AgentArgs;
 use super::{CommandError, EXIT_FAILURE};
-use crate::classify::classify_scan;
 use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, PlanConfig, WriteStep};
 use crate::report::{render_table, rows, CgroupRow};
@@ -16,10 +15,10 @@ use crate::writer::{apply, NewChildren};
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
+    /// The agent's flags; the checkpoint in --state-dir, when there is one, supplies the
+    /// assignments (as the agent would use them).
     #[command(flatten)]
-    tree: TreeArgs,
-    #[command(flatten)]
-    policy: PolicyArgs,
+    agent: AgentArgs,
     /// Perform the writes.
     #[arg(long)]
     apply: bool,
@@ -62,14 +61,28 @@ struct JsonPlan {
 }
 
 pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
+    let (apply_writes, json) = (args.apply, args.json);
+    let args = &args.agent;
+    // One writer: with --apply, a running agent's lock means "it applies this itself".
+    let _lock = if apply_writes && args.state_dir.join(crate::checkpoint::LOCK_FILE).exists() {
+        Some(
+            crate::checkpoint::StateLock::acquire(&args.state_dir).map_err(|e| {
+                CommandError::usage(format!(
+                    "{}: the agent applies its plans itself; run `plan` without --apply to look",
+                    error_chain(&e)
+                ))
+            })?,
+        )
+    } else {
+        None
+    };
     let mut node = args.tree.open()?;
     let policy = args.policy.policy(&node.topology)?;
-    let scan = node
-        .scanner()
-        .scan()
-        .map_err(|e| CommandError::failure(&e))?;
-    let runtime = &mut node.runtime;
-    let classes = classify_scan(&node.naming, &scan, |id| runtime.lookup(id));
+    let previous = match crate::checkpoint::load(&args.state_dir) {
+        crate::checkpoint::LoadOutcome::Loaded(cp) => cp.assignments,
+        _ => Assignments::new(),
+    };
+    let (scan, classes) = node.scan_and_classify()?;
     for (cgroup, class) in scan.cgroups.iter().zip(&classes) {
         for notice in &class.notices {
             log::warn!("cg={} {notice}", cgroup.relative);
@@ -81,7 +94,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
         align_memory: args.policy.align_memory,
         keep_cfs_quota: args.policy.keep_cfs_quota,
     };
-    let planned = plan(&scan, &classes, &Assignments::new(), &config);
+    let planned = plan(&scan, &classes, &previous, &config);
     for event in &planned.events {
         if let AssignEvent::Failed {
             key,
@@ -93,7 +106,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
         }
     }
     let table = rows(&scan, &classes, &planned);
-    let report = args.apply.then(|| {
+    let report = apply_writes.then(|| {
         apply(
             &node.hierarchy,
             &planned.writes,
@@ -103,7 +116,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
         )
     });
 
-    if args.json {
+    if json {
         let doc = JsonPlan {
             cgroup_version: node.layout.version.to_string(),
             cgroup_driver: node.layout.driver.to_string(),

@@ -3,12 +3,9 @@
 //! quotas the agent lifted (recorded in its checkpoint), and removes the checkpoint. Refuses to
 //! run while the agent holds the state lock, since the agent would pin everything again.
 
-use std::path::PathBuf;
-
 use clap::Args;
 
-use super::node::TreeArgs;
-use super::run::DEFAULT_STATE_DIR;
+use super::node::AgentArgs;
 use super::{CommandError, EXIT_FAILURE};
 use crate::cgroupfs::{CgroupPath, InterfaceFile};
 use crate::checkpoint::{self, LoadOutcome, StateLock};
@@ -18,14 +15,13 @@ use crate::writer::{apply, NewChildren};
 
 #[derive(Debug, Args)]
 pub struct ResetArgs {
+    /// The agent's flags (only the tree flags and --state-dir matter here).
     #[command(flatten)]
-    tree: TreeArgs,
-    /// The agent's state directory.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
-    state_dir: PathBuf,
+    agent: AgentArgs,
 }
 
 pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
+    let args = &args.agent;
     let _lock = StateLock::acquire(&args.state_dir).map_err(|e| {
         CommandError::usage(format!("{}: stop cpusetd before reset", error_chain(&e)))
     })?;

@@ -1,33 +1,29 @@
 //! `cpusetd status`: every container, its class, the CPUs it should have and the CPUs it has,
 //! from the agent's checkpoint and the live tree. Works while the agent runs; needs no IPC.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::{Duration, UNIX_EPOCH};
 
 use clap::Args;
 use serde::Serialize;
 
-use super::node::TreeArgs;
-use super::run::DEFAULT_STATE_DIR;
+use super::node::{AgentArgs, NodeView};
 use super::CommandError;
 use crate::checkpoint::{self, LoadOutcome};
-use crate::classify::classify_scan;
 use crate::planner::{desired_tree, parent_indexes, Plan, Pools};
 use crate::report::{render_table, rows, CgroupRow};
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
+    /// The agent's flags (only the tree flags and --state-dir matter here).
     #[command(flatten)]
-    tree: TreeArgs,
-    /// The agent's state directory.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
-    state_dir: PathBuf,
+    agent: AgentArgs,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
 }
 
-#[derive(Serialize)]
+#[derive(Debug, Serialize)]
 struct StatusDoc {
     policy: String,
     reserved: String,
@@ -41,14 +37,56 @@ struct StatusDoc {
     differing: usize,
 }
 
-pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
-    let cp = match checkpoint::load(&args.state_dir) {
+/// What `status` shows: the checkpoint's pools and every container's desired and actual set.
+#[derive(Debug)]
+pub struct StatusView {
+    doc: StatusDoc,
+}
+
+impl StatusView {
+    pub fn rows(&self) -> &[CgroupRow] {
+        &self.doc.containers
+    }
+
+    /// The header line and the table, as `cpusetd status` prints them.
+    pub fn render(&self) -> String {
+        let d = &self.doc;
+        let age = d.last_reconcile_unix_ms.map(|ms| {
+            let then = UNIX_EPOCH + Duration::from_millis(ms);
+            then.elapsed()
+                .map(|e| format!("{}s ago", e.as_secs()))
+                .unwrap_or_else(|_| "just now".into())
+        });
+        let mut out = format!(
+            "policy {}: reserved {}, shared pool {} ({} cpus), exclusive {} ({} cpus), last reconcile {}\n\n",
+            d.policy,
+            d.reserved,
+            d.shared_pool,
+            d.shared_pool_size,
+            d.exclusive_cpus,
+            d.exclusive_cpu_count,
+            age.unwrap_or_else(|| "never".into())
+        );
+        out.push_str(&render_table(&d.containers));
+        if d.differing > 0 {
+            out.push_str(&format!(
+                "\n{} cgroup(s) marked * differ from what the agent wants (a write still to come, or drift the next pass repairs)\n",
+                d.differing
+            ));
+        }
+        out
+    }
+}
+
+/// Reads the agent's checkpoint and the live tree.
+pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, CommandError> {
+    let cp = match checkpoint::load(state_dir) {
         LoadOutcome::Loaded(cp) => cp,
         LoadOutcome::Missing => {
             return Err(CommandError::usage(format!(
                 "no checkpoint in {}: is cpusetd running with --state-dir {}?",
-                args.state_dir.display(),
-                args.state_dir.display()
+                state_dir.display(),
+                state_dir.display()
             )))
         }
         LoadOutcome::Unusable { path, reason } => {
@@ -57,13 +95,7 @@ pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
             )))
         }
     };
-    let mut node = args.tree.open()?;
-    let scan = node
-        .scanner()
-        .scan()
-        .map_err(|e| CommandError::failure(&e))?;
-    let runtime = &mut node.runtime;
-    let classes = classify_scan(&node.naming, &scan, |id| runtime.lookup(id));
+    let (scan, classes) = node.scan_and_classify()?;
     let exclusive = cp.assignments.exclusive_cpus();
     let pools = Pools {
         pod_cpus: cp.shared_pool.union(&exclusive),
@@ -90,42 +122,34 @@ pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
     };
     let table = rows(&scan, &classes, &view);
     let differing = table.iter().filter(|r| r.differs()).count();
-    if args.json {
-        let doc = StatusDoc {
+    Ok(StatusView {
+        doc: StatusDoc {
             policy: cp.policy.to_string(),
             reserved: cp.reserved.to_string(),
             shared_pool: cp.shared_pool.to_string(),
             shared_pool_size: cp.shared_pool.len(),
-            exclusive_cpus: exclusive.to_string(),
+            exclusive_cpus: if exclusive.is_empty() {
+                "none".to_string()
+            } else {
+                exclusive.to_string()
+            },
             exclusive_cpu_count: exclusive.len(),
             last_reconcile_unix_ms: cp.last_reconcile_unix_ms,
             containers: table,
             differing,
-        };
-        let text = serde_json::to_string_pretty(&doc).map_err(|e| CommandError::failure(&e))?;
+        },
+    })
+}
+
+pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
+    let mut node = args.agent.tree.open()?;
+    let view = collect(&mut node, &args.agent.state_dir)?;
+    if args.json {
+        let text =
+            serde_json::to_string_pretty(&view.doc).map_err(|e| CommandError::failure(&e))?;
         println!("{text}");
-        return Ok(());
-    }
-    let age = cp.last_reconcile_unix_ms.map(|ms| {
-        let then = UNIX_EPOCH + Duration::from_millis(ms);
-        then.elapsed()
-            .map(|d| format!("{}s ago", d.as_secs()))
-            .unwrap_or_else(|_| "just now".into())
-    });
-    println!(
-        "policy {}: reserved {}, shared pool {} ({} cpus), exclusive {} ({} cpus), last reconcile {}",
-        cp.policy,
-        cp.reserved,
-        cp.shared_pool,
-        cp.shared_pool.len(),
-        exclusive,
-        exclusive.len(),
-        age.unwrap_or_else(|| "never".into())
-    );
-    println!();
-    print!("{}", render_table(&table));
-    if differing > 0 {
-        println!("\n{differing} cgroup(s) marked * differ from what the agent wants (a write still to come, or drift the next pass repairs)");
+    } else {
+        print!("{}", view.render());
     }
     Ok(())
 }

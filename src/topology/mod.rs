@@ -6,9 +6,11 @@
 //! A `Topology` is plain data: the allocator and planner take it by reference and never do I/O.
 
 mod discover;
+mod fake_sysfs;
 mod render;
 
 pub use discover::{discover, parse_cmdline_isolated, DiscoverError};
+pub use fake_sysfs::write_fake_sysfs;
 pub use render::render_tree;
 
 use std::collections::{BTreeMap, BTreeSet};
