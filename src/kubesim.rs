@@ -150,11 +150,22 @@ impl FakeNode {
                 for controller in ["cpuset", "cpu,cpuacct"] {
                     fs::create_dir_all(root.join(controller))?;
                 }
-                write(&root.join("cpuset/cpuset.cpus"), &node.cpus.to_string())?;
-                write(&root.join("cpuset/cpuset.mems"), &node.mems.to_string())?;
-                write(&root.join("cpu,cpuacct/cpu.shares"), "1024")?;
-                write(&root.join("cpu,cpuacct/cpu.cfs_quota_us"), "-1")?;
-                write(&root.join("cpu,cpuacct/cpu.cfs_period_us"), "100000")?;
+                // The root cgroups' interface files, as the kernel shows them.
+                let cpus = node.cpus.to_string();
+                let mems = node.mems.to_string();
+                for (file, value) in [
+                    ("cpuset/cpuset.cpus", cpus.as_str()),
+                    ("cpuset/cpuset.mems", mems.as_str()),
+                    ("cpuset/cpuset.effective_cpus", cpus.as_str()),
+                    ("cpuset/cpuset.effective_mems", mems.as_str()),
+                    ("cpuset/cgroup.procs", ""),
+                    ("cpu,cpuacct/cpu.shares", "1024"),
+                    ("cpu,cpuacct/cpu.cfs_quota_us", "-1"),
+                    ("cpu,cpuacct/cpu.cfs_period_us", "100000"),
+                    ("cpu,cpuacct/cgroup.procs", ""),
+                ] {
+                    write(&root.join(file), value)?;
+                }
             }
             CgroupVersion::V2 => {
                 fs::create_dir_all(root)?;
@@ -397,8 +408,8 @@ impl FakeNode {
         for file in ["cpuset.cpus", "cpuset.mems"] {
             let own = fs::read_to_string(dir.join(file))?;
             if own.trim().is_empty() {
-                let inherited = fs::read_to_string(parent.join(file))?;
-                write(&dir.join(file), inherited.trim())?;
+                let inherited = read_whole(&parent.join(file))?;
+                write(&dir.join(file), &inherited)?;
             }
         }
         Ok(())
@@ -422,6 +433,20 @@ fn appear(root: &Path, rel: &str, files: &[(&str, &str)]) -> io::Result<()> {
         fs::create_dir_all(parent)?;
     }
     fs::rename(&staging, &target)
+}
+
+/// Reads a parent's cpuset the way the kernel shows it: never half-written. A fake tree's file
+/// is empty for a moment while someone rewrites it (truncate, then write); the kernel's never
+/// is, and copying that moment into a child would leave the child uninitialised.
+fn read_whole(path: &Path) -> io::Result<String> {
+    for _ in 0..1000 {
+        let text = fs::read_to_string(path)?;
+        if !text.trim().is_empty() {
+            return Ok(text.trim().to_string());
+        }
+        std::thread::yield_now();
+    }
+    Ok(String::new())
 }
 
 /// Writes a value with the kernel's trailing newline, into an existing or new file.
@@ -469,6 +494,16 @@ mod tests {
             qos: Qos::Guaranteed,
             containers: vec![ContainerSpec::guaranteed("app", 2000)],
         };
+        // The roots hold the kernel's files, so layout detection finds both controllers.
+        let cg = dir.path().join("cg");
+        assert_eq!(
+            fs::read_to_string(cg.join("cpu,cpuacct/cpu.shares")).unwrap(),
+            "1024\n"
+        );
+        assert_eq!(
+            fs::read_to_string(cg.join("cpuset/cpuset.cpus")).unwrap(),
+            "0-7\n"
+        );
         let ids = node.start_pod(&pod).unwrap();
         let rel = format!("{}/{}", node.pod_dir(&pod), ids[0]);
         let read = |f| fs::read_to_string(node.file(&rel, f)).unwrap();

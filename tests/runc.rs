@@ -204,6 +204,17 @@ impl E2eTree {
         }
     }
 
+    /// Removes the cgroup `rel` (relative to the kubepods root, childless) from every mount, as
+    /// kubelet removes a pod's cgroup once its containers are gone.
+    pub fn remove(&self, rel: &str) {
+        for mount in cgroup_mounts() {
+            let dir = mount.mount_point.join(self.kubepods()).join(rel);
+            if dir.exists() {
+                remove_cgroup(&dir);
+            }
+        }
+    }
+
     /// Where the subtree exists now: its top directory in each cgroup mount.
     pub fn existing_tops(&self) -> Vec<PathBuf> {
         cgroup_mounts()
@@ -416,6 +427,28 @@ impl Runc {
         Container { id, pid, cgroup }
     }
 
+    /// Kills and deletes one container; runc removes its cgroups.
+    pub fn delete(&mut self, container: &Container) {
+        self.kill_and_delete(&container.id);
+        self.containers.retain(|id| *id != container.id);
+    }
+
+    fn kill_and_delete(&self, id: &str) {
+        let _ = self
+            .runc()
+            .args(["kill", id, "KILL"])
+            .stderr(Stdio::null())
+            .status();
+        match self.runc().args(["delete", "--force", id]).output() {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => eprintln!(
+                "cleanup: runc delete {id}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            Err(err) => eprintln!("cleanup: runc delete {id}: {err}"),
+        }
+    }
+
     /// The host pid of a container's init, from `runc state`.
     fn pid(&self, id: &str) -> u32 {
         let out = self.runc().args(["state", id]).output().expect("run runc");
@@ -434,19 +467,7 @@ impl Runc {
 impl Drop for Runc {
     fn drop(&mut self) {
         for id in std::mem::take(&mut self.containers).into_iter().rev() {
-            let _ = self
-                .runc()
-                .args(["kill", &id, "KILL"])
-                .stderr(Stdio::null())
-                .status();
-            match self.runc().args(["delete", "--force", &id]).output() {
-                Ok(out) if out.status.success() => {}
-                Ok(out) => eprintln!(
-                    "cleanup: runc delete {id}: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-                Err(err) => eprintln!("cleanup: runc delete {id}: {err}"),
-            }
+            self.kill_and_delete(&id);
         }
     }
 }

@@ -62,6 +62,8 @@ pub struct Metrics {
     pub passes: u64,
     /// Failed cgroup writes by errno.
     pub write_errors: BTreeMap<i32, u64>,
+    /// Cgroup writes the kernel refused in a race and the agent re-planned at once, by errno.
+    pub write_retries: BTreeMap<i32, u64>,
     pub event_to_pin: LatencySummary,
     pub reconcile_duration: Option<Duration>,
     pub last_reconcile: Option<SystemTime>,
@@ -163,6 +165,20 @@ impl Metrics {
             "counter",
             "Failed cgroup writes, by errno.",
             &errors,
+        );
+        let retries: Vec<(String, String)> = self
+            .write_retries
+            .iter()
+            .map(|(errno, n)| {
+                let name = format!("{:?}", nix::errno::Errno::from_raw(*errno));
+                (format!("{{errno=\"{name}\"}}"), n.to_string())
+            })
+            .collect();
+        metric(
+            "cpusetd_cgroup_write_retries_total",
+            "counter",
+            "Cgroup writes refused in a race with a runtime (a child set up meanwhile) and re-planned at once, by errno.",
+            &retries,
         );
         if let Some(d) = self.reconcile_duration {
             metric(

@@ -11,7 +11,7 @@ use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, PlanConfig, WriteStep};
 use crate::report::{render_table, rows, CgroupRow};
 use crate::state::Assignments;
-use crate::writer::apply;
+use crate::writer::{apply, NewChildren};
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -41,6 +41,8 @@ struct JsonApplied {
     gone: usize,
     skipped: usize,
     failed: Vec<String>,
+    /// Narrowing writes not made: a child appeared since the scan (run again).
+    deferred: usize,
 }
 
 #[derive(Serialize)]
@@ -104,7 +106,15 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
         }
     }
     let table = rows(&scan, &classes, &planned);
-    let report = apply_writes.then(|| apply(&node.hierarchy, &planned.writes, &planned.parents));
+    let report = apply_writes.then(|| {
+        apply(
+            &node.hierarchy,
+            &planned.writes,
+            &scan,
+            &planned.parents,
+            NewChildren::NarrowNow,
+        )
+    });
 
     if json {
         let doc = JsonPlan {
@@ -131,6 +141,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
                 gone: r.gone,
                 skipped: r.skipped,
                 failed: r.failed.iter().map(|(_, e)| error_chain(e)).collect(),
+                deferred: r.stale.len(),
             }),
         };
         let text = serde_json::to_string_pretty(&doc).map_err(|e| CommandError::failure(&e))?;
@@ -168,11 +179,12 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
         }
         if let Some(r) = &report {
             println!(
-                "applied {} write(s); {} skipped (cgroup gone), {} skipped (a write above failed), {} failed",
+                "applied {} write(s); {} skipped (cgroup gone), {} skipped (a write above failed), {} failed, {} deferred (the tree changed since the scan)",
                 r.applied,
                 r.gone,
                 r.skipped,
-                r.failed.len()
+                r.failed.len(),
+                r.stale.len()
             );
         }
     }
@@ -184,8 +196,9 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
             return Err(CommandError {
                 status: EXIT_FAILURE,
                 message: format!(
-                    "{} write(s) failed; the next pass retries them",
-                    r.failed.len()
+                    "{} write(s) failed, {} deferred; the next pass retries them",
+                    r.failed.len(),
+                    r.stale.len()
                 ),
                 bare: false,
             });
