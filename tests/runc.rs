@@ -372,10 +372,45 @@ impl Runc {
         self.dir.path()
     }
 
-    fn runc(&self) -> Command {
+    /// `runc` with this harness's state directory.
+    pub fn runc(&self) -> Command {
         let mut command = Command::new("runc");
         command.arg("--root").arg(self.dir.path().join("state"));
         command
+    }
+
+    /// Writes the bundle of a new container running `args` in cgroup `<pod_dir>/<id>` and
+    /// registers it for deletion on drop; returns its id and bundle directory. For callers
+    /// that drive `runc create` / `runc start` themselves (`benches/runc_start.rs`).
+    #[allow(dead_code)]
+    pub fn bundle(&mut self, pod_dir: &str, cpu: CpuResources, args: &[&str]) -> (String, PathBuf) {
+        let id = container_id();
+        let bundle = self.dir.path().join(&id);
+        make_rootfs(&bundle.join("rootfs"));
+        let config = oci_config(
+            args,
+            &format!("/{}/{pod_dir}/{id}", self.tree.kubepods()),
+            cpu,
+        );
+        fs::write(
+            bundle.join("config.json"),
+            serde_json::to_vec_pretty(&config).unwrap(),
+        )
+        .unwrap();
+        self.containers.push(id.clone());
+        (id, bundle)
+    }
+
+    /// Deletes a container made with [`Runc::bundle`] now (killed first if still running).
+    #[allow(dead_code)]
+    pub fn delete_by_id(&mut self, id: &str) {
+        let _ = self
+            .runc()
+            .args(["delete", "--force", id])
+            .stderr(Stdio::null())
+            .status();
+        self.containers.retain(|c| c != id);
+        let _ = fs::remove_dir_all(self.dir.path().join(id));
     }
 
     /// Starts `sleep 1000` in a new container whose cgroup is `<pod_dir>/<id>` under the
