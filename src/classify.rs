@@ -15,6 +15,9 @@
 //! that range cannot settle whether the request is a whole number of CPUs, a Guaranteed
 //! container's exact `cpu.max` limit settles it (limit = request in a Guaranteed pod) when it is
 //! consistent with the weight; otherwise the container stays shared and a notice says why.
+//! The config keeps the values a container was created with: after an in-place resize the
+//! cgroup is the truth, and the agent's controller (which sees the cgroup change after it once
+//! matched the config, [`config_matches_cgroup`]) classifies without the config's CPU values.
 //!
 //! A container gets N exclusive CPUs when its pod is Guaranteed, it is not a sandbox, and its
 //! request is a whole N ≥ 1 CPUs — kubelet's static policy rule. Annotations can only narrow
@@ -28,7 +31,7 @@
 use std::fmt;
 
 use crate::cgroupfs::{CgroupDriver, CgroupPath, CpuSettings, FileValue, Quota, Scan};
-use crate::runtime::RuntimeInfo;
+use crate::runtime::{OciCpu, RuntimeInfo};
 use crate::state::AssignmentKey;
 
 /// Pod annotation that keeps every container of the pod shared when `"false"`.
@@ -781,6 +784,28 @@ fn value<T: Copy>(v: &FileValue<T>) -> Option<T> {
     v.value().copied()
 }
 
+/// Whether a container's cgroup holds the CPU request its runtime config names (v1
+/// `cpu.shares`; v2 `cpu.weight` by either of runc's conversions): `Some(false)` while the
+/// cgroup still has the kernel's defaults, and after an in-place resize (kubelet has the
+/// runtime write the cgroup; its config.json keeps the values the container was created with);
+/// `None` when either side is not known.
+pub fn config_matches_cgroup(settings: &CpuSettings, config: &OciCpu) -> Option<bool> {
+    let shares = config.shares?;
+    match settings {
+        CpuSettings::V1 {
+            shares: on_disk, ..
+        } => Some(value(on_disk)? == shares),
+        CpuSettings::V2 { weight, .. } => {
+            let w = value(weight)?;
+            Some(w == weight_linear(shares) || w == weight_quadratic(shares))
+        }
+    }
+}
+
+fn value_text<T: Copy + fmt::Display>(v: &FileValue<T>) -> String {
+    v.value().map_or_else(|| "?".to_string(), |v| v.to_string())
+}
+
 /// CPU request and limit from the most exact source, with the v2 weight when that was used.
 fn cpu_resources(
     settings: &CpuSettings,
@@ -796,22 +821,14 @@ fn cpu_resources(
             )),
             _ => None,
         };
-        match settings {
-            CpuSettings::V1 {
-                shares: FileValue::Value(on_disk),
-                ..
-            } if *on_disk != shares => notices.push(Notice::RuntimeConfigDisagrees {
-                detail: format!("cpu.shares {on_disk}, config shares {shares}"),
-            }),
-            CpuSettings::V2 {
-                weight: FileValue::Value(w),
-                ..
-            } if *w != weight_linear(shares) && *w != weight_quadratic(shares) => {
-                notices.push(Notice::RuntimeConfigDisagrees {
-                    detail: format!("cpu.weight {w}, config shares {shares}"),
-                })
-            }
-            _ => {}
+        if config_matches_cgroup(settings, &cpu) == Some(false) {
+            let on_disk = match settings {
+                CpuSettings::V1 { shares, .. } => format!("cpu.shares {}", value_text(shares)),
+                CpuSettings::V2 { weight, .. } => format!("cpu.weight {}", value_text(weight)),
+            };
+            notices.push(Notice::RuntimeConfigDisagrees {
+                detail: format!("{on_disk}, config shares {shares}"),
+            });
         }
         let resources = CpuResources {
             source: CpuSource::OciConfig,
@@ -1484,6 +1501,43 @@ mod tests {
             c.notices.as_slice(),
             [Notice::RuntimeConfigDisagrees { .. }]
         ));
+    }
+
+    #[test]
+    fn config_matches_cgroup_once_the_runtime_wrote_it() {
+        let config = |shares| OciCpu {
+            shares: Some(shares),
+            quota: Some(200_000),
+            period: Some(100_000),
+        };
+        // The kernel's defaults before the runtime writes, then the config's values.
+        assert_eq!(
+            config_matches_cgroup(&v1(1024, None), &config(2048)),
+            Some(false)
+        );
+        assert_eq!(
+            config_matches_cgroup(&v1(2048, None), &config(2048)),
+            Some(true)
+        );
+        assert_eq!(
+            config_matches_cgroup(&v2(100, None), &config(2048)),
+            Some(false)
+        );
+        for convert in [weight_linear, weight_quadratic] {
+            let settings = v2(convert(2048), Some(200_000));
+            assert_eq!(config_matches_cgroup(&settings, &config(2048)), Some(true));
+        }
+        // Unknown either side.
+        let unreadable = CpuSettings::V1 {
+            shares: FileValue::Missing,
+            cfs_quota: FileValue::Missing,
+            cfs_period_us: FileValue::Missing,
+        };
+        assert_eq!(config_matches_cgroup(&unreadable, &config(2048)), None);
+        assert_eq!(
+            config_matches_cgroup(&v1(1024, None), &OciCpu::default()),
+            None
+        );
     }
 
     #[test]

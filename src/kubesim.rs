@@ -12,12 +12,18 @@
 //! into an empty v1 cpuset (runc's `ensureParent`). Containers also get an OCI `config.json`
 //! with the CRI annotations under `<runtime dir>/<id>/config.json`.
 //!
+//! [`FakeNode::on_kernel`] drives a real cgroup v1 hierarchy the same way (for the benchmarks):
+//! directories are made with `mkdir` (the kernel creates the interface files) and removed with
+//! `rmdir`, bottom-up. [`FakeNode::start_pods_at_rate`] is the burst helper: it starts many
+//! pods, optionally no faster than a given rate.
+//!
 //! Not for production use: it only ever writes below the roots it is given.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::cgroupfs::CgroupVersion;
 use crate::cpuset::CpuSet;
@@ -82,6 +88,11 @@ pub struct PodSpec {
 #[derive(Debug)]
 pub struct FakeNode {
     root: PathBuf,
+    /// The cpuset hierarchy's root and the cpu hierarchy's (the same tree on v2).
+    cpuset_root: PathBuf,
+    cpu_root: PathBuf,
+    /// A real cgroup v1 hierarchy: `mkdir`/`rmdir` instead of staged directories.
+    kernel: bool,
     version: CgroupVersion,
     cpus: CpuSet,
     mems: CpuSet,
@@ -137,8 +148,15 @@ impl FakeNode {
         mems: CpuSet,
         runtime_dir: &Path,
     ) -> io::Result<FakeNode> {
+        let (cpuset_root, cpu_root) = match version {
+            CgroupVersion::V1 => (root.join("cpuset"), root.join("cpu,cpuacct")),
+            CgroupVersion::V2 => (root.to_path_buf(), root.to_path_buf()),
+        };
         let node = FakeNode {
             root: root.to_path_buf(),
+            cpuset_root,
+            cpu_root,
+            kernel: false,
             version,
             cpus,
             mems,
@@ -150,11 +168,22 @@ impl FakeNode {
                 for controller in ["cpuset", "cpu,cpuacct"] {
                     fs::create_dir_all(root.join(controller))?;
                 }
-                write(&root.join("cpuset/cpuset.cpus"), &node.cpus.to_string())?;
-                write(&root.join("cpuset/cpuset.mems"), &node.mems.to_string())?;
-                write(&root.join("cpu,cpuacct/cpu.shares"), "1024")?;
-                write(&root.join("cpu,cpuacct/cpu.cfs_quota_us"), "-1")?;
-                write(&root.join("cpu,cpuacct/cpu.cfs_period_us"), "100000")?;
+                // The root cgroups' interface files, as the kernel shows them.
+                let cpus = node.cpus.to_string();
+                let mems = node.mems.to_string();
+                for (file, value) in [
+                    ("cpuset/cpuset.cpus", cpus.as_str()),
+                    ("cpuset/cpuset.mems", mems.as_str()),
+                    ("cpuset/cpuset.effective_cpus", cpus.as_str()),
+                    ("cpuset/cpuset.effective_mems", mems.as_str()),
+                    ("cpuset/cgroup.procs", ""),
+                    ("cpu,cpuacct/cpu.shares", "1024"),
+                    ("cpu,cpuacct/cpu.cfs_quota_us", "-1"),
+                    ("cpu,cpuacct/cpu.cfs_period_us", "100000"),
+                    ("cpu,cpuacct/cgroup.procs", ""),
+                ] {
+                    write(&root.join(file), value)?;
+                }
             }
             CgroupVersion::V2 => {
                 fs::create_dir_all(root)?;
@@ -173,6 +202,86 @@ impl FakeNode {
             node.inherit_cpuset(dir)?;
         }
         Ok(node)
+    }
+
+    /// The same node on a real cgroup v1 hierarchy: `cpuset_top` and `cpu_top` are one new,
+    /// uniquely named cgroup directory under the cpuset and the cpu controller mounts (created
+    /// here, cpuset copied from the mount's root); `kubepods` and its QoS cgroups go below them.
+    /// The caller removes the tops (see [`FakeNode::remove_all`]).
+    pub fn on_kernel(
+        cpuset_top: &Path,
+        cpu_top: &Path,
+        runtime_dir: &Path,
+    ) -> io::Result<FakeNode> {
+        let mount = cpuset_top.parent().unwrap_or(cpuset_top);
+        let read = |file: &str| -> io::Result<CpuSet> {
+            let text = fs::read_to_string(mount.join(file))?;
+            CpuSet::parse(text.trim())
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+        };
+        let node = FakeNode {
+            root: cpuset_top.to_path_buf(),
+            cpuset_root: cpuset_top.to_path_buf(),
+            cpu_root: cpu_top.to_path_buf(),
+            kernel: true,
+            version: CgroupVersion::V1,
+            cpus: read("cpuset.cpus")?,
+            mems: read("cpuset.mems")?,
+            runtime_dir: runtime_dir.to_path_buf(),
+        };
+        fs::create_dir_all(runtime_dir)?;
+        for top in [cpuset_top, cpu_top] {
+            match fs::create_dir(top) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
+        }
+        write(&cpuset_top.join("cpuset.cpus"), &node.cpus.to_string())?;
+        write(&cpuset_top.join("cpuset.mems"), &node.mems.to_string())?;
+        for dir in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
+            node.add_cgroup(dir, None, None)?;
+            node.inherit_cpuset(dir)?;
+        }
+        Ok(node)
+    }
+
+    /// Removes everything this node made below its roots (on a real hierarchy, the tops too).
+    pub fn remove_all(&self) -> io::Result<()> {
+        if self.kernel {
+            for top in [&self.cpuset_root, &self.cpu_root] {
+                remove_cgroup_tree(top)?;
+            }
+            Ok(())
+        } else {
+            for root in self.controller_roots() {
+                self.remove_tree(&root.join("kubepods"))?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Starts every pod, no faster than `per_second` pods a second (`None`: as fast as
+    /// possible). Returns each pod's app container ids, in order, and when each pod's last
+    /// container had appeared with its CPU settings.
+    pub fn start_pods_at_rate(
+        &self,
+        pods: &[PodSpec],
+        per_second: Option<f64>,
+    ) -> io::Result<Vec<(Vec<String>, Instant)>> {
+        let started = Instant::now();
+        let mut out = Vec::with_capacity(pods.len());
+        for (n, pod) in pods.iter().enumerate() {
+            if let Some(rate) = per_second.filter(|r| *r > 0.0) {
+                let due = started + Duration::from_secs_f64(n as f64 / rate);
+                let now = Instant::now();
+                if due > now {
+                    std::thread::sleep(due - now);
+                }
+            }
+            let ids = self.start_pod(pod)?;
+            out.push((ids, Instant::now()));
+        }
+        Ok(out)
     }
 
     /// The `--cgroup-root` to give the agent.
@@ -242,7 +351,7 @@ impl FakeNode {
     pub fn remove_container(&self, pod: &PodSpec, id: &str) -> io::Result<()> {
         let rel = format!("{}/{id}", self.pod_dir(pod));
         for root in self.controller_roots() {
-            remove_tree(&root.join(&rel))?;
+            self.remove_tree(&root.join(&rel))?;
         }
         let _ = fs::remove_dir_all(self.runtime_dir.join(id));
         Ok(())
@@ -252,7 +361,7 @@ impl FakeNode {
     pub fn remove_pod(&self, pod: &PodSpec) -> io::Result<()> {
         let rel = self.pod_dir(pod);
         for root in self.controller_roots() {
-            remove_tree(&root.join(&rel))?;
+            self.remove_tree(&root.join(&rel))?;
         }
         Ok(())
     }
@@ -261,11 +370,8 @@ impl FakeNode {
     /// optionally with `/<container id>`), in the controller that holds it.
     pub fn file(&self, rel: &str, file: &str) -> PathBuf {
         match self.version {
-            CgroupVersion::V2 => self.root.join(rel).join(file),
-            CgroupVersion::V1 if file.starts_with("cpu.") => {
-                self.root.join("cpu,cpuacct").join(rel).join(file)
-            }
-            CgroupVersion::V1 => self.root.join("cpuset").join(rel).join(file),
+            CgroupVersion::V1 if file.starts_with("cpu.") => self.cpu_root.join(rel).join(file),
+            _ => self.cpuset_root.join(rel).join(file),
         }
     }
 
@@ -278,7 +384,7 @@ impl FakeNode {
 
     fn controller_roots(&self) -> Vec<PathBuf> {
         match self.version {
-            CgroupVersion::V1 => vec![self.root.join("cpuset"), self.root.join("cpu,cpuacct")],
+            CgroupVersion::V1 => vec![self.cpuset_root.clone(), self.cpu_root.clone()],
             CgroupVersion::V2 => vec![self.root.clone()],
         }
     }
@@ -323,8 +429,8 @@ impl FakeNode {
     fn add_cgroup(&self, rel: &str, cpu_shares: Option<u64>, limit: Option<u64>) -> io::Result<()> {
         match self.version {
             CgroupVersion::V1 => {
-                appear(
-                    &self.root.join("cpuset"),
+                self.appear(
+                    &self.cpuset_root,
                     rel,
                     &[
                         ("cpuset.cpus", ""),
@@ -334,8 +440,8 @@ impl FakeNode {
                         ("cgroup.procs", ""),
                     ],
                 )?;
-                appear(
-                    &self.root.join("cpu,cpuacct"),
+                self.appear(
+                    &self.cpu_root,
                     rel,
                     &[
                         ("cpu.shares", "1024"),
@@ -344,7 +450,7 @@ impl FakeNode {
                         ("cgroup.procs", ""),
                     ],
                 )?;
-                let cpu = self.root.join("cpu,cpuacct").join(rel);
+                let cpu = self.cpu_root.join(rel);
                 if let Some(s) = cpu_shares {
                     write(&cpu.join("cpu.shares"), &s.to_string())?;
                 }
@@ -356,7 +462,7 @@ impl FakeNode {
                 }
             }
             CgroupVersion::V2 => {
-                appear(
+                self.appear(
                     &self.root,
                     rel,
                     &[
@@ -392,7 +498,7 @@ impl FakeNode {
         if self.version == CgroupVersion::V2 {
             return Ok(());
         }
-        let dir = self.root.join("cpuset").join(rel);
+        let dir = self.cpuset_root.join(rel);
         let parent = dir.parent().unwrap_or(&dir).to_path_buf();
         // The fake kernel's cgroup_mutex (see `cgroupfs::fake_kernel`): an agent's write cannot
         // land between reading the parent's set and copying it, which would leave the child
@@ -403,31 +509,76 @@ impl FakeNode {
         for file in ["cpuset.cpus", "cpuset.mems"] {
             let own = fs::read_to_string(dir.join(file))?;
             if own.trim().is_empty() {
-                let inherited = fs::read_to_string(parent.join(file))?;
-                write(&dir.join(file), inherited.trim())?;
+                let inherited = read_whole(&parent.join(file))?;
+                write(&dir.join(file), &inherited)?;
             }
         }
         Ok(())
     }
+    /// Makes `root/rel` appear at once with the given files: assembled in a staging directory
+    /// beside `root` (outside any watched tree) and renamed into place. On a real hierarchy a
+    /// `mkdir`, and the kernel makes the files.
+    fn appear(&self, root: &Path, rel: &str, files: &[(&str, &str)]) -> io::Result<()> {
+        let target = root.join(rel);
+        if target.exists() {
+            return Ok(());
+        }
+        if self.kernel {
+            return fs::create_dir(&target);
+        }
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let staging = root.join(format!(".staging-{}-{n}", std::process::id()));
+        fs::create_dir(&staging)?;
+        for (name, value) in files {
+            write(&staging.join(name), value)?;
+        }
+        if let Some(parent) = target.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        fs::rename(&staging, &target)
+    }
+
+    /// Removes a cgroup directory and everything below it.
+    fn remove_tree(&self, path: &Path) -> io::Result<()> {
+        if self.kernel {
+            return remove_cgroup_tree(path);
+        }
+        remove_tree(path)
+    }
 }
 
-/// Makes `root/rel` appear at once with the given files: assembled in a staging directory
-/// beside `root` (outside any watched tree) and renamed into place.
-fn appear(root: &Path, rel: &str, files: &[(&str, &str)]) -> io::Result<()> {
-    let target = root.join(rel);
-    if target.exists() {
-        return Ok(());
+/// Removes a real cgroup directory and its child cgroups, bottom-up with `rmdir` (the kernel's
+/// interface files go with their directory).
+fn remove_cgroup_tree(path: &Path) -> io::Result<()> {
+    let entries = match fs::read_dir(path) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            remove_cgroup_tree(&entry.path())?;
+        }
     }
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    let staging = root.join(format!(".staging-{}-{n}", std::process::id()));
-    fs::create_dir(&staging)?;
-    for (name, value) in files {
-        write(&staging.join(name), value)?;
+    match fs::remove_dir(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
     }
-    if let Some(parent) = target.parent() {
-        fs::create_dir_all(parent)?;
+}
+
+/// Reads a parent's cpuset the way the kernel shows it: never half-written. A fake tree's file
+/// is empty for a moment while someone rewrites it (truncate, then write); the kernel's never
+/// is, and copying that moment into a child would leave the child uninitialised.
+fn read_whole(path: &Path) -> io::Result<String> {
+    for _ in 0..1000 {
+        let text = fs::read_to_string(path)?;
+        if !text.trim().is_empty() {
+            return Ok(text.trim().to_string());
+        }
+        std::thread::yield_now();
     }
-    fs::rename(&staging, &target)
+    Ok(String::new())
 }
 
 /// Writes a value with the kernel's trailing newline, into an existing or new file.
@@ -475,6 +626,16 @@ mod tests {
             qos: Qos::Guaranteed,
             containers: vec![ContainerSpec::guaranteed("app", 2000)],
         };
+        // The roots hold the kernel's files, so layout detection finds both controllers.
+        let cg = dir.path().join("cg");
+        assert_eq!(
+            fs::read_to_string(cg.join("cpu,cpuacct/cpu.shares")).unwrap(),
+            "1024\n"
+        );
+        assert_eq!(
+            fs::read_to_string(cg.join("cpuset/cpuset.cpus")).unwrap(),
+            "0-7\n"
+        );
         let ids = node.start_pod(&pod).unwrap();
         let rel = format!("{}/{}", node.pod_dir(&pod), ids[0]);
         let read = |f| fs::read_to_string(node.file(&rel, f)).unwrap();

@@ -470,6 +470,11 @@ impl RuntimeLookup {
         None
     }
 
+    /// How many containers' lookups are cached.
+    pub fn cached(&self) -> usize {
+        self.cache.len()
+    }
+
     /// Forgets containers for which `live` is false (they are gone).
     pub fn retain(&mut self, mut live: impl FnMut(&str) -> bool) {
         self.cache.retain(|id, _| live(id));

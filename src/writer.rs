@@ -5,11 +5,24 @@
 //! value and the errno, and the rest of the plan goes on where the nesting rules still allow it:
 //! writes of the same file below a cgroup whose write failed are skipped (the kernel would refuse
 //! them too, and the next pass retries the lot).
+//!
+//! A plan is made from a scan that may be a moment old: a container cgroup created since (its
+//! runtime copies the parent's wide cpuset into it at once) is not in it. So before a cpuset is
+//! narrowed, its directory is listed, and children the scan did not have (or found uninitialised,
+//! which the runtime may have filled since) are read; if one holds CPUs outside the new value
+//! the write is not made (the kernel would refuse it with EBUSY), nor are its ancestors'
+//! narrowings, and the cgroup is reported [`WriteReport::stale`], for the caller to re-read it
+//! and plan again. A narrowing the kernel refuses with EBUSY (a child set up between that check
+//! and the write) is reported the same way.
 
 use std::collections::HashSet;
+use std::ffi::OsStr;
 
-use crate::cgroupfs::{CgroupError, Hierarchy, InterfaceFile};
-use crate::planner::{PlannedWrite, WritePlan};
+use crate::cgroupfs::{
+    CgroupError, CgroupFs, CgroupPath, FileKind, Hierarchy, InterfaceFile, Scan,
+};
+use crate::cpuset::CpuSet;
+use crate::planner::{PlannedWrite, WritePlan, WriteStep};
 
 /// What happened to a plan.
 #[derive(Debug, Default)]
@@ -22,11 +35,20 @@ pub struct WriteReport {
     pub skipped: usize,
     /// Writes that failed, with the error (path, value and errno inside).
     pub failed: Vec<(PlannedWrite, CgroupError)>,
+    /// Narrowing writes not made because a child the plan did not know of holds more: the
+    /// scan was stale below these cgroups (indexes in the scan).
+    pub stale: Vec<usize>,
+    /// The kernel's refusals behind `stale` (EBUSY), for the caller to count and report once;
+    /// they are re-planned, not failures.
+    pub refused_stale: Vec<(PlannedWrite, CgroupError)>,
+    /// Narrowing writes not made yet because a child is new ([`NewChildren::LetThemSettle`]).
+    pub settling: Vec<usize>,
 }
 
 impl WriteReport {
+    /// Every write was made (or its cgroup is gone).
     pub fn is_clean(&self) -> bool {
-        self.failed.is_empty()
+        self.failed.is_empty() && self.stale.is_empty() && self.settling.is_empty()
     }
 }
 
@@ -48,12 +70,47 @@ enum Controller {
     Cpu,
 }
 
-/// Executes `plan` in order. `parents[i]` is the parent of scanned cgroup `i` (as planned).
-pub fn apply(hierarchy: &Hierarchy, plan: &WritePlan, parents: &[Option<usize>]) -> WriteReport {
+/// How narrowing treats a cgroup whose children are new.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewChildren<'a> {
+    /// Narrow now (the one-shot commands).
+    NarrowNow,
+    /// The agent on cgroup v1, while runtimes create cgroups: a new cpuset cgroup is empty until
+    /// its runtime copies the parent's set into it (read the parent, then write the child, at
+    /// any moment; runc's `ensureParent`). Writing the child first races with that copy, and
+    /// narrowing the parent meanwhile makes one of the two writes fail (EBUSY for us, EACCES
+    /// for the runtime, which then fails to start the container). So a cgroup uninitialised in
+    /// the scan is left to its runtime (not written, nor anything below it), and a cgroup is not
+    /// narrowed while a child is uninitialised on disk: it is reported
+    /// [`WriteReport::settling`], for a pass a moment later. `initialised[i]` marks scanned
+    /// cgroups known to be past that point (seen set up before, or empty for too long): an
+    /// empty value there is drift to repair, not a runtime at work.
+    LetThemSettle { initialised: &'a [bool] },
+}
+
+/// Executes `plan`, made from `scan`, in order. `parents[i]` is the parent of scanned cgroup
+/// `i` (as planned).
+pub fn apply(
+    hierarchy: &Hierarchy,
+    plan: &WritePlan,
+    scan: &Scan,
+    parents: &[Option<usize>],
+    new_children: NewChildren<'_>,
+) -> WriteReport {
     let mut report = WriteReport::default();
     let mut gone = vec![false; parents.len()];
     // Cgroups whose write of a file failed, per file.
     let mut failed: HashSet<(usize, InterfaceFile)> = HashSet::new();
+    // Ancestors of cgroups whose narrowing was deferred, per file.
+    let mut deferred: HashSet<(usize, InterfaceFile)> = HashSet::new();
+    // Cgroups left to their runtime, per file.
+    let mut uninitialised: HashSet<(usize, InterfaceFile)> = HashSet::new();
+    let (settle, initialised) = match new_children {
+        NewChildren::NarrowNow => (false, &[][..]),
+        NewChildren::LetThemSettle { initialised } => (true, initialised),
+    };
+    // Children of each scanned cgroup, built at the first narrowing.
+    let mut children: Option<Vec<Vec<usize>>> = None;
     let ancestors =
         |cgroup: usize| std::iter::successors(Some(cgroup), |&i| parents.get(i).copied().flatten());
     for write in plan {
@@ -69,10 +126,52 @@ pub fn apply(hierarchy: &Hierarchy, plan: &WritePlan, parents: &[Option<usize>])
             report.skipped += 1;
             continue;
         }
+        if settle
+            && !initialised.get(write.cgroup).copied().unwrap_or(false)
+            && (is_uninitialised(scan, write.cgroup, write.file)
+                || ancestors(write.cgroup).any(|i| uninitialised.contains(&(i, write.file))))
+        {
+            uninitialised.insert((write.cgroup, write.file));
+            report.skipped += 1;
+            continue;
+        }
         let fs = match controller_of(write.file) {
             Controller::Cpuset => &hierarchy.cpuset,
             Controller::Cpu => &hierarchy.cpu,
         };
+        if write.step == WriteStep::Narrow {
+            if deferred.contains(&(write.cgroup, write.file)) {
+                // A child's narrowing was deferred: it still holds more than this value.
+                report.skipped += 1;
+                continue;
+            }
+            let children = children.get_or_insert_with(|| {
+                let mut index = vec![Vec::new(); parents.len()];
+                for (child, parent) in parents.iter().enumerate() {
+                    if let Some(list) = parent.and_then(|p| index.get_mut(p)) {
+                        list.push(child);
+                    }
+                }
+                index
+            });
+            let of_this = children.get(write.cgroup).map_or(&[][..], |c| &c[..]);
+            let settled = settled_children(scan, of_this, write.file);
+            let child =
+                child_in_the_way(fs, &write.path, write.file, &write.value, &settled, settle);
+            if let Some(child) = child {
+                log::debug!(
+                    "cg={} not narrowed to {} now: {child}",
+                    write.path,
+                    write.value
+                );
+                match child {
+                    ChildState::Holds { .. } => report.stale.push(write.cgroup),
+                    ChildState::Uninitialised => report.settling.push(write.cgroup),
+                }
+                deferred.extend(ancestors(write.cgroup).skip(1).map(|i| (i, write.file)));
+                continue;
+            }
+        }
         match fs.write(&write.path, write.file, &write.value) {
             Ok(()) => report.applied += 1,
             Err(e) if e.is_gone() => {
@@ -86,6 +185,20 @@ pub fn apply(hierarchy: &Hierarchy, plan: &WritePlan, parents: &[Option<usize>])
                 }
                 report.gone += 1;
             }
+            Err(e)
+                if write.step == WriteStep::Narrow
+                    && e.errno() == Some(nix::errno::Errno::EBUSY as i32) =>
+            {
+                // A child set up since the check holds more: the kernel's word for "stale".
+                log::debug!(
+                    "cg={} not narrowed to {}: a child holds more (re-planning)",
+                    write.path,
+                    write.value
+                );
+                report.stale.push(write.cgroup);
+                report.refused_stale.push((write.clone(), e));
+                deferred.extend(ancestors(write.cgroup).skip(1).map(|i| (i, write.file)));
+            }
             Err(e) => {
                 failed.insert((write.cgroup, write.file));
                 report.failed.push((write.clone(), e));
@@ -93,4 +206,246 @@ pub fn apply(hierarchy: &Hierarchy, plan: &WritePlan, parents: &[Option<usize>])
         }
     }
     report
+}
+
+/// Whether the scan found scanned cgroup `cgroup`'s cpuset `file` empty: a v1 cgroup its
+/// runtime has not set up yet.
+fn is_uninitialised(scan: &Scan, cgroup: usize, file: InterfaceFile) -> bool {
+    let Some(c) = scan.cgroups.get(cgroup) else {
+        return false;
+    };
+    let value = match file {
+        InterfaceFile::CpusetMems => &c.mems,
+        InterfaceFile::CpusetCpus => &c.cpus,
+        _ => return false,
+    };
+    value.value().is_some_and(|v| v.is_empty())
+}
+
+/// Names of the scanned `children` whose `file` the scan found set (the plan narrowed them
+/// first, if needed) or missing (not cpuset cgroups). The others, uninitialised when scanned,
+/// may have had the parent's wide set copied into them since, and are read again.
+fn settled_children<'a>(
+    scan: &'a Scan,
+    children: &[usize],
+    file: InterfaceFile,
+) -> HashSet<&'a OsStr> {
+    children
+        .iter()
+        .filter_map(|&i| scan.cgroups.get(i))
+        .filter(|c| {
+            let value = match file {
+                InterfaceFile::CpusetMems => &c.mems,
+                _ => &c.cpus,
+            };
+            value.configured().is_some() || value.is_missing()
+        })
+        .filter_map(|c| c.path.name())
+        .collect()
+}
+
+/// Why a cgroup is not narrowed now.
+#[derive(Debug)]
+enum ChildState {
+    /// A child the plan did not know holds more than the new value.
+    Holds { child: CgroupPath, held: CpuSet },
+    /// A child is not initialised yet: its runtime is about to copy the parent's set into it.
+    Uninitialised,
+}
+
+impl std::fmt::Display for ChildState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChildState::Holds { child, held } => {
+                write!(f, "child {child} holds {held} (re-planning)")
+            }
+            ChildState::Uninitialised => write!(f, "a new child is being set up (later)"),
+        }
+    }
+}
+
+/// A child of `cgroup` not among `known` whose `file` holds CPUs (or memory nodes) outside
+/// `value`, as the tree says now; with `settle`, also one that is not initialised yet.
+/// Unreadable children do not count, nor (without `settle`) uninitialised ones: the kernel lets
+/// a parent narrow over them.
+fn child_in_the_way(
+    fs: &CgroupFs,
+    cgroup: &CgroupPath,
+    file: InterfaceFile,
+    value: &str,
+    known: &HashSet<&OsStr>,
+    settle: bool,
+) -> Option<ChildState> {
+    if !matches!(file, InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems) {
+        return None;
+    }
+    let new = CpuSet::parse(value).ok()?;
+    let entries = fs.list(cgroup).ok()?;
+    entries
+        .iter()
+        .filter(|e| e.kind == FileKind::Directory && !known.contains(e.name.as_os_str()))
+        .filter_map(|e| cgroup.join(&e.name).ok())
+        .find_map(|child| {
+            let held = CpuSet::parse(&fs.read(&child, file).ok()?).ok()?;
+            if held.is_empty() {
+                settle.then_some(ChildState::Uninitialised)
+            } else {
+                (!held.is_subset(&new)).then_some(ChildState::Holds { child, held })
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroupfs::{CgroupDriver, CgroupLayout, CgroupVersion};
+    use std::fs;
+
+    #[test]
+    fn a_narrowing_write_over_a_child_the_plan_did_not_know_is_not_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let cpuset = dir.path().join("cpuset");
+        let make = |rel: &str, cpus: &str| {
+            fs::create_dir_all(cpuset.join(rel)).unwrap();
+            fs::write(cpuset.join(rel).join("cpuset.cpus"), format!("{cpus}\n")).unwrap();
+        };
+        for (rel, cpus) in [
+            ("", "0-3"),
+            ("kubepods", "0-3"),
+            ("kubepods/pod", "0-3"),
+            ("kubepods/pod/planned", "0-3"),
+            ("kubepods/other", "0-3"),
+            ("kubepods/other/filled", ""),
+            ("kubepods/third", "0-3"),
+            ("kubepods/third/empty", ""),
+        ] {
+            make(rel, cpus);
+        }
+        fs::create_dir_all(dir.path().join("cpu")).unwrap();
+        fs::write(dir.path().join("cpu/cpu.shares"), "1024\n").unwrap();
+        let layout = CgroupLayout {
+            version: CgroupVersion::V1,
+            driver: CgroupDriver::Cgroupfs,
+            cpuset_root: cpuset.clone(),
+            cpu_root: dir.path().join("cpu"),
+            kubepods: CgroupPath::new("kubepods").unwrap(),
+        };
+        let hierarchy = Hierarchy::open(&layout).unwrap();
+        let scan = crate::cgroupfs::Scanner::new(hierarchy.clone(), layout.kubepods.clone())
+            .scan()
+            .unwrap();
+        // Since the scan: a child created with its parent's set copied down, and a child
+        // that was uninitialised then and got its parent's set since.
+        make("kubepods/pod/late", "0-3");
+        make("kubepods/other/filled", "0-3");
+
+        let index = |p: &str| {
+            scan.cgroups
+                .iter()
+                .position(|c| c.path == CgroupPath::new(p).unwrap())
+                .unwrap()
+        };
+        let write = |p: &str, value: &str| PlannedWrite {
+            cgroup: index(p),
+            path: CgroupPath::new(p).unwrap(),
+            file: InterfaceFile::CpusetCpus,
+            value: value.into(),
+            step: WriteStep::Narrow,
+        };
+        let plan = vec![
+            write("kubepods/pod/planned", "1"),
+            write("kubepods/pod", "1"),
+            write("kubepods/other", "2"),
+            write("kubepods/third", "2"),
+            write("kubepods", "1-2"),
+        ];
+        let parents = crate::planner::parent_indexes(&scan);
+        let report = apply(&hierarchy, &plan, &scan, &parents, NewChildren::NarrowNow);
+        assert_eq!(
+            report.stale,
+            vec![index("kubepods/pod"), index("kubepods/other")]
+        );
+        assert!(report.failed.is_empty());
+        assert_eq!((report.applied, report.skipped), (2, 1));
+        let read = |rel: &str| fs::read_to_string(cpuset.join(rel).join("cpuset.cpus")).unwrap();
+        assert_eq!(read("kubepods/pod"), "0-3\n");
+        assert_eq!(read("kubepods/pod/planned"), "1");
+        assert_eq!(read("kubepods/other"), "0-3\n");
+        // An uninitialised child does not hold its parent back.
+        assert_eq!(read("kubepods/third"), "2");
+        // Nor is a parent narrowed over a child whose narrowing was deferred.
+        assert_eq!(read("kubepods"), "0-3\n");
+    }
+
+    #[test]
+    fn the_agent_leaves_a_new_cgroup_to_its_runtime_and_narrows_its_parent_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let cpuset = dir.path().join("cpuset");
+        for (rel, cpus) in [
+            ("", "0-3"),
+            ("kubepods", "0-3"),
+            ("kubepods/pod", "0-3"),
+            ("kubepods/pod/ready", "0-3"),
+            ("kubepods/pod/fresh", ""),
+        ] {
+            fs::create_dir_all(cpuset.join(rel)).unwrap();
+            fs::write(cpuset.join(rel).join("cpuset.cpus"), format!("{cpus}\n")).unwrap();
+        }
+        fs::create_dir_all(dir.path().join("cpu")).unwrap();
+        fs::write(dir.path().join("cpu/cpu.shares"), "1024\n").unwrap();
+        let layout = CgroupLayout {
+            version: CgroupVersion::V1,
+            driver: CgroupDriver::Cgroupfs,
+            cpuset_root: cpuset.clone(),
+            cpu_root: dir.path().join("cpu"),
+            kubepods: CgroupPath::new("kubepods").unwrap(),
+        };
+        let hierarchy = Hierarchy::open(&layout).unwrap();
+        let scan = crate::cgroupfs::Scanner::new(hierarchy.clone(), layout.kubepods.clone())
+            .scan()
+            .unwrap();
+        let index = |p: &str| {
+            scan.cgroups
+                .iter()
+                .position(|c| c.path == CgroupPath::new(p).unwrap())
+                .unwrap()
+        };
+        let write = |p: &str, value: &str, step| PlannedWrite {
+            cgroup: index(p),
+            path: CgroupPath::new(p).unwrap(),
+            file: InterfaceFile::CpusetCpus,
+            value: value.into(),
+            step,
+        };
+        let plan = vec![
+            write("kubepods/pod/fresh", "1", WriteStep::Widen),
+            write("kubepods/pod/ready", "1", WriteStep::Narrow),
+            write("kubepods/pod", "1", WriteStep::Narrow),
+        ];
+        let parents = crate::planner::parent_indexes(&scan);
+        let read = |rel: &str| fs::read_to_string(cpuset.join(rel).join("cpuset.cpus")).unwrap();
+
+        let report = apply(
+            &hierarchy,
+            &plan,
+            &scan,
+            &parents,
+            NewChildren::LetThemSettle { initialised: &[] },
+        );
+        assert_eq!(report.settling, vec![index("kubepods/pod")]);
+        assert_eq!((report.applied, report.skipped), (1, 1));
+        assert_eq!(read("kubepods/pod/fresh"), "\n", "left to its runtime");
+        assert_eq!(read("kubepods/pod/ready"), "1");
+        assert_eq!(
+            read("kubepods/pod"),
+            "0-3\n",
+            "narrowed once the child is set up"
+        );
+
+        // The one-shot commands set it up themselves and narrow at once.
+        let report = apply(&hierarchy, &plan, &scan, &parents, NewChildren::NarrowNow);
+        assert!(report.is_clean());
+        assert_eq!(read("kubepods/pod/fresh"), "1");
+        assert_eq!(read("kubepods/pod"), "1");
+    }
 }

@@ -101,17 +101,21 @@ fn every_cgroup_write_errno_is_reported_once_counted_and_retried() {
             reported.len(),
             node.log_text()
         );
+        // EBUSY on a narrowing is the kernel's "a child holds more": a race, re-planned at
+        // once and reported (INFO) as a retry; on a widening, and every other errno, a
+        // failure (WARN).
         for line in &reported {
             assert!(
-                line.contains("WARN") && line.contains("cpuset.cpus"),
+                (line.contains("WARN") || (errno == "EBUSY" && line.contains("re-planning")))
+                    && line.contains("cpuset.cpus"),
                 "{line}"
             );
         }
         eventually("the error count", &node, || {
-            metric(
-                &node,
-                &format!("cpusetd_cgroup_write_errors_total{{errno=\"{errno}\"}}"),
-            ) == Some(3)
+            let count =
+                |name: &str| metric(&node, &format!("{name}{{errno=\"{errno}\"}}")).unwrap_or(0);
+            count("cpusetd_cgroup_write_errors_total") + count("cpusetd_cgroup_write_retries_total")
+                == 3
         });
         node.assert_running();
         assert!(node.refused().is_empty(), "{:?}", node.refused());
@@ -351,11 +355,20 @@ impl RealAgent {
     }
 
     fn errors(&self, errno: &str) -> Option<u64> {
-        let needle = format!("cpusetd_cgroup_write_errors_total{{errno=\"{errno}\"}} ");
-        fs::read_to_string(&self.metrics)
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix(&needle)?.trim().parse().ok())
+        // Failures and race retries alike: the kernel refused the write.
+        let text = fs::read_to_string(&self.metrics).unwrap_or_default();
+        let read = |name: &str| -> Option<u64> {
+            let needle = format!("{name}{{errno=\"{errno}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&needle)?.trim().parse().ok())
+        };
+        match (
+            read("cpusetd_cgroup_write_errors_total"),
+            read("cpusetd_cgroup_write_retries_total"),
+        ) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        }
     }
 
     fn wait_for(&mut self, what: &str, mut done: impl FnMut(&Self) -> bool) {
@@ -423,7 +436,7 @@ fn the_real_kernel_refusing_a_write_is_reported_once_and_retried() {
 }
 
 #[test]
-fn the_real_kernel_refusing_to_narrow_over_an_unseen_child_is_retried_until_it_goes() {
+fn narrowing_over_an_unseen_child_on_the_real_kernel_waits_until_it_goes() {
     if let Some(reason) = real_kernel_skip_reason() {
         println!("skipped: {reason}");
         return;
@@ -455,22 +468,24 @@ fn the_real_kernel_refusing_to_narrow_over_an_unseen_child_is_retried_until_it_g
         fs::write(dir.join("cpuset.cpus"), all.trim()).unwrap();
     }
     let mut agent = RealAgent::start(&tree);
-    agent.wait_for("EBUSY to be counted", |a| a.errors("EBUSY").is_some());
-    let first = agent.errors("EBUSY").unwrap();
-    agent.wait_for("more passes", |a| a.errors("EBUSY") > Some(first * 2));
-    let log = agent.log_text();
-    let reported: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("Device or resource busy"))
-        .collect();
-    // Once per refused cgroup, not once per pass.
-    let distinct: std::collections::BTreeSet<&str> = reported.iter().copied().collect();
-    assert_eq!(distinct.len(), reported.len(), "{log}");
-    assert!((reported.len() as u64) < agent.errors("EBUSY").unwrap());
+    // The agent sees, before writing, that a child it did not scan holds every cpu: it defers
+    // the narrowing (the kernel would refuse it with EBUSY) instead of failing or looping.
+    agent.wait_for("the allocation", |a| {
+        a.log_text().contains("allocated cpus=")
+    });
+    let container_cpus = tree.dir("cpuset", &container).join("cpuset.cpus");
+    assert_eq!(
+        fs::read_to_string(&container_cpus).unwrap().trim(),
+        all.trim()
+    );
+    assert!(
+        !agent.log_text().contains("WARN  cpusetd::agent"),
+        "{}",
+        agent.log_text()
+    );
 
     // The container removes its deepest cgroup: the next pass pins it.
     fs::remove_dir(tree.dir("cpuset", &deep)).unwrap();
-    let container_cpus = tree.dir("cpuset", &container).join("cpuset.cpus");
     agent.wait_for("the container pinned", |_| {
         fs::read_to_string(&container_cpus).is_ok_and(|c| c.trim() == "1")
     });

@@ -376,3 +376,24 @@ fn hostile_tree_never_writes_outside_the_root() {
     let second = plan_json(&root, &[]);
     assert_eq!(second["writes"], serde_json::json!([]));
 }
+
+#[test]
+fn apply_is_refused_while_an_agent_holds_the_state_lock() {
+    let dir = fake_tree("v1-cgroupfs");
+    let root = dir.path().join("v1-cgroupfs");
+    let state = dir.path().join("state");
+    let _agent = cpusetd::checkpoint::StateLock::acquire(&state).unwrap();
+    let out = run(&plan_args(
+        &root,
+        &["--apply", "--state-dir", state.to_str().unwrap()],
+    ));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the agent applies its plans itself"),
+        "{}",
+        stderr(&out)
+    );
+    // Looking is fine.
+    let out = run(&plan_args(&root, &["--state-dir", state.to_str().unwrap()]));
+    assert!(out.status.success(), "{}", stderr(&out));
+}

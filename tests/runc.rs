@@ -204,6 +204,17 @@ impl E2eTree {
         }
     }
 
+    /// Removes the cgroup `rel` (relative to the kubepods root, childless) from every mount, as
+    /// kubelet removes a pod's cgroup once its containers are gone.
+    pub fn remove(&self, rel: &str) {
+        for mount in cgroup_mounts() {
+            let dir = mount.mount_point.join(self.kubepods()).join(rel);
+            if dir.exists() {
+                remove_cgroup(&dir);
+            }
+        }
+    }
+
     /// Where the subtree exists now: its top directory in each cgroup mount.
     pub fn existing_tops(&self) -> Vec<PathBuf> {
         cgroup_mounts()
@@ -361,10 +372,45 @@ impl Runc {
         self.dir.path()
     }
 
-    fn runc(&self) -> Command {
+    /// `runc` with this harness's state directory.
+    pub fn runc(&self) -> Command {
         let mut command = Command::new("runc");
         command.arg("--root").arg(self.dir.path().join("state"));
         command
+    }
+
+    /// Writes the bundle of a new container running `args` in cgroup `<pod_dir>/<id>` and
+    /// registers it for deletion on drop; returns its id and bundle directory. For callers
+    /// that drive `runc create` / `runc start` themselves (`benches/runc_start.rs`).
+    #[allow(dead_code)]
+    pub fn bundle(&mut self, pod_dir: &str, cpu: CpuResources, args: &[&str]) -> (String, PathBuf) {
+        let id = container_id();
+        let bundle = self.dir.path().join(&id);
+        make_rootfs(&bundle.join("rootfs"));
+        let config = oci_config(
+            args,
+            &format!("/{}/{pod_dir}/{id}", self.tree.kubepods()),
+            cpu,
+        );
+        fs::write(
+            bundle.join("config.json"),
+            serde_json::to_vec_pretty(&config).unwrap(),
+        )
+        .unwrap();
+        self.containers.push(id.clone());
+        (id, bundle)
+    }
+
+    /// Deletes a container made with [`Runc::bundle`] now (killed first if still running).
+    #[allow(dead_code)]
+    pub fn delete_by_id(&mut self, id: &str) {
+        let _ = self
+            .runc()
+            .args(["delete", "--force", id])
+            .stderr(Stdio::null())
+            .status();
+        self.containers.retain(|c| c != id);
+        let _ = fs::remove_dir_all(self.dir.path().join(id));
     }
 
     /// Starts `sleep 1000` in a new container whose cgroup is `<pod_dir>/<id>` under the
@@ -416,6 +462,28 @@ impl Runc {
         Container { id, pid, cgroup }
     }
 
+    /// Kills and deletes one container; runc removes its cgroups.
+    pub fn delete(&mut self, container: &Container) {
+        self.kill_and_delete(&container.id);
+        self.containers.retain(|id| *id != container.id);
+    }
+
+    fn kill_and_delete(&self, id: &str) {
+        let _ = self
+            .runc()
+            .args(["kill", id, "KILL"])
+            .stderr(Stdio::null())
+            .status();
+        match self.runc().args(["delete", "--force", id]).output() {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => eprintln!(
+                "cleanup: runc delete {id}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            Err(err) => eprintln!("cleanup: runc delete {id}: {err}"),
+        }
+    }
+
     /// The host pid of a container's init, from `runc state`.
     fn pid(&self, id: &str) -> u32 {
         let out = self.runc().args(["state", id]).output().expect("run runc");
@@ -434,19 +502,7 @@ impl Runc {
 impl Drop for Runc {
     fn drop(&mut self) {
         for id in std::mem::take(&mut self.containers).into_iter().rev() {
-            let _ = self
-                .runc()
-                .args(["kill", &id, "KILL"])
-                .stderr(Stdio::null())
-                .status();
-            match self.runc().args(["delete", "--force", &id]).output() {
-                Ok(out) if out.status.success() => {}
-                Ok(out) => eprintln!(
-                    "cleanup: runc delete {id}: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-                Err(err) => eprintln!("cleanup: runc delete {id}: {err}"),
-            }
+            self.kill_and_delete(&id);
         }
     }
 }

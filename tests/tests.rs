@@ -2,12 +2,16 @@
 //! submodule drives the real `cpusetd` binary or the public library API the way an operator or
 //! the agent would. Helpers live in `util`.
 
+mod agent_util;
 mod util;
 
+mod agent;
+mod agent_real;
 mod allocate_cli;
 mod cgroup_scan;
 mod checkpoint;
 mod confinement;
+mod controller;
 mod crash;
 mod demo_cli;
 mod faults;

@@ -13,16 +13,20 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crate::allocator::StaticPolicy;
-use crate::cgroupfs::{CgroupError, CgroupPath, Hierarchy, Scan, ScannedCgroup, Scanner};
-use crate::classify::{classify_scan, CgroupKind, CgroupNaming, Classification};
+use crate::cgroupfs::{
+    CgroupError, CgroupPath, CgroupVersion, Hierarchy, Scan, ScannedCgroup, Scanner,
+};
+use crate::classify::{
+    classify, classify_scan, config_matches_cgroup, CgroupKind, CgroupNaming, Classification,
+};
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, Plan, PlanConfig, ReleaseReason, WriteStep};
-use crate::runtime::RuntimeLookup;
+use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
 use crate::state::Assignments;
 use crate::topology::Topology;
 use crate::watcher::TreeEvent;
-use crate::writer::apply;
+use crate::writer::{apply, NewChildren};
 
 use super::metrics::Metrics;
 
@@ -41,6 +45,36 @@ const SETTINGS_RETRY: [Duration; 4] = [
     Duration::from_millis(100),
     Duration::from_millis(500),
 ];
+
+/// How long a cgroup's narrowing waits, again and again, for runtimes to set up its new
+/// children (to copy its cpuset into them: a read and a write, microseconds apart unless the
+/// runtime is descheduled). After the last, the next event or reconcile tick tries again.
+const SETTLE_DELAYS: [Duration; 6] = [
+    Duration::from_millis(5),
+    Duration::from_millis(20),
+    Duration::from_millis(50),
+    Duration::from_millis(200),
+    Duration::from_millis(500),
+    Duration::from_millis(1000),
+];
+
+/// What writing a plan showed of the model.
+#[derive(Debug, Default)]
+struct FollowUp {
+    /// Cgroups with a child the model does not know: re-read them and plan again now.
+    stale: Vec<CgroupPath>,
+    /// Cgroups not narrowed while a child is set up: plan again after a [`SETTLE_DELAYS`].
+    settling: Vec<CgroupPath>,
+    /// A cgroup written to was gone (it left the model): plan again now.
+    vanished: bool,
+}
+
+/// Plans per pass when writing shows the model out of date (see [`Controller::pass`]).
+const MAX_REPLANS: usize = 4;
+
+/// How long a cgroup with an empty cpuset is left to its runtime (runc copies the parent's set
+/// within milliseconds) before the agent writes it itself.
+const RUNTIME_SETUP_LIMIT: Duration = Duration::from_secs(1);
 
 /// How long a new container is tracked for the event → pin latency figure.
 const PIN_TRACKING_LIMIT: Duration = Duration::from_secs(60);
@@ -90,6 +124,21 @@ pub struct Controller {
     /// Containers waiting for their CPU settings, and how many re-reads they had.
     settings_wait: HashMap<CgroupPath, usize>,
     next_retry: Option<Instant>,
+    /// Cgroups whose narrowing waits for new children, and when to plan them again.
+    settling: Vec<CgroupPath>,
+    settle_at: Option<Instant>,
+    settle_tries: usize,
+    /// Containers (by id) whose cgroup has held their runtime config's CPU request, or that
+    /// were running when the agent started: a difference now is an in-place resize.
+    settled: HashSet<String>,
+    /// Containers (by id) classified from their cgroup because they were resized.
+    resized: HashSet<String>,
+    /// Cgroups whose cpuset has been seen set up: empty later means a foreign write (drift),
+    /// not a runtime still at work.
+    seen_initialised: HashSet<CgroupPath>,
+    /// Cgroups first seen with an empty cpuset, and when: left to their runtime for
+    /// [`RUNTIME_SETUP_LIMIT`] at most.
+    empty_since: HashMap<CgroupPath, Instant>,
     last_plan: Option<Plan>,
     last_classes: Vec<Classification>,
     pub metrics: Metrics,
@@ -105,6 +154,13 @@ impl Controller {
             pending_pins: HashMap::new(),
             settings_wait: HashMap::new(),
             next_retry: None,
+            settling: Vec::new(),
+            settle_at: None,
+            settle_tries: 0,
+            settled: HashSet::new(),
+            resized: HashSet::new(),
+            seen_initialised: HashSet::new(),
+            empty_since: HashMap::new(),
             last_plan: None,
             last_classes: Vec::new(),
             metrics: Metrics::default(),
@@ -118,6 +174,11 @@ impl Controller {
     /// CFS quotas lifted by this agent and their original values, for `reset`.
     pub fn quota_lifted(&self) -> &BTreeMap<CgroupPath, String> {
         &self.parts.quota_lifted
+    }
+
+    /// How many containers' runtime configs are cached (those in the tree).
+    pub fn cached_runtime_configs(&self) -> usize {
+        self.parts.runtime.cached()
     }
 
     pub fn policy(&self) -> Option<&StaticPolicy> {
@@ -146,9 +207,13 @@ impl Controller {
         (containers, self.parts.assignments.len())
     }
 
-    /// When the controller wants to re-read containers still waiting for CPU settings.
+    /// When the controller wants to re-read containers still waiting for CPU settings, or
+    /// cgroups whose narrowing waits for new children to be set up.
     pub fn next_retry(&self) -> Option<Instant> {
-        self.next_retry
+        [self.next_retry, self.settle_at]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Reads the whole tree into the model (at start, and after a watcher overflow).
@@ -193,7 +258,6 @@ impl Controller {
                 let scan = self.parts.scanner.scan_subtree(&cgroup);
                 let mut changed = false;
                 for c in scan.cgroups {
-                    self.pending_pins.entry(c.path.clone()).or_insert(now);
                     changed |= self.upsert(c, now);
                 }
                 Ok(changed)
@@ -212,12 +276,21 @@ impl Controller {
         }
     }
 
-    /// Re-reads containers still waiting for their CPU settings. Returns whether the model
-    /// changed.
+    /// Re-reads containers still waiting for their CPU settings, and, once due, the cgroups
+    /// whose narrowing waited for new children. Returns whether a pass is needed.
     pub fn retry_settings(&mut self, now: Instant) -> bool {
         self.next_retry = None;
-        let waiting: Vec<CgroupPath> = self.settings_wait.keys().cloned().collect();
         let mut changed = false;
+        if self.settle_at.is_some_and(|t| t <= now) {
+            // Only retries that find the tree still unsettled wait longer next time.
+            self.settle_at = None;
+            self.settle_tries += 1;
+            for root in std::mem::take(&mut self.settling) {
+                self.rescan_subtree(&root, now);
+            }
+            changed = true;
+        }
+        let waiting: Vec<CgroupPath> = self.settings_wait.keys().cloned().collect();
         for path in waiting {
             match self.parts.scanner.read_cgroup(&path) {
                 Some(c) => changed |= self.upsert(c, now),
@@ -227,12 +300,18 @@ impl Controller {
         changed
     }
 
+    /// Puts what was read of a cgroup into the model. A cgroup new to it after the first pass
+    /// (by whichever way it was seen first: its event, in either v1 hierarchy, or a scan) is
+    /// tracked for the event-to-pin latency from `now`.
     fn upsert(&mut self, cgroup: ScannedCgroup, now: Instant) -> bool {
         let path = cgroup.path.clone();
-        if let Some(entry) = self.model.get(&path) {
-            if entry.cgroup == cgroup {
-                return false;
+        match self.model.get(&path) {
+            Some(entry) if entry.cgroup == cgroup => return false,
+            Some(_) => {}
+            None if self.last_plan.is_some() => {
+                self.pending_pins.entry(path.clone()).or_insert(now);
             }
+            None => {}
         }
         if let (Some(desired), Some(now_cpus)) =
             (self.last_desired.get(&path), cgroup.cpus.configured())
@@ -264,8 +343,32 @@ impl Controller {
         !doomed.is_empty()
     }
 
+    /// Per scanned cgroup: whether an empty cpuset there is drift rather than a runtime still
+    /// setting it up (it was seen set up before, or has been empty for too long).
+    fn initialised(&mut self, scan: &Scan, now: Instant) -> Vec<bool> {
+        scan.cgroups
+            .iter()
+            .map(|c| {
+                let empty = c.cpus.value().is_some_and(|v| v.is_empty())
+                    || c.mems.value().is_some_and(|v| v.is_empty());
+                if !empty {
+                    self.seen_initialised.insert(c.path.clone());
+                    self.empty_since.remove(&c.path);
+                    return true;
+                }
+                if self.seen_initialised.contains(&c.path) {
+                    return true;
+                }
+                let since = *self.empty_since.entry(c.path.clone()).or_insert(now);
+                now.saturating_duration_since(since) >= RUNTIME_SETUP_LIMIT
+            })
+            .collect()
+    }
+
     fn forget(&mut self, path: &CgroupPath) {
         self.model.remove(path);
+        self.seen_initialised.remove(path);
+        self.empty_since.remove(path);
         self.parts.quota_lifted.remove(path);
         self.pending_pins.remove(path);
         self.settings_wait.remove(path);
@@ -273,11 +376,60 @@ impl Controller {
         self.drifted.remove(path);
     }
 
-    /// One pass over the model: classify, assign, plan, write, re-read what was written.
+    /// One pass over the model: classify, assign, plan, write, re-read what was written. The
+    /// pass is planned again (a few times at most) when writing showed the model out of date:
+    /// a cgroup it was to narrow has a child the model does not know yet (that subtree is
+    /// re-read first), or a cgroup written to is gone (it left the model, and what it held,
+    /// an exclusive set perhaps, must be released now: its own removal event finds nothing
+    /// left to do).
+    ///
+    /// On cgroup v1 a cgroup whose children are being set up by their runtime is narrowed by a
+    /// pass a moment later (see [`NewChildren::LetThemSettle`]).
     pub fn pass(&mut self, now: Instant) -> PassOutcome {
+        let mut outcome = PassOutcome::default();
+        for replan in 1..=MAX_REPLANS {
+            let (this, follow_up) = self.pass_once(now);
+            outcome.assignments_changed |= this.assignments_changed;
+            outcome.writes += this.writes;
+            outcome.failed_writes = this.failed_writes;
+            let mut settling = follow_up.settling;
+            let again = !follow_up.stale.is_empty() || follow_up.vanished;
+            let last = replan == MAX_REPLANS;
+            if again && last {
+                // The tree keeps changing under this pass (runtimes setting up cgroups one
+                // after the other): plan again a moment later, as for new children.
+                log::debug!("the tree still changes after {MAX_REPLANS} plans: again later");
+                settling.extend(follow_up.stale.iter().cloned());
+            }
+            let later = !settling.is_empty() || (again && last);
+            self.settling = settling;
+            self.settle_at = None;
+            if !later {
+                self.settle_tries = 0;
+            } else if let Some(delay) = SETTLE_DELAYS.get(self.settle_tries) {
+                self.settle_at = Some(Instant::now() + *delay);
+            }
+            if !again || last {
+                break;
+            }
+            for root in follow_up.stale {
+                self.rescan_subtree(&root, now);
+            }
+        }
+        outcome
+    }
+
+    /// Reads a subtree again into the model.
+    fn rescan_subtree(&mut self, root: &CgroupPath, now: Instant) {
+        for cgroup in self.parts.scanner.scan_subtree(root).cgroups {
+            self.upsert(cgroup, now);
+        }
+    }
+
+    /// One plan and its writes, and what they showed of the model.
+    fn pass_once(&mut self, now: Instant) -> (PassOutcome, FollowUp) {
         let scan = self.model_scan();
-        let runtime = &mut self.parts.runtime;
-        let classes = classify_scan(&self.parts.naming, &scan, |id| runtime.lookup(id));
+        let classes = self.classify_model(&scan);
         let config = PlanConfig {
             topology: &self.parts.topology,
             policy: self.parts.policy.as_ref(),
@@ -303,12 +455,33 @@ impl Controller {
         }
 
         self.remember_quotas(&scan, &planned);
-        let report = apply(&self.parts.hierarchy, &planned.writes, &planned.parents);
+        let initialised = self.initialised(&scan, now);
+        let report = apply(
+            &self.parts.hierarchy,
+            &planned.writes,
+            &scan,
+            &planned.parents,
+            match self.parts.hierarchy.version {
+                CgroupVersion::V1 => NewChildren::LetThemSettle {
+                    initialised: &initialised,
+                },
+                CgroupVersion::V2 => NewChildren::NarrowNow,
+            },
+        );
         for (write, error) in &report.failed {
             let errno = error.errno().unwrap_or(0);
             *self.metrics.write_errors.entry(errno).or_default() += 1;
             if self.metrics.first_failure(&write.path, write.file, errno) {
                 log::warn!("{}", error_chain(error));
+            }
+        }
+        // A narrowing the kernel refused because a child holds more is a race with a runtime,
+        // re-planned at once: counted as a retry and reported once, not an error.
+        for (write, error) in &report.refused_stale {
+            let errno = error.errno().unwrap_or(0);
+            *self.metrics.write_retries.entry(errno).or_default() += 1;
+            if self.metrics.first_failure(&write.path, write.file, errno) {
+                log::info!("{} (a child holds more: re-planning)", error_chain(error));
             }
         }
         // Re-read what was written, so the model holds what the files say.
@@ -321,6 +494,7 @@ impl Controller {
                 .map(|w| w.path.clone())
                 .collect()
         };
+        let mut vanished = false;
         for path in written {
             match self.parts.scanner.read_cgroup(&path) {
                 Some(c) => {
@@ -332,9 +506,7 @@ impl Controller {
                         },
                     );
                 }
-                None => {
-                    self.remove_subtree(&path);
-                }
+                None => vanished |= self.remove_subtree(&path),
             }
         }
 
@@ -345,7 +517,8 @@ impl Controller {
                 self.last_desired.insert(cgroup.path.clone(), cpus.clone());
             }
         }
-        self.track_pins(&scan, &classes, now);
+        // Measured now, when the sets are written and read back: `now` is when the pass began.
+        self.track_pins(&scan, &classes, Instant::now());
         self.track_settings_wait(&scan, &classes, now);
 
         let changed = planned.assignments != self.parts.assignments
@@ -364,14 +537,99 @@ impl Controller {
             writes: report.applied,
             failed_writes: report.failed.len(),
         };
+        let paths = |indexes: &[usize]| -> Vec<CgroupPath> {
+            indexes
+                .iter()
+                .map(|&i| scan.cgroups[i].path.clone())
+                .collect()
+        };
+        let follow_up = FollowUp {
+            stale: paths(&report.stale),
+            settling: paths(&report.settling),
+            vanished,
+        };
         self.last_plan = Some(planned);
         self.last_classes = classes;
-        outcome
+        (outcome, follow_up)
+    }
+
+    /// Classifies the model. The runtime's config gives a container's CPU request while its
+    /// cgroup still holds the kernel's defaults; once the cgroup has held the config's request
+    /// (or was there when the agent started), a cgroup that differs from the config was resized
+    /// in place, and its own settings are the truth (the config still names the container).
+    fn classify_model(&mut self, scan: &Scan) -> Vec<Classification> {
+        let naming = &self.parts.naming;
+        let runtime = &mut self.parts.runtime;
+        let mut found: HashMap<String, RuntimeInfo> = HashMap::new();
+        let mut looked_up: HashSet<String> = HashSet::new();
+        let mut classes = classify_scan(naming, scan, |id| {
+            looked_up.insert(id.to_string());
+            let info = runtime.lookup(id);
+            if let Some(info) = &info {
+                found.insert(id.to_string(), info.clone());
+            }
+            info
+        });
+        // Configs of containers that are gone are not needed again.
+        runtime.retain(|id| looked_up.contains(id));
+        let starting = self.last_plan.is_none();
+        let mut live = HashSet::new();
+        for (cgroup, class) in scan.cgroups.iter().zip(classes.iter_mut()) {
+            if class.kind != CgroupKind::Container {
+                continue;
+            }
+            let Some(id) = class.container_id.clone() else {
+                continue;
+            };
+            live.insert(id.clone());
+            let Some(mut info) = found.remove(&id) else {
+                continue;
+            };
+            match config_matches_cgroup(&cgroup.cpu, &info.cpu) {
+                Some(true) => {
+                    self.resized.remove(&id);
+                    self.settled.insert(id);
+                }
+                Some(false) if starting || self.settled.contains(&id) => {
+                    info.cpu = OciCpu::default();
+                    *class = classify(naming, &cgroup.relative, &cgroup.cpu, Some(&info));
+                    if self.resized.insert(id.clone()) {
+                        log::info!(
+                            "cg={} cpu settings differ from the runtime config (resized in place): request {} from the cgroup",
+                            cgroup.path,
+                            class
+                                .resources
+                                .map_or_else(|| "unknown".to_string(), |r| r.request.to_string())
+                        );
+                    }
+                    self.settled.insert(id);
+                }
+                _ => {}
+            }
+        }
+        self.settled.retain(|id| live.contains(id));
+        self.resized.retain(|id| live.contains(id));
+        classes
     }
 
     /// Records the value each quota lift overwrites, so `reset` can put it back.
+    /// A quota someone set again after the lift (an in-place resize) is theirs: the value from
+    /// before the lift is forgotten, and a new lift records the new one.
     fn remember_quotas(&mut self, scan: &Scan, planned: &Plan) {
         use crate::cgroupfs::{CpuSettings, FileValue, Quota};
+        let model = &self.model;
+        self.parts.quota_lifted.retain(|path, _| {
+            let quota_set = match model.get(path).map(|e| &e.cgroup.cpu) {
+                Some(CpuSettings::V1 { cfs_quota, .. }) => {
+                    matches!(cfs_quota, FileValue::Value(Quota::Micros(_)))
+                }
+                Some(CpuSettings::V2 { max, .. }) => {
+                    matches!(max, FileValue::Value(m) if m.quota != Quota::Unlimited)
+                }
+                None => false,
+            };
+            !quota_set
+        });
         for w in planned
             .writes
             .iter()
@@ -388,10 +646,7 @@ impl Controller {
                 } if max.quota != Quota::Unlimited => max.to_string(),
                 _ => continue,
             };
-            self.parts
-                .quota_lifted
-                .entry(w.path.clone())
-                .or_insert(original);
+            self.parts.quota_lifted.insert(w.path.clone(), original);
         }
     }
 
@@ -442,8 +697,10 @@ impl Controller {
         }
     }
 
-    /// Event → pin latency: a new container counts once its cpuset reads back as desired.
+    /// Event → pin latency: a new container counts once, when its cpuset reads back as desired
+    /// and its CPU settings were known (before, it waits in the shared pool for them).
     fn track_pins(&mut self, scan: &Scan, classes: &[Classification], now: Instant) {
+        use crate::classify::{Exclusivity, SharedReason};
         if self.pending_pins.is_empty() {
             return;
         }
@@ -453,6 +710,12 @@ impl Controller {
             };
             if class.kind != CgroupKind::Container {
                 self.pending_pins.remove(&cgroup.path);
+                continue;
+            }
+            if let Exclusivity::Shared {
+                reason: SharedReason::CpuSettingsUnavailable,
+            } = class.exclusivity
+            {
                 continue;
             }
             let current = self

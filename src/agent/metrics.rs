@@ -60,8 +60,13 @@ pub struct Metrics {
     pub drift_repairs: u64,
     pub rescans: u64,
     pub passes: u64,
+    /// Cgroup writes issued (accepted or failed), for the burst figure's writes issued ÷
+    /// writes necessary.
+    pub writes_issued: u64,
     /// Failed cgroup writes by errno.
     pub write_errors: BTreeMap<i32, u64>,
+    /// Cgroup writes the kernel refused in a race and the agent re-planned at once, by errno.
+    pub write_retries: BTreeMap<i32, u64>,
     pub event_to_pin: LatencySummary,
     pub reconcile_duration: Option<Duration>,
     pub last_reconcile: Option<SystemTime>,
@@ -77,6 +82,7 @@ impl Metrics {
     /// Updates the gauges from a pass.
     pub fn record_pass(&mut self, plan: &Plan, report: &WriteReport) {
         self.passes += 1;
+        self.writes_issued += (report.applied + report.failed.len()) as u64;
         if let Some(pools) = &plan.pools {
             self.shared_pool_millicores = pools.shared.len() as u64 * 1000;
         }
@@ -145,6 +151,18 @@ impl Metrics {
             &plain(self.drift_repairs),
         );
         metric(
+            "cpusetd_passes_total",
+            "counter",
+            "Passes (classify, plan, write) run by the controller.",
+            &plain(self.passes),
+        );
+        metric(
+            "cpusetd_cgroup_writes_total",
+            "counter",
+            "Cgroup interface file writes issued (accepted or not).",
+            &plain(self.writes_issued),
+        );
+        metric(
             "cpusetd_rescans_total",
             "counter",
             "Full rescans forced by the watcher losing track (queue overflow, watch limit).",
@@ -163,6 +181,20 @@ impl Metrics {
             "counter",
             "Failed cgroup writes, by errno.",
             &errors,
+        );
+        let retries: Vec<(String, String)> = self
+            .write_retries
+            .iter()
+            .map(|(errno, n)| {
+                let name = format!("{:?}", nix::errno::Errno::from_raw(*errno));
+                (format!("{{errno=\"{name}\"}}"), n.to_string())
+            })
+            .collect();
+        metric(
+            "cpusetd_cgroup_write_retries_total",
+            "counter",
+            "Cgroup writes refused in a race with a runtime (a child set up meanwhile) and re-planned at once, by errno.",
+            &retries,
         );
         if let Some(d) = self.reconcile_duration {
             metric(

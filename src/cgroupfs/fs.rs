@@ -225,9 +225,10 @@ pub enum CgroupError {
 
 impl CgroupError {
     /// The file or directory no longer exists: the cgroup is gone (a container exited). Not an
-    /// error for the agent, which skips it.
+    /// error for the agent, which skips it. ENOENT when it went before the file was opened;
+    /// ENODEV (cgroupfs) when it was removed between opening the file and reading or writing.
     pub fn is_gone(&self) -> bool {
-        self.errno() == Some(Errno::ENOENT as i32)
+        matches!(self.errno(), Some(e) if e == Errno::ENOENT as i32 || e == Errno::ENODEV as i32)
     }
 
     /// The operating system's error number, when the failure came from a system call.
@@ -621,6 +622,23 @@ mod tests {
         assert!(!dir.path().join("kubepods/cpuset.mems").exists());
         assert!(err.to_string().contains("cannot write \"0\""), "{err}");
         assert!(err.to_string().contains("kubepods/cpuset.mems"), "{err}");
+    }
+
+    #[test]
+    fn a_cgroup_removed_after_its_file_was_opened_is_gone() {
+        // What cgroupfs answers a write to an open file of a removed cgroup.
+        let err = CgroupError::Write {
+            path: "/sys/fs/cgroup/cpuset/kubepods/pod1/cpuset.cpus".into(),
+            value: "1".into(),
+            source: io::Error::from_raw_os_error(Errno::ENODEV as i32),
+        };
+        assert!(err.is_gone());
+        let err = CgroupError::Write {
+            path: "/sys/fs/cgroup/cpuset/kubepods/pod1/cpuset.cpus".into(),
+            value: "1".into(),
+            source: io::Error::from_raw_os_error(Errno::EBUSY as i32),
+        };
+        assert!(!err.is_gone());
     }
 
     #[test]

@@ -95,10 +95,32 @@ fn init_logging() {
         .try_init();
 }
 
+/// The exit status for a command line clap refuses: `run` exits 78 like for any other
+/// configuration error (a unit restarted on exit 2 would be restarted for ever), the one-shot
+/// commands 2. Help and version requests exit 0.
+fn parse_error_status(error: &clap::Error, args: &[std::ffi::OsString]) -> u8 {
+    if !error.use_stderr() {
+        return 0;
+    }
+    // The subcommand is the first argument: `cpusetd` itself takes no flags but help/version.
+    if args.get(1).is_some_and(|a| a == "run") {
+        run::EXIT_CONFIG
+    } else {
+        EXIT_USAGE
+    }
+}
+
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
     init_logging();
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            return ExitCode::from(parse_error_status(&error, &args));
+        }
+    };
     let result = match cli.command {
         Command::Topology(args) => topology::run(&args),
         Command::Allocate(args) => allocate::run(&args),
@@ -118,5 +140,29 @@ pub fn main() -> ExitCode {
             }
             ExitCode::from(err.status)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status_of(args: &[&str]) -> u8 {
+        let args: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+        let error = Cli::try_parse_from(&args).unwrap_err();
+        parse_error_status(&error, &args)
+    }
+
+    #[test]
+    fn refused_command_lines_of_run_are_configuration_errors() {
+        assert_eq!(
+            status_of(&["cpusetd", "run", "--cpu-manager-reconcile-period", "10x"]),
+            78
+        );
+        assert_eq!(status_of(&["cpusetd", "run", "--no-such-flag"]), 78);
+        assert_eq!(status_of(&["cpusetd", "plan", "--no-such-flag"]), 2);
+        assert_eq!(status_of(&["cpusetd", "no-such-command"]), 2);
+        assert_eq!(status_of(&["cpusetd", "run", "--help"]), 0);
+        assert_eq!(status_of(&["cpusetd", "--version"]), 0);
     }
 }

@@ -155,6 +155,19 @@ impl NodeView {
     pub fn scanner(&self) -> Scanner {
         Scanner::new(self.hierarchy.clone(), self.layout.kubepods.clone())
     }
+
+    /// Scans the kubepods tree and classifies every cgroup in it.
+    pub fn scan_and_classify(
+        &mut self,
+    ) -> Result<(crate::cgroupfs::Scan, Vec<crate::classify::Classification>), CommandError> {
+        let scan = self
+            .scanner()
+            .scan()
+            .map_err(|e| CommandError::failure(&e))?;
+        let runtime = &mut self.runtime;
+        let classes = crate::classify::classify_scan(&self.naming, &scan, |id| runtime.lookup(id));
+        Ok((scan, classes))
+    }
 }
 
 impl TreeArgs {

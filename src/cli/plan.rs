@@ -7,12 +7,11 @@ use serde::Serialize;
 
 use super::node::AgentArgs;
 use super::{CommandError, EXIT_FAILURE};
-use crate::classify::classify_scan;
 use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, PlanConfig, WriteStep};
 use crate::report::{render_table, rows, CgroupRow};
 use crate::state::Assignments;
-use crate::writer::apply;
+use crate::writer::{apply, NewChildren};
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -42,6 +41,8 @@ struct JsonApplied {
     gone: usize,
     skipped: usize,
     failed: Vec<String>,
+    /// Narrowing writes not made: a child appeared since the scan (run again).
+    deferred: usize,
 }
 
 #[derive(Serialize)]
@@ -62,18 +63,26 @@ struct JsonPlan {
 pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
     let (apply_writes, json) = (args.apply, args.json);
     let args = &args.agent;
+    // One writer: with --apply, a running agent's lock means "it applies this itself".
+    let _lock = if apply_writes && args.state_dir.join(crate::checkpoint::LOCK_FILE).exists() {
+        Some(
+            crate::checkpoint::StateLock::acquire(&args.state_dir).map_err(|e| {
+                CommandError::usage(format!(
+                    "{}: the agent applies its plans itself; run `plan` without --apply to look",
+                    error_chain(&e)
+                ))
+            })?,
+        )
+    } else {
+        None
+    };
     let mut node = args.tree.open()?;
     let policy = args.policy.policy(&node.topology)?;
     let previous = match crate::checkpoint::load(&args.state_dir) {
         crate::checkpoint::LoadOutcome::Loaded(cp) => cp.assignments,
         _ => Assignments::new(),
     };
-    let scan = node
-        .scanner()
-        .scan()
-        .map_err(|e| CommandError::failure(&e))?;
-    let runtime = &mut node.runtime;
-    let classes = classify_scan(&node.naming, &scan, |id| runtime.lookup(id));
+    let (scan, classes) = node.scan_and_classify()?;
     for (cgroup, class) in scan.cgroups.iter().zip(&classes) {
         for notice in &class.notices {
             log::warn!("cg={} {notice}", cgroup.relative);
@@ -97,7 +106,15 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
         }
     }
     let table = rows(&scan, &classes, &planned);
-    let report = apply_writes.then(|| apply(&node.hierarchy, &planned.writes, &planned.parents));
+    let report = apply_writes.then(|| {
+        apply(
+            &node.hierarchy,
+            &planned.writes,
+            &scan,
+            &planned.parents,
+            NewChildren::NarrowNow,
+        )
+    });
 
     if json {
         let doc = JsonPlan {
@@ -124,6 +141,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
                 gone: r.gone,
                 skipped: r.skipped,
                 failed: r.failed.iter().map(|(_, e)| error_chain(e)).collect(),
+                deferred: r.stale.len(),
             }),
         };
         let text = serde_json::to_string_pretty(&doc).map_err(|e| CommandError::failure(&e))?;
@@ -161,11 +179,12 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
         }
         if let Some(r) = &report {
             println!(
-                "applied {} write(s); {} skipped (cgroup gone), {} skipped (a write above failed), {} failed",
+                "applied {} write(s); {} skipped (cgroup gone), {} skipped (a write above failed), {} failed, {} deferred (the tree changed since the scan)",
                 r.applied,
                 r.gone,
                 r.skipped,
-                r.failed.len()
+                r.failed.len(),
+                r.stale.len()
             );
         }
     }
@@ -177,8 +196,9 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
             return Err(CommandError {
                 status: EXIT_FAILURE,
                 message: format!(
-                    "{} write(s) failed; the next pass retries them",
-                    r.failed.len()
+                    "{} write(s) failed, {} deferred; the next pass retries them",
+                    r.failed.len(),
+                    r.stale.len()
                 ),
                 bare: false,
             });

@@ -11,7 +11,7 @@ use crate::cgroupfs::{CgroupPath, InterfaceFile};
 use crate::checkpoint::{self, LoadOutcome, StateLock};
 use crate::logging::error_chain;
 use crate::planner::{order_writes, parent_indexes, PlannedWrite, SetNode, WriteStep};
-use crate::writer::apply;
+use crate::writer::{apply, NewChildren};
 
 #[derive(Debug, Args)]
 pub struct ResetArgs {
@@ -91,7 +91,13 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
             restored += 1;
         }
     }
-    let report = apply(&node.hierarchy, &writes, &parents);
+    let report = apply(
+        &node.hierarchy,
+        &writes,
+        &scan,
+        &parents,
+        NewChildren::NarrowNow,
+    );
     println!(
         "reset {} cgroup(s) under {} to cpus {} mems {}; {restored} quota(s) restored; {} write(s) applied, {} gone, {} failed",
         scan.cgroups.len(),

@@ -10,7 +10,6 @@ use serde::Serialize;
 use super::node::{AgentArgs, NodeView};
 use super::CommandError;
 use crate::checkpoint::{self, LoadOutcome};
-use crate::classify::classify_scan;
 use crate::planner::{desired_tree, names_from_assignments, parent_indexes, Plan, Pools};
 use crate::report::{render_table, rows, CgroupRow};
 
@@ -96,12 +95,7 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
             )))
         }
     };
-    let scan = node
-        .scanner()
-        .scan()
-        .map_err(|e| CommandError::failure(&e))?;
-    let runtime = &mut node.runtime;
-    let mut classes = classify_scan(&node.naming, &scan, |id| runtime.lookup(id));
+    let (scan, mut classes) = node.scan_and_classify()?;
     names_from_assignments(&mut classes, &cp.assignments);
     let exclusive = cp.assignments.exclusive_cpus();
     let pools = Pools {

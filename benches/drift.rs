@@ -1,0 +1,98 @@
+//! Figure 3, drift repair: a foreign write into a pinned container's `cpuset.cpus` (the whole
+//! pool, as a careless tool would write) until `cpusetd run` (this build) has written the
+//! exclusive set back, read through inotify. On a tmpfs fake tree (256-CPU topology, 110 pods
+//! with 20 pinned containers) and on the real cgroup v1 hierarchy (one pinned container in a
+//! unique subtree, removed at the end).
+//!
+//! `cargo bench --bench drift`; `SAMPLES` (default 1000) changes the run.
+
+mod common;
+
+use std::fs;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::*;
+use cpusetd::kubesim::{ContainerSpec, FakeNode, Qos};
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// Starts `count` pinned containers; returns their cpuset.cpus files and pinned values.
+fn pinned(node: &FakeNode, count: usize) -> Vec<(PathBuf, String)> {
+    let mut waiter = FileWaiter::default();
+    (0..count)
+        .map(|_| {
+            let pod = pod(
+                Qos::Guaranteed,
+                vec![ContainerSpec::guaranteed("app", 1000)],
+            );
+            let ids = node.start_pod(&pod).unwrap();
+            let file = node.file(&format!("{}/{}", node.pod_dir(&pod), ids[0]), "cpuset.cpus");
+            waiter
+                .wait(&file, LIMIT, has_cpus(1))
+                .expect("container pinned");
+            let value = fs::read_to_string(&file).unwrap().trim().to_string();
+            (file, value)
+        })
+        .collect()
+}
+
+fn sample(containers: &[(PathBuf, String)], foreign: &str, n: usize) -> (Vec<Duration>, usize) {
+    let mut waiter = FileWaiter::default();
+    let mut samples = Vec::with_capacity(n);
+    let mut missed = 0;
+    for i in 0..n {
+        let (file, pinned) = &containers[i % containers.len()];
+        fs::write(file, foreign).unwrap();
+        let written = Instant::now();
+        match waiter.wait(file, LIMIT, |t| t == pinned) {
+            Some(repaired) => samples.push(repaired - written),
+            None => missed += 1,
+        }
+    }
+    (samples, missed)
+}
+
+fn report(what: &str, samples: &mut [Duration], missed: usize, agent: &Agent) {
+    let (median, p99) = median_p99(samples);
+    let repairs = agent.metric("cpusetd_drift_repairs_total").unwrap_or(0.0);
+    println!(
+        "{what:<44} {:>6} {:>10.0} {:>10.0} {:>8} {:>8}",
+        samples.len(),
+        median,
+        p99,
+        missed,
+        repairs
+    );
+}
+
+fn main() {
+    let n = env_usize("SAMPLES", 1000);
+    println!("drift repair: foreign write into a pinned cpuset.cpus -> written back (µs)");
+    println!(
+        "{:<44} {:>6} {:>10} {:>10} {:>8} {:>8}",
+        "tree", "n", "median", "p99", "missed", "repairs"
+    );
+    let machine = FakeMachine::new(TOPOLOGY_256);
+    for pod in large_node_pods(110, 0) {
+        machine.node.start_pod(&pod).unwrap();
+    }
+    let agent = Agent::start(&machine.agent_args());
+    let containers = pinned(&machine.node, 20);
+    let (mut samples, missed) = sample(&containers, "0-255", n);
+    report("tmpfs, 256 cpus, 130 pods", &mut samples, missed, &agent);
+    drop(agent);
+
+    if let Some(reason) = kernel_skip_reason() {
+        println!("real cgroup v1: skipped: {reason}");
+        return;
+    }
+    let machine = KernelMachine::new();
+    let agent = Agent::start(&machine.agent_args());
+    let containers = pinned(&machine.node, 1);
+    let whole = fs::read_to_string(machine.cpuset_dir("cpuset.cpus")).unwrap();
+    let (mut samples, missed) = sample(&containers, whole.trim(), n);
+    report("real cgroup v1, this machine", &mut samples, missed, &agent);
+    drop(agent);
+    drop(machine);
+}

@@ -1,0 +1,112 @@
+//! Figure 4, reconcile cost: one no-change reconcile (full scan, merge, classify, plan; no
+//! write expected) over 10,000 container cgroups (2,500 pods with a sandbox and three app
+//! containers each, 100 of them Guaranteed with one exclusive cpu; 256-CPU topology; tmpfs),
+//! against the floor measured in the same run: reading each container's `cpuset.cpus` once
+//! with `std::fs::read_to_string`. In-process, with the agent's own `Controller` (what a
+//! reconcile tick and SIGHUP run), then through SIGHUP to `cpusetd run`
+//! (`cpusetd_reconcile_duration_seconds`, which also includes writing the checkpoint).
+//!
+//! `cargo bench --bench reconcile`; `PODS` (default 2500) and `ROUNDS` (default 9).
+
+mod common;
+
+use std::fs;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::Signal;
+
+fn median(samples: &mut [Duration]) -> f64 {
+    samples.sort_unstable();
+    samples[samples.len() / 2].as_secs_f64() * 1e3
+}
+
+fn main() {
+    let pods = env_usize("PODS", 2500);
+    let rounds = env_usize("ROUNDS", 9);
+    let machine = FakeMachine::new(TOPOLOGY_256);
+    let mut files: Vec<PathBuf> = Vec::new();
+    for pod in large_node_pods(pods, 25) {
+        let sandbox = machine.node.add_pod(&pod).unwrap();
+        let dir = machine.node.pod_dir(&pod);
+        files.push(
+            machine
+                .node
+                .file(&format!("{dir}/{sandbox}"), "cpuset.cpus"),
+        );
+        for c in &pod.containers {
+            let id = machine.node.add_container(&pod, c).unwrap();
+            files.push(machine.node.file(&format!("{dir}/{id}"), "cpuset.cpus"));
+        }
+    }
+
+    // Converge first: pin, lift quotas, shrink the shared cgroups.
+    let mut controller = controller_of(&machine);
+    controller.full_scan().unwrap();
+    let first = controller.pass(Instant::now());
+    controller.full_scan().unwrap();
+    let second = controller.pass(Instant::now());
+    let (containers, exclusive) = controller.counts();
+    println!(
+        "reconcile over {} container cgroups ({containers} app containers, {exclusive} exclusive): converged with {} writes, then {} writes",
+        files.len(),
+        first.writes, second.writes
+    );
+
+    let mut floor = Vec::new();
+    let mut reconcile = Vec::new();
+    let mut writes = 0;
+    for _ in 0..rounds {
+        let started = Instant::now();
+        for file in &files {
+            std::hint::black_box(fs::read_to_string(file).unwrap());
+        }
+        floor.push(started.elapsed());
+
+        let started = Instant::now();
+        controller.full_scan().unwrap();
+        let outcome = controller.pass(Instant::now());
+        reconcile.push(started.elapsed());
+        writes += outcome.writes + outcome.failed_writes;
+    }
+    let (floor, pass) = (median(&mut floor), median(&mut reconcile));
+    println!("{:<48} {:>10}", "", "median ms");
+    println!(
+        "{:<48} {:>10.2}",
+        "floor: read each container's cpuset.cpus", floor
+    );
+    println!("{:<48} {:>10.2}", "no-change reconcile (in-process)", pass);
+    println!(
+        "ratio {:.2} (target <= 1.5), writes {writes} (target 0)",
+        pass / floor
+    );
+    drop(controller);
+
+    let agent = Agent::start(&machine.agent_args());
+    let mut via_signal = Vec::new();
+    for _ in 0..rounds.min(5) {
+        let before = agent.metric("cpusetd_last_reconcile_timestamp_seconds");
+        agent.signal(Signal::SIGHUP);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while agent.metric("cpusetd_last_reconcile_timestamp_seconds") == before
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if let Some(s) = agent.metric("cpusetd_reconcile_duration_seconds") {
+            via_signal.push(Duration::from_secs_f64(s));
+        }
+    }
+    if !via_signal.is_empty() {
+        println!(
+            "{:<48} {:>10.2}",
+            "SIGHUP to cpusetd run (reconcile_duration)",
+            median(&mut via_signal)
+        );
+    }
+    println!(
+        "agent writes after its first pass: {}",
+        agent.metric("cpusetd_cgroup_writes_total").unwrap_or(-1.0)
+    );
+}

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# End-to-end on a real kernel: boots Debian's kernel under QEMU (2 sockets × 2 cores × 2 threads,
+# two NUMA nodes, isolcpus=7) with an initramfs holding busybox and cpusetd, once per scenario:
+#   v2  cgroup v2 (cpuset + cpu): topology, then the agent on a kubepods tree with real processes
+#   v1  cgroup v1 (cpuset, cpu,cpuacct): plan --apply with a write order the kernel checks, run
+# The guest's /init is scripts/vm-e2e/init; the host judges its output with scripts/vm-e2e/check.py
+# against testdata/vm/expected-topology.json. Prints `PASS <scenario>` or `FAIL <scenario>: <why>`
+# per scenario and exits 1 if any failed.
+#
+# Usage: scripts/vm-e2e.sh [SCENARIO...]        (default: v2 v1)
+# Environment:
+#   CPUSETD_BIN        use this binary instead of `cargo build --release`
+#   VM_E2E_KERNEL      kernel image (default: the newest /boot/vmlinuz-*)
+#   VM_E2E_ACCEL       kvm | tcg | auto (default: kvm when /dev/kvm boots a guest, else tcg)
+#   VM_E2E_TIMEOUT     seconds per boot before qemu is killed (default 240)
+# As root with apt-get it installs what is missing: qemu-system-x86, linux-image-amd64,
+# busybox-static, cpio. Build products go to target/vm-e2e/.
+# shellcheck disable=SC2054 # qemu's options hold commas
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+
+scenarios=("$@")
+[ "${#scenarios[@]}" -gt 0 ] || scenarios=(v2 v1)
+for s in "${scenarios[@]}"; do
+    case "$s" in
+        v1 | v2) ;;
+        *)
+            echo "vm-e2e: unknown scenario '$s' (known: v1 v2)" >&2
+            exit 2
+            ;;
+    esac
+done
+
+work=$repo/target/vm-e2e
+timeout_s=${VM_E2E_TIMEOUT:-240}
+
+# --- dependencies --------------------------------------------------------------------------------
+missing=()
+command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
+command -v cpio >/dev/null || missing+=(cpio)
+if [ -z "${VM_E2E_KERNEL:-}" ] && ! compgen -G '/boot/vmlinuz-*' >/dev/null; then
+    missing+=(linux-image-amd64)
+fi
+busybox=/bin/busybox
+if ! { [ -x "$busybox" ] && file -L "$busybox" 2>/dev/null | grep -q 'statically linked'; }; then
+    # Without `file`, trust dpkg.
+    if ! dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed'; then
+        missing+=(busybox-static)
+    fi
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+        echo "vm-e2e: missing ${missing[*]}: install them (or run as root on Debian)" >&2
+        exit 1
+    fi
+    echo "vm-e2e: installing ${missing[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+command -v python3 >/dev/null || {
+    echo "vm-e2e: python3 is needed to judge the results" >&2
+    exit 1
+}
+
+kernel=${VM_E2E_KERNEL:-$(find /boot -maxdepth 1 -name 'vmlinuz-*' | sort -V | tail -n 1)}
+[ -r "$kernel" ] || {
+    echo "vm-e2e: cannot read kernel image '$kernel'" >&2
+    exit 1
+}
+kernel_config=/boot/config-${kernel##*/vmlinuz-}
+if [ -r "$kernel_config" ]; then
+    # All built in on Debian; a module would have to be copied into the initramfs and loaded.
+    for option in CONFIG_CPUSETS CONFIG_NUMA CONFIG_CGROUP_SCHED CONFIG_CFS_BANDWIDTH \
+        CONFIG_SERIAL_8250_CONSOLE CONFIG_DEVTMPFS CONFIG_RD_GZIP CONFIG_INOTIFY_USER; do
+        grep -qx "$option=y" "$kernel_config" || {
+            echo "vm-e2e: $kernel is not built with $option=y" >&2
+            exit 1
+        }
+    done
+fi
+
+# --- the binary and the initramfs ----------------------------------------------------------------
+if [ -n "${CPUSETD_BIN:-}" ]; then
+    bin=$CPUSETD_BIN
+else
+    cargo build --release --locked --quiet
+    bin=$repo/target/release/cpusetd
+fi
+[ -x "$bin" ] || {
+    echo "vm-e2e: no cpusetd binary at $bin" >&2
+    exit 1
+}
+
+rm -rf "$work/root"
+mkdir -p "$work/root"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp,run,etc}
+root=$work/root
+cp "$busybox" "$root/bin/busybox"
+"$busybox" --list-full | while read -r applet; do
+    [ -e "$root/$applet" ] || ln -s /bin/busybox "$root/$applet"
+done
+# The release profile keeps debug info; the guest does not need it (and gzip + TCG are slow).
+if command -v strip >/dev/null; then
+    strip -o "$root/bin/cpusetd" "$bin"
+else
+    cp "$bin" "$root/bin/cpusetd"
+fi
+# Shared libraries and the dynamic loader, at the paths the binary names.
+ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | while read -r lib; do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+done
+install -m 0755 "$repo/scripts/vm-e2e/init" "$root/init"
+(cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc -R 0:0 --quiet) |
+    gzip -1 >"$work/initramfs.gz"
+
+# --- booting -------------------------------------------------------------------------------------
+qemu_common=(
+    -machine q35 -cpu Skylake-Server
+    -smp 8,sockets=2,cores=2,threads=2 -m 1024
+    -object memory-backend-ram,id=m0,size=512M -object memory-backend-ram,id=m1,size=512M
+    -numa node,nodeid=0,cpus=0-3,memdev=m0 -numa node,nodeid=1,cpus=4-7,memdev=m1
+    -display none -monitor none -no-reboot -nodefaults
+    -kernel "$kernel"
+)
+
+# /dev/kvm can exist and still not run a guest (nested virtualisation): use it only if a kernel
+# starts printing within a few seconds.
+kvm_boots() {
+    [ -r /dev/kvm ] && [ -w /dev/kvm ] || return 1
+    rm -f "$work/kvm-probe.log"
+    timeout 5 qemu-system-x86_64 -accel kvm "${qemu_common[@]}" \
+        -serial "file:$work/kvm-probe.log" -append "console=ttyS0 panic=-1" \
+        </dev/null >/dev/null 2>&1 || true
+    grep -q 'Linux version' "$work/kvm-probe.log" 2>/dev/null
+}
+
+case "${VM_E2E_ACCEL:-auto}" in
+    kvm) accel=(-accel kvm) ;;
+    tcg) accel=(-accel tcg,thread=multi) ;;
+    auto)
+        if kvm_boots; then accel=(-accel kvm); else accel=(-accel tcg,thread=multi); fi
+        ;;
+    *)
+        echo "vm-e2e: VM_E2E_ACCEL must be kvm, tcg or auto" >&2
+        exit 2
+        ;;
+esac
+echo "vm-e2e: kernel $kernel, ${accel[1]}, initramfs $(du -h "$work/initramfs.gz" | cut -f1)" >&2
+
+failed=0
+for scenario in "${scenarios[@]}"; do
+    console=$work/$scenario.console.log
+    results=$work/$scenario.results.log
+    rm -f "$console" "$results"
+    started=$SECONDS
+    qemu_status=0
+    # ttyS0: the console (kernel and /init output); ttyS1: what check.py reads.
+    timeout -k 10 "$timeout_s" qemu-system-x86_64 "${accel[@]}" "${qemu_common[@]}" \
+        -initrd "$work/initramfs.gz" \
+        -serial "file:$console" -serial "file:$results" \
+        -append "console=ttyS0 panic=-1 quiet isolcpus=7 cpusetd_e2e=$scenario" \
+        </dev/null >"$work/$scenario.qemu.log" 2>&1 || qemu_status=$?
+    elapsed=$((SECONDS - started))
+    touch "$results" "$console"
+    if reasons=$(python3 "$repo/scripts/vm-e2e/check.py" "$scenario" "$results" \
+        "$repo/testdata/vm/expected-topology.json"); then
+        echo "PASS $scenario (${elapsed}s)"
+        continue
+    fi
+    failed=1
+    why=$(head -n 1 <<<"$reasons")
+    timed_out=false
+    case "$qemu_status" in 124 | 137) timed_out=true ;; esac
+    "$timed_out" && why="timed out after ${timeout_s}s; $why"
+    echo "FAIL $scenario: $why"
+    tail -n +2 <<<"$reasons" | sed 's/^/    /'
+    if [ "$qemu_status" -ne 0 ] && ! "$timed_out"; then
+        echo "    qemu exited $qemu_status:"
+        tail -n 5 "$work/$scenario.qemu.log" | sed 's/^/    | /'
+    fi
+    echo "    last 30 lines of the console ($console):"
+    tail -n 30 "$console" | tr -d '\r' | sed 's/^/    | /'
+done
+exit "$failed"

@@ -1,0 +1,770 @@
+//! The agent binary, `cpusetd run`, on fake nodes (kubesim on tmpfs or a temporary directory,
+//! 16 CPUs in 8 HT cores `{n, n+8}`, CPU 0 reserved) with the fake kernel refusing what cgroup
+//! v1 refuses: pods of every class arrive and leave, containers restart, someone else writes a
+//! cpuset, a limit is resized, the agent restarts, its checkpoint is corrupt, it is signalled, a
+//! second one is started, the tree is flooded, `status` and `reset`. Every test ends with no
+//! write the kernel would refuse and no failed write in the metrics. Waiting always polls with a
+//! deadline.
+
+use std::fs;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use cpusetd::cgroupfs::CgroupVersion;
+use cpusetd::kubesim::{new_container_id, ContainerSpec, PodSpec, Qos};
+
+use crate::agent_util::{cpus, pin_latency, pod, poll_until, Status, TestNode, DEADLINE};
+
+fn guaranteed(name: &str, milli: u64) -> PodSpec {
+    pod(
+        name,
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed(name, milli)],
+    )
+}
+
+fn best_effort(name: &str) -> PodSpec {
+    pod(
+        name,
+        Qos::BestEffort,
+        vec![ContainerSpec::best_effort(name)],
+    )
+}
+
+/// Every `cpuset.cpus` under the kubepods cgroup, by directory.
+fn every_cpuset(node: &TestNode) -> Vec<(String, String)> {
+    let root = node.fake.file("kubepods", "cpuset.cpus");
+    let top = root.parent().unwrap().to_path_buf();
+    let mut found = Vec::new();
+    let mut dirs = vec![top.clone()];
+    while let Some(dir) = dirs.pop() {
+        if let Ok(text) = fs::read_to_string(dir.join("cpuset.cpus")) {
+            let rel = dir.strip_prefix(&top).unwrap().display().to_string();
+            found.push((rel, text.trim().to_string()));
+        }
+        for entry in fs::read_dir(&dir).unwrap().flatten() {
+            if entry.file_type().unwrap().is_dir() {
+                dirs.push(entry.path());
+            }
+        }
+    }
+    found
+}
+
+fn every_class_arrives_and_leaves(version: CgroupVersion) {
+    let node = TestNode::new(version);
+    let mut agent = node.start_agent(&[]);
+
+    let be_pod = best_effort("be");
+    let burstable = pod(
+        "burst",
+        Qos::Burstable,
+        vec![ContainerSpec::burstable("burst", 250, Some(2000))],
+    );
+    let db = pod(
+        "db",
+        Qos::Guaranteed,
+        vec![
+            ContainerSpec::guaranteed("db", 2000),
+            ContainerSpec::guaranteed("sidecar", 500),
+        ],
+    );
+    let fractional = guaranteed("fractional", 1500);
+    let be = node.fake.start_pod(&be_pod).unwrap();
+    let bu = node.fake.start_pod(&burstable).unwrap();
+    let g = node.fake.start_pod(&db).unwrap();
+    let f = node.fake.start_pod(&fractional).unwrap();
+
+    // The 2-CPU container gets a whole core; every other container the rest.
+    let status = node.wait_cpus(&g[0], "1,9");
+    let shared = "0,2-8,10-15";
+    assert_eq!(status.shared_pool, shared);
+    assert_eq!(status.exclusive_cpus, "1,9");
+    assert_eq!(status.policy, "static");
+    let sidecar = status.by_id(&g[1]).unwrap();
+    assert_eq!(sidecar.container.as_deref(), Some("sidecar"));
+    assert!(sidecar.note.contains("not a whole number"), "{sidecar:?}");
+    let sandboxes = status.containers.iter().filter(|r| r.kind == "sandbox");
+    assert_eq!(sandboxes.count(), 4);
+    assert!(status.by_id(&g[0]).unwrap().exclusive);
+    for id in [&be[0], &bu[0], &g[1], &f[0]] {
+        assert!(status.has(id, shared), "{id}: {status:#?}");
+        assert!(!status.by_id(id).unwrap().exclusive, "{id}");
+    }
+    assert_eq!(node.cpus_of(&db, &g[0]), "1,9");
+    assert_eq!(node.cpus_of(&db, &g[1]), shared);
+    assert_eq!(node.cpus_of(&fractional, &f[0]), shared);
+    assert_eq!(node.read(&db, "", "cpuset.cpus"), "0-15");
+
+    // The pod is deleted: its CPUs return to the shared pool.
+    node.fake.remove_pod(&db).unwrap();
+    let status = node.wait_status("db's cpus back in the shared pool", |s| {
+        s.exclusive_cpu_count == 0 && s.has(&be[0], "0-15") && s.converged()
+    });
+    assert_eq!(status.shared_pool, "0-15");
+    for (p, id) in [
+        (&be_pod, &be[0]),
+        (&burstable, &bu[0]),
+        (&fractional, &f[0]),
+    ] {
+        assert_eq!(node.cpus_of(p, id), "0-15");
+    }
+    for p in [&be_pod, &burstable, &fractional] {
+        node.fake.remove_pod(p).unwrap();
+    }
+    node.wait_status("every pod gone", |s| s.containers.is_empty());
+    assert!(agent.stop().success());
+    node.assert_clean();
+}
+
+#[test]
+fn agent_pods_of_every_class_arrive_and_leave_v1() {
+    every_class_arrives_and_leaves(CgroupVersion::V1);
+}
+
+#[test]
+fn agent_pods_of_every_class_arrive_and_leave_v2() {
+    every_class_arrives_and_leaves(CgroupVersion::V2);
+}
+
+/// Makes a cgroup directory appear the way the kernel makes one, all its files at once, but
+/// right after its parent, before anyone wrote the parent's values.
+fn appear(node: &TestNode, rel: &str, files: &[(&str, &str)]) {
+    let target = node.fake.file(rel, files[0].0);
+    let target = target.parent().unwrap();
+    let staging = node.base.join(format!("staging-{}", new_container_id("s")));
+    fs::create_dir(&staging).unwrap();
+    for (name, value) in files {
+        fs::write(staging.join(name), format!("{value}\n")).unwrap();
+    }
+    fs::rename(&staging, target).unwrap();
+}
+
+#[test]
+fn agent_race_of_a_directory_created_right_after_its_parent() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+
+    // Pod, sandbox and container back to back, for several pods at once.
+    let pods: Vec<PodSpec> = (0..6).map(|i| guaranteed(&format!("g{i}"), 2000)).collect();
+    let ids: Vec<String> = pods
+        .iter()
+        .map(|p| node.fake.start_pod(p).unwrap().remove(0))
+        .collect();
+    let status = node.wait_status("every racing pod pinned", |s| {
+        s.converged()
+            && ids
+                .iter()
+                .all(|id| s.by_id(id).is_some_and(|r| r.exclusive))
+    });
+    let mut taken = cpus("");
+    for id in &ids {
+        let held = cpus(status.by_id(id).unwrap().current.as_deref().unwrap());
+        assert_eq!(held.len(), 2, "{id}");
+        assert!(
+            held.is_disjoint(&taken) && !held.contains(0),
+            "{held} after {taken}"
+        );
+        let core = held.first().unwrap();
+        assert_eq!(held, cpus(&format!("{core},{}", core + 8)), "a whole core");
+        taken = taken.union(&held);
+    }
+
+    // Closer still: the pod directory and its container's directory appear with nothing in
+    // between, then the runtime writes the container's settings and copies the cpusets down.
+    let racer = guaranteed("racer", 1000);
+    let pod_dir = node.fake.pod_dir(&racer);
+    let id = new_container_id("racer");
+    let container = format!("{pod_dir}/{id}");
+    let empty_cpuset = [
+        ("cpuset.cpus", ""),
+        ("cpuset.mems", ""),
+        ("cpuset.effective_cpus", ""),
+        ("cpuset.effective_mems", ""),
+        ("cgroup.procs", ""),
+    ];
+    let default_cpu = [
+        ("cpu.shares", "1024"),
+        ("cpu.cfs_quota_us", "-1"),
+        ("cpu.cfs_period_us", "100000"),
+        ("cgroup.procs", ""),
+    ];
+    appear(&node, &pod_dir, &empty_cpuset);
+    appear(&node, &container, &empty_cpuset);
+    appear(&node, &pod_dir, &default_cpu);
+    appear(&node, &container, &default_cpu);
+    fs::write(node.fake.file(&container, "cpu.cfs_quota_us"), "100000\n").unwrap();
+    for rel in [&pod_dir, &container] {
+        let parent = rel.rsplit_once('/').unwrap().0;
+        for file in ["cpuset.mems", "cpuset.cpus"] {
+            let inherited = fs::read_to_string(node.fake.file(parent, file)).unwrap();
+            let own = node.fake.file(rel, file);
+            if fs::read_to_string(&own).unwrap().trim().is_empty() {
+                fs::write(&own, inherited).unwrap();
+            }
+        }
+    }
+    let status = node.wait_status("the racing container pinned", |s| {
+        s.converged() && s.by_id(&id).is_some_and(|r| r.exclusive)
+    });
+    let held = cpus(status.by_id(&id).unwrap().current.as_deref().unwrap());
+    assert_eq!(held.len(), 1);
+    assert!(held.is_disjoint(&taken) && !held.contains(0));
+    assert_eq!(node.read(&racer, &id, "cpuset.cpus"), held.to_string());
+    assert!(agent.stop().success());
+    node.assert_clean();
+}
+
+#[test]
+fn agent_container_restart_keeps_its_cpus() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let db = pod(
+        "db",
+        Qos::Guaranteed,
+        vec![
+            ContainerSpec::guaranteed("db", 2000),
+            ContainerSpec::guaranteed("log", 1000),
+        ],
+    );
+    let ids = node.fake.start_pod(&db).unwrap();
+    node.wait_cpus(&ids[0], "1,9");
+    let status = node.wait_cpus(&ids[1], "8");
+
+    // The db container exits; the next one (same name, new id) gets the same CPUs.
+    node.fake.remove_container(&db, &ids[0]).unwrap();
+    // Meanwhile another pod asks for CPUs: the restarting container's are not given away.
+    let other = guaranteed("other", 2000);
+    let other_id = node.fake.start_pod(&other).unwrap().remove(0);
+    node.wait_cpus(&other_id, "2,10");
+    let again = node.fake.add_container(&db, &db.containers[0]).unwrap();
+    assert_ne!(again, ids[0]);
+    let after = node.wait_cpus(&again, "1,9");
+    assert_eq!(
+        after.by_id(&again).unwrap().container.as_deref(),
+        Some("db")
+    );
+    assert!(after.has(&ids[1], "8"));
+    assert_eq!(status.shared_pool, "0,2-7,10-15");
+    assert_eq!(after.shared_pool, "0,3-7,11-15");
+    assert!(
+        agent.log_lines("allocated cpus=1,9").len() == 1,
+        "{}",
+        agent.log()
+    );
+    assert!(agent.stop().success());
+    node.assert_clean();
+}
+
+#[test]
+fn agent_repairs_a_foreign_write_at_once() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&["--cpu-manager-reconcile-period", "1h"]);
+    let p = guaranteed("g", 1000);
+    let id = node.fake.start_pod(&p).unwrap().remove(0);
+    node.wait_cpus(&id, "8");
+
+    // Someone widens the container (its pod holds every cpu: the sandbox is shared).
+    let started = Instant::now();
+    assert_eq!(node.read(&p, "", "cpuset.cpus"), "0-15");
+    node.write(&p, &id, "cpuset.cpus", "0-15");
+    let repaired = poll_until(DEADLINE, || (node.cpus_of(&p, &id) == "8").then_some(()));
+    let took = started.elapsed();
+    assert!(
+        repaired.is_some(),
+        "not repaired: {}",
+        node.cpus_of(&p, &id)
+    );
+    println!("foreign write repaired in {took:?}");
+    // Without a reconcile tick (the period is an hour): the watcher saw it.
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    node.wait_cpus(&id, "8");
+    let repairs = poll_until(DEADLINE, || {
+        Some(node.metric("cpusetd_drift_repairs_total")).filter(|n| *n >= 1.0)
+    });
+    assert!(repairs.is_some(), "{:?}", node.metrics());
+    assert!(agent.stop().success());
+    node.assert_clean();
+}
+
+/// What kubelet's in-place resize has the runtime write: the container's and the pod's shares
+/// and quota.
+fn resize(node: &TestNode, p: &PodSpec, id: &str, milli: u64) {
+    let shares = (milli * 1024 / 1000).to_string();
+    let quota = (milli * 100).to_string();
+    match node.fake.version() {
+        CgroupVersion::V1 => {
+            node.write(p, "", "cpu.shares", &shares);
+            node.write(p, "", "cpu.cfs_quota_us", &quota);
+            node.write(p, id, "cpu.shares", &shares);
+            node.write(p, id, "cpu.cfs_quota_us", &quota);
+        }
+        CgroupVersion::V2 => {
+            let weight = cpusetd::kubesim::weight(milli * 1024 / 1000).to_string();
+            let max = format!("{quota} 100000");
+            for cg in ["", id] {
+                node.write(p, cg, "cpu.weight", &weight);
+                node.write(p, cg, "cpu.max", &max);
+            }
+        }
+    }
+}
+
+fn cpu_limit_resize(version: CgroupVersion) {
+    let node = TestNode::new(version);
+    let mut agent = node.start_agent(&[]);
+    let p = guaranteed("g", 1000);
+    let id = node.fake.start_pod(&p).unwrap().remove(0);
+    node.wait_cpus(&id, "8");
+
+    resize(&node, &p, &id, 2000);
+    let status = node.wait_status("resized to 2 cpus", |s| {
+        s.converged()
+            && s.by_id(&id).is_some_and(|r| {
+                r.exclusive && r.current.as_deref().map(cpus).map(|c| c.len()) == Some(2)
+            })
+    });
+    let held = status.by_id(&id).unwrap().current.clone().unwrap();
+    assert_eq!(held, "1,9");
+    let lifted = match version {
+        CgroupVersion::V1 => ("cpu.cfs_quota_us", "-1"),
+        CgroupVersion::V2 => ("cpu.max", "max 100000"),
+    };
+    assert!(
+        poll_until(DEADLINE, || (node.read(&p, &id, lifted.0) == lifted.1)
+            .then_some(()))
+        .is_some(),
+        "quota of the resized container not lifted: {}",
+        node.read(&p, &id, lifted.0)
+    );
+
+    // `reset` puts back the quota the resize set, not the one the container started with.
+    assert!(agent.stop().success());
+    let out = node.cpusetd("reset", &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let quota = |q: &str| match version {
+        CgroupVersion::V1 => q.to_string(),
+        CgroupVersion::V2 => format!("{q} 100000"),
+    };
+    assert_eq!(node.read(&p, &id, lifted.0), quota("200000"));
+    // A restarted agent sees the resized container for what it is now.
+    let mut agent = node.start_agent(&[]);
+    node.wait_cpus(&id, "1,9");
+
+    resize(&node, &p, &id, 1500);
+    let status = node.wait_status("resized to 1.5 cpus: shared", |s| {
+        s.converged() && s.by_id(&id).is_some_and(|r| !r.exclusive) && s.exclusive_cpu_count == 0
+    });
+    assert!(status.has(&id, "0-15"), "{status:#?}");
+    assert!(agent.stop().success());
+    // The quota is kubelet's again: reset leaves it.
+    let out = node.cpusetd("reset", &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(node.read(&p, &id, lifted.0), quota("150000"));
+    node.assert_clean();
+}
+
+#[test]
+fn agent_cpu_limit_resize_v1() {
+    cpu_limit_resize(CgroupVersion::V1);
+}
+
+#[test]
+fn agent_cpu_limit_resize_v2() {
+    cpu_limit_resize(CgroupVersion::V2);
+}
+
+/// A Guaranteed 2-CPU pod with a sidecar and a BestEffort pod, pinned; returns the ids.
+fn pinned_pods(node: &TestNode) -> (PodSpec, Vec<String>, PodSpec, String) {
+    let db = pod(
+        "db",
+        Qos::Guaranteed,
+        vec![
+            ContainerSpec::guaranteed("db", 2000),
+            ContainerSpec::guaranteed("sidecar", 500),
+        ],
+    );
+    let ids = node.fake.start_pod(&db).unwrap();
+    let be = best_effort("be");
+    let be_id = node.fake.start_pod(&be).unwrap().remove(0);
+    node.wait_cpus(&ids[0], "1,9");
+    node.wait_cpus(&be_id, "0,2-8,10-15");
+    (db, ids, be, be_id)
+}
+
+fn sets(status: &Status) -> Vec<(String, Option<String>, bool)> {
+    let mut rows: Vec<_> = status
+        .containers
+        .iter()
+        .map(|r| (r.path.clone(), r.current.clone(), r.exclusive))
+        .collect();
+    rows.sort();
+    rows
+}
+
+#[test]
+fn agent_restart_adopts_its_pins() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut first = node.start_agent(&[]);
+    let (_db, ids, _be, _be_id) = pinned_pods(&node);
+    let before = node.wait_cpus(&ids[0], "1,9");
+    assert!(first.stop().success());
+
+    let mut second = node.start_agent(&[]);
+    let after = node.wait_cpus(&ids[0], "1,9");
+    assert_eq!(sets(&after), sets(&before));
+    assert_eq!(after.shared_pool, before.shared_pool);
+    assert!(
+        second.log_lines("allocated cpus=").is_empty(),
+        "{}",
+        second.log()
+    );
+    assert_eq!(node.metric("cpusetd_pinning_requests_total"), 0.0);
+    assert!(
+        second
+            .log()
+            .contains("first pass: 3 containers, 1 exclusive, 0 writes"),
+        "{}",
+        second.log()
+    );
+    assert!(second.stop().success());
+    node.assert_clean();
+}
+
+#[test]
+fn agent_starts_from_the_live_tree_when_its_checkpoint_is_corrupt() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut first = node.start_agent(&[]);
+    let (_db, ids, _be, _be_id) = pinned_pods(&node);
+    let before = node.wait_cpus(&ids[0], "1,9");
+    assert!(first.stop().success());
+
+    fs::write(node.checkpoint(), b"{\"version\": 1, garbage").unwrap();
+    let mut second = node.start_agent(&[]);
+    let log = second.log();
+    assert!(log.contains("is unusable"), "{log}");
+    assert!(log.contains("starting from the live tree"), "{log}");
+    assert!(log.contains("adopted cpus=1,9"), "{log}");
+    let quarantined: Vec<String> = fs::read_dir(node.state_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("state.json.corrupt-") && !n.ends_with(".reason"))
+        .collect();
+    assert_eq!(quarantined.len(), 1, "{quarantined:?}");
+    let kept = fs::read(node.state_dir().join(&quarantined[0])).unwrap();
+    assert_eq!(kept, b"{\"version\": 1, garbage");
+    let after = node.wait_cpus(&ids[0], "1,9");
+    assert_eq!(sets(&after), sets(&before));
+    assert!(second.stop().success());
+    node.assert_clean();
+}
+
+#[test]
+fn agent_stops_on_sigterm_with_a_fresh_checkpoint() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let (_db, ids, _be, _be_id) = pinned_pods(&node);
+    fs::remove_file(node.checkpoint()).unwrap();
+
+    agent.signal(Signal::SIGTERM);
+    let status = agent
+        .wait_exit(DEADLINE)
+        .expect("stopped within the deadline");
+    assert_eq!(status.code(), Some(0), "{}", agent.log());
+    assert!(agent
+        .log()
+        .contains("SIGTERM: writing the checkpoint and stopping"));
+    let checkpoint = match cpusetd::checkpoint::load(&node.state_dir()) {
+        cpusetd::checkpoint::LoadOutcome::Loaded(cp) => cp,
+        other => panic!("no usable checkpoint after SIGTERM: {other:?}"),
+    };
+    assert_eq!(checkpoint.assignments.exclusive_cpus().to_string(), "1,9");
+    assert_eq!(checkpoint.shared_pool.to_string(), "0,2-8,10-15");
+    assert_eq!(
+        checkpoint.quota_lifted.len(),
+        1,
+        "{:?}",
+        checkpoint.quota_lifted
+    );
+    assert!(checkpoint.quota_lifted[0].cgroup.ends_with(&ids[0]));
+    // `status` reads it: the pins are there.
+    let status = node.status().expect("status after stop");
+    assert!(status.has(&ids[0], "1,9"));
+    node.assert_clean();
+}
+
+#[test]
+fn agent_refuses_a_second_agent_on_the_same_state_dir() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let mut second = node.spawn_agent(&[]);
+    let status = second.wait_exit(DEADLINE).expect("the second agent exits");
+    assert!(!status.success());
+    let log = second.log();
+    assert!(
+        log.contains(&format!("another cpusetd (pid {}) holds", agent.pid())),
+        "{log}"
+    );
+    // The first one is unharmed.
+    let p = guaranteed("g", 1000);
+    let id = node.fake.start_pod(&p).unwrap().remove(0);
+    node.wait_cpus(&id, "8");
+    assert!(agent.stop().success());
+    node.assert_clean();
+}
+
+#[test]
+fn agent_reconciles_on_sighup() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&["--cpu-manager-reconcile-period", "1h"]);
+    let last = |s: &Status| s.last_reconcile_unix_ms;
+    let before =
+        last(&node.wait_status("a first reconcile", |s| s.last_reconcile_unix_ms.is_some()));
+    agent.signal(Signal::SIGHUP);
+    agent.wait_for_log("SIGHUP: reconciling now");
+    node.wait_status("a reconcile after SIGHUP", |s| last(s) > before);
+    assert!(agent.stop().success());
+    node.assert_clean();
+}
+
+#[test]
+fn agent_configuration_errors_exit_78() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+            .arg("run")
+            .args(node.tree_args())
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let cases: [(&[&str], &str); 5] = [
+        (&[], "needs reserved cpus"),
+        (
+            &[
+                "--reserved-cpus",
+                "0",
+                "--cpu-manager-reconcile-period",
+                "10x",
+            ],
+            "cpu-manager-reconcile-period",
+        ),
+        (
+            &[
+                "--reserved-cpus",
+                "0",
+                "--cpu-manager-reconcile-period",
+                "0s",
+            ],
+            "cpu-manager-reconcile-period",
+        ),
+        (&["--reserved-cpus", "16"], "--reserved-cpus"),
+        (
+            &["--reserved-cpus", "0", "--kubepods-path", "nowhere"],
+            "kubepods cgroup nowhere does not exist",
+        ),
+    ];
+    for (args, message) in cases {
+        let (code, stderr) = run(args);
+        assert_eq!(code, Some(78), "{args:?}: {stderr}");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+    assert!(!node.checkpoint().exists());
+}
+
+#[test]
+fn agent_status_marks_what_differs() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let (db, ids, _be, _be_id) = pinned_pods(&node);
+    let table = node.cpusetd("status", &[]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(table.status.success(), "{text}");
+    assert!(
+        text.contains("CURRENT") && text.contains("DESIRED"),
+        "{text}"
+    );
+    assert!(!text.contains('*'), "{text}");
+    assert!(agent.stop().success());
+
+    // With the agent stopped, a foreign write stays: status shows it.
+    node.write(&db, "", "cpuset.cpus", "0-15");
+    node.write(&db, &ids[0], "cpuset.cpus", "0-15");
+    let status = node.status().unwrap();
+    assert_eq!(status.differing, 1, "{status:#?}");
+    let row = status.by_id(&ids[0]).unwrap();
+    assert_eq!(row.current.as_deref(), Some("0-15"));
+    assert_eq!(row.desired.as_deref(), Some("1,9"));
+    let table = node.cpusetd("status", &[]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    let marked: Vec<&str> = text.lines().filter(|l| l.contains("*  ")).collect();
+    assert_eq!(marked.len(), 1, "{text}");
+    assert!(
+        marked[0].contains("db") && marked[0].contains("0-15*") && marked[0].contains("1,9"),
+        "{text}"
+    );
+    assert!(text.contains("1 cgroup(s) marked * differ"), "{text}");
+    node.assert_clean();
+}
+
+#[test]
+fn agent_reset_widens_everything_and_restores_quotas() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let (db, ids, _be, _be_id) = pinned_pods(&node);
+    assert_eq!(node.read(&db, &ids[0], "cpu.cfs_quota_us"), "-1");
+
+    // Refused while the agent runs.
+    let out = node.cpusetd("reset", &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("stop cpusetd before reset"), "{stderr}");
+    assert!(node.checkpoint().exists());
+    assert_eq!(node.cpus_of(&db, &ids[0]), "1,9");
+
+    assert!(agent.stop().success());
+    let out = node.cpusetd("reset", &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (dir, set) in every_cpuset(&node) {
+        assert_eq!(set, "0-15", "{dir}");
+    }
+    assert_eq!(node.read(&db, &ids[0], "cpu.cfs_quota_us"), "200000");
+    assert_eq!(node.read(&db, &ids[1], "cpu.cfs_quota_us"), "50000");
+    assert!(!node.checkpoint().exists());
+    node.assert_clean();
+}
+
+#[test]
+fn agent_converges_after_an_inotify_queue_overflow() {
+    let max_queued: usize = fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(16_384);
+    if max_queued > 60_000 {
+        println!(
+            "skipped: fs.inotify.max_queued_events is {max_queued}, too many directories to create"
+        );
+        return;
+    }
+    let node = TestNode::new(CgroupVersion::V1);
+    // No reconcile ticks: the rescan is the watcher's doing.
+    let mut agent = node.start_agent(&["--cpu-manager-reconcile-period", "1h"]);
+    let early = guaranteed("early", 1000);
+    let early_id = node.fake.start_pod(&early).unwrap().remove(0);
+    node.wait_cpus(&early_id, "8");
+
+    // A BestEffort pod fills with container directories while the agent is stopped, so the
+    // kernel's event queue must overflow.
+    let crowded = best_effort("crowded");
+    node.fake.start_pod(&crowded).unwrap();
+    node.wait_status("the crowded pod seen", |s| {
+        s.converged()
+            && s.containers
+                .iter()
+                .any(|r| r.pod_uid.as_deref() == Some(crowded.uid.as_str()))
+    });
+    let pod_dir = node.fake.file(&node.fake.pod_dir(&crowded), "cpuset.cpus");
+    let pod_dir = pod_dir.parent().unwrap();
+    let count = (max_queued + 4_000).max(20_000);
+    agent.signal(Signal::SIGSTOP);
+    let started = Instant::now();
+    let flood: std::io::Result<()> =
+        (0..count).try_for_each(|_| fs::create_dir(pod_dir.join(new_container_id("flood"))));
+    let took = started.elapsed();
+    agent.signal(Signal::SIGCONT);
+    flood.unwrap();
+    println!("{count} directories created in {took:?}");
+
+    // A debug build takes seconds to scan 20,000 cgroups (more on a loaded machine).
+    let slow = Duration::from_secs(40);
+    agent.wait_for_log_within("rescanning the whole tree", slow);
+    let late = guaranteed("late", 2000);
+    let started = Instant::now();
+    let late_id = node.fake.start_pod(&late).unwrap().remove(0);
+    // Files, not `status`: a debug build's `status` takes seconds to scan 20,000 cgroups.
+    let pinned = poll_until(slow, || {
+        (node.cpus_of(&late, &late_id) == "1,9").then_some(())
+    });
+    assert!(pinned.is_some(), "late: {}", node.cpus_of(&late, &late_id));
+    println!(
+        "a pod created after the flood pinned in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(node.cpus_of(&early, &early_id), "8");
+    let rescans = poll_until(slow, || {
+        Some(node.metric("cpusetd_rescans_total")).filter(|n| *n >= 1.0)
+    });
+    assert!(rescans.is_some(), "{:?}", node.metrics());
+    let status = node.status().unwrap();
+    let differing: Vec<_> = status
+        .containers
+        .iter()
+        .filter(|r| r.desired.is_some() && r.current != r.desired)
+        .collect();
+    assert!(differing.is_empty(), "{differing:#?}");
+    assert!(agent.stop().success());
+    node.assert_clean();
+}
+
+/// Event → pin latency on the fake tree (printed, not asserted): 20 rounds of 5 Guaranteed
+/// 1-CPU pods and 5 BestEffort pods started back to back, each round waited for and deleted.
+#[test]
+fn agent_event_to_pin_latency_on_a_fake_tree() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&["--cpu-manager-reconcile-period", "1h"]);
+    let rounds = 20;
+    for round in 0..rounds {
+        let pods: Vec<PodSpec> = (0..10)
+            .map(|i| {
+                if i % 2 == 0 {
+                    guaranteed(&format!("g{round}-{i}"), 1000)
+                } else {
+                    best_effort(&format!("be{round}-{i}"))
+                }
+            })
+            .collect();
+        for p in &pods {
+            node.fake.start_pod(p).unwrap();
+        }
+        // The agent's own count: each container is counted once, when its set is final.
+        let counted = (round + 1) as f64 * 10.0;
+        let pinned = poll_until(DEADLINE, || {
+            Some(node.metric("cpusetd_event_to_pin_seconds_count")).filter(|n| *n >= counted)
+        });
+        assert!(pinned.is_some(), "round {round}: {:?}", node.metrics());
+        node.wait_status(&format!("round {round} converged"), |s| {
+            s.converged() && s.exclusive_cpus == "1-2,8-10"
+        });
+        for p in &pods {
+            node.fake.remove_pod(p).unwrap();
+        }
+        node.wait_status(&format!("round {round} gone"), |s| {
+            s.containers.is_empty() && s.exclusive_cpu_count == 0
+        });
+    }
+    println!(
+        "event-to-pin latency, fake tree ({}): {}",
+        crate::agent_util::build(),
+        pin_latency(&node.metrics())
+    );
+    assert_eq!(node.metric("cpusetd_pinning_requests_total"), 100.0);
+    assert!(agent.stop().success());
+    node.assert_clean();
+}

@@ -1,0 +1,349 @@
+//! The agent binary on this machine's cgroup v1 hierarchies: `cpusetd run` on a uniquely named
+//! kubepods-like subtree of `/sys/fs/cgroup/{cpuset,cpu}` (topology from the real `/sys`, CPU 0
+//! reserved), with runc containers started and deleted while it runs, checked the way the
+//! kernel sees them (`Cpus_allowed_list` of the container's process), a foreign write undone,
+//! and the event-to-pin latency over 200 container cgroups made by hand (printed). Skipped with
+//! a printed reason without root, a v1 cpuset hierarchy or runc; the subtree and containers are
+//! removed whatever happens (see `runc`).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nix::errno::Errno;
+use nix::sys::signal::Signal;
+use serde_json::json;
+
+use cpusetd::cpuset::CpuSet;
+
+use crate::agent_util::{parse_metrics, pin_latency, poll_until, Agent, Status, DEADLINE};
+use crate::runc::{
+    container_id, controller_mount, kernel_skip_reason, online_cpus, pod_uid, runc_skip_reason,
+    CpuResources, E2eTree, Runc,
+};
+
+/// The folder holding the v1 controller mounts, as `--cgroup-root`.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+fn read(path: &Path) -> String {
+    fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .to_string()
+}
+
+fn write(path: &Path, value: &str) -> std::io::Result<()> {
+    fs::write(path, value)
+}
+
+/// What runc's `ensureParent` does for a new v1 cpuset: copy the parent's mems and cpus into an
+/// empty one. The parent may be narrowed meanwhile (the kernel refuses a stale copy): read again.
+fn copy_cpuset_from_parent(dir: &Path) {
+    let parent = dir.parent().unwrap();
+    for file in ["cpuset.mems", "cpuset.cpus"] {
+        let copied = poll_until(DEADLINE, || {
+            if !read(&dir.join(file)).is_empty() {
+                return Some(());
+            }
+            write(&dir.join(file), &read(&parent.join(file))).ok()
+        });
+        assert!(copied.is_some(), "{}: cannot copy {file}", dir.display());
+    }
+}
+
+/// The subtree's kubepods root and QoS directories in the cpuset and cpu hierarchies, cpusets
+/// copied down from the mount's root.
+fn make_kubepods(tree: &E2eTree) {
+    let cpuset = controller_mount("cpuset").unwrap();
+    let cpu = controller_mount("cpu").unwrap();
+    for rel in [
+        tree.name().to_string(),
+        tree.kubepods(),
+        format!("{}/besteffort", tree.kubepods()),
+        format!("{}/burstable", tree.kubepods()),
+    ] {
+        fs::create_dir(cpuset.join(&rel)).unwrap();
+        copy_cpuset_from_parent(&cpuset.join(&rel));
+        fs::create_dir_all(cpu.join(&rel)).unwrap();
+    }
+}
+
+/// `cpusetd run` on a subtree, and `status` on it.
+struct RealAgent {
+    agent: Agent,
+    tree_args: Vec<String>,
+    metrics: PathBuf,
+}
+
+impl RealAgent {
+    /// Starts the agent on `tree` with CPU 0 reserved, its state and log in `scratch`, runtime
+    /// configs at `<scratch>/<runtime>/{id}/config.json`; waits for its first pass.
+    fn start(tree: &E2eTree, scratch: &Path, runtime: &str) -> RealAgent {
+        let state = scratch.join("state");
+        fs::create_dir_all(&state).unwrap();
+        let metrics = scratch.join("m.prom");
+        let tree_args: Vec<String> = [
+            "--cgroup-root",
+            CGROUP_ROOT,
+            "--kubepods-path",
+            &tree.kubepods(),
+            "--runtime-config-path",
+            &format!("{}/{runtime}/{{id}}/config.json", scratch.display()),
+            "--state-dir",
+            &state.display().to_string(),
+        ]
+        .map(String::from)
+        .to_vec();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_cpusetd"));
+        command.arg("run").args(&tree_args).args([
+            "--reserved-cpus",
+            "0",
+            "--cpu-manager-reconcile-period",
+            "1s",
+            "--metrics-file",
+        ]);
+        command.arg(&metrics);
+        let mut agent = Agent::spawn(command, &scratch.join("agent.log"), None);
+        agent.wait_for_log("first pass:");
+        RealAgent {
+            agent,
+            tree_args,
+            metrics,
+        }
+    }
+
+    fn status(&self) -> Option<Status> {
+        let out = Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+            .arg("status")
+            .args(&self.tree_args)
+            .arg("--json")
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).unwrap())
+    }
+
+    fn wait_status(&self, what: &str, mut condition: impl FnMut(&Status) -> bool) -> Status {
+        let mut last = None;
+        poll_until(DEADLINE, || {
+            let status = self.status()?;
+            if condition(&status) {
+                return Some(status);
+            }
+            last = Some(status);
+            None
+        })
+        .unwrap_or_else(|| panic!("{what}: not within {DEADLINE:?}; last status:\n{last:#?}"))
+    }
+
+    fn metrics(&self) -> std::collections::BTreeMap<String, f64> {
+        parse_metrics(&fs::read_to_string(&self.metrics).unwrap_or_default())
+    }
+
+    /// Stops the agent (exit 0) and checks no cgroup write failed.
+    fn stop_clean(&mut self) {
+        assert!(self.agent.stop().success(), "{}", self.agent.log());
+        let errors: Vec<_> = self
+            .metrics()
+            .into_iter()
+            .filter(|(k, v)| k.starts_with("cpusetd_cgroup_write_errors_total") && *v > 0.0)
+            .collect();
+        assert!(errors.is_empty(), "failed cgroup writes: {errors:?}");
+    }
+}
+
+#[test]
+fn agent_pins_real_containers_started_and_deleted_while_it_runs() {
+    if let Some(reason) = runc_skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let online = online_cpus();
+    let mut runc = Runc::new();
+    make_kubepods(runc.tree());
+    // runc's bundles hold the containers' OCI configs (CPU settings, no CRI annotations).
+    let mut agent = RealAgent::start(runc.tree(), runc.scratch(), ".");
+
+    let guaranteed_pod = format!("pod{}", pod_uid());
+    let guaranteed = runc.start(&guaranteed_pod, CpuResources::guaranteed(1));
+    let best_effort = runc.start(
+        &format!("besteffort/pod{}", pod_uid()),
+        CpuResources::best_effort(),
+    );
+    let container_cpus = runc
+        .tree()
+        .dir("cpuset", &guaranteed.cgroup)
+        .join("cpuset.cpus");
+    let exclusive = poll_until(DEADLINE, || {
+        CpuSet::parse(&read(&container_cpus))
+            .ok()
+            .filter(|c| c.len() == 1 && !c.contains(0))
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "not pinned: {}\n{}",
+            read(&container_cpus),
+            agent.agent.log()
+        )
+    });
+    if online == CpuSet::range(0, 1) {
+        assert_eq!(exclusive, CpuSet::range(1, 1));
+    }
+    let shared = online.difference(&exclusive);
+    assert_eq!(guaranteed.wait_cpus_allowed(&exclusive), exclusive);
+    assert_eq!(best_effort.wait_cpus_allowed(&shared), shared);
+    let status = agent.wait_status("converged", |s| s.converged());
+    assert_eq!(status.exclusive_cpus, exclusive.to_string());
+    assert_eq!(
+        read(
+            &runc
+                .tree()
+                .dir("cpu", &guaranteed.cgroup)
+                .join("cpu.cfs_quota_us")
+        ),
+        "-1"
+    );
+
+    // Someone widens the pod, then the container (the kernel allows no other order), while
+    // the agent is stopped (it would undo the first write before the second).
+    let pod_cpus = runc
+        .tree()
+        .dir("cpuset", &guaranteed_pod)
+        .join("cpuset.cpus");
+    agent.agent.signal(Signal::SIGSTOP);
+    let widened = write(&pod_cpus, &online.to_string())
+        .and_then(|()| write(&container_cpus, &online.to_string()));
+    agent.agent.signal(Signal::SIGCONT);
+    widened.unwrap();
+    // The container may run on every cpu now: the kernel moved its process.
+    assert_eq!(read(&container_cpus), online.to_string());
+    assert_eq!(guaranteed.wait_cpus_allowed(&exclusive), exclusive);
+    assert_eq!(read(&container_cpus), exclusive.to_string());
+    let repairs = poll_until(DEADLINE, || {
+        agent
+            .metrics()
+            .get("cpusetd_drift_repairs_total")
+            .copied()
+            .filter(|n| *n >= 1.0)
+    });
+    assert!(repairs.is_some(), "{:?}", agent.metrics());
+
+    // The Guaranteed pod is deleted: its CPU goes back to the shared pool.
+    runc.delete(&guaranteed);
+    runc.tree().remove(&guaranteed_pod);
+    assert_eq!(best_effort.wait_cpus_allowed(&online), online);
+    agent.wait_status("the pod's cpu released", |s| {
+        s.exclusive_cpu_count == 0 && s.converged()
+    });
+    // A new one gets a CPU again.
+    let again = runc.start(&format!("pod{}", pod_uid()), CpuResources::guaranteed(1));
+    assert_eq!(again.wait_cpus_allowed(&exclusive), exclusive);
+    assert_eq!(best_effort.wait_cpus_allowed(&shared), shared);
+    agent.stop_clean();
+}
+
+/// A container cgroup made by hand on the real hierarchies the way kubelet and runc make one
+/// (no process in it), with a CRI-like runtime config.
+struct HandMadePod {
+    rel: String,
+    containers: Vec<String>,
+}
+
+impl HandMadePod {
+    /// A pod with one container: Guaranteed with `milli` CPUs, or BestEffort.
+    fn start(tree: &E2eTree, runtime: &Path, milli: Option<u64>) -> HandMadePod {
+        let uid = pod_uid();
+        let rel = match milli {
+            Some(_) => format!("pod{uid}"),
+            None => format!("besteffort/pod{uid}"),
+        };
+        let (shares, quota) = match milli {
+            Some(m) => (m * 1024 / 1000, (m * 100) as i64),
+            None => (2, -1),
+        };
+        let id = container_id();
+        let config = json!({
+            "annotations": {
+                "io.kubernetes.cri.container-type": "container",
+                "io.kubernetes.cri.container-name": "app",
+                "io.kubernetes.cri.sandbox-uid": uid,
+            },
+            "linux": {"resources": {"cpu": {"shares": shares, "quota": quota, "period": 100000}}},
+        });
+        fs::create_dir_all(runtime.join(&id)).unwrap();
+        fs::write(runtime.join(&id).join("config.json"), config.to_string()).unwrap();
+        for dir in [rel.clone(), format!("{rel}/{id}")] {
+            let cpuset = tree.dir("cpuset", &dir);
+            fs::create_dir(&cpuset).unwrap();
+            copy_cpuset_from_parent(&cpuset);
+            let cpu = tree.dir("cpu", &dir);
+            fs::create_dir(&cpu).unwrap();
+            write(&cpu.join("cpu.shares"), &shares.to_string()).unwrap();
+            write(&cpu.join("cpu.cfs_quota_us"), &quota.to_string()).unwrap();
+        }
+        HandMadePod {
+            rel,
+            containers: vec![id],
+        }
+    }
+
+    fn remove(&self, tree: &E2eTree) {
+        for id in &self.containers {
+            for controller in ["cpuset", "cpu"] {
+                let dir = tree.dir(controller, &format!("{}/{id}", self.rel));
+                if let Err(e) = fs::remove_dir(&dir) {
+                    assert_eq!(e.raw_os_error(), Some(Errno::ENOENT as i32), "{e}");
+                }
+            }
+        }
+        tree.remove(&self.rel);
+    }
+}
+
+/// Event → pin latency on the real v1 hierarchy (printed, not asserted): 20 rounds of one
+/// Guaranteed 1-CPU pod and nine BestEffort pods made back to back, waited for, deleted.
+#[test]
+fn agent_event_to_pin_latency_on_the_real_v1_hierarchy() {
+    if let Some(reason) = kernel_skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let runtime = scratch.path().join("runtime");
+    let tree = E2eTree::new();
+    make_kubepods(&tree);
+    let mut agent = RealAgent::start(&tree, scratch.path(), "runtime");
+    let online = online_cpus();
+    for round in 0..20 {
+        let pods: Vec<HandMadePod> = (0..10)
+            .map(|i| HandMadePod::start(&tree, &runtime, (i == 0).then_some(1000)))
+            .collect();
+        // The agent's own count: each container is counted once, when its set is final.
+        let counted = (round + 1) as f64 * 10.0;
+        let pinned = poll_until(DEADLINE, || {
+            let count = agent
+                .metrics()
+                .get("cpusetd_event_to_pin_seconds_count")
+                .copied();
+            count.filter(|n| *n >= counted)
+        });
+        assert!(pinned.is_some(), "round {round}: {:?}", agent.metrics());
+        agent.wait_status(&format!("round {round} converged"), |s| {
+            s.converged() && s.exclusive_cpu_count == 1
+        });
+        for p in &pods {
+            p.remove(&tree);
+        }
+        agent.wait_status(&format!("round {round} gone"), |s| {
+            s.containers.is_empty() && s.shared_pool == online.to_string()
+        });
+    }
+    println!(
+        "event-to-pin latency, real cgroup v1 hierarchy ({}): {}",
+        crate::agent_util::build(),
+        pin_latency(&agent.metrics())
+    );
+    agent.stop_clean();
+}

@@ -1,0 +1,325 @@
+//! The agent's controller driven as a library on a fake node, one step at a time: cases whose
+//! timing the agent binary cannot make deterministic (a cgroup that appears after the
+//! controller's model was read, but before it writes).
+
+use std::fs;
+use std::time::Instant;
+
+use cpusetd::agent::{Controller, ControllerParts};
+use cpusetd::allocator::{PolicyOptions, ReservedCpus, StaticPolicy};
+use cpusetd::cgroupfs::{CgroupPath, CgroupVersion, Hierarchy, Scanner};
+use cpusetd::classify::CgroupNaming;
+use cpusetd::cpuset::CpuSet;
+use cpusetd::kubesim::{new_pod_uid, ContainerSpec, FakeNode, PodSpec, Qos};
+use cpusetd::runtime::{ConfigTemplate, RuntimeLookup};
+use cpusetd::topology::discover;
+use cpusetd::watcher::TreeEvent;
+
+use crate::util::{layout_of, testdata};
+
+/// The 16-CPU machine of the agent tests.
+const MACHINE: &str = "sysfs/2s-8c-ht-2numa";
+
+/// A fake v1 node with the machine's CPUs and memory nodes, in `dir`.
+fn fake_node(dir: &std::path::Path) -> FakeNode {
+    fs::create_dir(dir.join("cgroup")).unwrap();
+    FakeNode::create(
+        &dir.join("cgroup"),
+        CgroupVersion::V1,
+        CpuSet::parse("0-15").unwrap(),
+        CpuSet::parse("0-1").unwrap(),
+        &dir.join("runtime"),
+    )
+    .unwrap()
+}
+
+fn pod(name: &str, qos: Qos, containers: Vec<ContainerSpec>) -> PodSpec {
+    PodSpec {
+        uid: new_pod_uid(),
+        name: name.into(),
+        qos,
+        containers,
+    }
+}
+
+/// A controller over the node's tree, with CPU 0 reserved, after its first scan and pass (as
+/// the agent starts).
+fn controller(node: &FakeNode) -> Controller {
+    let layout = layout_of(node.cgroup_root());
+    let hierarchy = Hierarchy::open(&layout).unwrap();
+    let sysfs = testdata(MACHINE);
+    let topology = discover(&sysfs, &sysfs.join("proc")).unwrap();
+    let policy = StaticPolicy::new(
+        &topology,
+        PolicyOptions::default(),
+        ReservedCpus::List(CpuSet::parse("0").unwrap()),
+        false,
+    )
+    .unwrap();
+    let mut controller = Controller::new(ControllerParts {
+        scanner: Scanner::new(hierarchy.clone(), layout.kubepods.clone()),
+        hierarchy,
+        naming: CgroupNaming::new(layout.driver, &layout.kubepods),
+        runtime: RuntimeLookup::new(vec![ConfigTemplate::new(&node.runtime_template()).unwrap()]),
+        topology,
+        policy: Some(policy),
+        align_memory: false,
+        keep_cfs_quota: false,
+        assignments: Default::default(),
+        quota_lifted: Default::default(),
+    });
+    controller.full_scan().unwrap();
+    controller.pass(Instant::now());
+    controller
+}
+
+/// Every cpuset directory under kubepods holds a subset of its parent's set.
+fn assert_nested(node: &FakeNode) {
+    let top = node.file("kubepods", "cpuset.cpus");
+    let top = top.parent().unwrap();
+    let read = |dir: &std::path::Path| {
+        CpuSet::parse(fs::read_to_string(dir.join("cpuset.cpus")).unwrap().trim()).unwrap()
+    };
+    let mut dirs = vec![top.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let held = read(&dir);
+        for entry in fs::read_dir(&dir).unwrap().flatten() {
+            if entry.file_type().unwrap().is_dir() {
+                let child = read(&entry.path());
+                assert!(
+                    child.is_subset(&held),
+                    "{} holds {child}, outside its parent's {held}",
+                    entry.path().display()
+                );
+                dirs.push(entry.path());
+            }
+        }
+    }
+}
+
+#[test]
+fn controller_replans_when_a_cgroup_appeared_after_its_model_was_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fake_node(dir.path());
+    let mut controller = controller(&node);
+    controller.pass(Instant::now());
+
+    // A BestEffort pod starts (its cgroups copy the wide sets down) and a Guaranteed one; the
+    // controller has heard of the Guaranteed pod only when it plans.
+    let late = pod(
+        "late",
+        Qos::BestEffort,
+        vec![ContainerSpec::best_effort("late")],
+    );
+    let late_ids = node.start_pod(&late).unwrap();
+    let db = pod(
+        "db",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("db", 2000)],
+    );
+    let db_ids = node.start_pod(&db).unwrap();
+    let created = TreeEvent::Created {
+        cgroup: CgroupPath::new(&format!("kubepods/pod{}", db.uid)).unwrap(),
+    };
+    controller.apply_event(created, Instant::now()).unwrap();
+    let outcome = controller.pass(Instant::now());
+
+    // Narrowing the besteffort directory would have dropped what the late pod holds: the
+    // controller read it and planned again instead, in the same pass.
+    assert_eq!(outcome.failed_writes, 0);
+    assert_eq!(node.container_cpus(&db, &db_ids[0]).unwrap(), "1,9");
+    let shared = "0,2-8,10-15";
+    assert_eq!(node.container_cpus(&late, &late_ids[0]).unwrap(), shared);
+    let late_pod = node.file(&node.pod_dir(&late), "cpuset.cpus");
+    assert_eq!(fs::read_to_string(late_pod).unwrap().trim(), shared);
+    assert_nested(&node);
+}
+
+#[test]
+fn controller_forgets_the_runtime_configs_of_containers_that_are_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fake_node(dir.path());
+    let mut controller = controller(&node);
+    let pods: Vec<PodSpec> = (0..3)
+        .map(|i| {
+            let p = pod(
+                &format!("p{i}"),
+                Qos::Guaranteed,
+                vec![ContainerSpec::guaranteed("app", 1000)],
+            );
+            node.start_pod(&p).unwrap();
+            p
+        })
+        .collect();
+    let cgroup = |p: &PodSpec| CgroupPath::new(&format!("kubepods/pod{}", p.uid)).unwrap();
+    for p in &pods {
+        let created = TreeEvent::Created { cgroup: cgroup(p) };
+        controller.apply_event(created, Instant::now()).unwrap();
+    }
+    controller.pass(Instant::now());
+    // A sandbox and an app container per pod.
+    assert_eq!(controller.cached_runtime_configs(), 6);
+
+    for p in &pods {
+        node.remove_pod(p).unwrap();
+        let removed = TreeEvent::Removed { cgroup: cgroup(p) };
+        controller.apply_event(removed, Instant::now()).unwrap();
+    }
+    controller.pass(Instant::now());
+    assert_eq!(controller.cached_runtime_configs(), 0);
+}
+
+#[test]
+fn controller_releases_the_cpus_of_a_pod_found_gone_while_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fake_node(dir.path());
+    let mut controller = controller(&node);
+    let guaranteed = |name: &str| {
+        let p = pod(
+            name,
+            Qos::Guaranteed,
+            vec![ContainerSpec::guaranteed(name, 1000)],
+        );
+        node.start_pod(&p).unwrap();
+        p
+    };
+    let (first, second) = (guaranteed("first"), guaranteed("second"));
+    let cgroup = |p: &PodSpec| CgroupPath::new(&format!("kubepods/pod{}", p.uid)).unwrap();
+    for p in [&first, &second] {
+        let created = TreeEvent::Created { cgroup: cgroup(p) };
+        controller.apply_event(created, Instant::now()).unwrap();
+    }
+    controller.pass(Instant::now());
+    assert_eq!(controller.assignments().exclusive_cpus().to_string(), "1,8");
+
+    // Both pods are deleted; the controller hears of the first only. Releasing its CPU widens
+    // the second pod's sandbox, which is gone: the second pod leaves the model while writing.
+    node.remove_pod(&first).unwrap();
+    node.remove_pod(&second).unwrap();
+    let removed = TreeEvent::Removed {
+        cgroup: cgroup(&first),
+    };
+    assert!(controller.apply_event(removed, Instant::now()).unwrap());
+    controller.pass(Instant::now());
+    // Its own removal event comes later and finds nothing to do: its CPU is free already.
+    let removed = TreeEvent::Removed {
+        cgroup: cgroup(&second),
+    };
+    assert!(!controller.apply_event(removed, Instant::now()).unwrap());
+    assert_eq!(controller.assignments().len(), 0);
+    assert_eq!(controller.shared_pool().unwrap().to_string(), "0-15");
+}
+
+#[test]
+fn controller_measures_event_to_pin_until_the_cpuset_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fake_node(dir.path());
+    let mut controller = controller(&node);
+    let p = pod(
+        "g",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("g", 1000)],
+    );
+    node.start_pod(&p).unwrap();
+    let seen = Instant::now();
+    let cgroup = CgroupPath::new(&format!("kubepods/pod{}", p.uid)).unwrap();
+    controller
+        .apply_event(TreeEvent::Created { cgroup }, seen)
+        .unwrap();
+    controller.pass(seen);
+    let took = seen.elapsed();
+    let summary = &controller.metrics.event_to_pin;
+    // The sandbox is not counted; the app container is, with the time its pass took.
+    assert_eq!(summary.count(), 1);
+    let median = summary.quantile(0.5).unwrap();
+    assert!(
+        median > std::time::Duration::ZERO && median <= took,
+        "{median:?} of {took:?}"
+    );
+}
+
+#[test]
+fn controller_counts_each_new_container_once_when_its_final_set_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fake_node(dir.path());
+    let mut controller = controller(&node);
+    let p = pod(
+        "g",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("g", 1000)],
+    );
+    let id = node.start_pod(&p).unwrap().remove(0);
+    // Its CPU settings cannot be read yet, and the runtime's config is not there.
+    let container = format!("{}/{id}", node.pod_dir(&p));
+    let shares = node.file(&container, "cpu.shares");
+    fs::write(&shares, "").unwrap();
+    let config = dir.path().join("runtime").join(&id).join("config.json");
+    let config_text = fs::read(&config).unwrap();
+    fs::remove_file(&config).unwrap();
+
+    let pod_cgroup = CgroupPath::new(&format!("kubepods/pod{}", p.uid)).unwrap();
+    // On v1 the pod appears under both hierarchies: two events, one new pod.
+    for _ in 0..2 {
+        let created = TreeEvent::Created {
+            cgroup: pod_cgroup.clone(),
+        };
+        controller.apply_event(created, Instant::now()).unwrap();
+    }
+    controller.pass(Instant::now());
+    assert_eq!(node.container_cpus(&p, &id).unwrap(), "0-15");
+    assert_eq!(controller.metrics.event_to_pin.count(), 0, "still waiting");
+
+    fs::write(&shares, "1024\n").unwrap();
+    fs::write(&config, config_text).unwrap();
+    let modified = TreeEvent::Modified {
+        cgroup: CgroupPath::new(&format!("kubepods/pod{}/{id}", p.uid)).unwrap(),
+        file: cpusetd::cgroupfs::InterfaceFile::CpuShares,
+    };
+    controller.apply_event(modified, Instant::now()).unwrap();
+    controller.pass(Instant::now());
+    assert_eq!(node.container_cpus(&p, &id).unwrap(), "8");
+    let again = TreeEvent::Created { cgroup: pod_cgroup };
+    controller.apply_event(again, Instant::now()).unwrap();
+    controller.pass(Instant::now());
+    assert_eq!(controller.metrics.event_to_pin.count(), 1);
+}
+
+#[test]
+fn controller_leaves_a_new_cgroup_to_its_runtime_and_narrows_its_parent_once_it_is_set_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = fake_node(dir.path());
+    let mut controller = controller(&node);
+    // A BestEffort container whose runtime has not copied the pod's cpuset into it yet.
+    let be = pod(
+        "be",
+        Qos::BestEffort,
+        vec![ContainerSpec::best_effort("be")],
+    );
+    let be_id = node.start_pod(&be).unwrap().remove(0);
+    let be_cpus = node.file(&format!("{}/{be_id}", node.pod_dir(&be)), "cpuset.cpus");
+    fs::write(&be_cpus, "\n").unwrap();
+    let db = pod(
+        "db",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("db", 2000)],
+    );
+    node.start_pod(&db).unwrap();
+    controller.full_scan().unwrap();
+    controller.pass(Instant::now());
+
+    // The new container is not written, and its pod not narrowed over it: the runtime is
+    // about to copy the pod's set into it, and the kernel would refuse one of the writes.
+    assert_eq!(fs::read_to_string(&be_cpus).unwrap(), "\n");
+    let be_pod = node.file(&node.pod_dir(&be), "cpuset.cpus");
+    assert_eq!(fs::read_to_string(&be_pod).unwrap().trim(), "0-15");
+    let retry = controller.next_retry().expect("a pass planned for later");
+
+    // The runtime sets it up; the pass planned for later narrows both.
+    fs::write(&be_cpus, "0-15\n").unwrap();
+    assert!(controller.retry_settings(retry));
+    controller.pass(retry);
+    let shared = "0,2-8,10-15";
+    assert_eq!(node.container_cpus(&be, &be_id).unwrap(), shared);
+    assert_eq!(fs::read_to_string(&be_pod).unwrap().trim(), shared);
+    assert_nested(&node);
+}
