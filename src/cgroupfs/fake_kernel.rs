@@ -22,7 +22,18 @@ use super::fs::{CgroupFs, FileKind, InterfaceFile};
 use super::path::CgroupPath;
 use crate::cpuset::CpuSet;
 
-pub(super) fn enabled() -> bool {
+/// The rules are on and `fs` is not a real cgroup filesystem (whose kernel has its own mutex
+/// and never truncates): the fake-tree measures apply.
+pub(super) fn fake_tree(fs: &CgroupFs) -> bool {
+    use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC};
+    enabled()
+        && !statfs(fs.root()).is_ok_and(|st| {
+            let kind = st.filesystem_type();
+            kind == CGROUP_SUPER_MAGIC || kind == CGROUP2_SUPER_MAGIC
+        })
+}
+
+fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("CPUSETD_FAKE_KERNEL_RULES").is_some_and(|v| v == "1"))
 }
@@ -32,7 +43,7 @@ pub(super) fn enabled() -> bool {
 /// copies a parent's cpuset into a new cgroup, so neither sees the other half done, as in the
 /// kernel. `None` when the rules are off (or the root cannot be locked).
 pub(super) fn lock(fs: &CgroupFs, file: InterfaceFile) -> Option<Flock<File>> {
-    if !enabled() || !matches!(file, InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems) {
+    if !fake_tree(fs) || !matches!(file, InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems) {
         return None;
     }
     let dir = File::open(fs.root()).ok()?;

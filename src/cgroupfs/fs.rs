@@ -361,10 +361,10 @@ impl CgroupFs {
         })?;
         // A fake tree's files are plain files that O_TRUNC empties: an agent killed between the
         // truncation and the write would leave a value no kernel ever shows. With the fake
-        // kernel's rules on, the value overwrites in place, padded with newlines (which every
-        // reader trims) to the old length.
+        // kernel's rules on a fake tree (not a real cgroupfs), the value overwrites in place,
+        // padded with newlines (which every reader trims) to the old length.
         #[cfg(debug_assertions)]
-        let in_place = super::fake_kernel::enabled();
+        let in_place = super::fake_kernel::fake_tree(self);
         #[cfg(not(debug_assertions))]
         let in_place = false;
         let mode = if in_place {
