@@ -168,28 +168,14 @@ impl Metrics {
             "Full rescans forced by the watcher losing track (queue overflow, watch limit).",
             &plain(self.rescans),
         );
-        let errors: Vec<(String, String)> = self
-            .write_errors
-            .iter()
-            .map(|(errno, n)| {
-                let name = format!("{:?}", nix::errno::Errno::from_raw(*errno));
-                (format!("{{errno=\"{name}\"}}"), n.to_string())
-            })
-            .collect();
+        let errors = by_errno(&self.write_errors);
         metric(
             "cpusetd_cgroup_write_errors_total",
             "counter",
             "Failed cgroup writes, by errno.",
             &errors,
         );
-        let retries: Vec<(String, String)> = self
-            .write_retries
-            .iter()
-            .map(|(errno, n)| {
-                let name = format!("{:?}", nix::errno::Errno::from_raw(*errno));
-                (format!("{{errno=\"{name}\"}}"), n.to_string())
-            })
-            .collect();
+        let retries = by_errno(&self.write_retries);
         metric(
             "cpusetd_cgroup_write_retries_total",
             "counter",
@@ -246,6 +232,17 @@ impl Metrics {
         fs::write(&tmp, self.render())?;
         fs::rename(&tmp, path)
     }
+}
+
+/// `{errno="EBUSY"}`-labelled lines of a per-errno counter.
+fn by_errno(counts: &BTreeMap<i32, u64>) -> Vec<(String, String)> {
+    counts
+        .iter()
+        .map(|(errno, n)| {
+            let name = format!("{:?}", nix::errno::Errno::from_raw(*errno));
+            (format!("{{errno=\"{name}\"}}"), n.to_string())
+        })
+        .collect()
 }
 
 #[cfg(test)]
