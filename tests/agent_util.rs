@@ -332,10 +332,20 @@ impl TestNode {
         self.fake.file(&rel, file)
     }
 
-    /// No write the kernel would refuse was made, and none failed.
+    /// No write the kernel would refuse was made, and none failed. One refusal is allowed: a
+    /// narrowing refused with EBUSY because a runtime set up a child between the agent's check
+    /// and its write (a race the agent re-plans at once, counted as a retry). Anything else
+    /// (EACCES: a write outside the parent's set, which is what makes a runtime fail) fails.
     pub fn assert_clean(&self) {
         let refused = fs::read_to_string(self.refusal_log()).unwrap_or_default();
-        assert_eq!(refused, "", "writes the kernel would refuse");
+        let harmful: Vec<&str> = refused
+            .lines()
+            .filter(|l| !(l.contains(": EBUSY: ") && l.contains(": child ")))
+            .collect();
+        assert!(
+            harmful.is_empty(),
+            "writes the kernel would refuse:\n{refused}"
+        );
         let errors: Vec<(String, f64)> = self
             .metrics()
             .into_iter()
