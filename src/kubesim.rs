@@ -599,6 +599,29 @@ fn remove_tree(path: &Path) -> io::Result<()> {
 mod tests {
     use super::*;
 
+    /// An 8-CPU, one-memory-node fake node in a fresh temporary directory.
+    fn node(version: CgroupVersion) -> (tempfile::TempDir, FakeNode) {
+        let dir = tempfile::tempdir().unwrap();
+        let node = FakeNode::create(
+            &dir.path().join("cg"),
+            version,
+            CpuSet::range(0, 7),
+            CpuSet::range(0, 0),
+            &dir.path().join("runtime"),
+        )
+        .unwrap();
+        (dir, node)
+    }
+
+    fn pod(name: &str, qos: Qos, container: ContainerSpec) -> PodSpec {
+        PodSpec {
+            uid: new_pod_uid(),
+            name: name.into(),
+            qos,
+            containers: vec![container],
+        }
+    }
+
     #[test]
     fn kubelets_conversions() {
         assert_eq!(shares(Some(1000)), 1024);
@@ -611,21 +634,12 @@ mod tests {
 
     #[test]
     fn a_guaranteed_pod_on_v1_looks_like_kubelets() {
-        let dir = tempfile::tempdir().unwrap();
-        let node = FakeNode::create(
-            &dir.path().join("cg"),
-            CgroupVersion::V1,
-            CpuSet::range(0, 7),
-            CpuSet::range(0, 0),
-            &dir.path().join("runtime"),
-        )
-        .unwrap();
-        let pod = PodSpec {
-            uid: new_pod_uid(),
-            name: "db".into(),
-            qos: Qos::Guaranteed,
-            containers: vec![ContainerSpec::guaranteed("app", 2000)],
-        };
+        let (dir, node) = node(CgroupVersion::V1);
+        let pod = pod(
+            "db",
+            Qos::Guaranteed,
+            ContainerSpec::guaranteed("app", 2000),
+        );
         // The roots hold the kernel's files, so layout detection finds both controllers.
         let cg = dir.path().join("cg");
         assert_eq!(
@@ -662,29 +676,15 @@ mod tests {
             .collect();
         assert!(leftovers.is_empty());
     }
-}
-
-#[cfg(test)]
-mod v2_tests {
-    use super::*;
 
     #[test]
     fn a_burstable_pod_on_v2_gets_weight_and_max() {
-        let dir = tempfile::tempdir().unwrap();
-        let node = FakeNode::create(
-            &dir.path().join("cg"),
-            CgroupVersion::V2,
-            CpuSet::range(0, 7),
-            CpuSet::range(0, 0),
-            &dir.path().join("runtime"),
-        )
-        .unwrap();
-        let pod = PodSpec {
-            uid: new_pod_uid(),
-            name: "api".into(),
-            qos: Qos::Burstable,
-            containers: vec![ContainerSpec::burstable("api", 1000, Some(2000))],
-        };
+        let (_dir, node) = node(CgroupVersion::V2);
+        let pod = pod(
+            "api",
+            Qos::Burstable,
+            ContainerSpec::burstable("api", 1000, Some(2000)),
+        );
         let ids = node.start_pod(&pod).unwrap();
         let rel = format!("{}/{}", node.pod_dir(&pod), ids[0]);
         let read = |f| fs::read_to_string(node.file(&rel, f)).unwrap();
