@@ -215,10 +215,12 @@ fn agent_pins_real_containers_started_and_deleted_while_it_runs() {
     agent.agent.signal(Signal::SIGSTOP);
     let widened = write(&pod_cpus, &online.to_string())
         .and_then(|()| write(&container_cpus, &online.to_string()));
+    // Read while the agent is still stopped: once it runs, it repairs at once.
+    let foreign = read(&container_cpus);
     agent.agent.signal(Signal::SIGCONT);
     widened.unwrap();
-    // The container may run on every cpu now: the kernel moved its process.
-    assert_eq!(read(&container_cpus), online.to_string());
+    // The container could run on every cpu: the foreign write took effect.
+    assert_eq!(foreign, online.to_string());
     assert_eq!(guaranteed.wait_cpus_allowed(&exclusive), exclusive);
     assert_eq!(read(&container_cpus), exclusive.to_string());
     let repairs = poll_until(DEADLINE, || {
