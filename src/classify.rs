@@ -30,7 +30,9 @@
 
 use std::fmt;
 
-use crate::cgroupfs::{CgroupDriver, CgroupPath, CpuSettings, FileValue, Quota, Scan};
+use crate::cgroupfs::{
+    CgroupDriver, CgroupPath, CpuSettings, FileValue, Quota, Scan, ScannedCgroup,
+};
 use crate::runtime::{OciCpu, RuntimeInfo};
 use crate::state::AssignmentKey;
 
@@ -1039,15 +1041,22 @@ pub fn classify_scan(
 ) -> Vec<Classification> {
     scan.cgroups
         .iter()
-        .map(|cgroup| {
-            let path = parse_path(naming, &cgroup.relative);
-            let info = match (&path.kind, &path.container_id) {
-                (CgroupKind::Container, Some(id)) => runtime(id),
-                _ => None,
-            };
-            classify(naming, &cgroup.relative, &cgroup.cpu, info.as_ref())
-        })
+        .map(|cgroup| classify_scan_one(naming, cgroup, &mut runtime))
         .collect()
+}
+
+/// Classifies one scanned cgroup; `runtime` is called only for containers.
+pub fn classify_scan_one(
+    naming: &CgroupNaming,
+    cgroup: &ScannedCgroup,
+    mut runtime: impl FnMut(&str) -> Option<RuntimeInfo>,
+) -> Classification {
+    let path = parse_path(naming, &cgroup.relative);
+    let info = match (&path.kind, &path.container_id) {
+        (CgroupKind::Container, Some(id)) => runtime(id),
+        _ => None,
+    };
+    classify(naming, &cgroup.relative, &cgroup.cpu, info.as_ref())
 }
 
 #[cfg(test)]

@@ -475,6 +475,11 @@ impl RuntimeLookup {
         self.cache.len()
     }
 
+    /// Drops what is cached for a container (it is gone).
+    pub fn forget(&mut self, container_id: &str) {
+        self.cache.remove(container_id);
+    }
+
     /// Forgets containers for which `live` is false (they are gone).
     pub fn retain(&mut self, mut live: impl FnMut(&str) -> bool) {
         self.cache.retain(|id, _| live(id));

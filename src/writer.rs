@@ -29,8 +29,12 @@ use crate::planner::{PlannedWrite, WritePlan, WriteStep};
 pub struct WriteReport {
     /// Writes the kernel (or the fake tree) accepted.
     pub applied: usize,
+    /// Which: indexes into the plan, in order.
+    pub applied_writes: Vec<usize>,
     /// Writes skipped because their cgroup, or an ancestor, is gone.
     pub gone: usize,
+    /// Cgroups a write found gone (indexes in the scan).
+    pub gone_cgroups: Vec<usize>,
     /// Writes skipped because a write above them failed.
     pub skipped: usize,
     /// Writes that failed, with the error (path, value and errno inside).
@@ -113,7 +117,7 @@ pub fn apply(
     let mut children: Option<Vec<Vec<usize>>> = None;
     let ancestors =
         |cgroup: usize| std::iter::successors(Some(cgroup), |&i| parents.get(i).copied().flatten());
-    for write in plan {
+    for (index, write) in plan.iter().enumerate() {
         if ancestors(write.cgroup).any(|i| gone.get(i) == Some(&true)) {
             report.gone += 1;
             continue;
@@ -173,7 +177,10 @@ pub fn apply(
             }
         }
         match fs.write(&write.path, write.file, &write.value) {
-            Ok(()) => report.applied += 1,
+            Ok(()) => {
+                report.applied += 1;
+                report.applied_writes.push(index);
+            }
             Err(e) if e.is_gone() => {
                 log::debug!(
                     "cg={} gone before {} was written",
@@ -184,6 +191,7 @@ pub fn apply(
                     *flag = true;
                 }
                 report.gone += 1;
+                report.gone_cgroups.push(write.cgroup);
             }
             Err(e)
                 if write.step == WriteStep::Narrow

@@ -485,6 +485,19 @@ impl Drop for KernelMachine {
     }
 }
 
+/// A scanner over a fake machine's kubepods tree.
+pub fn scanner_of(machine: &FakeMachine) -> cpusetd::cgroupfs::Scanner {
+    use cpusetd::cgroupfs::{detect_layout, Hierarchy, LayoutConfig, Scanner};
+    let layout = detect_layout(&LayoutConfig {
+        proc_root: PathBuf::from("/nonexistent-proc"),
+        cgroup_root: Some(machine.node.cgroup_root().to_path_buf()),
+        driver: None,
+        kubepods: None,
+    })
+    .unwrap();
+    Scanner::new(Hierarchy::open(&layout).unwrap(), layout.kubepods)
+}
+
 /// A controller over a fake machine, built the way `cpusetd run` builds it (static policy, 2
 /// reserved cpus), for in-process measurements.
 pub fn controller_of(machine: &FakeMachine) -> cpusetd::agent::Controller {

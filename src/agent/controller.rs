@@ -1,13 +1,17 @@
 //! The controller: the one thread that owns the agent's state and writes cgroupfs.
 //!
 //! It keeps a model of the kubepods tree (what the files said when last read), updates it from
-//! watcher events (re-reading only the cgroups an event names) and from the reconcile thread's
-//! full scans, and after every change runs one pass: classify → assign → plan → write →
-//! re-read what was written. Its own writes come back as `IN_MODIFY` events; re-reading shows
-//! the value the model already holds, so they cause no further pass (no repair loops).
+//! watcher events (re-reading only the group of files an event names: the cpuset files or the
+//! CPU settings) and from the reconcile thread's full scans, and after every change runs one
+//! pass: classify → assign → plan → write. Classifications are cached per cgroup while its
+//! CPU settings stay the same and its runtime config was found. The model takes the values the
+//! pass wrote; each write comes back as an `IN_MODIFY` event whose re-read shows the value the
+//! model already holds, so it causes no further pass (no repair loops), or a value someone else
+//! wrote after the agent, which is drift and is repaired by the next pass.
 //!
 //! Reconcile merge rule: a full scan started at time T replaces every model entry last updated
-//! before T; entries updated after T (by events that raced the scan) are newer and kept.
+//! before T; entries updated after T (by events that raced the scan) are newer and kept. A
+//! reconcile that changes nothing runs no pass (see [`Controller::reconcile`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -17,7 +21,7 @@ use crate::cgroupfs::{
     CgroupError, CgroupPath, CgroupVersion, Hierarchy, Scan, ScannedCgroup, Scanner,
 };
 use crate::classify::{
-    classify, classify_scan, config_matches_cgroup, CgroupKind, CgroupNaming, Classification,
+    classify, classify_scan_one, config_matches_cgroup, CgroupKind, CgroupNaming, Classification,
 };
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
@@ -83,6 +87,9 @@ const PIN_TRACKING_LIMIT: Duration = Duration::from_secs(60);
 struct ModelEntry {
     cgroup: ScannedCgroup,
     updated: Instant,
+    /// The classification of `cgroup`, kept while its path and CPU settings stay the same and
+    /// the runtime's config was found (or is not needed). `None`: classify in the next pass.
+    class: Option<Classification>,
 }
 
 /// What the controller needs to run, besides its channels.
@@ -139,6 +146,8 @@ pub struct Controller {
     /// Cgroups first seen with an empty cpuset, and when: left to their runtime for
     /// [`RUNTIME_SETUP_LIMIT`] at most.
     empty_since: HashMap<CgroupPath, Instant>,
+    /// The last pass wrote all it planned and allocated all it was asked for.
+    last_pass_settled: bool,
     last_plan: Option<Plan>,
     last_classes: Vec<Classification>,
     pub metrics: Metrics,
@@ -161,6 +170,7 @@ impl Controller {
             resized: HashSet::new(),
             seen_initialised: HashSet::new(),
             empty_since: HashMap::new(),
+            last_pass_settled: false,
             last_plan: None,
             last_classes: Vec::new(),
             metrics: Metrics::default(),
@@ -224,10 +234,18 @@ impl Controller {
         Ok(())
     }
 
+    /// A full scan now, then [`Self::reconcile`] (SIGHUP).
+    pub fn rescan(&mut self) -> Result<Option<PassOutcome>, CgroupError> {
+        let started = Instant::now();
+        let scan = self.parts.scanner.scan()?;
+        Ok(self.reconcile(ReconcileScan { started, scan }, Instant::now()))
+    }
+
     /// Merges a full scan: entries last updated before the scan started are replaced or, when
     /// the scan did not see them, dropped; entries updated since (by events that raced the
     /// scan) are newer and kept.
-    pub fn merge_scan(&mut self, reconcile: ReconcileScan) {
+    /// Returns whether the model changed.
+    pub fn merge_scan(&mut self, reconcile: ReconcileScan) -> bool {
         let ReconcileScan { started, scan } = reconcile;
         let seen: HashSet<&CgroupPath> = scan.cgroups.iter().map(|c| &c.path).collect();
         let gone: Vec<CgroupPath> = self
@@ -236,6 +254,7 @@ impl Controller {
             .filter(|(p, e)| !seen.contains(p) && e.updated <= started)
             .map(|(p, _)| p.clone())
             .collect();
+        let mut changed = !gone.is_empty();
         for path in &gone {
             self.forget(path);
         }
@@ -247,8 +266,31 @@ impl Controller {
             {
                 continue;
             }
-            self.upsert(cgroup, started);
+            changed |= self.upsert(cgroup, started);
         }
+        changed
+    }
+
+    /// A reconcile: merges a full scan and runs a pass unless it would change nothing — the
+    /// model is as the last pass left it, that pass wrote everything it planned, every
+    /// container's runtime config was found (a missing one is looked for again) and no
+    /// allocation failed (it is retried), and nothing waits: no narrowing for new children to
+    /// settle, no empty cpuset left to its runtime, no container waiting for its settings.
+    /// Returns the pass run, if any.
+    pub fn reconcile(&mut self, reconcile: ReconcileScan, now: Instant) -> Option<PassOutcome> {
+        let changed = self.merge_scan(reconcile);
+        let settled = !changed
+            && self.drifted.is_empty()
+            && self.last_pass_settled
+            && self.settling.is_empty()
+            && self.empty_since.is_empty()
+            && self.settings_wait.is_empty()
+            && self.model.values().all(|e| e.class.is_some());
+        if settled {
+            self.metrics.skipped_passes += 1;
+            return None;
+        }
+        Some(self.pass(now))
     }
 
     /// Applies one watcher event to the model. Returns whether the model changed.
@@ -263,10 +305,18 @@ impl Controller {
                 Ok(changed)
             }
             TreeEvent::Removed { cgroup } => Ok(self.remove_subtree(&cgroup)),
-            TreeEvent::Modified { cgroup, .. } => match self.parts.scanner.read_cgroup(&cgroup) {
-                Some(c) => Ok(self.upsert(c, now)),
-                None => Ok(self.remove_subtree(&cgroup)),
-            },
+            // Only the named file's group is re-read (see `Scanner::refresh`).
+            TreeEvent::Modified { cgroup, file } => {
+                let known = self.model.get(&cgroup).map(|e| e.cgroup.clone());
+                let read = match known {
+                    Some(mut c) => self.parts.scanner.refresh(&mut c, file).then_some(c),
+                    None => self.parts.scanner.read_cgroup(&cgroup),
+                };
+                match read {
+                    Some(c) => Ok(self.upsert(c, now)),
+                    None => Ok(self.remove_subtree(&cgroup)),
+                }
+            }
             TreeEvent::Rescan { reason } => {
                 log::warn!("watcher lost track ({reason}): rescanning the whole tree");
                 self.metrics.rescans += 1;
@@ -305,8 +355,12 @@ impl Controller {
     /// tracked for the event-to-pin latency from `now`.
     fn upsert(&mut self, cgroup: ScannedCgroup, now: Instant) -> bool {
         let path = cgroup.path.clone();
-        match self.model.get(&path) {
-            Some(entry) if entry.cgroup == cgroup => return false,
+        match self.model.get_mut(&path) {
+            Some(entry) if entry.cgroup.same_settings(&cgroup) => {
+                // Keep the kernel's latest derived values; nothing to plan.
+                entry.cgroup.effective_cpus = cgroup.effective_cpus;
+                return false;
+            }
             Some(_) => {}
             None if self.last_plan.is_some() => {
                 self.pending_pins.entry(path.clone()).or_insert(now);
@@ -320,14 +374,26 @@ impl Controller {
                 self.drifted.insert(path.clone());
             }
         }
+        self.set_entry(path, cgroup, now);
+        true
+    }
+
+    /// Stores what was read of a cgroup; its cached classification survives when its CPU
+    /// settings did not change (a cpuset write does not change how it is classified).
+    fn set_entry(&mut self, path: CgroupPath, cgroup: ScannedCgroup, now: Instant) {
+        let class = self
+            .model
+            .get(&path)
+            .filter(|e| e.cgroup.cpu == cgroup.cpu && e.cgroup.relative == cgroup.relative)
+            .and_then(|e| e.class.clone());
         self.model.insert(
             path,
             ModelEntry {
                 cgroup,
                 updated: now,
+                class,
             },
         );
-        true
     }
 
     fn remove_subtree(&mut self, root: &CgroupPath) -> bool {
@@ -366,7 +432,16 @@ impl Controller {
     }
 
     fn forget(&mut self, path: &CgroupPath) {
-        self.model.remove(path);
+        if let Some(id) = self
+            .model
+            .remove(path)
+            .and_then(|e| e.class)
+            .and_then(|c| c.container_id)
+        {
+            self.parts.runtime.forget(&id);
+            self.settled.remove(&id);
+            self.resized.remove(&id);
+        }
         self.seen_initialised.remove(path);
         self.empty_since.remove(path);
         self.parts.quota_lifted.remove(path);
@@ -376,8 +451,8 @@ impl Controller {
         self.drifted.remove(path);
     }
 
-    /// One pass over the model: classify, assign, plan, write, re-read what was written. The
-    /// pass is planned again (a few times at most) when writing showed the model out of date:
+    /// One pass over the model: classify, assign, plan, write (the model takes what was
+    /// written). The pass is planned again (a few times at most) when writing showed the model out of date:
     /// a cgroup it was to narrow has a child the model does not know yet (that subtree is
     /// re-read first), or a cgroup written to is gone (it left the model, and what it held,
     /// an exclusive set perhaps, must be released now: its own removal event finds nothing
@@ -484,30 +559,12 @@ impl Controller {
                 log::info!("{} (a child holds more: re-planning)", error_chain(error));
             }
         }
-        // Re-read what was written, so the model holds what the files say.
-        let written: Vec<CgroupPath> = {
-            let mut seen = HashSet::new();
-            planned
-                .writes
-                .iter()
-                .filter(|w| seen.insert(w.path.clone()))
-                .map(|w| w.path.clone())
-                .collect()
-        };
+        // A cgroup a write found gone leaves the model now: what it held (an exclusive set
+        // perhaps) is released by the next plan; its own removal event finds nothing to do.
         let mut vanished = false;
-        for path in written {
-            match self.parts.scanner.read_cgroup(&path) {
-                Some(c) => {
-                    self.model.insert(
-                        path,
-                        ModelEntry {
-                            cgroup: c,
-                            updated: now,
-                        },
-                    );
-                }
-                None => vanished |= self.remove_subtree(&path),
-            }
+        for &index in &report.gone_cgroups {
+            let path = scan.cgroups[index].path.clone();
+            vanished |= self.remove_subtree(&path);
         }
 
         // Desired sets, for drift detection and pin latency.
@@ -517,7 +574,16 @@ impl Controller {
                 self.last_desired.insert(cgroup.path.clone(), cpus.clone());
             }
         }
-        // Measured now, when the sets are written and read back: `now` is when the pass began.
+        // The model takes what was written. Each write comes back from the watcher as an
+        // `IN_MODIFY` whose re-read shows the written value (no further pass) or, when someone
+        // wrote after the agent, theirs: drift, repaired by the next pass.
+        for &index in &report.applied_writes {
+            let write = &planned.writes[index];
+            if let Some(entry) = self.model.get_mut(&write.path) {
+                entry.cgroup.assume_written(write.file, &write.value);
+                entry.updated = now;
+            }
+        }
         self.track_pins(&scan, &classes, Instant::now());
         self.track_settings_wait(&scan, &classes, now);
 
@@ -532,6 +598,13 @@ impl Controller {
             .iter()
             .filter(|c| c.kind == CgroupKind::Container)
             .count() as u64;
+        self.last_pass_settled = report.is_clean()
+            && report.skipped == 0
+            && report.gone == 0
+            && !planned
+                .events
+                .iter()
+                .any(|e| matches!(e, AssignEvent::Failed { .. }));
         let outcome = PassOutcome {
             assignments_changed: changed,
             writes: report.applied,
@@ -553,62 +626,66 @@ impl Controller {
         (outcome, follow_up)
     }
 
-    /// Classifies the model. The runtime's config gives a container's CPU request while its
-    /// cgroup still holds the kernel's defaults; once the cgroup has held the config's request
-    /// (or was there when the agent started), a cgroup that differs from the config was resized
-    /// in place, and its own settings are the truth (the config still names the container).
+    /// Classifies the model, reusing each cgroup's cached classification (kept while its path
+    /// and CPU settings stay the same, see [`Controller::set_entry`]).
+    ///
+    /// The runtime's config gives a container's CPU request while its cgroup still holds the
+    /// kernel's defaults; once the cgroup has held the config's request (or was there when the
+    /// agent started), a cgroup that differs from the config was resized in place, and its own
+    /// settings are the truth (the config still names the container).
     fn classify_model(&mut self, scan: &Scan) -> Vec<Classification> {
+        use crate::classify::{Exclusivity, SharedReason};
         let naming = &self.parts.naming;
         let runtime = &mut self.parts.runtime;
-        let mut found: HashMap<String, RuntimeInfo> = HashMap::new();
-        let mut looked_up: HashSet<String> = HashSet::new();
-        let mut classes = classify_scan(naming, scan, |id| {
-            looked_up.insert(id.to_string());
-            let info = runtime.lookup(id);
-            if let Some(info) = &info {
-                found.insert(id.to_string(), info.clone());
-            }
-            info
-        });
-        // Configs of containers that are gone are not needed again.
-        runtime.retain(|id| looked_up.contains(id));
         let starting = self.last_plan.is_none();
-        let mut live = HashSet::new();
-        for (cgroup, class) in scan.cgroups.iter().zip(classes.iter_mut()) {
-            if class.kind != CgroupKind::Container {
+        let mut classes = Vec::with_capacity(scan.cgroups.len());
+        for (entry, cgroup) in self.model.values_mut().zip(&scan.cgroups) {
+            if let Some(class) = &entry.class {
+                classes.push(class.clone());
                 continue;
             }
-            let Some(id) = class.container_id.clone() else {
-                continue;
-            };
-            live.insert(id.clone());
-            let Some(mut info) = found.remove(&id) else {
-                continue;
-            };
-            match config_matches_cgroup(&cgroup.cpu, &info.cpu) {
-                Some(true) => {
-                    self.resized.remove(&id);
-                    self.settled.insert(id);
+            let mut found: Option<RuntimeInfo> = None;
+            let mut class = classify_scan_one(naming, cgroup, |id| {
+                found = runtime.lookup(id);
+                found.clone()
+            });
+            let waiting = matches!(
+                class.exclusivity,
+                Exclusivity::Shared {
+                    reason: SharedReason::CpuSettingsUnavailable
                 }
-                Some(false) if starting || self.settled.contains(&id) => {
-                    info.cpu = OciCpu::default();
-                    *class = classify(naming, &cgroup.relative, &cgroup.cpu, Some(&info));
-                    if self.resized.insert(id.clone()) {
-                        log::info!(
-                            "cg={} cpu settings differ from the runtime config (resized in place): request {} from the cgroup",
-                            cgroup.path,
-                            class
-                                .resources
-                                .map_or_else(|| "unknown".to_string(), |r| r.request.to_string())
-                        );
+            );
+            if let (Some(mut info), Some(id)) = (found.take(), class.container_id.clone()) {
+                match config_matches_cgroup(&cgroup.cpu, &info.cpu) {
+                    Some(true) => {
+                        self.resized.remove(&id);
+                        self.settled.insert(id);
                     }
-                    self.settled.insert(id);
+                    Some(false) if starting || self.settled.contains(&id) => {
+                        info.cpu = OciCpu::default();
+                        class = classify(naming, &cgroup.relative, &cgroup.cpu, Some(&info));
+                        if self.resized.insert(id.clone()) {
+                            log::info!(
+                                "cg={} cpu settings differ from the runtime config (resized in place): request {} from the cgroup",
+                                cgroup.path,
+                                class.resources.map_or_else(
+                                    || "unknown".to_string(),
+                                    |r| r.request.to_string()
+                                )
+                            );
+                        }
+                        self.settled.insert(id);
+                    }
+                    _ => {}
                 }
-                _ => {}
+                entry.class = Some(class.clone());
+            } else if class.kind != CgroupKind::Container || !waiting {
+                // Without a runtime config a container waiting for its CPU settings is looked
+                // up again next pass; one classified from its cgroup is not.
+                entry.class = Some(class.clone());
             }
+            classes.push(class);
         }
-        self.settled.retain(|id| live.contains(id));
-        self.resized.retain(|id| live.contains(id));
         classes
     }
 

@@ -60,6 +60,8 @@ pub struct Metrics {
     pub drift_repairs: u64,
     pub rescans: u64,
     pub passes: u64,
+    /// Reconciles that found nothing to do and ran no pass.
+    pub skipped_passes: u64,
     /// Cgroup writes issued (accepted or failed), for the burst figure's writes issued ÷
     /// writes necessary.
     pub writes_issued: u64,
@@ -157,6 +159,12 @@ impl Metrics {
             &plain(self.passes),
         );
         metric(
+            "cpusetd_reconciles_without_pass_total",
+            "counter",
+            "Reconciles whose scan showed no change, so no pass ran.",
+            &plain(self.skipped_passes),
+        );
+        metric(
             "cpusetd_cgroup_writes_total",
             "counter",
             "Cgroup interface file writes issued (accepted or not).",
@@ -228,9 +236,7 @@ impl Metrics {
 
     /// Writes the exposition to `path` atomically (temporary file, then rename).
     pub fn write_file(&self, path: &Path) -> io::Result<()> {
-        let tmp = path.with_extension("prom.tmp");
-        fs::write(&tmp, self.render())?;
-        fs::rename(&tmp, path)
+        write_text(path, &self.render())
     }
 }
 
@@ -243,6 +249,13 @@ fn by_errno(counts: &BTreeMap<i32, u64>) -> Vec<(String, String)> {
             (format!("{{errno=\"{name}\"}}"), n.to_string())
         })
         .collect()
+}
+
+/// Writes a rendered exposition to `path` atomically (temporary file, then rename).
+pub fn write_text(path: &Path, text: &str) -> io::Result<()> {
+    let tmp = path.with_extension("prom.tmp");
+    fs::write(&tmp, text)?;
+    fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ pub mod metrics;
 pub use controller::{Controller, ControllerParts, PassOutcome, ReconcileScan};
 
 use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -107,13 +108,8 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         outcome.writes,
         outcome.failed_writes
     );
-    let mut persist = Persist {
-        state_dir,
-        options,
-        metrics_file,
-        failing: false,
-    };
-    persist.save(&controller, true);
+    let mut persist = Persist::start(state_dir, options, metrics_file);
+    persist.save_now(&controller);
     notify(&[sd_notify::NotifyState::Ready]);
     notify_status(&controller);
 
@@ -168,9 +164,8 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
                 Ok(Control::Reconcile) => {
                     log::info!("SIGHUP: reconciling now");
                     let started = Instant::now();
-                    match controller.full_scan() {
-                        Ok(()) => {
-                            controller.pass(Instant::now());
+                    match controller.rescan() {
+                        Ok(_) => {
                             controller.metrics.reconcile_duration = Some(started.elapsed());
                             controller.metrics.last_reconcile = Some(SystemTime::now());
                             persist.save(&controller, true);
@@ -194,6 +189,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             }
         }
     };
+    persist.finish();
     let _ = stop_reconcile_tx.send(());
     let _ = reconciler.join();
     if let Err(e) = watcher.stop_and_join(Duration::from_secs(2)) {
@@ -214,8 +210,7 @@ fn apply(controller: &mut Controller, event: TreeEvent, now: Instant) -> bool {
 
 fn reconcile(controller: &mut Controller, persist: &mut Persist, scan: ReconcileScan) {
     let started = scan.started;
-    controller.merge_scan(scan);
-    controller.pass(Instant::now());
+    controller.reconcile(scan, Instant::now());
     controller.metrics.reconcile_duration = Some(started.elapsed());
     controller.metrics.last_reconcile = Some(SystemTime::now());
     persist.save(controller, true);
@@ -292,68 +287,160 @@ fn restore(
     }
 }
 
-/// Writes the checkpoint and the metrics file; reports a failing save once until it works.
+/// Hands the checkpoint and the metrics to the persister thread after a pass. The values are
+/// taken on the controller thread (so each is a consistent snapshot); the file writes and
+/// `fsync`s happen on `cpusetd-persist`, off the event path: cgroup writes never wait for the
+/// disk. Snapshots not yet written are replaced by newer ones (each is the whole state), and a
+/// pending checkpoint is never dropped for a metrics-only snapshot.
 #[derive(Debug)]
 struct Persist {
-    state_dir: PathBuf,
     options: PolicyOptions,
-    metrics_file: Option<PathBuf>,
-    failing: bool,
+    slot: Arc<PersistSlot>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+#[derive(Debug, Default)]
+struct PersistSlot {
+    pending: Mutex<PersistJob>,
+    wake: Condvar,
+    /// Signalled after each write; `save_now` waits on it.
+    done: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct PersistJob {
+    checkpoint: Option<Checkpoint>,
+    metrics: Option<String>,
+    stop: bool,
+    /// The thread is writing a job it took.
+    busy: bool,
 }
 
 impl Persist {
+    fn start(state_dir: PathBuf, options: PolicyOptions, metrics_file: Option<PathBuf>) -> Persist {
+        let slot = Arc::new(PersistSlot::default());
+        let shared = Arc::clone(&slot);
+        let thread = thread::Builder::new()
+            .name("cpusetd-persist".into())
+            .spawn(move || persist_loop(&shared, &state_dir, metrics_file.as_deref()))
+            .expect("spawn the persist thread");
+        Persist {
+            options,
+            slot,
+            thread: Some(thread),
+        }
+    }
+
+    /// Writes the checkpoint and the metrics now, on the calling thread (the first pass's,
+    /// before `READY=1`).
+    fn save_now(&mut self, controller: &Controller) {
+        self.save(controller, true);
+        let mut pending = self.slot.pending.lock().unwrap_or_else(|e| e.into_inner());
+        while pending.checkpoint.is_some() || pending.metrics.is_some() || pending.busy {
+            pending = self
+                .slot
+                .done
+                .wait(pending)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
     fn save(&mut self, controller: &Controller, checkpoint_changed: bool) {
-        if checkpoint_changed {
-            let cp = Checkpoint {
-                policy: if controller.policy().is_some() {
-                    Policy::Static
-                } else {
-                    Policy::None
-                },
-                options: self.options,
-                reserved: controller
-                    .policy()
-                    .map(|p| p.reserved().clone())
-                    .unwrap_or_default(),
-                online: controller.topology().all_cpus().clone(),
-                shared_pool: controller.shared_pool().cloned().unwrap_or_default(),
-                assignments: controller.assignments().clone(),
-                quota_lifted: controller
-                    .quota_lifted()
-                    .iter()
-                    .map(|(cgroup, original)| QuotaLift {
-                        cgroup: cgroup.to_string(),
-                        original: original.clone(),
-                    })
-                    .collect(),
-                last_reconcile_unix_ms: controller
-                    .metrics
-                    .last_reconcile
-                    .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                    .map(|d| d.as_millis() as u64),
-            };
-            match checkpoint::save(&self.state_dir, &cp) {
+        let checkpoint = checkpoint_changed.then(|| Checkpoint {
+            policy: if controller.policy().is_some() {
+                Policy::Static
+            } else {
+                Policy::None
+            },
+            options: self.options,
+            reserved: controller
+                .policy()
+                .map(|p| p.reserved().clone())
+                .unwrap_or_default(),
+            online: controller.topology().all_cpus().clone(),
+            shared_pool: controller.shared_pool().cloned().unwrap_or_default(),
+            assignments: controller.assignments().clone(),
+            quota_lifted: controller
+                .quota_lifted()
+                .iter()
+                .map(|(cgroup, original)| QuotaLift {
+                    cgroup: cgroup.to_string(),
+                    original: original.clone(),
+                })
+                .collect(),
+            last_reconcile_unix_ms: controller
+                .metrics
+                .last_reconcile
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| d.as_millis() as u64),
+        });
+        let mut job = self.slot.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if checkpoint.is_some() {
+            job.checkpoint = checkpoint;
+        }
+        job.metrics = Some(controller.metrics.render());
+        self.slot.wake.notify_one();
+    }
+
+    /// Writes what is pending and stops the thread (at shutdown, after the last save).
+    fn finish(&mut self) {
+        self.slot
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stop = true;
+        self.slot.wake.notify_one();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The persister thread: writes the newest snapshots until told to stop, then what is left.
+fn persist_loop(
+    slot: &PersistSlot,
+    state_dir: &std::path::Path,
+    metrics_file: Option<&std::path::Path>,
+) {
+    let mut failing = false;
+    loop {
+        let job = {
+            let mut pending = slot.pending.lock().unwrap_or_else(|e| e.into_inner());
+            while pending.checkpoint.is_none() && pending.metrics.is_none() && !pending.stop {
+                pending = slot.wake.wait(pending).unwrap_or_else(|e| e.into_inner());
+            }
+            let job = std::mem::take(&mut *pending);
+            pending.busy = true;
+            job
+        };
+        if let Some(cp) = &job.checkpoint {
+            match checkpoint::save(state_dir, cp) {
                 Ok(()) => {
-                    if self.failing {
-                        log::info!("checkpoint written again to {}", self.state_dir.display());
+                    if failing {
+                        log::info!("checkpoint written again to {}", state_dir.display());
                     }
-                    self.failing = false;
+                    failing = false;
                 }
                 Err(e) => {
-                    if !self.failing {
+                    if !failing {
                         log::error!(
                             "{} (pins stay in force; retried after the next change)",
                             error_chain(&e)
                         );
                     }
-                    self.failing = true;
+                    failing = true;
                 }
             }
         }
-        if let Some(path) = &self.metrics_file {
-            if let Err(e) = controller.metrics.write_file(path) {
+        if let (Some(path), Some(text)) = (metrics_file, &job.metrics) {
+            if let Err(e) = metrics::write_text(path, text) {
                 log::debug!("cannot write metrics to {}: {e}", path.display());
             }
+        }
+        slot.pending.lock().unwrap_or_else(|e| e.into_inner()).busy = false;
+        slot.done.notify_all();
+        if job.stop {
+            return;
         }
     }
 }

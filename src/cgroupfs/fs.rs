@@ -17,11 +17,12 @@ use std::io::{self, Read};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use nix::dir::{Dir, Type};
 use nix::errno::Errno;
-use nix::fcntl::{open, openat, AtFlags, OFlag};
+use nix::fcntl::{open, openat, openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fstat, fstatat, FileStat, Mode, SFlag};
 
 use super::path::CgroupPath;
@@ -444,7 +445,7 @@ impl CgroupFs {
                 reason,
             },
         })?;
-        let mut bytes = Vec::new();
+        let mut bytes = Vec::with_capacity(256);
         File::from(fd)
             .take(MAX_READ_BYTES as u64 + 1)
             .read_to_end(&mut bytes)
@@ -504,8 +505,24 @@ impl CgroupFs {
         Ok(entries)
     }
 
-    /// Walks from the root to `cgroup` one component at a time, never following a symlink.
+    /// Opens the directory `cgroup` below the root, never following a symlink: one
+    /// `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` where the kernel has it (Linux ≥ 5.6),
+    /// else (and to name what was refused) one `openat` per component.
     fn walk(&self, cgroup: &CgroupPath) -> Result<OwnedFd, WalkError> {
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        match open_beneath(&self.root_fd, cgroup, flags) {
+            Some(Ok(fd)) => return Ok(fd),
+            Some(Err(errno)) if errno != Errno::ELOOP && errno != Errno::ENOTDIR => {
+                return Err(WalkError::Io(io::Error::from(errno)))
+            }
+            // Refused, or no openat2: walk, which says what was in the way.
+            _ => {}
+        }
+        self.walk_components(cgroup)
+    }
+
+    /// [`Self::walk`] one component at a time.
+    fn walk_components(&self, cgroup: &CgroupPath) -> Result<OwnedFd, WalkError> {
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let mut current = dup_fd(&self.root_fd).map_err(WalkError::Io)?;
         for name in cgroup.components() {
@@ -518,6 +535,37 @@ impl CgroupFs {
             };
         }
         Ok(current)
+    }
+}
+
+/// Whether `openat2` is known to be missing (`ENOSYS`: a kernel older than 5.6, or a seccomp
+/// filter), so [`open_beneath`] stops trying.
+static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
+
+/// `openat2(dir, path, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`: `path`
+/// opened in one system call, refusing (`ELOOP`) a symlink in any component and anything
+/// outside `dir`. `None` when the kernel has no `openat2`; the root itself for an empty path.
+fn open_beneath(dir: &OwnedFd, path: &CgroupPath, flags: OFlag) -> Option<nix::Result<OwnedFd>> {
+    if NO_OPENAT2.load(Ordering::Relaxed) {
+        return None;
+    }
+    if path.is_root() {
+        return Some(dup_fd(dir).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0))));
+    }
+    let how = OpenHow::new().flags(flags).resolve(
+        ResolveFlag::RESOLVE_BENEATH
+            | ResolveFlag::RESOLVE_NO_SYMLINKS
+            | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+    );
+    match openat2(dir, std::ffi::OsStr::from_bytes(path.as_bytes()), how) {
+        Err(Errno::ENOSYS) | Err(Errno::EPERM) if !NO_OPENAT2.swap(true, Ordering::Relaxed) => {
+            log::debug!("no openat2: cgroup paths are walked one component at a time");
+            None
+        }
+        Err(Errno::ENOSYS) => None,
+        // EXDEV: outside `dir`, which a CgroupPath cannot be; walked to say why.
+        Err(Errno::EXDEV) => Some(Err(Errno::ELOOP)),
+        other => Some(other),
     }
 }
 

@@ -132,6 +132,11 @@ impl CgroupPath {
         })
     }
 
+    /// The path's bytes (`a/b/c`, empty for the root), for system calls.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
     pub fn is_root(&self) -> bool {
         self.bytes.is_empty()
     }

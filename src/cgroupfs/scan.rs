@@ -11,6 +11,7 @@
 //! and size are bounded.
 
 use std::fmt;
+use std::os::fd::OwnedFd;
 
 use crate::cpuset::CpuSet;
 use crate::logging::{error_chain, LogOnce};
@@ -140,6 +141,50 @@ pub struct Scan {
     pub complete: bool,
 }
 
+impl ScannedCgroup {
+    /// The cgroup as it reads after a successful write of `value` to `file` (what the kernel
+    /// shows: the values the agent writes are canonical). Files the scan does not keep are
+    /// ignored.
+    pub fn assume_written(&mut self, file: InterfaceFile, value: &str) {
+        fn known<T>(parsed: Result<T, ValueError>) -> Option<FileValue<T>> {
+            parsed.map(FileValue::Value).ok()
+        }
+        match (file, &mut self.cpu) {
+            (InterfaceFile::CpusetCpus, _) => {
+                if let Some(v) = known(parse_cpuset(value)) {
+                    self.cpus = v;
+                }
+            }
+            (InterfaceFile::CpusetMems, _) => {
+                if let Some(v) = known(parse_cpuset(value)) {
+                    self.mems = v;
+                }
+            }
+            (InterfaceFile::CpuCfsQuotaUs, CpuSettings::V1 { cfs_quota, .. }) => {
+                if let Some(v) = known(parse_cfs_quota(value)) {
+                    *cfs_quota = v;
+                }
+            }
+            (InterfaceFile::CpuMax, CpuSettings::V2 { max, .. }) => {
+                if let Some(v) = known(parse_cpu_max(value)) {
+                    *max = v;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Equal in everything the agent decides on: the effective cpus (the kernel's derived
+    /// value, never planned from) are left out.
+    pub fn same_settings(&self, other: &ScannedCgroup) -> bool {
+        self.path == other.path
+            && self.relative == other.relative
+            && self.cpus == other.cpus
+            && self.mems == other.mems
+            && self.cpu == other.cpu
+    }
+}
+
 impl Scan {
     /// The scanned cgroup at `relative` (relative to the kubepods root).
     pub fn get(&self, relative: &CgroupPath) -> Option<&ScannedCgroup> {
@@ -226,8 +271,98 @@ impl Scanner {
     pub fn read_cgroup(&mut self, path: &CgroupPath) -> Option<ScannedCgroup> {
         path.strip_prefix(&self.kubepods)?;
         let mut scan = self.empty_scan();
-        self.visit(path, &mut scan)?;
-        scan.cgroups.pop()
+        let dir = self.open_cgroup(path, &mut scan)?;
+        self.read_values(path, &dir)
+    }
+
+    /// Re-reads, in place, the group of files `file` belongs to: the cpuset files
+    /// (`cpuset.cpus`, `cpuset.mems`, the effective cpus) or the CPU settings (v1 shares,
+    /// quota and period; v2 `cpu.max` and `cpu.weight`). What the agent reads when the watcher
+    /// names a modified file, and after its own writes: the other files of the cgroup have
+    /// their own events. Returns `false` when the cgroup is gone; any other file is read with
+    /// the whole cgroup, as [`Self::read_cgroup`] does.
+    pub fn refresh(&mut self, cgroup: &mut ScannedCgroup, file: InterfaceFile) -> bool {
+        let path = cgroup.path.clone();
+        let version = self.hierarchy.version;
+        let cpuset = self.hierarchy.cpuset.clone();
+        let cpu_fs = self.hierarchy.cpu.clone();
+        match file {
+            InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems => {
+                let cpus = cpuset.read(&path, InterfaceFile::CpusetCpus);
+                if cpus.as_ref().is_err_and(|e| e.is_gone()) && !cpuset.exists(&path) {
+                    log::debug!("cg={path} vanished during the scan");
+                    return false;
+                }
+                cgroup.cpus = self.value(&path, InterfaceFile::CpusetCpus, cpus, parse_cpuset);
+                let mems = cpuset.read(&path, InterfaceFile::CpusetMems);
+                cgroup.mems = self.value(&path, InterfaceFile::CpusetMems, mems, parse_cpuset);
+                let effective_file = match version {
+                    CgroupVersion::V1 => InterfaceFile::CpusetEffectiveCpus,
+                    CgroupVersion::V2 => InterfaceFile::CpusetCpusEffective,
+                };
+                let effective = cpuset.read(&path, effective_file);
+                cgroup.effective_cpus = self.value(&path, effective_file, effective, parse_cpuset);
+                true
+            }
+            InterfaceFile::CpuShares
+            | InterfaceFile::CpuCfsQuotaUs
+            | InterfaceFile::CpuCfsPeriodUs
+            | InterfaceFile::CpuMax
+            | InterfaceFile::CpuWeight => {
+                if !cpuset.exists(&path) {
+                    log::debug!("cg={path} vanished during the scan");
+                    return false;
+                }
+                cgroup.cpu = match version {
+                    CgroupVersion::V1 => {
+                        let shares = cpu_fs.read(&path, InterfaceFile::CpuShares);
+                        let quota = cpu_fs.read(&path, InterfaceFile::CpuCfsQuotaUs);
+                        let period = cpu_fs.read(&path, InterfaceFile::CpuCfsPeriodUs);
+                        CpuSettings::V1 {
+                            shares: self.value(
+                                &path,
+                                InterfaceFile::CpuShares,
+                                shares,
+                                parse_shares,
+                            ),
+                            cfs_quota: self.value(
+                                &path,
+                                InterfaceFile::CpuCfsQuotaUs,
+                                quota,
+                                parse_cfs_quota,
+                            ),
+                            cfs_period_us: self.value(
+                                &path,
+                                InterfaceFile::CpuCfsPeriodUs,
+                                period,
+                                parse_cfs_period,
+                            ),
+                        }
+                    }
+                    CgroupVersion::V2 => {
+                        let max = cpu_fs.read(&path, InterfaceFile::CpuMax);
+                        let weight = cpu_fs.read(&path, InterfaceFile::CpuWeight);
+                        CpuSettings::V2 {
+                            max: self.value(&path, InterfaceFile::CpuMax, max, parse_cpu_max),
+                            weight: self.value(
+                                &path,
+                                InterfaceFile::CpuWeight,
+                                weight,
+                                parse_weight,
+                            ),
+                        }
+                    }
+                };
+                true
+            }
+            _ => match self.read_cgroup(&path) {
+                Some(fresh) => {
+                    *cgroup = fresh;
+                    true
+                }
+                None => false,
+            },
+        }
     }
 
     fn empty_scan(&self) -> Scan {
@@ -260,17 +395,14 @@ impl Scanner {
         }
     }
 
-    /// Records one directory and returns its child directories, or `None` when it vanished.
-    fn visit(&mut self, path: &CgroupPath, scan: &mut Scan) -> Option<Vec<CgroupPath>> {
-        let relative = path
-            .strip_prefix(&self.kubepods)
-            .expect("the scan only walks below the kubepods root");
-        let cpuset = self.hierarchy.cpuset.clone();
-        let dir = match cpuset.open_dir(path) {
-            Ok(dir) => dir,
+    /// Opens a cgroup's directory in the cpuset hierarchy; `None` (recorded as skipped when it
+    /// is not simply gone) when it cannot be.
+    fn open_cgroup(&mut self, path: &CgroupPath, scan: &mut Scan) -> Option<OwnedFd> {
+        match self.hierarchy.cpuset.open_dir(path) {
+            Ok(dir) => Some(dir),
             Err(err) if err.is_gone() => {
                 log::debug!("cg={path} vanished during the scan");
-                return None;
+                None
             }
             Err(err) => {
                 self.report(path, "open", &err);
@@ -278,9 +410,16 @@ impl Scanner {
                     path: path.clone(),
                     reason: SkipReason::Unlistable,
                 });
-                return None;
+                None
             }
-        };
+        }
+    }
+
+    /// Reads the values of one cgroup whose cpuset directory is open as `dir`; `None` when it
+    /// vanished. On v1 the cpu controller's files are read through one open of its directory.
+    fn read_values(&mut self, path: &CgroupPath, dir: &OwnedFd) -> Option<ScannedCgroup> {
+        let relative = path.strip_prefix(&self.kubepods)?;
+        let cpuset = self.hierarchy.cpuset.clone();
         let (cpus_file, mems_file) = (InterfaceFile::CpusetCpus, InterfaceFile::CpusetMems);
         let effective_file = match self.hierarchy.version {
             CgroupVersion::V1 => InterfaceFile::CpusetEffectiveCpus,
@@ -289,7 +428,7 @@ impl Scanner {
         let cpus = self.value(
             path,
             cpus_file,
-            cpuset.read_in(&dir, path, cpus_file),
+            cpuset.read_in(dir, path, cpus_file),
             parse_cpuset,
         );
         if cpus.is_missing() && !cpuset.exists(path) {
@@ -299,21 +438,26 @@ impl Scanner {
         let mems = self.value(
             path,
             mems_file,
-            cpuset.read_in(&dir, path, mems_file),
+            cpuset.read_in(dir, path, mems_file),
             parse_cpuset,
         );
         let effective_cpus = self.value(
             path,
             effective_file,
-            cpuset.read_in(&dir, path, effective_file),
+            cpuset.read_in(dir, path, effective_file),
             parse_cpuset,
         );
         let cpu = match self.hierarchy.version {
             CgroupVersion::V1 => {
                 let cpu_fs = self.hierarchy.cpu.clone();
-                let shares = cpu_fs.read(path, InterfaceFile::CpuShares);
-                let quota = cpu_fs.read(path, InterfaceFile::CpuCfsQuotaUs);
-                let period = cpu_fs.read(path, InterfaceFile::CpuCfsPeriodUs);
+                let cpu_dir = cpu_fs.open_dir(path);
+                let read = |file| match &cpu_dir {
+                    Ok(cpu_dir) => cpu_fs.read_in(cpu_dir, path, file),
+                    Err(_) => cpu_fs.read(path, file),
+                };
+                let shares = read(InterfaceFile::CpuShares);
+                let quota = read(InterfaceFile::CpuCfsQuotaUs);
+                let period = read(InterfaceFile::CpuCfsPeriodUs);
                 CpuSettings::V1 {
                     shares: self.value(path, InterfaceFile::CpuShares, shares, parse_shares),
                     cfs_quota: self.value(
@@ -331,24 +475,34 @@ impl Scanner {
                 }
             }
             CgroupVersion::V2 => {
-                let max = cpuset.read_in(&dir, path, InterfaceFile::CpuMax);
-                let weight = cpuset.read_in(&dir, path, InterfaceFile::CpuWeight);
+                let max = cpuset.read_in(dir, path, InterfaceFile::CpuMax);
+                let weight = cpuset.read_in(dir, path, InterfaceFile::CpuWeight);
                 CpuSettings::V2 {
                     max: self.value(path, InterfaceFile::CpuMax, max, parse_cpu_max),
                     weight: self.value(path, InterfaceFile::CpuWeight, weight, parse_weight),
                 }
             }
         };
-
-        let entries = cpuset.list_in(dir, path);
-        scan.cgroups.push(ScannedCgroup {
+        Some(ScannedCgroup {
             path: path.clone(),
-            relative: relative.clone(),
+            relative,
             cpus,
             mems,
             effective_cpus,
             cpu,
-        });
+        })
+    }
+
+    /// Records one directory and returns its child directories, or `None` when it vanished.
+    fn visit(&mut self, path: &CgroupPath, scan: &mut Scan) -> Option<Vec<CgroupPath>> {
+        let relative = path
+            .strip_prefix(&self.kubepods)
+            .expect("the scan only walks below the kubepods root");
+        let dir = self.open_cgroup(path, scan)?;
+        let cgroup = self.read_values(path, &dir)?;
+        let cpuset = self.hierarchy.cpuset.clone();
+        let entries = cpuset.list_in(dir, path);
+        scan.cgroups.push(cgroup);
         let entries = match entries {
             Ok(entries) => entries,
             Err(err) if err.is_gone() => return Some(Vec::new()),

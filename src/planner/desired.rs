@@ -119,19 +119,23 @@ pub fn desired_tree(
         mems[i] = m;
     }
 
-    // Pods: the union of their children; the shared pool while they have none.
+    // Pods: the union of their children (as the forward pass left them: all unions are taken
+    // before any pod is set); the shared pool while they have none. One walk over the
+    // cgroups, not one per pod.
+    let mut unions: Vec<Option<(CpuSet, CpuSet)>> = vec![None; n];
+    for j in 0..n {
+        let Some(i) = parents[j].filter(|&i| i < j && classes[i].kind == CgroupKind::Pod) else {
+            continue;
+        };
+        let (c, m) = unions[i].get_or_insert_with(Default::default);
+        c.extend_from(cpus[j].as_ref().unwrap_or(&pools.shared));
+        m.extend_from(mems[j].as_ref().unwrap_or(&pools.memory_nodes));
+    }
     for i in 0..n {
         if classes[i].kind != CgroupKind::Pod {
             continue;
         }
-        let mut c = CpuSet::new();
-        let mut m = CpuSet::new();
-        for j in (i + 1)..n {
-            if parents[j] == Some(i) {
-                c.extend_from(cpus[j].as_ref().unwrap_or(&pools.shared));
-                m.extend_from(mems[j].as_ref().unwrap_or(&pools.memory_nodes));
-            }
-        }
+        let (c, m) = unions[i].take().unwrap_or_default();
         cpus[i] = Some(if c.is_empty() {
             pools.shared.clone()
         } else {
