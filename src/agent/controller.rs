@@ -14,6 +14,8 @@
 //! reconcile that changes nothing runs no pass (see [`Controller::reconcile`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::allocator::StaticPolicy;
@@ -150,6 +152,9 @@ pub struct Controller {
     last_pass_settled: bool,
     last_plan: Option<Plan>,
     last_classes: Vec<Classification>,
+    /// Bumped whenever the model changes (read or written values, cgroups coming and going):
+    /// the reconcile thread does a full scan only when it moved, or every few ticks.
+    generation: Arc<AtomicU64>,
     pub metrics: Metrics,
 }
 
@@ -173,8 +178,18 @@ impl Controller {
             last_pass_settled: false,
             last_plan: None,
             last_classes: Vec::new(),
+            generation: Arc::new(AtomicU64::new(0)),
             metrics: Metrics::default(),
         }
+    }
+
+    /// The model's change counter, shared with the reconcile thread.
+    pub fn generation(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.generation)
+    }
+
+    fn bump(&self) {
+        self.generation.fetch_add(1, Ordering::Release);
     }
 
     pub fn assignments(&self) -> &Assignments {
@@ -381,6 +396,7 @@ impl Controller {
     /// Stores what was read of a cgroup; its cached classification survives when its CPU
     /// settings did not change (a cpuset write does not change how it is classified).
     fn set_entry(&mut self, path: CgroupPath, cgroup: ScannedCgroup, now: Instant) {
+        self.bump();
         let class = self
             .model
             .get(&path)
@@ -432,6 +448,7 @@ impl Controller {
     }
 
     fn forget(&mut self, path: &CgroupPath) {
+        self.bump();
         if let Some(id) = self
             .model
             .remove(path)
@@ -577,6 +594,9 @@ impl Controller {
         // The model takes what was written. Each write comes back from the watcher as an
         // `IN_MODIFY` whose re-read shows the written value (no further pass) or, when someone
         // wrote after the agent, theirs: drift, repaired by the next pass.
+        if !report.applied_writes.is_empty() {
+            self.bump();
+        }
         for &index in &report.applied_writes {
             let write = &planned.writes[index];
             if let Some(entry) = self.model.get_mut(&write.path) {
@@ -842,5 +862,163 @@ impl Controller {
             Some(plan) => crate::report::rows(&self.model_scan(), &self.last_classes, plan),
             None => Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::path::Path;
+
+    use super::*;
+    use crate::allocator::{PolicyOptions, ReservedCpus};
+    use crate::cgroupfs::{detect_layout, CgroupVersion, InterfaceFile, LayoutConfig};
+    use crate::kubesim::{new_pod_uid, ContainerSpec, FakeNode, PodSpec, Qos};
+    use crate::runtime::ConfigTemplate;
+
+    /// A fake v1 node with the 8 cpus of `1s-4c-ht`, one Guaranteed 1-cpu pod, and a
+    /// controller (cpu 0 reserved) that has run its first pass.
+    fn converged() -> (tempfile::TempDir, FakeNode, CgroupPath, Controller) {
+        let dir = tempfile::tempdir().unwrap();
+        let node = FakeNode::create(
+            &dir.path().join("cg"),
+            CgroupVersion::V1,
+            CpuSet::parse("0-7").unwrap(),
+            CpuSet::parse("0").unwrap(),
+            &dir.path().join("runtime"),
+        )
+        .unwrap();
+        let pod = PodSpec {
+            uid: new_pod_uid(),
+            name: "db".into(),
+            qos: Qos::Guaranteed,
+            containers: vec![ContainerSpec::guaranteed("app", 1000)],
+        };
+        let ids = node.start_pod(&pod).unwrap();
+        let container = CgroupPath::new(&format!("kubepods/pod{}/{}", pod.uid, ids[0])).unwrap();
+
+        let layout = detect_layout(&LayoutConfig {
+            proc_root: "/nonexistent-proc".into(),
+            cgroup_root: Some(node.cgroup_root().to_path_buf()),
+            driver: None,
+            kubepods: None,
+        })
+        .unwrap();
+        let hierarchy = Hierarchy::open(&layout).unwrap();
+        let sysfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/sysfs/1s-4c-ht");
+        let topology = crate::topology::discover(&sysfs, &sysfs.join("proc")).unwrap();
+        let policy = StaticPolicy::new(
+            &topology,
+            PolicyOptions::default(),
+            ReservedCpus::List(CpuSet::parse("0").unwrap()),
+            false,
+        )
+        .unwrap();
+        let mut controller = Controller::new(ControllerParts {
+            scanner: Scanner::new(hierarchy.clone(), layout.kubepods.clone()),
+            hierarchy,
+            naming: CgroupNaming::new(layout.driver, &layout.kubepods),
+            runtime: RuntimeLookup::new(vec![
+                ConfigTemplate::new(&node.runtime_template()).unwrap()
+            ]),
+            topology,
+            policy: Some(policy),
+            align_memory: false,
+            keep_cfs_quota: false,
+            assignments: Assignments::new(),
+            quota_lifted: BTreeMap::new(),
+        });
+        controller.full_scan().unwrap();
+        controller.pass(Instant::now());
+        (dir, node, container, controller)
+    }
+
+    fn cpus(node: &FakeNode, cgroup: &CgroupPath) -> String {
+        let text = fs::read_to_string(node.file(&cgroup.to_string(), "cpuset.cpus")).unwrap();
+        text.trim().to_string()
+    }
+
+    fn modified(cgroup: &CgroupPath, file: InterfaceFile) -> TreeEvent {
+        TreeEvent::Modified {
+            cgroup: cgroup.clone(),
+            file,
+        }
+    }
+
+    #[test]
+    fn own_writes_come_back_without_a_pass_and_foreign_writes_are_repaired() {
+        let (_dir, node, container, mut controller) = converged();
+        let pinned = cpus(&node, &container);
+        assert_eq!(CpuSet::parse(&pinned).unwrap().len(), 1);
+
+        // The echo of the agent's own write changes nothing.
+        let now = Instant::now();
+        let echo = controller.apply_event(modified(&container, InterfaceFile::CpusetCpus), now);
+        assert!(!echo.unwrap());
+
+        // Someone else writes the whole pool: drift, repaired by the next pass.
+        fs::write(node.file(&container.to_string(), "cpuset.cpus"), "0-7\n").unwrap();
+        let foreign = controller.apply_event(modified(&container, InterfaceFile::CpusetCpus), now);
+        assert!(foreign.unwrap());
+        let outcome = controller.pass(Instant::now());
+        assert!(outcome.writes >= 1);
+        assert_eq!(cpus(&node, &container), pinned);
+        assert_eq!(controller.metrics.drift_repairs, 1);
+        // And its echo changes nothing again.
+        let echo = controller.apply_event(modified(&container, InterfaceFile::CpusetCpus), now);
+        assert!(!echo.unwrap());
+    }
+
+    #[test]
+    fn a_reconcile_that_changes_nothing_runs_no_pass() {
+        let (_dir, node, container, mut controller) = converged();
+        let passes = controller.metrics.passes;
+        assert!(controller.rescan().unwrap().is_none());
+        assert_eq!(controller.metrics.passes, passes);
+        assert_eq!(controller.metrics.skipped_passes, 1);
+
+        // A change no event reported (here: written behind the watcher's back) is found by
+        // the scan and repaired by the pass it triggers.
+        let pinned = cpus(&node, &container);
+        fs::write(node.file(&container.to_string(), "cpuset.cpus"), "1-7\n").unwrap();
+        let outcome = controller.rescan().unwrap().expect("a pass");
+        assert!(outcome.writes >= 1);
+        assert_eq!(cpus(&node, &container), pinned);
+    }
+
+    #[test]
+    fn a_cpu_settings_event_rereads_the_settings_and_reclassifies() {
+        let (_dir, node, container, mut controller) = converged();
+        assert_eq!(controller.assignments().len(), 1);
+        // The runtime config goes, and the cgroup's settings now say 0.5 cpu: the cached
+        // classification is dropped and the container is classified from its cgroup again.
+        let id = container.name().unwrap().to_string_lossy().into_owned();
+        let runtime = node.runtime_template().replace("{id}", &id);
+        fs::remove_file(runtime).unwrap();
+        controller.parts.runtime.forget(&id);
+        fs::write(node.file(&container.to_string(), "cpu.shares"), "512\n").unwrap();
+        fs::write(
+            node.file(&container.to_string(), "cpu.cfs_quota_us"),
+            "50000\n",
+        )
+        .unwrap();
+        let now = Instant::now();
+        let changed = controller.apply_event(modified(&container, InterfaceFile::CpuShares), now);
+        assert!(changed.unwrap());
+        controller.pass(Instant::now());
+        let class = controller
+            .last_classes
+            .iter()
+            .find(|c| c.container_id.as_deref() == Some(id.as_str()))
+            .unwrap();
+        assert!(
+            matches!(
+                class.exclusivity,
+                crate::classify::Exclusivity::Shared {
+                    reason: crate::classify::SharedReason::NotWholeCpus { .. }
+                }
+            ),
+            "{class:?}"
+        );
     }
 }

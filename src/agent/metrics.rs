@@ -62,6 +62,8 @@ pub struct Metrics {
     pub passes: u64,
     /// Reconciles that found nothing to do and ran no pass.
     pub skipped_passes: u64,
+    /// Reconcile ticks that only compared each cgroup's `cpuset.cpus` (a quiet node).
+    pub quiet_reconciles: u64,
     /// Cgroup writes issued (accepted or failed), for the burst figure's writes issued ÷
     /// writes necessary.
     pub writes_issued: u64,
@@ -163,6 +165,12 @@ impl Metrics {
             "counter",
             "Reconciles whose scan showed no change, so no pass ran.",
             &plain(self.skipped_passes),
+        );
+        metric(
+            "cpusetd_quiet_reconciles_total",
+            "counter",
+            "Reconcile ticks that only re-read each cgroup's cpuset.cpus (nothing had changed).",
+            &plain(self.quiet_reconciles),
         );
         metric(
             "cpusetd_cgroup_writes_total",

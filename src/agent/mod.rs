@@ -5,12 +5,17 @@
 //!  watcher thread ── TreeEvent ──────┐
 //!  reconcile thread ── ReconcileScan ┤ (bounded(1): missed ticks collapse)
 //!  signal thread ── Control ─────────┴──► controller loop (the one writer)
+//!                                              │ snapshots (newest wins)
+//!                                              ▼
+//!                                   persist thread: state.json (fsync), metrics file
 //! ```
 //!
 //! Only the controller mutates state or writes cgroupfs; the others observe and send typed
 //! messages on bounded channels. Start-up: lock the state dir, load the checkpoint (names and
-//! intent; the live tree wins), full scan, first pass, checkpoint, `READY=1`. Shutdown on
-//! SIGTERM/SIGINT: finish the current pass, write the checkpoint, exit 0. SIGHUP: reconcile now.
+//! intent; the live tree wins), full scan, first pass, checkpoint (written before `READY=1`),
+//! `READY=1`. Later checkpoints and metrics files are written by the persist thread, so a
+//! cgroup write never waits for an `fsync`. Shutdown on SIGTERM/SIGINT: finish the current
+//! pass, write the checkpoint (the persist thread is joined), exit 0. SIGHUP: reconcile now.
 
 mod controller;
 pub mod metrics;
@@ -18,6 +23,7 @@ pub mod metrics;
 pub use controller::{Controller, ControllerParts, PassOutcome, ReconcileScan};
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -26,10 +32,20 @@ use crossbeam_channel::{bounded, select, Receiver, Sender};
 use nix::sys::signal::{SigSet, Signal};
 
 use crate::allocator::PolicyOptions;
-use crate::cgroupfs::{CgroupLayout, Scanner};
+use crate::cgroupfs::{CgroupLayout, CpusetSnapshot, Scanner};
 use crate::checkpoint::{self, Checkpoint, LoadOutcome, Policy, QuotaLift, StateLock};
 use crate::logging::error_chain;
 use crate::watcher::{TreeEvent, WatchRoot, Watcher};
+
+/// What the reconcile thread sends each tick.
+#[derive(Debug)]
+enum ReconcileTick {
+    /// A full scan, to merge.
+    Full(ReconcileScan),
+    /// Every cgroup's `cpuset.cpus` read as at the last full scan, and the model has not
+    /// changed since: nothing to merge.
+    Unchanged { started: Instant },
+}
 
 /// Capacity of the watcher → controller channel.
 const EVENT_QUEUE: usize = 4096;
@@ -113,11 +129,12 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     notify(&[sd_notify::NotifyState::Ready]);
     notify_status(&controller);
 
-    let (reconcile_tx, reconcile_rx) = bounded::<ReconcileScan>(1);
+    let (reconcile_tx, reconcile_rx) = bounded::<ReconcileTick>(1);
     let (stop_reconcile_tx, stop_reconcile_rx) = bounded::<()>(1);
     let reconciler = spawn_reconciler(
         Scanner::new(hierarchy, kubepods),
         reconcile_period,
+        controller.generation(),
         reconcile_tx,
         stop_reconcile_rx,
     );
@@ -150,10 +167,16 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
                     notify_status(&controller);
                 }
             }
-            recv(reconcile_rx) -> scan => {
-                let Ok(scan) = scan else { break Err(AgentError::ThreadGone("reconcile")) };
-                reconcile(&mut controller, &mut persist, scan);
-            }
+            recv(reconcile_rx) -> tick => match tick {
+                Ok(ReconcileTick::Full(scan)) => reconcile(&mut controller, &mut persist, scan),
+                Ok(ReconcileTick::Unchanged { started }) => {
+                    controller.metrics.reconcile_duration = Some(started.elapsed());
+                    controller.metrics.last_reconcile = Some(SystemTime::now());
+                    controller.metrics.quiet_reconciles += 1;
+                    persist.save(&controller, false);
+                }
+                Err(_) => break Err(AgentError::ThreadGone("reconcile")),
+            },
             recv(control_rx) -> control => match control {
                 Ok(Control::Stop(signal)) => {
                     log::info!("{signal}: writing the checkpoint and stopping");
@@ -445,10 +468,19 @@ fn persist_loop(
     }
 }
 
+/// Every how many ticks the reconcile thread scans the whole tree even when the model has
+/// not moved (new directories or CPU settings that inotify failed to report).
+const FULL_SCAN_EVERY: u64 = 6;
+
+/// The reconcile thread. A tick after which the model has changed (events, writes) scans the
+/// whole tree and sends it to be merged, as does every [`FULL_SCAN_EVERY`]th tick. Otherwise
+/// (a quiet node) it only reads each cgroup's `cpuset.cpus` once and compares it with its last
+/// full scan: all equal → `Unchanged`; any difference (drift nobody reported) → a full scan.
 fn spawn_reconciler(
     mut scanner: Scanner,
     period: Duration,
-    tx: Sender<ReconcileScan>,
+    generation: Arc<AtomicU64>,
+    tx: Sender<ReconcileTick>,
     stop: Receiver<()>,
 ) -> thread::JoinHandle<()> {
     thread::Builder::new()
@@ -457,12 +489,25 @@ fn spawn_reconciler(
             // A scan that keeps failing (the kubepods cgroup removed) is reported once, and
             // again only after a scan worked.
             let mut failing = false;
+            let mut last: Option<(u64, CpusetSnapshot)> = None;
+            let mut tick: u64 = 0;
             loop {
                 match stop.recv_timeout(period) {
                     Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                     _ => return,
                 }
+                tick += 1;
                 let started = Instant::now();
+                let now = generation.load(AtomicOrdering::Acquire);
+                if let Some((seen, snapshot)) = &last {
+                    if *seen == now
+                        && tick % FULL_SCAN_EVERY != 0
+                        && scanner.cpusets_unchanged(snapshot)
+                    {
+                        let _ = tx.try_send(ReconcileTick::Unchanged { started });
+                        continue;
+                    }
+                }
                 match scanner.scan() {
                     // A full channel means the controller has not taken the last scan yet: this
                     // tick collapses into it.
@@ -470,9 +515,11 @@ fn spawn_reconciler(
                         if std::mem::take(&mut failing) {
                             log::info!("reconcile scans work again");
                         }
-                        let _ = tx.try_send(ReconcileScan { started, scan });
+                        last = Some((now, CpusetSnapshot::of(&scan)));
+                        let _ = tx.try_send(ReconcileTick::Full(ReconcileScan { started, scan }));
                     }
                     Err(e) => {
+                        last = None;
                         if !failing {
                             log::error!(
                                 "reconcile scan: {} (not repeated while it keeps failing)",

@@ -426,6 +426,29 @@ impl CgroupFs {
         })
     }
 
+    /// As [`Self::read`], in one `openat2` of the file's path where the kernel has it (the
+    /// quiet reconcile reads every cgroup's `cpuset.cpus` this way); errors are those of
+    /// [`Self::read`], which it falls back to for anything but a plain success.
+    pub fn read_file(
+        &self,
+        cgroup: &CgroupPath,
+        file: InterfaceFile,
+    ) -> Result<String, CgroupError> {
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let opened = cgroup
+            .join(std::ffi::OsStr::new(file.name()))
+            .ok()
+            .and_then(|path| open_beneath(&self.root_fd, &path, flags));
+        match opened {
+            Some(Ok(fd))
+                if fstat(&fd).is_ok_and(|st| FileKind::of_stat(&st) == FileKind::RegularFile) =>
+            {
+                self.read_fd(fd, cgroup, file)
+            }
+            _ => self.read(cgroup, file),
+        }
+    }
+
     /// Reads an interface file of the directory `dir` (which is `cgroup`).
     pub(crate) fn read_in(
         &self,
@@ -445,6 +468,17 @@ impl CgroupFs {
                 reason,
             },
         })?;
+        self.read_fd(fd, cgroup, file)
+    }
+
+    /// Reads an opened interface file, bounded, trimmed.
+    fn read_fd(
+        &self,
+        fd: OwnedFd,
+        cgroup: &CgroupPath,
+        file: InterfaceFile,
+    ) -> Result<String, CgroupError> {
+        let path = self.file_path(cgroup, file);
         let mut bytes = Vec::with_capacity(256);
         File::from(fd)
             .take(MAX_READ_BYTES as u64 + 1)

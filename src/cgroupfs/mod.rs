@@ -22,7 +22,7 @@ pub use layout::{
 };
 pub use path::{CgroupPath, PathError, MAX_NAME_LEN};
 pub use scan::{
-    CpuSettings, FileValue, Hierarchy, Scan, ScannedCgroup, Scanner, SkipReason, SkippedEntry,
-    MAX_SCAN_CGROUPS, MAX_SCAN_DEPTH,
+    CpuSettings, CpusetSnapshot, FileValue, Hierarchy, Scan, ScannedCgroup, Scanner, SkipReason,
+    SkippedEntry, MAX_SCAN_CGROUPS, MAX_SCAN_DEPTH,
 };
 pub use values::{CpuMax, Quota, ValueError};

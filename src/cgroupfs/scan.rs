@@ -192,6 +192,33 @@ impl Scan {
     }
 }
 
+/// Each cgroup's `cpuset.cpus` as a full scan saw it: what a quiet reconcile tick compares
+/// the tree with (see [`Scanner::cpusets_unchanged`]).
+#[derive(Debug, Clone, Default)]
+pub struct CpusetSnapshot {
+    cpus: Vec<(CgroupPath, FileValue<CpuSet>)>,
+}
+
+impl CpusetSnapshot {
+    pub fn of(scan: &Scan) -> CpusetSnapshot {
+        CpusetSnapshot {
+            cpus: scan
+                .cgroups
+                .iter()
+                .map(|c| (c.path.clone(), c.cpus.clone()))
+                .collect(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.cpus.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cpus.is_empty()
+    }
+}
+
 /// The controller hierarchies the agent reads and writes: the cpuset one and the cpu one (the
 /// same tree on v2, and on v1 when the controllers are mounted together).
 #[derive(Debug, Clone)]
@@ -273,6 +300,22 @@ impl Scanner {
         let mut scan = self.empty_scan();
         let dir = self.open_cgroup(path, &mut scan)?;
         self.read_values(path, &dir)
+    }
+
+    /// Reads every snapshot cgroup's `cpuset.cpus` once (one `openat2` each): `true` when each
+    /// still reads as the snapshot says, `false` at the first that does not (changed, gone,
+    /// unreadable) or when the snapshot holds a value that was not a plain set.
+    pub fn cpusets_unchanged(&mut self, snapshot: &CpusetSnapshot) -> bool {
+        let cpuset = self.hierarchy.cpuset.clone();
+        snapshot.cpus.iter().all(|(path, seen)| {
+            let Some(seen) = seen.value() else {
+                return false;
+            };
+            match cpuset.read_file(path, InterfaceFile::CpusetCpus) {
+                Ok(text) => parse_cpuset(&text).is_ok_and(|now| &now == seen),
+                Err(_) => false,
+            }
+        })
     }
 
     /// Re-reads, in place, the group of files `file` belongs to: the cpuset files
