@@ -318,12 +318,13 @@ impl Scanner {
         })
     }
 
-    /// Re-reads, in place, the group of files `file` belongs to: the cpuset files
-    /// (`cpuset.cpus`, `cpuset.mems`, the effective cpus) or the CPU settings (v1 shares,
-    /// quota and period; v2 `cpu.max` and `cpu.weight`). What the agent reads when the watcher
-    /// names a modified file, and after its own writes: the other files of the cgroup have
-    /// their own events. Returns `false` when the cgroup is gone; any other file is read with
-    /// the whole cgroup, as [`Self::read_cgroup`] does.
+    /// Re-reads, in place, what a modification of `file` can have changed: `cpuset.cpus` or
+    /// `cpuset.mems` alone (one `openat2` of the file; the effective cpus, which nothing is
+    /// planned from, keep the value of the last full read), or the CPU settings as a group
+    /// (v1 shares, quota and period; v2 `cpu.max` and `cpu.weight`). What the agent reads when
+    /// the watcher names a modified file: the other watched files have their own events.
+    /// Returns `false` when the cgroup is gone; any other file is read with the whole cgroup,
+    /// as [`Self::read_cgroup`] does.
     pub fn refresh(&mut self, cgroup: &mut ScannedCgroup, file: InterfaceFile) -> bool {
         let path = cgroup.path.clone();
         let version = self.hierarchy.version;
@@ -331,20 +332,17 @@ impl Scanner {
         let cpu_fs = self.hierarchy.cpu.clone();
         match file {
             InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems => {
-                let cpus = cpuset.read(&path, InterfaceFile::CpusetCpus);
-                if cpus.as_ref().is_err_and(|e| e.is_gone()) && !cpuset.exists(&path) {
+                let read = cpuset.read_file(&path, file);
+                if read.as_ref().is_err_and(|e| e.is_gone()) && !cpuset.exists(&path) {
                     log::debug!("cg={path} vanished during the scan");
                     return false;
                 }
-                cgroup.cpus = self.value(&path, InterfaceFile::CpusetCpus, cpus, parse_cpuset);
-                let mems = cpuset.read(&path, InterfaceFile::CpusetMems);
-                cgroup.mems = self.value(&path, InterfaceFile::CpusetMems, mems, parse_cpuset);
-                let effective_file = match version {
-                    CgroupVersion::V1 => InterfaceFile::CpusetEffectiveCpus,
-                    CgroupVersion::V2 => InterfaceFile::CpusetCpusEffective,
-                };
-                let effective = cpuset.read(&path, effective_file);
-                cgroup.effective_cpus = self.value(&path, effective_file, effective, parse_cpuset);
+                let value = self.value(&path, file, read, parse_cpuset);
+                if file == InterfaceFile::CpusetCpus {
+                    cgroup.cpus = value;
+                } else {
+                    cgroup.mems = value;
+                }
                 true
             }
             InterfaceFile::CpuShares
