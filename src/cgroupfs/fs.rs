@@ -352,14 +352,6 @@ impl CgroupFs {
             value: Some(value.to_string()),
             reason,
         };
-        let dir = self.walk(cgroup).map_err(|e| match e {
-            WalkError::Io(source) => CgroupError::Write {
-                path: self.host_path(cgroup),
-                value: value.to_string(),
-                source,
-            },
-            WalkError::Refused(reason) => refused(self.host_path(cgroup), reason),
-        })?;
         // A fake tree's files are plain files that O_TRUNC empties: an agent killed between the
         // truncation and the write would leave a value no kernel ever shows. With the fake
         // kernel's rules on a fake tree (not a real cgroupfs), the value overwrites in place,
@@ -368,6 +360,33 @@ impl CgroupFs {
         let in_place = super::fake_kernel::fake_tree(self);
         #[cfg(not(debug_assertions))]
         let in_place = false;
+        // One openat2 of the file where the kernel has it; anything but a plain success takes
+        // the path below, which reports what went wrong (and the fake kernel's in-place write).
+        let fast = cgroup
+            .join(std::ffi::OsStr::new(file.name()))
+            .ok()
+            .filter(|_| !in_place)
+            .and_then(|p| {
+                let flags = OFlag::O_WRONLY
+                    | OFlag::O_TRUNC
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_NONBLOCK
+                    | OFlag::O_CLOEXEC;
+                open_beneath(&self.root_fd, &p, flags)
+            })
+            .and_then(|r| r.ok())
+            .filter(|fd| fstat(fd).is_ok_and(|st| FileKind::of_stat(&st) == FileKind::RegularFile));
+        if let Some(fd) = fast {
+            return write_value(fd, &path, value);
+        }
+        let dir = self.walk(cgroup).map_err(|e| match e {
+            WalkError::Io(source) => CgroupError::Write {
+                path: self.host_path(cgroup),
+                value: value.to_string(),
+                source,
+            },
+            WalkError::Refused(reason) => refused(self.host_path(cgroup), reason),
+        })?;
         let mode = if in_place {
             OFlag::O_WRONLY
         } else {
@@ -570,6 +589,28 @@ impl CgroupFs {
         }
         Ok(current)
     }
+}
+
+/// One `write(2)` of `value` to an opened interface file; a short write is refused.
+fn write_value(fd: OwnedFd, path: &Path, value: &str) -> Result<(), CgroupError> {
+    let refused = |reason| CgroupError::Refused {
+        path: path.to_path_buf(),
+        value: Some(value.to_string()),
+        reason,
+    };
+    let written =
+        nix::unistd::write(&fd, value.as_bytes()).map_err(|errno| CgroupError::Write {
+            path: path.to_path_buf(),
+            value: value.to_string(),
+            source: io::Error::from(errno),
+        })?;
+    if written != value.len() {
+        return Err(refused(Refusal::ShortWrite {
+            written,
+            len: value.len(),
+        }));
+    }
+    Ok(())
 }
 
 /// Whether `openat2` is known to be missing (`ENOSYS`: a kernel older than 5.6, or a seccomp
