@@ -502,10 +502,16 @@ impl FakeNode {
         let parent = dir.parent().unwrap_or(&dir).to_path_buf();
         // The fake kernel's cgroup_mutex (see `cgroupfs::fake_kernel`): an agent's write cannot
         // land between reading the parent's set and copying it, which would leave the child
-        // outside its parent (the real kernel refuses that copy).
-        let root = fs::File::open(self.root.join("cpuset"))?;
-        let _cgroup_mutex = nix::fcntl::Flock::lock(root, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, errno)| io::Error::from(errno))?;
+        // outside its parent (the real kernel refuses that copy, as runc's own copy races).
+        let _cgroup_mutex = if self.kernel {
+            None
+        } else {
+            let root = fs::File::open(self.root.join("cpuset"))?;
+            Some(
+                nix::fcntl::Flock::lock(root, nix::fcntl::FlockArg::LockExclusive)
+                    .map_err(|(_, errno)| io::Error::from(errno))?,
+            )
+        };
         for file in ["cpuset.cpus", "cpuset.mems"] {
             let own = fs::read_to_string(dir.join(file))?;
             if own.trim().is_empty() {

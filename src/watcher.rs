@@ -46,6 +46,8 @@ use std::num::NonZeroI32;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -458,6 +460,9 @@ struct Outbox {
     full: bool,
     /// The controller dropped its receiver: nobody is listening.
     disconnected: bool,
+    /// Events delivered that may need the controller's attention at once (see
+    /// [`Watcher::arrivals`]).
+    arrivals: Arc<AtomicU64>,
 }
 
 impl Outbox {
@@ -468,8 +473,21 @@ impl Outbox {
         if self.full || self.disconnected {
             return;
         }
+        let arrival = matches!(
+            event,
+            TreeEvent::Created { .. }
+                | TreeEvent::Rescan { .. }
+                | TreeEvent::Modified {
+                    file: InterfaceFile::CpuShares | InterfaceFile::CpuWeight,
+                    ..
+                }
+        );
         match sender.try_send(event) {
-            Ok(()) => {}
+            Ok(()) => {
+                if arrival {
+                    self.arrivals.fetch_add(1, Ordering::Release);
+                }
+            }
             Err(TrySendError::Full(_)) => {
                 self.full = true;
                 if throttle.allow("channel-full") {
@@ -623,6 +641,7 @@ impl Watcher {
                 sender: None,
                 full: false,
                 disconnected: false,
+                arrivals: Arc::new(AtomicU64::new(0)),
             },
             resync_needed: false,
             rescan: None,
@@ -663,6 +682,14 @@ impl Watcher {
 
     /// Starts the thread, which sends events on `events` until stopped, until the receiver is
     /// dropped, or until inotify fails for good.
+    /// A counter of the events sent that may need the controller at once: a new cgroup, a
+    /// rescan request, or new CPU settings (`cpu.shares`, `cpu.weight`: written by runtimes,
+    /// never by the agent, so never an echo of its own writes). The controller reads it
+    /// between writes to let a new container go ahead of a long rewrite of the shared pool.
+    pub fn arrivals(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.out.arrivals)
+    }
+
     pub fn start(mut self, events: Sender<TreeEvent>) -> Result<WatcherHandle, WatchError> {
         let (stop_rx, stop_tx) =
             nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(|errno| {

@@ -15,7 +15,7 @@
 //! and plan again. A narrowing the kernel refuses with EBUSY (a child set up between that check
 //! and the write) is reported the same way.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 
 use crate::cgroupfs::{
@@ -47,6 +47,10 @@ pub struct WriteReport {
     pub refused_stale: Vec<(PlannedWrite, CgroupError)>,
     /// Narrowing writes not made yet because a child is new ([`NewChildren::LetThemSettle`]).
     pub settling: Vec<usize>,
+    /// Writes not made because the [`Schedule`] held them back (for a later pass).
+    pub held_back: usize,
+    /// When the urgent writes were done (`None`: there were none).
+    pub urgent_done: Option<std::time::Instant>,
 }
 
 impl WriteReport {
@@ -92,6 +96,90 @@ pub enum NewChildren<'a> {
     LetThemSettle { initialised: &'a [bool] },
 }
 
+/// Which of a plan's writes a pass makes first, and which it may leave for a later pass.
+///
+/// Urgent writes (and every earlier write of the plan they depend on: the same file of their
+/// parent or children, so the v1 nesting rules hold for them alone) are made first, in plan
+/// order; then the others, in plan order. That is a valid order: no other write precedes an
+/// urgent one it is related to (it would be urgent too), so each write still sees its parent
+/// and children as the plan's order would have them.
+#[derive(Default, Clone, Copy)]
+pub struct Schedule<'a> {
+    /// Per planned write; `None`: none is urgent.
+    pub urgent: Option<&'a [bool]>,
+    /// Make the urgent writes only; the others are [`WriteReport::held_back`].
+    pub urgent_only: bool,
+    /// Asked before each of the other writes: `true` holds back the rest.
+    pub preempt: Option<&'a dyn Fn() -> bool>,
+    /// How many of the other writes are made before `preempt` is asked.
+    pub preempt_after: usize,
+}
+
+impl std::fmt::Debug for Schedule<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Schedule")
+            .field(
+                "urgent",
+                &self.urgent.map(|u| u.iter().filter(|&&x| x).count()),
+            )
+            .field("urgent_only", &self.urgent_only)
+            .field("preempt", &self.preempt.is_some())
+            .field("preempt_after", &self.preempt_after)
+            .finish()
+    }
+}
+
+/// The order writes are made in: the urgent ones with what they depend on, then the rest (see
+/// [`Schedule`]); and how many of the first are urgent. `writes[i]` is write `i`'s cgroup and
+/// file, `parents` the cgroups' parents.
+pub(crate) fn schedule_order(
+    writes: &[(usize, InterfaceFile)],
+    parents: &[Option<usize>],
+    urgent: Option<&[bool]>,
+) -> (Vec<usize>, usize) {
+    let Some(urgent) = urgent.filter(|u| u.iter().any(|&x| x)) else {
+        return ((0..writes.len()).collect(), 0);
+    };
+    let mut by_cgroup: HashMap<(usize, InterfaceFile), Vec<usize>> = HashMap::new();
+    for (index, &key) in writes.iter().enumerate() {
+        by_cgroup.entry(key).or_default().push(index);
+    }
+    let mut children: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (child, parent) in parents.iter().enumerate() {
+        if let Some(parent) = parent {
+            children.entry(*parent).or_default().push(child);
+        }
+    }
+    let mut marked: Vec<bool> = (0..writes.len())
+        .map(|i| urgent.get(i).copied().unwrap_or(false))
+        .collect();
+    // From the last write back: each marked write marks the earlier writes of the same file
+    // of its own cgroup, its parent and its children (those marked later are visited later).
+    for k in (0..writes.len()).rev() {
+        if !marked[k] {
+            continue;
+        }
+        let (cgroup, file) = writes[k];
+        let related = std::iter::once(cgroup)
+            .chain(parents.get(cgroup).copied().flatten())
+            .chain(children.get(&cgroup).into_iter().flatten().copied());
+        for related in related {
+            for &j in by_cgroup.get(&(related, file)).into_iter().flatten() {
+                if j < k {
+                    marked[j] = true;
+                }
+            }
+        }
+    }
+    let first: Vec<usize> = (0..writes.len()).filter(|&i| marked[i]).collect();
+    let count = first.len();
+    let order = first
+        .into_iter()
+        .chain((0..writes.len()).filter(|&i| !marked[i]))
+        .collect();
+    (order, count)
+}
+
 /// Executes `plan`, made from `scan`, in order. `parents[i]` is the parent of scanned cgroup
 /// `i` (as planned).
 pub fn apply(
@@ -100,6 +188,25 @@ pub fn apply(
     scan: &Scan,
     parents: &[Option<usize>],
     new_children: NewChildren<'_>,
+) -> WriteReport {
+    apply_scheduled(
+        hierarchy,
+        plan,
+        scan,
+        parents,
+        new_children,
+        Schedule::default(),
+    )
+}
+
+/// As [`apply`], urgent writes first and the rest perhaps held back (see [`Schedule`]).
+pub fn apply_scheduled(
+    hierarchy: &Hierarchy,
+    plan: &WritePlan,
+    scan: &Scan,
+    parents: &[Option<usize>],
+    new_children: NewChildren<'_>,
+    schedule: Schedule<'_>,
 ) -> WriteReport {
     let mut report = WriteReport::default();
     let mut gone = vec![false; parents.len()];
@@ -117,7 +224,21 @@ pub fn apply(
     let mut children: Option<Vec<Vec<usize>>> = None;
     let ancestors =
         |cgroup: usize| std::iter::successors(Some(cgroup), |&i| parents.get(i).copied().flatten());
-    for (index, write) in plan.iter().enumerate() {
+    let keys: Vec<(usize, InterfaceFile)> = plan.iter().map(|w| (w.cgroup, w.file)).collect();
+    let (order, urgent_count) = schedule_order(&keys, parents, schedule.urgent);
+    for (position, &index) in order.iter().enumerate() {
+        let write = &plan[index];
+        if position == urgent_count && urgent_count > 0 {
+            report.urgent_done = Some(std::time::Instant::now());
+        }
+        if position >= urgent_count
+            && (schedule.urgent_only
+                || (position - urgent_count >= schedule.preempt_after
+                    && schedule.preempt.is_some_and(|preempt| preempt())))
+        {
+            report.held_back = order.len() - position;
+            break;
+        }
         if ancestors(write.cgroup).any(|i| gone.get(i) == Some(&true)) {
             report.gone += 1;
             continue;
@@ -160,8 +281,14 @@ pub fn apply(
             });
             let of_this = children.get(write.cgroup).map_or(&[][..], |c| &c[..]);
             let settled = settled_children(scan, of_this, write.file);
-            let child =
-                child_in_the_way(fs, &write.path, write.file, &write.value, &settled, settle);
+            let child = child_in_the_way(
+                fs,
+                &write.path,
+                write.file,
+                &write.value,
+                (&settled, of_this.len()),
+                settle,
+            );
             if let Some(child) = child {
                 log::debug!(
                     "cg={} not narrowed to {} now: {child}",
@@ -212,6 +339,9 @@ pub fn apply(
                 report.failed.push((write.clone(), e));
             }
         }
+    }
+    if report.urgent_done.is_none() && urgent_count > 0 {
+        report.urgent_done = Some(std::time::Instant::now());
     }
     report
 }
@@ -275,16 +405,22 @@ impl std::fmt::Display for ChildState {
 /// A child of `cgroup` not among `known` whose `file` holds CPUs (or memory nodes) outside
 /// `value`, as the tree says now; with `settle`, also one that is not initialised yet.
 /// Unreadable children do not count, nor (without `settle`) uninitialised ones: the kernel lets
-/// a parent narrow over them.
+/// a parent narrow over them. `known` comes with how many children the plan knows of: a
+/// cgroup the plan knows no child of, and whose link count says it has no subdirectory (a
+/// container's, mostly), is not listed. (Equal non-zero counts would not do: a child removed
+/// and another created since the scan, a container restarting, keep the count.)
 fn child_in_the_way(
     fs: &CgroupFs,
     cgroup: &CgroupPath,
     file: InterfaceFile,
     value: &str,
-    known: &HashSet<&OsStr>,
+    (known, planned_children): (&HashSet<&OsStr>, usize),
     settle: bool,
 ) -> Option<ChildState> {
     if !matches!(file, InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems) {
+        return None;
+    }
+    if planned_children == 0 && fs.subdir_count(cgroup) == Some(0) {
         return None;
     }
     let new = CpuSet::parse(value).ok()?;

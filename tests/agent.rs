@@ -712,13 +712,19 @@ fn agent_converges_after_an_inotify_queue_overflow() {
         Some(node.metric("cpusetd_rescans_total")).filter(|n| *n >= 1.0)
     });
     assert!(rescans.is_some(), "{:?}", node.metrics());
-    let status = node.status().unwrap();
-    let differing: Vec<_> = status
-        .containers
-        .iter()
-        .filter(|r| r.desired.is_some() && r.current != r.desired)
-        .collect();
-    assert!(differing.is_empty(), "{differing:#?}");
+    // The shared pool's rewrites may follow the pin a moment later (held back while new
+    // cgroups arrive): converged within the limit.
+    let mut differing = Vec::new();
+    let converged = poll_until(slow, || {
+        let status = node.status().unwrap();
+        differing = status
+            .containers
+            .into_iter()
+            .filter(|r| r.desired.is_some() && r.current != r.desired)
+            .collect();
+        differing.is_empty().then_some(())
+    });
+    assert!(converged.is_some(), "{differing:#?}");
     assert!(agent.stop().success());
     node.assert_clean();
 }

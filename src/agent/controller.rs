@@ -32,7 +32,7 @@ use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
 use crate::state::Assignments;
 use crate::topology::Topology;
 use crate::watcher::TreeEvent;
-use crate::writer::{apply, NewChildren};
+use crate::writer::{apply_scheduled, NewChildren, Schedule};
 
 use super::metrics::Metrics;
 
@@ -81,6 +81,19 @@ const MAX_REPLANS: usize = 4;
 /// How long a cgroup with an empty cpuset is left to its runtime (runc copies the parent's set
 /// within milliseconds) before the agent writes it itself.
 const RUNTIME_SETUP_LIMIT: Duration = Duration::from_secs(1);
+
+/// While new cgroups keep arriving (less than this apart), a pass makes only its urgent writes
+/// (exclusive pins, drift repairs) and holds back the rest (the shared pool's rewrites), so a
+/// burst of pods does not rewrite every shared cgroup once per pod.
+const COALESCE_QUIET: Duration = Duration::from_millis(20);
+
+/// Writes are held back for at most this long; after it, a pass makes at least
+/// [`MIN_PROGRESS`] of them before it lets a new arrival go first. (kubelet leaves other
+/// containers' cpusets to its reconcile loop, 10 s by default.)
+const COALESCE_LIMIT: Duration = Duration::from_millis(200);
+
+/// Held-back writes a pass makes before it may be preempted, once they are overdue.
+const MIN_PROGRESS: usize = 32;
 
 /// How long a new container is tracked for the event → pin latency figure.
 const PIN_TRACKING_LIMIT: Duration = Duration::from_secs(60);
@@ -150,6 +163,14 @@ pub struct Controller {
     empty_since: HashMap<CgroupPath, Instant>,
     /// The last pass wrote all it planned and allocated all it was asked for.
     last_pass_settled: bool,
+    /// Counts watcher events that should go ahead of a long rewrite (see
+    /// [`crate::watcher::Watcher::arrivals`]).
+    arrivals: Option<Arc<AtomicU64>>,
+    /// When the last cgroup new to the model was seen.
+    last_new_cgroup: Option<Instant>,
+    /// Since when planned writes are held back, and when to make them.
+    held_since: Option<Instant>,
+    flush_at: Option<Instant>,
     last_plan: Option<Plan>,
     last_classes: Vec<Classification>,
     /// Bumped whenever the model changes (read or written values, cgroups coming and going):
@@ -176,11 +197,23 @@ impl Controller {
             seen_initialised: HashSet::new(),
             empty_since: HashMap::new(),
             last_pass_settled: false,
+            arrivals: None,
+            last_new_cgroup: None,
+            held_since: None,
+            flush_at: None,
             last_plan: None,
             last_classes: Vec::new(),
             generation: Arc::new(AtomicU64::new(0)),
             metrics: Metrics::default(),
         }
+    }
+
+    /// Lets passes put urgent writes first and hold back the others (the shared pool's
+    /// rewrites) while new cgroups arrive, and stop a long rewrite when `counter` (the
+    /// watcher's [`crate::watcher::Watcher::arrivals`]) moves: new cgroups go first. Without
+    /// it (the library's default), every pass makes all its writes in plan order.
+    pub fn watch_arrivals(&mut self, counter: Arc<AtomicU64>) {
+        self.arrivals = Some(counter);
     }
 
     /// The model's change counter, shared with the reconcile thread.
@@ -235,7 +268,7 @@ impl Controller {
     /// When the controller wants to re-read containers still waiting for CPU settings, or
     /// cgroups whose narrowing waits for new children to be set up.
     pub fn next_retry(&self) -> Option<Instant> {
-        [self.next_retry, self.settle_at]
+        [self.next_retry, self.settle_at, self.flush_at]
             .into_iter()
             .flatten()
             .min()
@@ -346,6 +379,11 @@ impl Controller {
     pub fn retry_settings(&mut self, now: Instant) -> bool {
         self.next_retry = None;
         let mut changed = false;
+        if self.flush_at.is_some_and(|t| t <= now) {
+            // Held-back writes are due.
+            self.flush_at = None;
+            changed = true;
+        }
         if self.settle_at.is_some_and(|t| t <= now) {
             // Only retries that find the tree still unsettled wait longer next time.
             self.settle_at = None;
@@ -379,6 +417,7 @@ impl Controller {
             Some(_) => {}
             None if self.last_plan.is_some() => {
                 self.pending_pins.entry(path.clone()).or_insert(now);
+                self.last_new_cgroup = Some(now);
             }
             None => {}
         }
@@ -531,6 +570,50 @@ impl Controller {
         let planned = plan(&scan, &classes, &self.parts.assignments, &config);
         self.log_events(&planned.events);
 
+        // Urgent writes: a cgroup's that gets exclusive cpus (a pin), and drift repairs; the
+        // others (the shared pool's rewrites) may be held back while new cgroups arrive.
+        let shared = planned.pools.as_ref().map(|p| &p.shared);
+        let urgent_cgroup: Vec<bool> = scan
+            .cgroups
+            .iter()
+            .zip(&planned.desired)
+            .map(|(cgroup, desired)| {
+                let pinned = match (&desired.cpus, shared) {
+                    (Some(cpus), Some(shared)) => !cpus.is_empty() && cpus.is_disjoint(shared),
+                    _ => false,
+                };
+                pinned || self.drifted.contains(&cgroup.path)
+            })
+            .collect();
+        let urgent: Vec<bool> = planned
+            .writes
+            .iter()
+            .map(|w| urgent_cgroup.get(w.cgroup).copied().unwrap_or(false))
+            .collect();
+        let bursting = self
+            .last_new_cgroup
+            .is_some_and(|t| now.saturating_duration_since(t) < COALESCE_QUIET);
+        let overdue = self
+            .held_since
+            .is_some_and(|t| now.saturating_duration_since(t) >= COALESCE_LIMIT);
+        let arrivals = self.arrivals.clone();
+        let seen = arrivals.as_ref().map(|a| a.load(Ordering::Acquire));
+        let preempt = move || {
+            arrivals
+                .as_ref()
+                .is_some_and(|a| Some(a.load(Ordering::Acquire)) != seen)
+        };
+        let schedule = if self.arrivals.is_some() {
+            Schedule {
+                urgent: Some(&urgent),
+                urgent_only: bursting && !overdue,
+                preempt: Some(&preempt),
+                preempt_after: if overdue { MIN_PROGRESS } else { 0 },
+            }
+        } else {
+            Schedule::default()
+        };
+
         // Drift: a cgroup whose value changed behind our back and that this plan rewrites.
         let repaired: usize = self
             .drifted
@@ -548,7 +631,7 @@ impl Controller {
 
         self.remember_quotas(&scan, &planned);
         let initialised = self.initialised(&scan, now);
-        let report = apply(
+        let report = apply_scheduled(
             &self.parts.hierarchy,
             &planned.writes,
             &scan,
@@ -559,7 +642,18 @@ impl Controller {
                 },
                 CgroupVersion::V2 => NewChildren::NarrowNow,
             },
+            schedule,
         );
+        let written_at = Instant::now();
+        if report.held_back > 0 {
+            let since = *self.held_since.get_or_insert(now);
+            let quiet = self.last_new_cgroup.map_or(now, |t| t + COALESCE_QUIET);
+            self.flush_at = Some(quiet.min(since + COALESCE_LIMIT));
+            self.metrics.writes_held_back += report.held_back as u64;
+        } else {
+            self.held_since = None;
+            self.flush_at = None;
+        }
         for (write, error) in &report.failed {
             let errno = error.errno().unwrap_or(0);
             *self.metrics.write_errors.entry(errno).or_default() += 1;
@@ -604,7 +698,14 @@ impl Controller {
                 entry.updated = now;
             }
         }
-        self.track_pins(&scan, &classes, Instant::now());
+        let urgent_done = report.urgent_done.unwrap_or(written_at);
+        self.track_pins(&scan, &classes, |i| {
+            if urgent_cgroup[i] {
+                urgent_done
+            } else {
+                written_at
+            }
+        });
         self.track_settings_wait(&scan, &classes, now);
 
         let changed = planned.assignments != self.parts.assignments
@@ -619,6 +720,7 @@ impl Controller {
             .filter(|c| c.kind == CgroupKind::Container)
             .count() as u64;
         self.last_pass_settled = report.is_clean()
+            && report.held_back == 0
             && report.skipped == 0
             && report.gone == 0
             && !planned
@@ -796,12 +898,19 @@ impl Controller {
 
     /// Event → pin latency: a new container counts once, when its cpuset reads back as desired
     /// and its CPU settings were known (before, it waits in the shared pool for them).
-    fn track_pins(&mut self, scan: &Scan, classes: &[Classification], now: Instant) {
+    /// `pinned_at(i)`: when scanned cgroup `i`'s writes were made.
+    fn track_pins(
+        &mut self,
+        scan: &Scan,
+        classes: &[Classification],
+        pinned_at: impl Fn(usize) -> Instant,
+    ) {
         use crate::classify::{Exclusivity, SharedReason};
         if self.pending_pins.is_empty() {
             return;
         }
-        for (cgroup, class) in scan.cgroups.iter().zip(classes) {
+        let now = Instant::now();
+        for (index, (cgroup, class)) in scan.cgroups.iter().zip(classes).enumerate() {
             let Some(seen) = self.pending_pins.get(&cgroup.path).copied() else {
                 continue;
             };
@@ -822,7 +931,7 @@ impl Controller {
             if current.is_some() && current == self.last_desired.get(&cgroup.path) {
                 self.metrics
                     .event_to_pin
-                    .record(now.saturating_duration_since(seen));
+                    .record(pinned_at(index).saturating_duration_since(seen));
                 self.pending_pins.remove(&cgroup.path);
             }
         }
@@ -967,6 +1076,68 @@ mod tests {
         // And its echo changes nothing again.
         let echo = controller.apply_event(modified(&container, InterfaceFile::CpusetCpus), now);
         assert!(!echo.unwrap());
+    }
+
+    #[test]
+    fn while_cgroups_arrive_pins_go_first_and_the_shared_rewrites_follow() {
+        let (_dir, node, container, mut controller) = converged();
+        let shared_pod = PodSpec {
+            uid: new_pod_uid(),
+            name: "web".into(),
+            qos: Qos::Burstable,
+            containers: vec![ContainerSpec::burstable("web", 250, Some(1000))],
+        };
+        let web = node.start_pod(&shared_pod).unwrap().remove(0);
+        let pod_dir = |p: &PodSpec| CgroupPath::new(&node.pod_dir(p)).unwrap();
+        let created = TreeEvent::Created {
+            cgroup: pod_dir(&shared_pod),
+        };
+        controller.apply_event(created, Instant::now()).unwrap();
+        controller.pass(Instant::now());
+        let pinned = cpus(&node, &container);
+        let pinned = CpuSet::parse(&pinned).unwrap();
+        let shared_before = CpuSet::parse("0-7").unwrap().difference(&pinned);
+        assert_eq!(
+            node.container_cpus(&shared_pod, &web).unwrap(),
+            shared_before.to_string()
+        );
+
+        // From now on passes schedule their writes. A Guaranteed pod arrives just after
+        // another cgroup did: its pin is written, the shared pool's rewrite held back.
+        let arrivals = Arc::new(AtomicU64::new(0));
+        controller.watch_arrivals(Arc::clone(&arrivals));
+        let db = PodSpec {
+            uid: new_pod_uid(),
+            name: "db2".into(),
+            qos: Qos::Guaranteed,
+            containers: vec![ContainerSpec::guaranteed("db", 2000)],
+        };
+        let db_id = node.start_pod(&db).unwrap().remove(0);
+        let now = Instant::now();
+        let created = TreeEvent::Created {
+            cgroup: pod_dir(&db),
+        };
+        assert!(controller.apply_event(created, now).unwrap());
+        let before = node.container_cpus(&shared_pod, &web).unwrap();
+        controller.pass(now);
+        let exclusive = CpuSet::parse(&node.container_cpus(&db, &db_id).unwrap()).unwrap();
+        assert_eq!(exclusive.len(), 2);
+        assert_eq!(node.container_cpus(&shared_pod, &web).unwrap(), before);
+        assert!(controller.metrics.writes_held_back > 0);
+
+        // Once no cgroup has arrived for a moment, the held-back writes are made.
+        let due = controller.next_retry().expect("a flush is scheduled");
+        assert!(due <= now + COALESCE_QUIET);
+        assert!(controller.retry_settings(due));
+        controller.pass(due);
+        let shared = CpuSet::parse(&node.container_cpus(&shared_pod, &web).unwrap()).unwrap();
+        assert!(
+            shared.is_disjoint(&exclusive),
+            "{shared} overlaps {exclusive}"
+        );
+        assert!(shared.is_disjoint(&pinned));
+        assert_eq!(shared, shared_before.difference(&exclusive));
+        assert!(controller.next_retry().is_none());
     }
 
     #[test]

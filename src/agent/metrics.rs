@@ -62,6 +62,8 @@ pub struct Metrics {
     pub passes: u64,
     /// Reconciles that found nothing to do and ran no pass.
     pub skipped_passes: u64,
+    /// Planned writes a pass held back while new cgroups arrived (made by a later pass).
+    pub writes_held_back: u64,
     /// Reconcile ticks that only compared each cgroup's `cpuset.cpus` (a quiet node).
     pub quiet_reconciles: u64,
     /// Cgroup writes issued (accepted or failed), for the burst figure's writes issued ÷
@@ -165,6 +167,12 @@ impl Metrics {
             "counter",
             "Reconciles whose scan showed no change, so no pass ran.",
             &plain(self.skipped_passes),
+        );
+        metric(
+            "cpusetd_cgroup_writes_held_back_total",
+            "counter",
+            "Planned writes held back while new cgroups arrived (the shared pool's rewrites, made by a later pass).",
+            &plain(self.writes_held_back),
         );
         metric(
             "cpusetd_quiet_reconciles_total",

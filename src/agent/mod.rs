@@ -112,6 +112,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     let watcher = Watcher::new(WatchRoot::of_layout(&layout)).map_err(AgentError::Watcher)?;
 
     let mut controller = Controller::new(parts);
+    controller.watch_arrivals(watcher.arrivals());
     let started = Instant::now();
     controller.full_scan().map_err(AgentError::FirstScan)?;
     let outcome = controller.pass(Instant::now());

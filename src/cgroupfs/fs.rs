@@ -430,6 +430,16 @@ impl CgroupFs {
         self.list_in(dir, cgroup)
     }
 
+    /// How many subdirectories (child cgroups) a cgroup directory has, from its link count:
+    /// cgroupfs (kernfs), tmpfs and ext4 keep it at 2 + subdirectories. `None` where the
+    /// filesystem does not count them (a link count below 2, as on btrfs) or the directory
+    /// cannot be opened. Two system calls instead of listing the directory.
+    pub fn subdir_count(&self, cgroup: &CgroupPath) -> Option<usize> {
+        let fd = self.walk(cgroup).ok()?;
+        let st = fstat(&fd).ok()?;
+        (st.st_nlink >= 2).then(|| (st.st_nlink - 2) as usize)
+    }
+
     /// Opens a cgroup directory, refusing symlinks and non-directories on the way.
     pub(crate) fn open_dir(&self, cgroup: &CgroupPath) -> Result<OwnedFd, CgroupError> {
         self.walk(cgroup).map_err(|e| match e {

@@ -311,6 +311,40 @@ mod tests {
     }
 
     proptest! {
+        /// The writer's schedule (urgent writes and what they depend on first, then the rest)
+        /// keeps every write valid, and so does stopping after the urgent ones or anywhere
+        /// after them.
+        #[test]
+        fn urgent_writes_first_keep_children_within_parents(
+            nodes in arb_tree(),
+            urgent_bits in any::<u64>(),
+        ) {
+            use crate::cgroupfs::InterfaceFile;
+            let writes = order_writes(&nodes);
+            let keys: Vec<(usize, InterfaceFile)> =
+                writes.iter().map(|w| (w.node, InterfaceFile::CpusetCpus)).collect();
+            let parents: Vec<Option<usize>> = nodes.iter().map(|n| n.parent).collect();
+            let urgent: Vec<bool> = (0..writes.len()).map(|i| urgent_bits & (1 << (i % 64)) != 0).collect();
+            let (order, count) = crate::writer::schedule_order(&keys, &parents, Some(&urgent));
+            prop_assert_eq!(order.len(), writes.len());
+            for (i, &u) in urgent.iter().enumerate() {
+                if u {
+                    prop_assert!(order[..count].contains(&i));
+                }
+            }
+            let mut checker = NestingChecker::new(&nodes);
+            for &index in &order {
+                let w = &writes[index];
+                if let Err(e) = checker.write(w.node, &w.value) {
+                    return Err(TestCaseError::fail(format!("{e} in {order:?} (urgent {count})")));
+                }
+            }
+            for (i, n) in nodes.iter().enumerate() {
+                let expect = if n.desired.is_empty() { &n.current } else { &n.desired };
+                prop_assert_eq!(checker.value(i), expect);
+            }
+        }
+
         #[test]
         fn every_single_write_keeps_children_within_parents(nodes in arb_tree()) {
             let writes = order_writes(&nodes);
