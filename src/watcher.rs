@@ -1302,6 +1302,15 @@ impl Drop for WatcherHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_is_small_the_agent_queues_16384_of_them() {
+        assert!(
+            std::mem::size_of::<TreeEvent>() <= 32,
+            "{}",
+            std::mem::size_of::<TreeEvent>()
+        );
+    }
     use std::fs;
     use std::hash::{BuildHasherDefault, Hasher};
 

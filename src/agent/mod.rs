@@ -47,8 +47,11 @@ enum ReconcileTick {
     Unchanged { started: Instant },
 }
 
-/// Capacity of the watcher → controller channel.
-const EVENT_QUEUE: usize = 4096;
+/// Capacity of the watcher → controller channel: as many events as the kernel's default
+/// inotify queue (`max_queued_events`). A pass that rewrites the shared pool on a full node
+/// makes thousands of writes, each echoed by an `IN_MODIFY`; a smaller channel overflowed into
+/// a full rescan. (The buffer is allocated up front: 16,384 × 32-byte events, 512 KiB.)
+const EVENT_QUEUE: usize = 16384;
 
 /// Everything `run` needs, built by the command line.
 #[derive(Debug)]
@@ -202,9 +205,18 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             default(wake) => {}
         }
         let now = Instant::now();
-        if controller.next_retry().is_some_and(|t| t <= now) && controller.retry_settings(now) {
-            let outcome = controller.pass(now);
-            persist.save(&controller, outcome.assignments_changed);
+        if controller.next_retry().is_some_and(|t| t <= now) {
+            // Whatever is queued goes into the model first (echoes of the last pass's writes
+            // among it), so the pass plans from the tree as it is.
+            let mut changed = false;
+            while let Ok(event) = event_rx.try_recv() {
+                changed |= apply(&mut controller, event, now);
+            }
+            changed |= controller.retry_settings(now);
+            if changed {
+                let outcome = controller.pass(now);
+                persist.save(&controller, outcome.assignments_changed);
+            }
         }
         if let (Some(interval), Some(due)) = (watchdog, next_ping) {
             if due <= now {
