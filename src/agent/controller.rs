@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use crate::allocator::StaticPolicy;
 use crate::cgroupfs::{
-    CgroupError, CgroupPath, CgroupVersion, Hierarchy, Scan, ScannedCgroup, Scanner,
+    CgroupError, CgroupPath, CgroupVersion, Hierarchy, InterfaceFile, Scan, ScannedCgroup, Scanner,
 };
 use crate::classify::{
     classify, classify_scan_one, config_matches_cgroup, CgroupKind, CgroupNaming, Classification,
@@ -168,6 +168,9 @@ pub struct Controller {
     arrivals: Option<Arc<AtomicU64>>,
     /// When the last cgroup new to the model was seen.
     last_new_cgroup: Option<Instant>,
+    /// The model changed since the last pass in more than drifted `cpuset.cpus` values of
+    /// cgroups that pass planned (which [`Controller::pass`] writes back without planning).
+    structural: bool,
     /// Since when planned writes are held back, and when to make them.
     held_since: Option<Instant>,
     flush_at: Option<Instant>,
@@ -199,6 +202,7 @@ impl Controller {
             last_pass_settled: false,
             arrivals: None,
             last_new_cgroup: None,
+            structural: true,
             held_since: None,
             flush_at: None,
             last_plan: None,
@@ -408,6 +412,24 @@ impl Controller {
     /// tracked for the event-to-pin latency from `now`.
     fn upsert(&mut self, cgroup: ScannedCgroup, now: Instant) -> bool {
         let path = cgroup.path.clone();
+        let pure_drift = self.model.get(&path).is_some_and(|e| {
+            e.cgroup.relative == cgroup.relative
+                && e.cgroup.cpu == cgroup.cpu
+                && e.cgroup.mems == cgroup.mems
+        }) && self.last_desired.get(&path).is_some_and(|desired| {
+            cgroup
+                .cpus
+                .configured()
+                .is_some_and(|now| now != desired && !now.is_empty())
+        });
+        if !pure_drift
+            && !self
+                .model
+                .get(&path)
+                .is_some_and(|e| e.cgroup.same_settings(&cgroup))
+        {
+            self.structural = true;
+        }
         match self.model.get_mut(&path) {
             Some(entry) if entry.cgroup.same_settings(&cgroup) => {
                 // Keep the kernel's latest derived values; nothing to plan.
@@ -488,6 +510,7 @@ impl Controller {
 
     fn forget(&mut self, path: &CgroupPath) {
         self.bump();
+        self.structural = true;
         if let Some(id) = self
             .model
             .remove(path)
@@ -517,6 +540,10 @@ impl Controller {
     /// On cgroup v1 a cgroup whose children are being set up by their runtime is narrowed by a
     /// pass a moment later (see [`NewChildren::LetThemSettle`]).
     pub fn pass(&mut self, now: Instant) -> PassOutcome {
+        if let Some(outcome) = self.repair_drift() {
+            return outcome;
+        }
+        self.structural = false;
         let mut outcome = PassOutcome::default();
         for replan in 1..=MAX_REPLANS {
             let (this, follow_up) = self.pass_once(now);
@@ -548,6 +575,47 @@ impl Controller {
             }
         }
         outcome
+    }
+
+    /// Drift repair without planning: when the only change since a pass that wrote all it
+    /// planned is foreign `cpuset.cpus` values in cgroups it planned, the plan is unchanged
+    /// (it does not depend on those values), and they get its values back: parents first (a
+    /// foreign narrowing of a parent took its children along). `None`: plan instead (also
+    /// when a write fails: the pass sorts it out).
+    fn repair_drift(&mut self) -> Option<PassOutcome> {
+        if self.structural
+            || self.drifted.is_empty()
+            || !self.last_pass_settled
+            || self.held_since.is_some()
+            || !self.settling.is_empty()
+        {
+            return None;
+        }
+        let mut paths: Vec<CgroupPath> = self.drifted.iter().cloned().collect();
+        paths.sort_by_key(|p| p.components().count());
+        let mut outcome = PassOutcome::default();
+        for path in paths {
+            let desired = self.last_desired.get(&path)?.to_string();
+            let written =
+                self.parts
+                    .hierarchy
+                    .cpuset
+                    .write(&path, InterfaceFile::CpusetCpus, &desired);
+            self.metrics.writes_issued += 1;
+            if written.is_err() {
+                return None;
+            }
+            outcome.writes += 1;
+            self.metrics.drift_repairs += 1;
+            self.drifted.remove(&path);
+            if let Some(entry) = self.model.get_mut(&path) {
+                entry
+                    .cgroup
+                    .assume_written(InterfaceFile::CpusetCpus, &desired);
+            }
+            self.bump();
+        }
+        Some(outcome)
     }
 
     /// Reads a subtree again into the model.
@@ -1069,10 +1137,13 @@ mod tests {
         fs::write(node.file(&container.to_string(), "cpuset.cpus"), "0-7\n").unwrap();
         let foreign = controller.apply_event(modified(&container, InterfaceFile::CpusetCpus), now);
         assert!(foreign.unwrap());
+        let passes = controller.metrics.passes;
         let outcome = controller.pass(Instant::now());
-        assert!(outcome.writes >= 1);
+        assert_eq!(outcome.writes, 1);
         assert_eq!(cpus(&node, &container), pinned);
         assert_eq!(controller.metrics.drift_repairs, 1);
+        // Nothing but the drift changed: written back without planning.
+        assert_eq!(controller.metrics.passes, passes);
         // And its echo changes nothing again.
         let echo = controller.apply_event(modified(&container, InterfaceFile::CpusetCpus), now);
         assert!(!echo.unwrap());
