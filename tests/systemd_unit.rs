@@ -75,7 +75,7 @@ fn the_unit_starts_the_agent_with_the_env_file_flags() {
         .args(["--proc-root", sysfs.join("proc").to_str().unwrap()])
         .args(["--runtime-config-path", &node.runtime_template()])
         .env("NOTIFY_SOCKET", &notify_path)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -96,11 +96,19 @@ fn the_unit_starts_the_agent_with_the_env_file_flags() {
     let deadline = Instant::now() + Duration::from_secs(10);
     // --reserved-cpus 0 from the env file: the first free whole core of socket 0 is 1,9.
     while node.container_cpus(&pod, &ids[0]).unwrap() != "1,9" {
-        assert!(
-            Instant::now() < deadline,
-            "not pinned: {}",
-            node.container_cpus(&pod, &ids[0]).unwrap()
-        );
+        if Instant::now() >= deadline {
+            // Stop the agent (a failed test must not leave it running) and show its log.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(agent.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let out = agent.wait_with_output().unwrap();
+            panic!(
+                "not pinned: {}; agent log:\n{}",
+                node.container_cpus(&pod, &ids[0]).unwrap(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
     // STATUS follows the pass.
