@@ -1667,9 +1667,9 @@ mod tests {
         let garbage = CpuSettings::V2 {
             max: FileValue::Invalid {
                 text: "garbage".into(),
-                error: ValueError::NotANumber {
+                error: Box::new(ValueError::NotANumber {
                     text: "garbage".into(),
-                },
+                }),
             },
             weight: FileValue::Missing,
         };
@@ -1683,7 +1683,7 @@ mod tests {
         let negative = CpuSettings::V1 {
             shares: FileValue::Invalid {
                 text: "-5".into(),
-                error: ValueError::NotANumber { text: "-5".into() },
+                error: Box::new(ValueError::NotANumber { text: "-5".into() }),
             },
             cfs_quota: FileValue::Value(Quota::Micros(200_000)),
             cfs_period_us: FileValue::Value(100_000),

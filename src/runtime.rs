@@ -169,6 +169,32 @@ pub struct RuntimeInfo {
 }
 
 impl RuntimeInfo {
+    /// Only what classification reads: the CPU request and the annotations of [`keys`] and
+    /// `cpusetd.io/` (an OCI config carries dozens more; the agent caches one per container).
+    pub fn trimmed(mut self) -> RuntimeInfo {
+        fn wanted(key: &str) -> bool {
+            key.starts_with("cpusetd.io/")
+                || [
+                    keys::CRI_CONTAINER_TYPE,
+                    keys::CRI_CONTAINER_NAME,
+                    keys::CRI_SANDBOX_UID,
+                    keys::CRIO_CONTAINER_TYPE,
+                    keys::KUBE_CONTAINER_NAME,
+                    keys::KUBE_POD_UID,
+                ]
+                .contains(&key)
+        }
+        for map in [
+            &mut self.annotations,
+            &mut self.crio_annotations,
+            &mut self.crio_labels,
+        ] {
+            map.retain(|key, _| wanted(key));
+        }
+        self.ignored = Vec::new();
+        self
+    }
+
     /// An annotation from the top level, else from CRI-O's encoded annotations, else from its
     /// encoded labels.
     pub fn annotation(&self, key: &str) -> Option<&str> {
@@ -406,6 +432,43 @@ pub fn load_config(path: &Path) -> Result<Option<RuntimeInfo>, RuntimeError> {
         })
 }
 
+/// A cached runtime config: [`RuntimeInfo::trimmed`], held in flat lists (a B-tree map's
+/// first node alone takes about half a KiB, and the agent keeps one per container).
+#[derive(Debug, Clone)]
+struct CachedInfo {
+    annotations: Box<[(String, String)]>,
+    crio_annotations: Box<[(String, String)]>,
+    crio_labels: Box<[(String, String)]>,
+    cpu: OciCpu,
+}
+
+impl CachedInfo {
+    fn of(info: &RuntimeInfo) -> CachedInfo {
+        let flat = |map: &BTreeMap<String, String>| {
+            map.iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<Box<[_]>>()
+        };
+        CachedInfo {
+            annotations: flat(&info.annotations),
+            crio_annotations: flat(&info.crio_annotations),
+            crio_labels: flat(&info.crio_labels),
+            cpu: info.cpu,
+        }
+    }
+
+    fn info(&self) -> RuntimeInfo {
+        let map = |flat: &[(String, String)]| flat.iter().cloned().collect();
+        RuntimeInfo {
+            annotations: map(&self.annotations),
+            crio_annotations: map(&self.crio_annotations),
+            crio_labels: map(&self.crio_labels),
+            cpu: self.cpu,
+            ignored: Vec::new(),
+        }
+    }
+}
+
 /// Finds and caches containers' runtime info through the configured templates.
 ///
 /// A container's config does not change while it runs, so a parsed config is cached by id, and
@@ -414,7 +477,7 @@ pub fn load_config(path: &Path) -> Result<Option<RuntimeInfo>, RuntimeError> {
 #[derive(Debug)]
 pub struct RuntimeLookup {
     templates: Vec<ConfigTemplate>,
-    cache: HashMap<String, Option<RuntimeInfo>>,
+    cache: HashMap<String, Option<CachedInfo>>,
 }
 
 impl RuntimeLookup {
@@ -432,7 +495,7 @@ impl RuntimeLookup {
     /// The runtime info of a container, from the first template whose file exists and parses.
     pub fn lookup(&mut self, container_id: &str) -> Option<RuntimeInfo> {
         if let Some(cached) = self.cache.get(container_id) {
-            return cached.clone();
+            return cached.as_ref().map(CachedInfo::info);
         }
         let mut found_unusable = false;
         for template in &self.templates {
@@ -448,8 +511,9 @@ impl RuntimeLookup {
                     for what in &info.ignored {
                         log::warn!("{}: ignored: {what}", path.display());
                     }
+                    let info = info.trimmed();
                     self.cache
-                        .insert(container_id.to_string(), Some(info.clone()));
+                        .insert(container_id.to_string(), Some(CachedInfo::of(&info)));
                     return Some(info);
                 }
                 Ok(None) => {}
@@ -631,6 +695,42 @@ mod tests {
                 .ends_with("bad.json is not a JSON OCI config"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_cache_keeps_what_classification_reads_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let template = format!("{}/{{id}}.json", dir.path().display());
+        std::fs::write(
+            dir.path().join("c1.json"),
+            r#"{"annotations": {
+                "io.kubernetes.cri.container-type": "container",
+                "io.kubernetes.cri.container-name": "app",
+                "io.kubernetes.cri.sandbox-uid": "u1",
+                "io.kubernetes.cri.image-name": "registry.example/app:1",
+                "io.kubernetes.cri.sandbox-namespace": "default",
+                "cpusetd.io/exclusive.app": "false"
+            },
+            "linux": {"resources": {"cpu": {"shares": 2048, "quota": 200000, "period": 100000}}}}"#,
+        )
+        .unwrap();
+        let mut lookup = RuntimeLookup::new(vec![ConfigTemplate::new(&template).unwrap()]);
+        let first = lookup.lookup("c1").unwrap();
+        let keys: Vec<&str> = first.annotations.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "cpusetd.io/exclusive.app",
+                "io.kubernetes.cri.container-name",
+                "io.kubernetes.cri.container-type",
+                "io.kubernetes.cri.sandbox-uid",
+            ]
+        );
+        let cached = lookup.lookup("c1").unwrap();
+        assert_eq!(cached.annotations, first.annotations);
+        assert_eq!(cached.cpu, first.cpu);
+        assert_eq!(cached.container_name(), Some("app"));
+        assert_eq!(cached.annotation("cpusetd.io/exclusive.app"), Some("false"));
     }
 
     #[test]

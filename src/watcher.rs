@@ -1305,11 +1305,7 @@ mod tests {
 
     #[test]
     fn an_event_is_small_the_agent_queues_16384_of_them() {
-        assert!(
-            std::mem::size_of::<TreeEvent>() <= 32,
-            "{}",
-            std::mem::size_of::<TreeEvent>()
-        );
+        assert!(size_of::<TreeEvent>() <= 32, "{}", size_of::<TreeEvent>());
     }
     use std::fs;
     use std::hash::{BuildHasherDefault, Hasher};

@@ -241,9 +241,9 @@ fn file_value<T>(
         0 => FileValue::Missing,
         1 => FileValue::Invalid {
             text: u.arbitrary()?,
-            error: ValueError::NotANumber {
+            error: Box::new(ValueError::NotANumber {
                 text: String::new(),
-            },
+            }),
         },
         2 => FileValue::Unreadable {
             error: u.arbitrary()?,

@@ -105,6 +105,11 @@ struct ModelEntry {
     /// The classification of `cgroup`, kept while its path and CPU settings stay the same and
     /// the runtime's config was found (or is not needed). `None`: classify in the next pass.
     class: Option<Classification>,
+    /// The cpus the last pass wanted here, for drift detection and pin latency.
+    desired: Option<CpuSet>,
+    /// Its cpuset has been seen set up: empty later means a foreign write (drift), not a
+    /// runtime still at work.
+    initialised: bool,
 }
 
 /// What the controller needs to run, besides its channels.
@@ -136,9 +141,8 @@ pub struct PassOutcome {
 #[derive(Debug)]
 pub struct Controller {
     parts: ControllerParts,
-    model: BTreeMap<CgroupPath, ModelEntry>,
-    /// The cpus each cgroup should have after the last pass, for drift detection.
-    last_desired: HashMap<CgroupPath, CpuSet>,
+    /// Boxed: B-tree nodes hold eleven slots, mostly half empty, and an entry is large.
+    model: BTreeMap<CgroupPath, Box<ModelEntry>>,
     /// Cgroups with a foreign change seen since the last pass.
     drifted: HashSet<CgroupPath>,
     /// New cgroups and when they were seen, until their cpuset is final.
@@ -155,9 +159,6 @@ pub struct Controller {
     settled: HashSet<String>,
     /// Containers (by id) classified from their cgroup because they were resized.
     resized: HashSet<String>,
-    /// Cgroups whose cpuset has been seen set up: empty later means a foreign write (drift),
-    /// not a runtime still at work.
-    seen_initialised: HashSet<CgroupPath>,
     /// Cgroups first seen with an empty cpuset, and when: left to their runtime for
     /// [`RUNTIME_SETUP_LIMIT`] at most.
     empty_since: HashMap<CgroupPath, Instant>,
@@ -187,7 +188,6 @@ impl Controller {
         Controller {
             parts,
             model: BTreeMap::new(),
-            last_desired: HashMap::new(),
             drifted: HashSet::new(),
             pending_pins: HashMap::new(),
             settings_wait: HashMap::new(),
@@ -197,7 +197,6 @@ impl Controller {
             settle_tries: 0,
             settled: HashSet::new(),
             resized: HashSet::new(),
-            seen_initialised: HashSet::new(),
             empty_since: HashMap::new(),
             last_pass_settled: false,
             arrivals: None,
@@ -416,7 +415,7 @@ impl Controller {
             e.cgroup.relative == cgroup.relative
                 && e.cgroup.cpu == cgroup.cpu
                 && e.cgroup.mems == cgroup.mems
-        }) && self.last_desired.get(&path).is_some_and(|desired| {
+        }) && self.desired(&path).is_some_and(|desired| {
             cgroup
                 .cpus
                 .configured()
@@ -443,9 +442,7 @@ impl Controller {
             }
             None => {}
         }
-        if let (Some(desired), Some(now_cpus)) =
-            (self.last_desired.get(&path), cgroup.cpus.configured())
-        {
+        if let (Some(desired), Some(now_cpus)) = (self.desired(&path), cgroup.cpus.configured()) {
             if desired != now_cpus {
                 self.drifted.insert(path.clone());
             }
@@ -458,19 +455,32 @@ impl Controller {
     /// settings did not change (a cpuset write does not change how it is classified).
     fn set_entry(&mut self, path: CgroupPath, cgroup: ScannedCgroup, now: Instant) {
         self.bump();
-        let class = self
-            .model
-            .get(&path)
-            .filter(|e| e.cgroup.cpu == cgroup.cpu && e.cgroup.relative == cgroup.relative)
-            .and_then(|e| e.class.clone());
-        self.model.insert(
-            path,
-            ModelEntry {
-                cgroup,
-                updated: now,
-                class,
-            },
-        );
+        match self.model.get_mut(&path) {
+            Some(entry) => {
+                if entry.cgroup.cpu != cgroup.cpu || entry.cgroup.relative != cgroup.relative {
+                    entry.class = None;
+                }
+                entry.cgroup = cgroup;
+                entry.updated = now;
+            }
+            None => {
+                self.model.insert(
+                    path,
+                    Box::new(ModelEntry {
+                        cgroup,
+                        updated: now,
+                        class: None,
+                        desired: None,
+                        initialised: false,
+                    }),
+                );
+            }
+        }
+    }
+
+    /// The cpus the last pass wanted for `path`.
+    fn desired(&self, path: &CgroupPath) -> Option<&CpuSet> {
+        self.model.get(path).and_then(|e| e.desired.as_ref())
     }
 
     fn remove_subtree(&mut self, root: &CgroupPath) -> bool {
@@ -489,17 +499,23 @@ impl Controller {
     /// Per scanned cgroup: whether an empty cpuset there is drift rather than a runtime still
     /// setting it up (it was seen set up before, or has been empty for too long).
     fn initialised(&mut self, scan: &Scan, now: Instant) -> Vec<bool> {
+        let model = &mut self.model;
         scan.cgroups
             .iter()
             .map(|c| {
                 let empty = c.cpus.value().is_some_and(|v| v.is_empty())
                     || c.mems.value().is_some_and(|v| v.is_empty());
+                let entry = model.get_mut(&c.path);
                 if !empty {
-                    self.seen_initialised.insert(c.path.clone());
-                    self.empty_since.remove(&c.path);
+                    if let Some(entry) = entry {
+                        entry.initialised = true;
+                    }
+                    if !self.empty_since.is_empty() {
+                        self.empty_since.remove(&c.path);
+                    }
                     return true;
                 }
-                if self.seen_initialised.contains(&c.path) {
+                if entry.is_some_and(|e| e.initialised) {
                     return true;
                 }
                 let since = *self.empty_since.entry(c.path.clone()).or_insert(now);
@@ -521,12 +537,10 @@ impl Controller {
             self.settled.remove(&id);
             self.resized.remove(&id);
         }
-        self.seen_initialised.remove(path);
         self.empty_since.remove(path);
         self.parts.quota_lifted.remove(path);
         self.pending_pins.remove(path);
         self.settings_wait.remove(path);
-        self.last_desired.remove(path);
         self.drifted.remove(path);
     }
 
@@ -595,7 +609,7 @@ impl Controller {
         paths.sort_by_key(|p| p.components().count());
         let mut outcome = PassOutcome::default();
         for path in paths {
-            let desired = self.last_desired.get(&path)?.to_string();
+            let desired = self.desired(&path)?.to_string();
             let written =
                 self.parts
                     .hierarchy
@@ -747,10 +761,11 @@ impl Controller {
         }
 
         // Desired sets, for drift detection and pin latency.
-        self.last_desired.clear();
         for (cgroup, desired) in scan.cgroups.iter().zip(&planned.desired) {
-            if let Some(cpus) = &desired.cpus {
-                self.last_desired.insert(cgroup.path.clone(), cpus.clone());
+            if let Some(entry) = self.model.get_mut(&cgroup.path) {
+                if entry.desired != desired.cpus {
+                    entry.desired.clone_from(&desired.cpus);
+                }
             }
         }
         // The model takes what was written. Each write comes back from the watcher as an
@@ -811,6 +826,9 @@ impl Controller {
             settling: paths(&report.settling),
             vanished,
         };
+        // Kept for `status` (pools, desired sets, events); its writes are done with.
+        let mut planned = planned;
+        planned.writes = Vec::new();
         self.last_plan = Some(planned);
         self.last_classes = classes;
         (outcome, follow_up)
@@ -996,7 +1014,7 @@ impl Controller {
                 .model
                 .get(&cgroup.path)
                 .and_then(|e| e.cgroup.cpus.configured());
-            if current.is_some() && current == self.last_desired.get(&cgroup.path) {
+            if current.is_some() && current == self.desired(&cgroup.path) {
                 self.metrics
                     .event_to_pin
                     .record(pinned_at(index).saturating_duration_since(seen));

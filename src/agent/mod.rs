@@ -130,6 +130,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     );
     let mut persist = Persist::start(state_dir, options, metrics_file);
     persist.save_now(&controller);
+    release_free_memory();
     notify(&[sd_notify::NotifyState::Ready]);
     notify_status(&controller);
 
@@ -247,6 +248,7 @@ fn apply(controller: &mut Controller, event: TreeEvent, now: Instant) -> bool {
 fn reconcile(controller: &mut Controller, persist: &mut Persist, scan: ReconcileScan) {
     let started = scan.started;
     controller.reconcile(scan, Instant::now());
+    release_free_memory();
     controller.metrics.reconcile_duration = Some(started.elapsed());
     controller.metrics.last_reconcile = Some(SystemTime::now());
     persist.save(controller, true);
@@ -589,3 +591,20 @@ fn notify_status(controller: &Controller) {
         format!("{containers} containers, {exclusive} with exclusive cpus, shared pool {shared}");
     notify(&[sd_notify::NotifyState::Status(&status)]);
 }
+
+/// Gives the heap's free pages back to the kernel. glibc keeps what a full scan and the first
+/// pass freed (the model's copies, the plan's writes, the scan itself) mapped, so the agent's
+/// resident memory stayed at its start-up peak: about 80 MiB with 10,000 containers against
+/// the ~16 MiB it holds. Called after the first pass and after each full reconcile.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn release_free_memory() {
+    // SAFETY: `malloc_trim` has no preconditions: it only walks glibc's own free lists and
+    // `madvise`s free pages away; no pointer the program holds is touched.
+    unsafe {
+        nix::libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn release_free_memory() {}

@@ -38,7 +38,8 @@ pub enum FileValue<T> {
     /// The file holds text that is not a valid value; kept as found.
     Invalid {
         text: String,
-        error: ValueError,
+        /// Boxed: a scan holds six values per cgroup, nearly always valid.
+        error: Box<ValueError>,
     },
     /// The file exists but could not be read (permission, a symlink or FIFO in its place...).
     Unreadable {
@@ -608,7 +609,10 @@ impl Scanner {
                     if self.problems.first_time(format!("{path:?}/{file}={text}")) {
                         log::warn!("cg={path} {file}: {error}; treated as unknown");
                     }
-                    FileValue::Invalid { text, error }
+                    FileValue::Invalid {
+                        text,
+                        error: Box::new(error),
+                    }
                 }
             },
             Err(err) if err.is_gone() => FileValue::Missing,
