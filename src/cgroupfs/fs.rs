@@ -500,25 +500,36 @@ impl CgroupFs {
         self.read_fd(fd, cgroup, file)
     }
 
-    /// Reads an opened interface file, bounded, trimmed.
+    /// Reads an opened interface file, bounded, trimmed. Interface files are small: one
+    /// `read(2)` that comes back short of the buffer has read it all (a short read of a regular
+    /// file is its end), so a value costs one read, not a second one to see the end.
     fn read_fd(
         &self,
         fd: OwnedFd,
         cgroup: &CgroupPath,
         file: InterfaceFile,
     ) -> Result<String, CgroupError> {
-        let path = self.file_path(cgroup, file);
-        let mut bytes = Vec::with_capacity(256);
-        File::from(fd)
-            .take(MAX_READ_BYTES as u64 + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|source| CgroupError::Read {
-                path: path.clone(),
-                source,
-            })?;
+        let read_error = |source| CgroupError::Read {
+            path: self.file_path(cgroup, file),
+            source,
+        };
+        let mut buf = [0u8; 4096];
+        let n = loop {
+            match nix::unistd::read(&fd, &mut buf) {
+                Err(Errno::EINTR) => continue,
+                other => break other.map_err(|errno| read_error(io::Error::from(errno)))?,
+            }
+        };
+        let mut bytes = buf[..n].to_vec();
+        if n == buf.len() {
+            File::from(fd)
+                .take((MAX_READ_BYTES + 1 - n) as u64)
+                .read_to_end(&mut bytes)
+                .map_err(read_error)?;
+        }
         if bytes.len() > MAX_READ_BYTES {
             return Err(CgroupError::Refused {
-                path,
+                path: self.file_path(cgroup, file),
                 value: None,
                 reason: Refusal::TooLarge {
                     limit: MAX_READ_BYTES,
