@@ -85,13 +85,15 @@ fn main() {
     }
 
     // The agent's own work per container, without inotify or scheduling: the controller
-    // handles the pod's `Created` event and runs its pass, in process.
+    // handles the pod's `Created` event and runs its pass, in process, with the agent's write
+    // schedule (pins first; the shared pool's rewrites held back while pods keep arriving).
     {
         let machine = FakeMachine::new(TOPOLOGY_256);
         for pod in large_node_pods(110, 0) {
             machine.node.start_pod(&pod).unwrap();
         }
         let mut controller = controller_of(&machine);
+        controller.watch_arrivals(std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0)));
         controller.full_scan().unwrap();
         controller.pass(Instant::now());
         let mut samples = Vec::with_capacity(n);

@@ -11,6 +11,7 @@ use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Longest directory name the kernel accepts (`NAME_MAX`).
 pub const MAX_NAME_LEN: usize = 255;
@@ -44,14 +45,15 @@ pub enum PathError {
 /// path to a root can never name anything outside that root, whatever the names contain.
 #[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CgroupPath {
-    // Components joined with '/', no leading or trailing '/'.
-    bytes: Vec<u8>,
+    // Components joined with '/', no leading or trailing '/'. Shared: the agent's model, its
+    // scans and plans hold the same paths many times over, and a clone is a count.
+    bytes: Arc<[u8]>,
 }
 
 impl CgroupPath {
     /// The controller root itself.
-    pub const fn root() -> Self {
-        CgroupPath { bytes: Vec::new() }
+    pub fn root() -> Self {
+        CgroupPath::default()
     }
 
     /// Parses a relative path such as `kubepods/burstable`. The empty string is the root.
@@ -79,7 +81,7 @@ impl CgroupPath {
             check_component(component).map_err(|fault| fault.into_error(shown(), component))?;
         }
         Ok(CgroupPath {
-            bytes: bytes.to_vec(),
+            bytes: bytes.into(),
         })
     }
 
@@ -87,19 +89,21 @@ impl CgroupPath {
     pub fn join(&self, name: &OsStr) -> Result<Self, PathError> {
         let name = name.as_bytes();
         check_component(name).map_err(|fault| {
-            let mut whole = self.bytes.clone();
+            let mut whole = self.bytes.to_vec();
             if !whole.is_empty() {
                 whole.push(b'/');
             }
             whole.extend_from_slice(name);
             fault.into_error(String::from_utf8_lossy(&whole).into_owned(), name)
         })?;
-        let mut bytes = self.bytes.clone();
+        let mut bytes = self.bytes.to_vec();
         if !bytes.is_empty() {
             bytes.push(b'/');
         }
         bytes.extend_from_slice(name);
-        Ok(CgroupPath { bytes })
+        Ok(CgroupPath {
+            bytes: bytes.into(),
+        })
     }
 
     /// All of `other`'s components after this path's.
@@ -110,10 +114,12 @@ impl CgroupPath {
         if other.is_root() {
             return self.clone();
         }
-        let mut bytes = self.bytes.clone();
+        let mut bytes = self.bytes.to_vec();
         bytes.push(b'/');
         bytes.extend_from_slice(&other.bytes);
-        CgroupPath { bytes }
+        CgroupPath {
+            bytes: bytes.into(),
+        }
     }
 
     /// The rest of this path below `prefix`, or `None` when `prefix` is not an ancestor (or the
@@ -125,11 +131,9 @@ impl CgroupPath {
         if self.bytes == prefix.bytes {
             return Some(CgroupPath::root());
         }
-        let rest = self.bytes.strip_prefix(prefix.bytes.as_slice())?;
+        let rest = self.bytes.strip_prefix(&*prefix.bytes)?;
         let rest = rest.strip_prefix(b"/")?;
-        Some(CgroupPath {
-            bytes: rest.to_vec(),
-        })
+        Some(CgroupPath { bytes: rest.into() })
     }
 
     /// The path's bytes (`a/b/c`, empty for the root), for system calls.
@@ -164,9 +168,9 @@ impl CgroupPath {
         if self.is_root() {
             return None;
         }
-        let bytes = match self.bytes.iter().rposition(|&b| b == b'/') {
-            Some(slash) => self.bytes[..slash].to_vec(),
-            None => Vec::new(),
+        let bytes: Arc<[u8]> = match self.bytes.iter().rposition(|&b| b == b'/') {
+            Some(slash) => self.bytes[..slash].into(),
+            None => Arc::default(),
         };
         Some(CgroupPath { bytes })
     }
@@ -271,7 +275,7 @@ impl std::str::FromStr for CgroupPath {
 
 impl From<CgroupPath> for OsString {
     fn from(path: CgroupPath) -> OsString {
-        OsString::from_vec(path.bytes)
+        OsString::from_vec(path.bytes.to_vec())
     }
 }
 
