@@ -589,7 +589,14 @@ fn notify_status(controller: &Controller) {
         .unwrap_or_else(|| "-".into());
     let status =
         format!("{containers} containers, {exclusive} with exclusive cpus, shared pool {shared}");
-    notify(&[sd_notify::NotifyState::Status(&status)]);
+    // Only a changed status is sent: `sd_notify` blocks when the receiver's queue is full (ten
+    // datagrams by default), and a pass runs for every batch of events.
+    static LAST: Mutex<String> = Mutex::new(String::new());
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    if *last != status {
+        notify(&[sd_notify::NotifyState::Status(&status)]);
+        *last = status;
+    }
 }
 
 /// Gives the heap's free pages back to the kernel. glibc keeps what a full scan and the first
