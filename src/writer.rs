@@ -144,12 +144,7 @@ pub(crate) fn schedule_order(
     for (index, &key) in writes.iter().enumerate() {
         by_cgroup.entry(key).or_default().push(index);
     }
-    let mut children: HashMap<usize, Vec<usize>> = HashMap::new();
-    for (child, parent) in parents.iter().enumerate() {
-        if let Some(parent) = parent {
-            children.entry(*parent).or_default().push(child);
-        }
-    }
+    let children = children_index(parents);
     let mut marked: Vec<bool> = (0..writes.len())
         .map(|i| urgent.get(i).copied().unwrap_or(false))
         .collect();
@@ -162,7 +157,7 @@ pub(crate) fn schedule_order(
         let (cgroup, file) = writes[k];
         let related = std::iter::once(cgroup)
             .chain(parents.get(cgroup).copied().flatten())
-            .chain(children.get(&cgroup).into_iter().flatten().copied());
+            .chain(children.get(cgroup).into_iter().flatten().copied());
         for related in related {
             for &j in by_cgroup.get(&(related, file)).into_iter().flatten() {
                 if j < k {
@@ -178,6 +173,17 @@ pub(crate) fn schedule_order(
         .chain((0..writes.len()).filter(|&i| !marked[i]))
         .collect();
     (order, count)
+}
+
+/// The children of each scanned cgroup, from the parents' index.
+fn children_index(parents: &[Option<usize>]) -> Vec<Vec<usize>> {
+    let mut index = vec![Vec::new(); parents.len()];
+    for (child, parent) in parents.iter().enumerate() {
+        if let Some(list) = parent.and_then(|p| index.get_mut(p)) {
+            list.push(child);
+        }
+    }
+    index
 }
 
 /// Executes `plan`, made from `scan`, in order. `parents[i]` is the parent of scanned cgroup
@@ -270,15 +276,7 @@ pub fn apply_scheduled(
                 report.skipped += 1;
                 continue;
             }
-            let children = children.get_or_insert_with(|| {
-                let mut index = vec![Vec::new(); parents.len()];
-                for (child, parent) in parents.iter().enumerate() {
-                    if let Some(list) = parent.and_then(|p| index.get_mut(p)) {
-                        list.push(child);
-                    }
-                }
-                index
-            });
+            let children = children.get_or_insert_with(|| children_index(parents));
             let of_this = children.get(write.cgroup).map_or(&[][..], |c| &c[..]);
             let settled = settled_children(scan, of_this, write.file);
             let child = child_in_the_way(

@@ -163,9 +163,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
                 let now = Instant::now();
                 let mut changed = apply(&mut controller, event, now);
                 // Coalesce whatever else is queued into the same pass.
-                while let Ok(event) = event_rx.try_recv() {
-                    changed |= apply(&mut controller, event, now);
-                }
+                changed |= apply_queued(&mut controller, &event_rx, now);
                 if changed {
                     let outcome = controller.pass(now);
                     persist.save(&controller, outcome.assignments_changed);
@@ -209,10 +207,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         if controller.next_retry().is_some_and(|t| t <= now) {
             // Whatever is queued goes into the model first (echoes of the last pass's writes
             // among it), so the pass plans from the tree as it is.
-            let mut changed = false;
-            while let Ok(event) = event_rx.try_recv() {
-                changed |= apply(&mut controller, event, now);
-            }
+            let mut changed = apply_queued(&mut controller, &event_rx, now);
             changed |= controller.retry_settings(now);
             if changed {
                 let outcome = controller.pass(now);
@@ -243,6 +238,15 @@ fn apply(controller: &mut Controller, event: TreeEvent, now: Instant) -> bool {
             false
         }
     }
+}
+
+/// Applies every event already queued; whether the model changed.
+fn apply_queued(controller: &mut Controller, events: &Receiver<TreeEvent>, now: Instant) -> bool {
+    let mut changed = false;
+    while let Ok(event) = events.try_recv() {
+        changed |= apply(controller, event, now);
+    }
+    changed
 }
 
 fn reconcile(controller: &mut Controller, persist: &mut Persist, scan: ReconcileScan) {

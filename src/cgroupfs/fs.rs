@@ -362,20 +362,11 @@ impl CgroupFs {
         let in_place = false;
         // One openat2 of the file where the kernel has it; anything but a plain success takes
         // the path below, which reports what went wrong (and the fake kernel's in-place write).
-        let fast = cgroup
-            .join(std::ffi::OsStr::new(file.name()))
-            .ok()
-            .filter(|_| !in_place)
-            .and_then(|p| {
-                let flags = OFlag::O_WRONLY
-                    | OFlag::O_TRUNC
-                    | OFlag::O_NOFOLLOW
-                    | OFlag::O_NONBLOCK
-                    | OFlag::O_CLOEXEC;
-                open_beneath(&self.root_fd, &p, flags)
-            })
-            .and_then(|r| r.ok())
-            .filter(|fd| fstat(fd).is_ok_and(|st| FileKind::of_stat(&st) == FileKind::RegularFile));
+        let fast = if in_place {
+            None
+        } else {
+            self.open_file_at_once(cgroup, file, OFlag::O_WRONLY | OFlag::O_TRUNC)
+        };
         if let Some(fd) = fast {
             return write_value(fd, &path, value);
         }
@@ -463,19 +454,26 @@ impl CgroupFs {
         cgroup: &CgroupPath,
         file: InterfaceFile,
     ) -> Result<String, CgroupError> {
-        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-        let opened = cgroup
-            .join(std::ffi::OsStr::new(file.name()))
-            .ok()
-            .and_then(|path| open_beneath(&self.root_fd, &path, flags));
-        match opened {
-            Some(Ok(fd))
-                if fstat(&fd).is_ok_and(|st| FileKind::of_stat(&st) == FileKind::RegularFile) =>
-            {
-                self.read_fd(fd, cgroup, file)
-            }
-            _ => self.read(cgroup, file),
+        match self.open_file_at_once(cgroup, file, OFlag::O_RDONLY) {
+            Some(fd) => self.read_fd(fd, cgroup, file),
+            None => self.read(cgroup, file),
         }
+    }
+
+    /// An interface file opened in one `openat2` (see [`open_beneath`]) when that plainly works
+    /// and it is a regular file; `None` otherwise, for the caller's component walk, which says
+    /// what went wrong.
+    fn open_file_at_once(
+        &self,
+        cgroup: &CgroupPath,
+        file: InterfaceFile,
+        mode: OFlag,
+    ) -> Option<OwnedFd> {
+        let flags = mode | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let path = cgroup.join(std::ffi::OsStr::new(file.name())).ok()?;
+        open_beneath(&self.root_fd, &path, flags)?
+            .ok()
+            .filter(|fd| fstat(fd).is_ok_and(|st| FileKind::of_stat(&st) == FileKind::RegularFile))
     }
 
     /// Reads an interface file of the directory `dir` (which is `cgroup`).
