@@ -484,10 +484,13 @@ impl Controller {
     }
 
     fn remove_subtree(&mut self, root: &CgroupPath) -> bool {
+        // Paths order bytewise, so a sibling such as `…/sub-2` sorts between `…/sub` and
+        // `…/sub/x`: walk every path that starts with the root's bytes, keep the descendants.
         let doomed: Vec<CgroupPath> = self
             .model
             .range(root.clone()..)
-            .take_while(|(p, _)| p.strip_prefix(root).is_some())
+            .take_while(|(p, _)| p.as_bytes().starts_with(root.as_bytes()))
+            .filter(|(p, _)| p.strip_prefix(root).is_some())
             .map(|(p, _)| p.clone())
             .collect();
         for path in &doomed {
@@ -1138,6 +1141,42 @@ mod tests {
             cgroup: cgroup.clone(),
             file,
         }
+    }
+
+    #[test]
+    fn a_removed_cgroup_takes_its_whole_subtree_even_past_a_sibling_that_sorts_inside_it() {
+        let (_dir, node, container, mut controller) = converged();
+        // `sub-2` sorts between `sub` and `sub/x` bytewise ('-' < '/').
+        let set = cpus(&node, &container);
+        for rel in ["sub", "sub-2", "sub/x"] {
+            let dir = node.file(&format!("{container}/{rel}"), "cpuset.cpus");
+            fs::create_dir_all(dir.parent().unwrap()).unwrap();
+            for file in ["cpuset.cpus", "cpuset.mems", "cgroup.procs"] {
+                let value = if file == "cpuset.cpus" {
+                    set.as_str()
+                } else {
+                    "0"
+                };
+                fs::write(dir.with_file_name(file), format!("{value}\n")).unwrap();
+            }
+        }
+        controller.full_scan().unwrap();
+        let path = |rel: &str| CgroupPath::new(&format!("{container}/{rel}")).unwrap();
+        assert!(controller.model.contains_key(&path("sub/x")));
+
+        let removed = TreeEvent::Removed {
+            cgroup: path("sub"),
+        };
+        assert!(controller.apply_event(removed, Instant::now()).unwrap());
+        assert!(!controller.model.contains_key(&path("sub")));
+        assert!(
+            !controller.model.contains_key(&path("sub/x")),
+            "a descendant stayed"
+        );
+        assert!(
+            controller.model.contains_key(&path("sub-2")),
+            "a sibling went"
+        );
     }
 
     #[test]
