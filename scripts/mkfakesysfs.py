@@ -98,18 +98,26 @@ def parse_list(text):
     return ids
 
 
-def cmdline_isolated(cmdline):
-    """CPUs named by isolcpus= (leading flag words dropped) and nohz_full= in a command line."""
-    ids = set()
+def cmdline_isolation(cmdline):
+    """(domain-isolated, nohz_full) CPUs of a command line, as the kernel reads them: isolcpus=
+    without flags, or with the `domain` flag, isolates from the scheduler's domains; nohz_full=
+    (and isolcpus=nohz,...) only stops the tick. Only plain lists are used in the fixtures."""
+    domain, nohz = set(), set()
     for token in cmdline.split():
         key, sep, value = token.partition("=")
+        key = key.replace("-", "_")
         if not sep or key not in ("isolcpus", "nohz_full"):
             continue
         items = value.split(",")
+        flags = []
         while items and not items[0][:1].isdigit():
-            items.pop(0)  # flags such as "managed_irq", "domain", "nohz"
-        ids |= parse_list(",".join(items))
-    return ids
+            flags.append(items.pop(0))  # flags such as "managed_irq", "domain", "nohz"
+        ids = parse_list(",".join(items))
+        if key == "nohz_full" or "nohz" in flags:
+            nohz |= ids
+        if key == "isolcpus" and (not flags or "domain" in flags):
+            domain |= ids
+    return domain, nohz
 
 
 def core_groups(desc):
@@ -333,12 +341,17 @@ def expected(m):
             "uncore": core["l3"],
             "cluster": min(cluster_cpus),
         })
-    return {
+    domain, nohz = cmdline_isolation(m["cmdline"])
+    doc = {
         "cpus": cpus,
         "offline": format_list(m["present"] - m["online"]),
-        "isolated": format_list(m["isolated"] | cmdline_isolated(m["cmdline"])),
+        "isolated": format_list(m["isolated"] | domain),
         "memory_nodes": format_list(m["memory_nodes"]),
     }
+    nohz &= m["online"]
+    if nohz:
+        doc["nohz_full"] = format_list(nohz)
+    return doc
 
 
 def is_fixture_dir(path):

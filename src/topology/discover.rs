@@ -1,6 +1,7 @@
 //! Reading a [`Topology`] from a sysfs root and a proc root (DESIGN.md §2).
 //!
-//! Files read, all relative to the sysfs root: `devices/system/cpu/{online,present,isolated}`,
+//! Files read, all relative to the sysfs root: `devices/system/cpu/{online,present,possible,
+//! isolated,nohz_full}`,
 //! per online CPU `cpuN/topology/{physical_package_id,die_id,core_cpus_list|thread_siblings_list,
 //! cluster_cpus_list}` and `cpuN/cache/index*/{level,type,id,shared_cpu_list}`, and
 //! `devices/system/node/{has_memory,nodeM/cpulist}`; from the proc root only `cmdline`.
@@ -34,12 +35,6 @@ pub enum DiscoverError {
         path: PathBuf,
         what: &'static str,
         text: String,
-    },
-    #[error("invalid {param}= on the kernel command line in {path}")]
-    Cmdline {
-        path: PathBuf,
-        param: &'static str,
-        source: ParseError,
     },
     #[error("online cpu {cpu} has no {what} in {path}")]
     Missing {
@@ -83,70 +78,191 @@ pub fn discover(sysfs: &Path, proc: &Path) -> Result<Topology, DiscoverError> {
     let mut isolated =
         read_optional_list(&cpu_dir.join("isolated"), "isolated cpu list")?.unwrap_or_default();
     let cmdline_path = proc.join("cmdline");
+    let last_cpu = match read_optional_list(&cpu_dir.join("possible"), "possible cpu list") {
+        Ok(Some(possible)) if !possible.is_empty() => possible.last().unwrap_or(0),
+        _ => online.union(&offline).last().unwrap_or(0),
+    };
+    let mut nohz_full = read_optional_list(&cpu_dir.join("nohz_full"), "nohz_full cpu list")
+        .ok()
+        .flatten()
+        .unwrap_or_default();
     match fs::read_to_string(&cmdline_path) {
         Ok(text) => {
-            isolated.extend_from(&parse_cmdline_isolated(&text).map_err(|(param, source)| {
-                DiscoverError::Cmdline {
-                    path: cmdline_path.clone(),
-                    param,
-                    source,
-                }
-            })?)
+            let parsed = parse_cmdline(&text, last_cpu);
+            for why in &parsed.ignored {
+                log::warn!(
+                    "{}: {why} (the kernel ignores it too); the cpus it names are not treated \
+                     as isolated",
+                    cmdline_path.display()
+                );
+            }
+            isolated.extend_from(&parsed.domain);
+            nohz_full.extend_from(&parsed.nohz_full);
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(source) => {
-            return Err(DiscoverError::Read {
-                path: cmdline_path,
-                what: "kernel command line",
-                source,
-            })
-        }
+        Err(e) => log::warn!(
+            "cannot read the kernel command line {}: {e}; isolcpus= and nohz_full= are not \
+             known",
+            cmdline_path.display()
+        ),
     }
 
-    Topology::new(cpus, offline, isolated, memory_nodes).map_err(|source| {
+    let topology = Topology::new(cpus, offline, isolated, memory_nodes).map_err(|source| {
         DiscoverError::Inconsistent {
             root: sysfs.to_path_buf(),
             source,
         }
-    })
+    })?;
+    Ok(topology.with_nohz_full(nohz_full))
+}
+/// What the kernel command line says about isolated CPUs, parsed the way the kernel parses it
+/// (`kernel/sched/isolation.c`, `lib/bitmap.c`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CmdlineIsolation {
+    /// CPUs out of the scheduler's load-balancing domains: `isolcpus=` without flags or with
+    /// the `domain` flag. These are what the isolcpus KEP keeps away from pods.
+    pub domain: CpuSet,
+    /// CPUs with the scheduler tick turned off (`nohz_full=`, `isolcpus=nohz,…`): still
+    /// allocatable, and usually the very CPUs meant for pinned pods.
+    pub nohz_full: CpuSet,
+    /// Parameters the kernel itself would have rejected or ignored, said in a sentence each.
+    pub ignored: Vec<String>,
 }
 
-/// The CPUs named by `isolcpus=` and `nohz_full=` on a kernel command line. Flag words before the
-/// list (`isolcpus=managed_irq,domain,2-5`) are skipped. Returns the parameter name and the parse
-/// error for a list that is not a CPU list.
-pub fn parse_cmdline_isolated(cmdline: &str) -> Result<CpuSet, (&'static str, ParseError)> {
-    let mut isolated = CpuSet::new();
+/// Parses `isolcpus=` and `nohz_full=` (also spelt `nohz-full=`: the kernel treats `-` and `_`
+/// in parameter names alike) the way the kernel does. `last_cpu` is the highest possible CPU
+/// id (`N` in a list). A parameter the kernel would ignore (an invalid flag, a list it cannot
+/// parse, a CPU past the last possible one) is ignored here too and reported in `ignored`,
+/// never an error: an optional parameter must not stop the agent.
+pub fn parse_cmdline(cmdline: &str, last_cpu: u32) -> CmdlineIsolation {
+    let mut out = CmdlineIsolation::default();
     for word in cmdline.split_ascii_whitespace() {
         // Everything after a bare `--` goes to init, not the kernel.
         if word == "--" {
             break;
         }
-        for param in ["isolcpus", "nohz_full"] {
-            let Some(value) = word
-                .strip_prefix(param)
-                .and_then(|rest| rest.strip_prefix('='))
-            else {
-                continue;
-            };
-            let list = strip_flag_words(value);
-            let set = CpuSet::parse(list).map_err(|e| (param, e))?;
-            isolated.extend_from(&set);
+        let Some((name, value)) = word.split_once('=') else {
+            continue;
+        };
+        let name = name.replace('-', "_");
+        match name.as_str() {
+            "isolcpus" => match parse_isolcpus(value, last_cpu) {
+                Ok((flags, set)) => {
+                    if flags.domain {
+                        out.domain.extend_from(&set);
+                    }
+                    if flags.nohz {
+                        out.nohz_full.extend_from(&set);
+                    }
+                }
+                Err(why) => out.ignored.push(format!("isolcpus={value} ignored: {why}")),
+            },
+            "nohz_full" => match parse_kernel_cpulist(value, last_cpu) {
+                Ok(set) => out.nohz_full.extend_from(&set),
+                Err(why) => out
+                    .ignored
+                    .push(format!("nohz_full={value} ignored: {why}")),
+            },
+            _ => {}
         }
     }
-    Ok(isolated)
+    out
 }
 
-/// `managed_irq,domain,2-5` → `2-5`. Only the kernel's own flag words are skipped, so a typo
-/// stays in the list and is reported.
-fn strip_flag_words(mut value: &str) -> &str {
-    const FLAGS: [&str; 3] = ["nohz", "domain", "managed_irq"];
-    loop {
-        let (word, rest) = value.split_once(',').unwrap_or((value, ""));
-        if !FLAGS.contains(&word) {
-            return value;
+#[derive(Debug, Default, Clone, Copy)]
+struct IsolcpusFlags {
+    domain: bool,
+    nohz: bool,
+}
+
+/// `isolcpus=[flag,…]list`: known flags (`nohz`, `domain`, `managed_irq`) set what is isolated,
+/// unknown alphabetic flags are skipped, a flag with another character voids the parameter; no
+/// flag at all means `domain` (the kernel's `housekeeping_isolcpus_setup`).
+fn parse_isolcpus(value: &str, last_cpu: u32) -> Result<(IsolcpusFlags, CpuSet), String> {
+    let mut flags = IsolcpusFlags::default();
+    let mut any = false;
+    let mut rest = value;
+    while rest.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        let (word, tail) = rest.split_once(',').unwrap_or((rest, ""));
+        match word {
+            "nohz" => {
+                flags.nohz = true;
+                any = true;
+            }
+            "domain" => {
+                flags.domain = true;
+                any = true;
+            }
+            "managed_irq" => any = true,
+            // The kernel matches `flag,` only: a flag word with nothing after it is the list,
+            // and `N` alone is a list too.
+            _ if tail.is_empty() && !rest.contains(',') => break,
+            _ if !word.chars().all(|c| c.is_ascii_alphabetic() || c == '_') => {
+                return Err(format!("invalid flag {word:?}"));
+            }
+            _ => {}
         }
-        value = rest;
+        rest = tail;
     }
+    if !any {
+        flags.domain = true;
+    }
+    Ok((flags, parse_kernel_cpulist(rest, last_cpu)?))
+}
+
+/// The kernel's cpu-list grammar (`bitmap_parselist`): comma-separated regions `a`, `a-b` or
+/// `a-b:used/group`, where `N` is the last CPU; empty regions (`2-3,`) are allowed. A CPU past
+/// `last_cpu` makes the whole list invalid, as it does for the kernel.
+pub fn parse_kernel_cpulist(text: &str, last_cpu: u32) -> Result<CpuSet, String> {
+    let number = |t: &str| -> Result<u32, String> {
+        if t == "N" {
+            return Ok(last_cpu);
+        }
+        let n: u32 = t
+            .parse()
+            .map_err(|_| format!("{t:?} is not a cpu number"))?;
+        if n > last_cpu {
+            return Err(format!("cpu {n} is past the last cpu {last_cpu}"));
+        }
+        Ok(n)
+    };
+    let mut set = CpuSet::new();
+    for region in text.split(',').map(str::trim).filter(|r| !r.is_empty()) {
+        let (range, group) = match region.split_once(':') {
+            Some((range, group)) => (range, Some(group)),
+            None => (region, None),
+        };
+        let (start, end) = match range.split_once('-') {
+            Some((a, b)) => (number(a)?, number(b)?),
+            None => {
+                let n = number(range)?;
+                (n, n)
+            }
+        };
+        if start > end {
+            return Err(format!("{region:?}: the range runs backwards"));
+        }
+        let (used, size) = match group {
+            None => (1, 1),
+            Some(g) => {
+                let (u, s) = g
+                    .split_once('/')
+                    .ok_or_else(|| format!("{region:?}: a group is used/size"))?;
+                let used: u32 = u.parse().map_err(|_| format!("{region:?}: bad group"))?;
+                let size: u32 = s.parse().map_err(|_| format!("{region:?}: bad group"))?;
+                if used == 0 || size == 0 || used > size {
+                    return Err(format!("{region:?}: bad group {used}/{size}"));
+                }
+                (used, size)
+            }
+        };
+        for cpu in start..=end {
+            if (cpu - start) % size < used {
+                set.insert(cpu);
+            }
+        }
+    }
+    Ok(set)
 }
 
 fn read_cpu(
@@ -332,41 +448,57 @@ fn read_optional_id(path: &Path, what: &'static str) -> Result<Option<u32>, Disc
 mod tests {
     use super::*;
 
+    fn isolated(cmdline: &str) -> (String, String, usize) {
+        let parsed = parse_cmdline(cmdline, 15);
+        (
+            parsed.domain.to_string(),
+            parsed.nohz_full.to_string(),
+            parsed.ignored.len(),
+        )
+    }
+
     #[test]
-    fn cmdline_flags_before_the_list_are_skipped() {
-        let set = parse_cmdline_isolated("ro quiet isolcpus=managed_irq,domain,2-5 nohz_full=7\n")
-            .unwrap();
-        assert_eq!(set.to_string(), "2-5,7");
+    fn cmdline_flags_say_what_is_isolated() {
+        let (domain, nohz, _) = isolated("ro quiet isolcpus=managed_irq,domain,2-5 nohz_full=7\n");
+        assert_eq!((domain.as_str(), nohz.as_str()), ("2-5", "7"));
+        // Flags without `domain`: tick isolation only.
+        assert_eq!(isolated("isolcpus=nohz,3"), ("".into(), "3".into(), 0));
         assert_eq!(
-            parse_cmdline_isolated("isolcpus=nohz,3")
-                .unwrap()
-                .to_string(),
-            "3"
+            isolated("isolcpus=managed_irq,3"),
+            ("".into(), "".into(), 0)
         );
-        assert_eq!(
-            parse_cmdline_isolated("isolcpus=1,3-4")
-                .unwrap()
-                .to_string(),
-            "1,3-4"
-        );
+        // No flag: domain isolation.
+        assert_eq!(isolated("isolcpus=1,3-4"), ("1,3-4".into(), "".into(), 0));
     }
 
     #[test]
     fn cmdline_after_double_dash_is_not_the_kernels() {
-        let set = parse_cmdline_isolated("quiet -- isolcpus=1").unwrap();
-        assert!(set.is_empty());
+        assert_eq!(isolated("quiet -- isolcpus=1"), ("".into(), "".into(), 0));
+    }
+
+    /// Command lines the kernel accepts (issue 17, item 9): none of them is an error.
+    #[test]
+    fn cmdline_grammar_is_the_kernels() {
+        assert_eq!(isolated("nohz_full=2-N"), ("".into(), "2-15".into(), 0));
+        assert_eq!(
+            isolated("isolcpus=0-15:2/4"),
+            ("0-1,4-5,8-9,12-13".into(), "".into(), 0)
+        );
+        // An unknown alphabetic flag is skipped.
+        assert_eq!(isolated("isolcpus=foo,2-3"), ("2-3".into(), "".into(), 0));
+        assert_eq!(isolated("nohz_full=2-3,"), ("".into(), "2-3".into(), 0));
+        assert_eq!(isolated("nohz-full=4"), ("".into(), "4".into(), 0));
+        // Past the last cpu: the kernel ignores the whole parameter, and so do we (said).
+        assert_eq!(isolated("isolcpus=2-9999"), ("".into(), "".into(), 1));
     }
 
     #[test]
-    fn cmdline_garbage_names_the_parameter() {
-        let (param, err) = parse_cmdline_isolated("isolcpus=domain,2-x").unwrap_err();
-        assert_eq!(param, "isolcpus");
-        assert!(err.to_string().contains("2-x"), "{err}");
-        let (_, err) = parse_cmdline_isolated("isolcpus=domian,2").unwrap_err();
-        assert!(err.to_string().contains("domian"), "{err}");
-        assert!(parse_cmdline_isolated("isolcpus=domain")
-            .unwrap()
-            .is_empty());
+    fn cmdline_garbage_is_ignored_and_said() {
+        let parsed = parse_cmdline("isolcpus=domain,2-x nohz_full=1-0 isolcpus=do-main,2", 7);
+        assert!(parsed.domain.is_empty() && parsed.nohz_full.is_empty());
+        assert_eq!(parsed.ignored.len(), 3, "{:?}", parsed.ignored);
+        assert!(parsed.ignored[0].contains("2-x"), "{:?}", parsed.ignored);
+        assert!(parse_cmdline("isolcpus=domain", 7).domain.is_empty());
     }
 
     #[test]

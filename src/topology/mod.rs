@@ -9,7 +9,9 @@ mod discover;
 mod fake_sysfs;
 mod render;
 
-pub use discover::{discover, parse_cmdline_isolated, DiscoverError};
+pub use discover::{
+    discover, parse_cmdline, parse_kernel_cpulist, CmdlineIsolation, DiscoverError,
+};
 pub use fake_sysfs::write_fake_sysfs;
 pub use render::render_tree;
 
@@ -84,6 +86,8 @@ pub struct Topology {
     all: CpuSet,
     offline: CpuSet,
     isolated: CpuSet,
+    /// CPUs with the scheduler tick off (`nohz_full=`): shown, still allocatable.
+    nohz_full: CpuSet,
     memory_nodes: CpuSet,
     counters: Counters,
 }
@@ -99,6 +103,9 @@ pub struct TopologyDocument {
     #[serde(default)]
     pub isolated: CpuSet,
     pub memory_nodes: CpuSet,
+    /// CPUs with the scheduler tick off (`nohz_full=`); left out when there are none.
+    #[serde(default, skip_serializing_if = "CpuSet::is_empty")]
+    pub nohz_full: CpuSet,
 }
 
 impl TopologyDocument {
@@ -110,8 +117,13 @@ impl TopologyDocument {
             .map(|c| serde_json::to_string(c).unwrap_or_default())
             .collect();
         let quoted = |s: &CpuSet| serde_json::Value::String(s.to_string()).to_string();
+        let nohz_full = if self.nohz_full.is_empty() {
+            String::new()
+        } else {
+            format!(",\n  \"nohz_full\": {}", quoted(&self.nohz_full))
+        };
         format!(
-            "{{\n  \"cpus\": [\n    {}\n  ],\n  \"offline\": {},\n  \"isolated\": {},\n  \"memory_nodes\": {}\n}}",
+            "{{\n  \"cpus\": [\n    {}\n  ],\n  \"offline\": {},\n  \"isolated\": {},\n  \"memory_nodes\": {}{nohz_full}\n}}",
             cpus.join(",\n    "),
             quoted(&self.offline),
             quoted(&self.isolated),
@@ -158,6 +170,7 @@ impl Topology {
             all,
             offline,
             isolated,
+            nohz_full: CpuSet::new(),
             memory_nodes,
             counters,
         })
@@ -191,6 +204,18 @@ impl Topology {
         Topology::new(cpus, CpuSet::new(), CpuSet::new(), memory_nodes)
     }
 
+    /// The CPUs whose scheduler tick is off (`nohz_full=`). They stay allocatable: the
+    /// isolcpus KEP is about `isolcpus=` (domain isolation) only.
+    pub fn with_nohz_full(mut self, cpus: CpuSet) -> Self {
+        self.nohz_full = cpus.intersection(&self.all);
+        self
+    }
+
+    /// CPUs whose scheduler tick is off (`nohz_full=`, `isolcpus=nohz,…`).
+    pub fn nohz_full(&self) -> &CpuSet {
+        &self.nohz_full
+    }
+
     /// Replaces the derived counters with literal ones (kubelet test fixtures set them by hand,
     /// sometimes inconsistently with the CPU map, and kubelet's arithmetic follows the counters).
     pub fn with_counters(mut self, counters: Counters) -> Self {
@@ -200,6 +225,7 @@ impl Topology {
 
     pub fn from_document(doc: TopologyDocument) -> Result<Self, TopologyError> {
         Topology::new(doc.cpus, doc.offline, doc.isolated, doc.memory_nodes)
+            .map(|t| t.with_nohz_full(doc.nohz_full))
     }
 
     pub fn to_document(&self) -> TopologyDocument {
@@ -208,6 +234,7 @@ impl Topology {
             offline: self.offline.clone(),
             isolated: self.isolated.clone(),
             memory_nodes: self.memory_nodes.clone(),
+            nohz_full: self.nohz_full.clone(),
         }
     }
 
@@ -243,7 +270,8 @@ impl Topology {
         &self.offline
     }
 
-    /// CPUs isolated from the scheduler (`isolcpus=`, `nohz_full=`, sysfs `isolated`).
+    /// CPUs isolated from the scheduler's domains (`isolcpus=` with the `domain` flag or none,
+    /// sysfs `isolated`). `nohz_full=` CPUs are not among them (see [`Topology::nohz_full`]).
     pub fn isolated(&self) -> &CpuSet {
         &self.isolated
     }

@@ -82,6 +82,13 @@ pub fn render_tree(topo: &Topology) -> String {
     };
     let _ = writeln!(out, "offline: {}", none(topo.offline()));
     let _ = writeln!(out, "isolated: {}", none(topo.isolated()));
+    if !topo.nohz_full().is_empty() {
+        let _ = writeln!(
+            out,
+            "nohz_full: {} (scheduler tick off; allocatable)",
+            topo.nohz_full()
+        );
+    }
     let _ = writeln!(out, "memory nodes: {}", none(topo.memory_nodes()));
     out
 }
