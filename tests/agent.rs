@@ -7,6 +7,7 @@
 //! deadline.
 
 use std::fs;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -551,7 +552,7 @@ fn agent_configuration_errors_exit_78() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (&[], "needs reserved cpus"),
         (
             &[
@@ -572,10 +573,18 @@ fn agent_configuration_errors_exit_78() {
             "cpu-manager-reconcile-period",
         ),
         (&["--reserved-cpus", "16"], "--reserved-cpus"),
+        // Past every bound (issue 17, item 10): an error, not a panic (exit 101).
         (
-            &["--reserved-cpus", "0", "--kubepods-path", "nowhere"],
-            "kubepods cgroup nowhere does not exist",
+            &[
+                "--reserved-cpus",
+                "0",
+                "--cpu-manager-reconcile-period",
+                "18446744073709551616s",
+            ],
+            "cpu-manager-reconcile-period",
         ),
+        // A configuration error is reported at once even while kubepods is missing.
+        (&["--kubepods-path", "nowhere"], "needs reserved cpus"),
     ];
     for (args, message) in cases {
         let (code, stderr) = run(args);
@@ -583,6 +592,108 @@ fn agent_configuration_errors_exit_78() {
         assert!(stderr.contains(message), "{args:?}: {stderr}");
     }
     assert!(!node.checkpoint().exists());
+}
+
+/// After a reboot the agent starts before kubelet has made the kubepods cgroup (issue 17,
+/// item 8): it waits (saying so), starts once kubepods appears and pins; SIGTERM while waiting
+/// is a clean stop.
+#[test]
+fn agent_waits_for_a_kubepods_cgroup_kubelet_has_not_made_yet() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let root = node.fake.cgroup_root().to_path_buf();
+    let controllers: Vec<PathBuf> = fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("kubepods").is_dir())
+        .collect();
+    assert!(controllers.len() >= 2, "{controllers:?}");
+    let hide = |from: &str, to: &str| {
+        // The cpu hierarchy first, the cpuset one last: the agent wakes on the latter.
+        for dir in controllers.iter().rev() {
+            fs::rename(dir.join(from), dir.join(to)).unwrap();
+        }
+    };
+    hide("kubepods", "kubepods-later");
+
+    // SIGTERM while waiting: exit 0.
+    let mut agent = node.spawn_agent(&[]);
+    agent.wait_for_log("does not exist yet: waiting for kubelet");
+    assert!(agent.stop().success(), "{}", agent.log());
+
+    let mut agent = node.spawn_agent(&[]);
+    agent.wait_for_log("does not exist yet: waiting for kubelet");
+    assert!(
+        agent.wait_exit(Duration::from_millis(300)).is_none(),
+        "it exited"
+    );
+    hide("kubepods-later", "kubepods");
+    agent.wait_for_log("first pass:");
+    // Pinned as usual (pinned_pods waits for the exclusive and the shared sets).
+    let (db, ids, _be, _be_id) = pinned_pods(&node);
+    assert_eq!(node.cpus_of(&db, &ids[0]), "1,9");
+    assert!(agent.stop().success());
+}
+
+/// A `NOTIFY_SOCKET` whose receiver never reads (issue 17, item 13): the agent neither stalls
+/// nor ignores SIGTERM; it keeps pinning and stops at once.
+#[test]
+fn agent_never_blocks_on_a_notify_socket_nobody_drains() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let socket = node.base.join("notify.sock");
+    let _receiver = std::os::unix::net::UnixDatagram::bind(&socket).unwrap();
+    let log = node.base.join("agent-notify.log");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cpusetd"));
+    command
+        .arg("run")
+        .args(node.tree_args())
+        .args([
+            "--reserved-cpus",
+            "0",
+            "--cpu-manager-reconcile-period",
+            "1s",
+        ])
+        .env("RUST_LOG", "info")
+        .env("NOTIFY_SOCKET", &socket)
+        // A ping every 10 ms: the receiver's queue (ten datagrams) is full at once.
+        .env("WATCHDOG_USEC", "20000")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(fs::File::create(&log).unwrap());
+    let mut child = command.spawn().unwrap();
+    let logged = |needle: &str| {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(needle)
+    };
+    assert!(
+        poll_until(DEADLINE, || logged("first pass:").then_some(())).is_some(),
+        "{}",
+        fs::read_to_string(&log).unwrap_or_default()
+    );
+    // The queue fills within a few pings; the agent then goes on without systemd.
+    assert!(
+        poll_until(DEADLINE, || logged(
+            "sd_notify: the receiver's queue is full"
+        )
+        .then_some(()))
+        .is_some(),
+        "{}",
+        fs::read_to_string(&log).unwrap_or_default()
+    );
+    let (db, ids, _be, _be_id) = pinned_pods(&node);
+    assert_eq!(node.cpus_of(&db, &ids[0]), "1,9");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    let exited = poll_until(Duration::from_secs(5), || child.try_wait().unwrap());
+    if exited.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    assert!(exited.is_some_and(|s| s.success()), "{exited:?}: {text}");
 }
 
 #[test]

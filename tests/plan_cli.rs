@@ -397,3 +397,103 @@ fn apply_is_refused_while_an_agent_holds_the_state_lock() {
     let out = run(&plan_args(&root, &["--state-dir", state.to_str().unwrap()]));
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+/// Kernel command lines the kernel accepts never stop a command (issue 17, item 9): `plan`,
+/// `status` and `reset` exit 0 and `run` starts, with each of these as `/proc/cmdline`.
+#[test]
+fn kernel_command_lines_the_kernel_accepts_stop_no_command() {
+    for cmdline in [
+        "ro nohz_full=2-N",
+        "ro isolcpus=0-15:2/4",
+        "ro isolcpus=foo,2-3",
+        "ro nohz_full=2-3,",
+        "ro isolcpus=2-9999",
+        "ro isolcpus=do-main,2 nohz-full=1-0",
+    ] {
+        let dir = fake_tree("v1-cgroupfs");
+        let root = dir.path().join("v1-cgroupfs");
+        let proc = dir.path().join("proc");
+        fs::create_dir_all(&proc).unwrap();
+        fs::write(proc.join("cmdline"), format!("{cmdline}\n")).unwrap();
+        let state = dir.path().join("state");
+        let common = |command: &str| -> Vec<String> {
+            let mut args = plan_args(&root, &["--state-dir", state.to_str().unwrap()]);
+            args[0] = command.into();
+            let at = args.iter().position(|a| a == "--proc-root").unwrap();
+            args[at + 1] = proc.to_str().unwrap().into();
+            args
+        };
+        for command in ["plan", "status", "reset"] {
+            let out = run(&common(command));
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{command} with {cmdline:?}: {}",
+                stderr(&out)
+            );
+        }
+        // `run` gets as far as its first checkpoint (written before READY=1), then stops.
+        let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+            .args(common("run"))
+            .env("RUST_LOG", "warn")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !state.join("state.json").exists() {
+            if let Some(status) = agent.try_wait().unwrap() {
+                let out = agent.wait_with_output().unwrap();
+                panic!("run with {cmdline:?} exited {status}: {}", stderr(&out));
+            }
+            assert!(std::time::Instant::now() < deadline, "run never started");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(agent.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        assert!(agent.wait().unwrap().success(), "{cmdline:?}");
+    }
+}
+
+/// Configuration errors in the topology exit 2, and an option error is reported before the
+/// kubepods check (issue 17, item 26).
+#[test]
+fn topology_and_option_errors_exit_2_before_the_kubepods_check() {
+    let dir = fake_tree("v1-cgroupfs");
+    let root = dir.path().join("v1-cgroupfs");
+    let sysfs = dir.path().join("sysfs");
+    copy_tree(&testdata("sysfs/1s-4c-ht"), &sysfs);
+    fs::write(sysfs.join("devices/system/cpu/online"), "0-3,x\n").unwrap();
+    let state = dir.path().join("state");
+    for command in ["plan", "status", "reset"] {
+        let mut args = plan_args(&root, &["--state-dir", state.to_str().unwrap()]);
+        args[0] = command.into();
+        let at = args.iter().position(|a| a == "--sysfs-root").unwrap();
+        args[at + 1] = sysfs.to_str().unwrap().into();
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2), "{command}: {}", stderr(&out));
+        assert!(stderr(&out).contains("online cpu list"), "{}", stderr(&out));
+
+        // A bad option with a missing kubepods: the option is what is reported.
+        let mut args = plan_args(&root, &["--state-dir", state.to_str().unwrap()]);
+        args[0] = command.into();
+        args.extend(
+            [
+                "--kubepods-path",
+                "not-there",
+                "--cpu-manager-policy-options",
+                "full-pcpus-only=maybe",
+            ]
+            .map(String::from),
+        );
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2), "{command}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("--cpu-manager-policy-options"),
+            "{command}: {}",
+            stderr(&out)
+        );
+    }
+}

@@ -19,8 +19,12 @@
 
 mod controller;
 pub mod metrics;
+mod notify;
+mod wait;
 
 pub use controller::{Controller, ControllerParts, PassOutcome, ReconcileScan};
+pub use notify::Notifier;
+pub use wait::{wait_for_change, Waited};
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
@@ -62,6 +66,8 @@ pub struct AgentConfig {
     pub state_dir: PathBuf,
     pub reconcile_period: Duration,
     pub metrics_file: Option<PathBuf>,
+    /// sd_notify, already used while waiting for kubepods.
+    pub notifier: Notifier,
 }
 
 /// Why the agent stopped with an error.
@@ -95,6 +101,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         state_dir,
         reconcile_period,
         metrics_file,
+        mut notifier,
     } = config;
 
     // Signals first, so every thread spawned below inherits the blocked mask.
@@ -131,8 +138,8 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     let mut persist = Persist::start(state_dir, options, metrics_file);
     persist.save_now(&controller);
     release_free_memory();
-    notify(&[sd_notify::NotifyState::Ready]);
-    notify_status(&controller);
+    notifier.send(&[sd_notify::NotifyState::Ready]);
+    notify_status(&mut notifier, &controller);
 
     let (reconcile_tx, reconcile_rx) = bounded::<ReconcileTick>(1);
     let (stop_reconcile_tx, stop_reconcile_rx) = bounded::<()>(1);
@@ -167,11 +174,14 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
                 if changed {
                     let outcome = controller.pass(now);
                     persist.save(&controller, outcome.assignments_changed);
-                    notify_status(&controller);
+                    notify_status(&mut notifier, &controller);
                 }
             }
             recv(reconcile_rx) -> tick => match tick {
-                Ok(ReconcileTick::Full(scan)) => reconcile(&mut controller, &mut persist, scan),
+                Ok(ReconcileTick::Full(scan)) => {
+                    reconcile(&mut controller, &mut persist, scan);
+                    notify_status(&mut notifier, &controller);
+                }
                 Ok(ReconcileTick::Unchanged { started }) => {
                     controller.metrics.reconcile_duration = Some(started.elapsed());
                     controller.metrics.last_reconcile = Some(SystemTime::now());
@@ -183,7 +193,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             recv(control_rx) -> control => match control {
                 Ok(Control::Stop(signal)) => {
                     log::info!("{signal}: writing the checkpoint and stopping");
-                    notify(&[sd_notify::NotifyState::Stopping]);
+                    notifier.send(&[sd_notify::NotifyState::Stopping]);
                     persist.save(&controller, true);
                     break Ok(());
                 }
@@ -216,7 +226,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         }
         if let (Some(interval), Some(due)) = (watchdog, next_ping) {
             if due <= now {
-                notify(&[sd_notify::NotifyState::Watchdog]);
+                notifier.send(&[sd_notify::NotifyState::Watchdog]);
                 next_ping = Some(now + interval);
             }
         }
@@ -256,7 +266,6 @@ fn reconcile(controller: &mut Controller, persist: &mut Persist, scan: Reconcile
     controller.metrics.reconcile_duration = Some(started.elapsed());
     controller.metrics.last_reconcile = Some(SystemTime::now());
     persist.save(controller, true);
-    notify_status(controller);
 }
 
 /// Loads the checkpoint: its assignments fill in names and intent; anything unusable is moved
@@ -576,14 +585,8 @@ fn spawn_signal_thread(signals: SigSet, tx: Sender<Control>) {
     }
 }
 
-fn notify(state: &[sd_notify::NotifyState]) {
-    if let Err(e) = sd_notify::notify(state) {
-        log::debug!("sd_notify: {e}");
-    }
-}
-
-fn notify_status(controller: &Controller) {
-    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+fn notify_status(notifier: &mut Notifier, controller: &Controller) {
+    if !notifier.enabled() {
         return;
     }
     let (containers, exclusive) = controller.counts();
@@ -591,16 +594,10 @@ fn notify_status(controller: &Controller) {
         .shared_pool()
         .map(|s| s.to_string())
         .unwrap_or_else(|| "-".into());
-    let status =
-        format!("{containers} containers, {exclusive} with exclusive cpus, shared pool {shared}");
-    // Only a changed status is sent: `sd_notify` blocks when the receiver's queue is full (ten
-    // datagrams by default), and a pass runs for every batch of events.
-    static LAST: Mutex<String> = Mutex::new(String::new());
-    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
-    if *last != status {
-        notify(&[sd_notify::NotifyState::Status(&status)]);
-        *last = status;
-    }
+    // Only a changed status is sent (a pass runs for every batch of events).
+    notifier.status(&format!(
+        "{containers} containers, {exclusive} with exclusive cpus, shared pool {shared}"
+    ));
 }
 
 /// Gives the heap's free pages back to the kernel. glibc keeps what a full scan and the first

@@ -10,7 +10,8 @@ use clap::{Args, ValueEnum};
 use super::{cpuset_arg, CommandError};
 use crate::allocator::{PolicyError, PolicyOptions, ReservedCpus, StaticPolicy};
 use crate::cgroupfs::{
-    detect_layout, CgroupDriver, CgroupLayout, CgroupPath, Hierarchy, LayoutConfig, Scanner,
+    detect_layout, CgroupDriver, CgroupLayout, CgroupPath, Hierarchy, LayoutConfig, LayoutError,
+    Scanner,
 };
 use crate::classify::CgroupNaming;
 use crate::cpuset::CpuSet;
@@ -99,10 +100,21 @@ pub struct AgentArgs {
     pub metrics_file: Option<PathBuf>,
 }
 
+impl AgentArgs {
+    /// Checks what can be checked from the flags alone, before anything on the node is looked
+    /// at, so a wrong option is reported as itself rather than after an unrelated check.
+    pub fn validate(&self) -> Result<(), CommandError> {
+        PolicyOptions::parse(&self.policy.cpu_manager_policy_options)
+            .map_err(|e| CommandError::usage(format!("--cpu-manager-policy-options: {e}")))?;
+        Ok(())
+    }
+}
+
 /// A Go-style duration (`10s`, `500ms`, `1m30s`, `2h`), between 10ms and 24h.
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     use std::time::Duration;
-    let mut total = Duration::ZERO;
+    const MAX_SECONDS: f64 = 86_400.0;
+    let mut total_seconds = 0.0_f64;
     let mut rest = text.trim();
     if rest.is_empty() {
         return Err("empty duration".into());
@@ -132,10 +144,16 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
                 ))
             }
         };
-        total += Duration::from_secs_f64(value * seconds);
+        // Summed in seconds and bounded before a `Duration` is made: a huge or overflowing
+        // value (`18446744073709551616s`, `1e400h`) is an error, never a panic.
+        total_seconds += value * seconds;
+        if !total_seconds.is_finite() || total_seconds > MAX_SECONDS {
+            return Err(format!("{text:?} is outside 10ms..24h"));
+        }
         rest = tail;
     }
-    if total < Duration::from_millis(10) || total > Duration::from_secs(86_400) {
+    let total = Duration::from_secs_f64(total_seconds);
+    if total < Duration::from_millis(10) {
         return Err(format!("{text:?} is outside 10ms..24h"));
     }
     Ok(total)
@@ -171,6 +189,42 @@ impl NodeView {
 }
 
 impl TreeArgs {
+    /// Where the kubepods cgroup is expected (said for a person) and the nearest directory
+    /// above it that exists,
+    /// when the rest of the layout is fine but the kubepods cgroup is not there (yet: kubelet
+    /// makes it when it starts, after the agent at boot). `None` when it exists or the layout
+    /// fails for another reason.
+    pub fn missing_kubepods(&self) -> Option<(String, PathBuf)> {
+        let kubepods = match &self.kubepods_path {
+            Some(p) => Some(CgroupPath::new(p.trim_matches('/')).ok()?),
+            None => None,
+        };
+        let driver = match self.cgroup_driver.as_deref() {
+            Some(d) => Some(d.parse::<CgroupDriver>().ok()?),
+            None => None,
+        };
+        let config = LayoutConfig {
+            proc_root: self.proc_root.clone(),
+            cgroup_root: self.cgroup_root.clone(),
+            driver,
+            kubepods,
+        };
+        match detect_layout_quietly(&config) {
+            Ok(layout) => {
+                let expected = layout.kubepods.under(&layout.cpuset_root);
+                if expected.is_dir() {
+                    return None;
+                }
+                let watch = expected.ancestors().skip(1).find(|d| d.is_dir())?;
+                Some((expected.display().to_string(), watch.to_path_buf()))
+            }
+            Err(LayoutError::KubepodsNotFound { root, looked_for }) => {
+                Some((format!("{looked_for} under {}", root.display()), root))
+            }
+            Err(_) => None,
+        }
+    }
+
     /// Detects the layout, reads the topology, opens the hierarchy. Every failure is a
     /// configuration error naming the flag to fix.
     pub fn open(&self) -> Result<NodeView, CommandError> {
@@ -211,8 +265,10 @@ impl TreeArgs {
                 self.sysfs_root.display()
             )));
         }
-        let topology =
-            discover(&self.sysfs_root, &self.proc_root).map_err(|e| CommandError::failure(&e))?;
+        // A topology that cannot be read is a configuration error (a wrong --sysfs-root or
+        // --proc-root): exit 2, or 78 for `run`.
+        let topology = discover(&self.sysfs_root, &self.proc_root)
+            .map_err(|e| CommandError::usage(super::error_chain(&e)))?;
         let templates: Vec<String> = if self.runtime_config_path.is_empty() {
             DEFAULT_CONFIG_TEMPLATES
                 .iter()
@@ -237,6 +293,15 @@ impl TreeArgs {
             runtime: RuntimeLookup::new(templates),
         })
     }
+}
+
+/// [`detect_layout`] without its log lines (it is asked again and again while waiting).
+fn detect_layout_quietly(config: &LayoutConfig) -> Result<CgroupLayout, LayoutError> {
+    let level = log::max_level();
+    log::set_max_level(log::LevelFilter::Error);
+    let layout = detect_layout(config);
+    log::set_max_level(level);
+    layout
 }
 
 impl PolicyArgs {
@@ -289,7 +354,20 @@ mod tests {
         assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        for bad in ["", "10", "10x", "0s", "-1s", "25h", "s"] {
+        for bad in [
+            "",
+            "10",
+            "10x",
+            "0s",
+            "-1s",
+            "25h",
+            "s",
+            "18446744073709551616s",
+            "1e400h",
+            "9223372036854775807s9223372036854775807s",
+            "NaNs",
+            "infs",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }

@@ -63,6 +63,7 @@ struct JsonPlan {
 pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
     let (apply_writes, json) = (args.apply, args.json);
     let args = &args.agent;
+    args.validate()?;
     // One writer: with --apply, a running agent's lock means "it applies this itself".
     let _lock = if apply_writes && args.state_dir.join(crate::checkpoint::LOCK_FILE).exists() {
         Some(

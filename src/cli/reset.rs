@@ -22,6 +22,7 @@ pub struct ResetArgs {
 
 pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     let args = &args.agent;
+    args.validate()?;
     let _lock = StateLock::acquire(&args.state_dir).map_err(|e| {
         CommandError::usage(format!("{}: stop cpusetd before reset", error_chain(&e)))
     })?;

@@ -3,9 +3,9 @@
 
 use clap::Args;
 
-use super::node::AgentArgs;
+use super::node::{AgentArgs, NodeView};
 use super::CommandError;
-use crate::agent::{self, AgentConfig, ControllerParts};
+use crate::agent::{self, AgentConfig, ControllerParts, Notifier, Waited};
 use crate::allocator::PolicyOptions;
 use crate::logging::error_chain;
 use crate::state::Assignments;
@@ -28,7 +28,11 @@ fn config_error(e: CommandError) -> CommandError {
 
 pub fn run(args: &RunArgs) -> Result<(), CommandError> {
     let args = &args.agent;
-    let node = args.tree.open().map_err(config_error)?;
+    args.validate().map_err(config_error)?;
+    let mut notifier = Notifier::from_env();
+    let Some(node) = open_when_kubepods_exists(args, &mut notifier)? else {
+        return Ok(());
+    };
     let policy = args.policy.policy(&node.topology).map_err(config_error)?;
     let options = PolicyOptions::parse(&args.policy.cpu_manager_policy_options).map_err(|e| {
         config_error(CommandError::usage(format!(
@@ -54,10 +58,71 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         state_dir: args.state_dir.clone(),
         reconcile_period: args.cpu_manager_reconcile_period,
         metrics_file: args.metrics_file.clone(),
+        notifier,
     };
     agent::run(config).map_err(|e| CommandError {
         status: super::EXIT_FAILURE,
         message: error_chain(&e),
         bare: false,
     })
+}
+
+/// Opens the node once its kubepods cgroup exists. At boot the agent starts before kubelet,
+/// which makes kubepods: the agent says it is ready (so units ordered after it, kubelet among
+/// them, can start), says in STATUS and the log what it waits for, and waits; it never exits
+/// because kubelet is late. Every other configuration error (the topology, the policy, the
+/// flags) is reported at once, before any waiting. `None`: stopped by a signal while waiting.
+fn open_when_kubepods_exists(
+    args: &AgentArgs,
+    notifier: &mut Notifier,
+) -> Result<Option<NodeView>, CommandError> {
+    let mut waiting = false;
+    loop {
+        let error = match args.tree.open() {
+            Ok(node) => {
+                if waiting {
+                    log::info!(
+                        "the kubepods cgroup {} appeared: starting",
+                        node.layout.kubepods
+                    );
+                }
+                return Ok(Some(node));
+            }
+            Err(e) => e,
+        };
+        let Some((expected, watch)) = args.tree.missing_kubepods() else {
+            return Err(config_error(error));
+        };
+        if !waiting {
+            // Everything but kubepods must be right before the agent settles down to wait.
+            let topology = crate::topology::discover(&args.tree.sysfs_root, &args.tree.proc_root)
+                .map_err(|e| config_error(CommandError::usage(error_chain(&e))))?;
+            args.policy.policy(&topology).map_err(config_error)?;
+            log::warn!(
+                "the kubepods cgroup ({expected}) does not exist yet: waiting for kubelet to \
+                 create it (watching {}); pass --kubepods-path if it lives elsewhere",
+                watch.display()
+            );
+            notifier.send(&[sd_notify::NotifyState::Ready]);
+            waiting = true;
+        }
+        notifier.status(&format!(
+            "waiting for the kubepods cgroup ({expected}) that kubelet creates"
+        ));
+        match agent::wait_for_change(&watch, notifier) {
+            Ok(Waited::Changed) => {}
+            Ok(Waited::Stopped(signal)) => {
+                log::info!("{signal} while waiting for the kubepods cgroup: stopping");
+                notifier.send(&[sd_notify::NotifyState::Stopping]);
+                return Ok(None);
+            }
+            Err(e) => {
+                return Err(CommandError {
+                    status: super::EXIT_FAILURE,
+                    message: format!("cannot wait for the kubepods cgroup ({expected}): {e}"),
+                    bare: false,
+                })
+            }
+        }
+    }
 }

@@ -143,6 +143,7 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
 }
 
 pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
+    args.agent.validate()?;
     let mut node = args.agent.tree.open()?;
     let view = collect(&mut node, &args.agent.state_dir)?;
     if args.json {
