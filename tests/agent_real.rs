@@ -79,6 +79,12 @@ impl RealAgent {
     /// Starts the agent on `tree` with CPU 0 reserved, its state and log in `scratch`, runtime
     /// configs at `<scratch>/<runtime>/{id}/config.json`; waits for its first pass.
     fn start(tree: &E2eTree, scratch: &Path, runtime: &str) -> RealAgent {
+        RealAgent::start_as(tree, scratch, runtime, &[])
+    }
+
+    /// [`RealAgent::start`] under a wrapper command (`setpriv …` to run it the way the shipped
+    /// unit does: root without capabilities).
+    fn start_as(tree: &E2eTree, scratch: &Path, runtime: &str, wrapper: &[&str]) -> RealAgent {
         let state = scratch.join("state");
         fs::create_dir_all(&state).unwrap();
         let metrics = scratch.join("m.prom");
@@ -94,7 +100,14 @@ impl RealAgent {
         ]
         .map(String::from)
         .to_vec();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_cpusetd"));
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(env!("CARGO_BIN_EXE_cpusetd"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_cpusetd")),
+        };
         command.arg("run").args(&tree_args).args([
             "--reserved-cpus",
             "0",
@@ -244,6 +257,84 @@ fn agent_pins_real_containers_started_and_deleted_while_it_runs() {
     assert_eq!(again.wait_cpus_allowed(&exclusive), exclusive);
     assert_eq!(best_effort.wait_cpus_allowed(&shared), shared);
     agent.stop_clean();
+}
+
+/// Issue 17, item 1: a pod directory the agent cannot open (EACCES: the unit runs as root
+/// without capabilities, and someone made the directory mode 000) is not "gone": its pin is
+/// kept, and a Guaranteed pod that arrives next never gets the same CPU.
+#[test]
+fn agent_keeps_the_pin_of_a_pod_it_cannot_read() {
+    if let Some(reason) = runc_skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        println!("skipped: setpriv (util-linux) is missing");
+        return;
+    }
+    let mut runc = Runc::new();
+    make_kubepods(runc.tree());
+    let mut agent = RealAgent::start_as(
+        runc.tree(),
+        runc.scratch(),
+        ".",
+        &[
+            "setpriv",
+            "--bounding-set",
+            "-all",
+            "--inh-caps",
+            "-all",
+            "--",
+        ],
+    );
+    let first_pod = format!("pod{}", pod_uid());
+    let first = runc.start(&first_pod, CpuResources::guaranteed(1));
+    let status = agent.wait_status("the first pin", |s| {
+        s.exclusive_cpu_count == 1 && s.converged()
+    });
+    let exclusive = CpuSet::parse(&status.exclusive_cpus).unwrap();
+    assert_eq!(first.wait_cpus_allowed(&exclusive), exclusive);
+
+    // The pod directory becomes unreadable to the agent; restored whatever happens.
+    struct Restore(PathBuf);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = fs::set_permissions(&self.0, fs::Permissions::from_mode(0o755));
+        }
+    }
+    let pod_dir = runc.tree().dir("cpuset", &first_pod);
+    let _restore = Restore(pod_dir.clone());
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&pod_dir, fs::Permissions::from_mode(0o000)).unwrap();
+    }
+    // A full rescan now (the reconcile would make one within a few periods anyway).
+    agent.agent.signal(Signal::SIGHUP);
+    agent.agent.wait_for_log("Permission denied");
+
+    // A second Guaranteed pod: the only free CPUs are the shared pool's, never the first's.
+    let second = runc.start(&format!("pod{}", pod_uid()), CpuResources::guaranteed(1));
+    poll_until(std::time::Duration::from_secs(3), || {
+        agent.agent.log().contains("not enough cpus").then_some(())
+    });
+    let second_cpus = CpuSet::parse(
+        fs::read_to_string(format!("/proc/{}/status", second.pid))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap()
+            .trim(),
+    )
+    .unwrap();
+    assert!(
+        second_cpus.is_disjoint(&exclusive),
+        "the second pod runs on {second_cpus}, the first holds {exclusive}:\n{}",
+        agent.agent.log()
+    );
+    assert_eq!(first.wait_cpus_allowed(&exclusive), exclusive);
+    drop(_restore);
+    assert!(agent.agent.stop().success(), "{}", agent.agent.log());
 }
 
 /// A container cgroup made by hand on the real hierarchies the way kubelet and runc make one

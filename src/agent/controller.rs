@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use crate::allocator::StaticPolicy;
 use crate::cgroupfs::{
     CgroupError, CgroupPath, CgroupVersion, Hierarchy, InterfaceFile, Scan, ScannedCgroup, Scanner,
+    SkipReason,
 };
 use crate::classify::{
     classify, classify_scan_one, config_matches_cgroup, CgroupKind, CgroupNaming, Classification,
@@ -180,6 +181,11 @@ pub struct Controller {
     /// Bumped whenever the model changes (read or written values, cgroups coming and going):
     /// the reconcile thread does a full scan only when it moved, or every few ticks.
     generation: Arc<AtomicU64>,
+    /// Whether the last full scan saw the whole tree (false past its limit): the planner
+    /// releases nothing it did not see.
+    complete: bool,
+    /// Cgroups said to be unreadable (said once each).
+    unreadable_said: HashSet<CgroupPath>,
     pub metrics: Metrics,
 }
 
@@ -188,6 +194,8 @@ impl Controller {
         Controller {
             parts,
             model: BTreeMap::new(),
+            complete: true,
+            unreadable_said: HashSet::new(),
             drifted: HashSet::new(),
             pending_pins: HashMap::new(),
             settings_wait: HashMap::new(),
@@ -299,10 +307,24 @@ impl Controller {
     pub fn merge_scan(&mut self, reconcile: ReconcileScan) -> bool {
         let ReconcileScan { started, scan } = reconcile;
         let seen: HashSet<&CgroupPath> = scan.cgroups.iter().map(|c| &c.path).collect();
+        // What the scan could not open or list is not gone: its entries (and what they hold)
+        // stay as last read. A scan stopped at its limit says nothing of what it did not see.
+        let unreadable: Vec<&CgroupPath> = scan
+            .skipped
+            .iter()
+            .filter(|s| s.reason == SkipReason::Unlistable)
+            .map(|s| &s.path)
+            .collect();
+        self.complete = scan.complete;
         let gone: Vec<CgroupPath> = self
             .model
             .iter()
-            .filter(|(p, e)| !seen.contains(p) && e.updated <= started)
+            .filter(|(p, e)| {
+                scan.complete
+                    && !seen.contains(p)
+                    && e.updated <= started
+                    && !unreadable.iter().any(|u| p.strip_prefix(u).is_some())
+            })
             .map(|(p, _)| p.clone())
             .collect();
         let mut changed = !gone.is_empty();
@@ -365,7 +387,7 @@ impl Controller {
                 };
                 match read {
                     Some(c) => Ok(self.upsert(c, now)),
-                    None => Ok(self.remove_subtree(&cgroup)),
+                    None => Ok(self.remove_if_gone(&cgroup)),
                 }
             }
             TreeEvent::Rescan { reason } => {
@@ -400,7 +422,7 @@ impl Controller {
         for path in waiting {
             match self.parts.scanner.read_cgroup(&path) {
                 Some(c) => changed |= self.upsert(c, now),
-                None => changed |= self.remove_subtree(&path),
+                None => changed |= self.remove_if_gone(&path),
             }
         }
         changed
@@ -483,6 +505,22 @@ impl Controller {
         self.model.get(path).and_then(|e| e.desired.as_ref())
     }
 
+    /// A cgroup that could not be read leaves the model only when it is gone (ENOENT): an
+    /// unreadable one (EACCES, EMFILE …) keeps its entry, and so its assignment, until it can
+    /// be read again or is gone.
+    fn remove_if_gone(&mut self, root: &CgroupPath) -> bool {
+        if self.parts.hierarchy.cpuset.is_gone(root) {
+            return self.remove_subtree(root);
+        }
+        if self.unreadable_said.insert(root.clone()) {
+            log::warn!(
+                "cg={root} cannot be read (not gone): what it holds stays its own; make it \
+                 readable by root without capabilities (the unit has none)"
+            );
+        }
+        false
+    }
+
     fn remove_subtree(&mut self, root: &CgroupPath) -> bool {
         // Paths order bytewise, so a sibling such as `…/sub-2` sorts between `…/sub` and
         // `…/sub/x`: walk every path that starts with the root's bytes, keep the descendants.
@@ -541,6 +579,7 @@ impl Controller {
             self.resized.remove(&id);
         }
         self.empty_since.remove(path);
+        self.unreadable_said.remove(path);
         self.parts.quota_lifted.remove(path);
         self.pending_pins.remove(path);
         self.settings_wait.remove(path);
@@ -944,7 +983,7 @@ impl Controller {
             kubepods: self.parts.scanner.kubepods().clone(),
             cgroups: self.model.values().map(|e| e.cgroup.clone()).collect(),
             skipped: Vec::new(),
-            complete: true,
+            complete: self.complete,
         }
     }
 
@@ -1141,6 +1180,47 @@ mod tests {
             cgroup: cgroup.clone(),
             file,
         }
+    }
+
+    /// Issue 17, item 2: past the scan limit nothing unseen is released.
+    #[test]
+    fn a_scan_stopped_at_its_limit_releases_nothing_it_did_not_see() {
+        let (_dir, node, container, mut controller) = converged();
+        let pinned = cpus(&node, &container);
+        let held = controller.parts.assignments.exclusive_cpus();
+        assert_eq!(held.to_string(), pinned);
+        // kubepods, besteffort and burstable sort before pod…: the pod is past a limit of 3.
+        let hierarchy = controller.parts.hierarchy.clone();
+        controller.parts.scanner =
+            Scanner::new(hierarchy, controller.parts.scanner.kubepods().clone())
+                .with_max_cgroups(3);
+        controller.rescan().unwrap();
+        controller.pass(Instant::now());
+        assert_eq!(controller.parts.assignments.exclusive_cpus(), held);
+        assert_eq!(cpus(&node, &container), pinned);
+    }
+
+    /// Issue 17, item 1: a pod directory a scan cannot open (EACCES, EMFILE …) is not gone:
+    /// its containers keep their entries and their cpus.
+    #[test]
+    fn an_unreadable_pod_keeps_its_cpus() {
+        let (_dir, _node, container, mut controller) = converged();
+        let held = controller.parts.assignments.exclusive_cpus();
+        assert!(!held.is_empty());
+        let pod = container.parent().unwrap();
+        let started = Instant::now();
+        let mut scan = controller.parts.scanner.scan().unwrap();
+        scan.cgroups.retain(|c| c.path.strip_prefix(&pod).is_none());
+        scan.skipped.push(crate::cgroupfs::SkippedEntry {
+            path: pod.clone(),
+            reason: SkipReason::Unlistable,
+        });
+        controller.reconcile(ReconcileScan { started, scan }, Instant::now());
+        assert!(controller.model.contains_key(&container));
+        assert_eq!(controller.parts.assignments.exclusive_cpus(), held);
+        // And a failed re-read of a cgroup that is still there does not drop it either.
+        assert!(!controller.remove_if_gone(&container));
+        assert!(controller.model.contains_key(&container));
     }
 
     #[test]

@@ -315,6 +315,16 @@ impl CgroupFs {
         self.open_dir(cgroup).is_ok()
     }
 
+    /// Whether the cgroup is known to be gone: its directory cannot be opened because it (or
+    /// a directory above it) no longer exists. A cgroup that cannot be opened for any other
+    /// reason (EACCES, EMFILE, ENFILE, EIO …) is *not* gone: what it holds must stay its own.
+    pub fn is_gone(&self, cgroup: &CgroupPath) -> bool {
+        match self.open_dir(cgroup) {
+            Ok(_) => false,
+            Err(e) => e.is_gone() || e.errno() == Some(Errno::ENOTDIR as i32),
+        }
+    }
+
     /// Reads an interface file and trims surrounding whitespace (the kernel's trailing newline).
     pub fn read(&self, cgroup: &CgroupPath, file: InterfaceFile) -> Result<String, CgroupError> {
         let dir = self.open_dir(cgroup)?;

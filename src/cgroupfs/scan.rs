@@ -252,6 +252,7 @@ pub struct Scanner {
     hierarchy: Hierarchy,
     kubepods: CgroupPath,
     problems: LogOnce,
+    max_cgroups: usize,
 }
 
 impl Scanner {
@@ -260,7 +261,15 @@ impl Scanner {
             hierarchy,
             kubepods,
             problems: LogOnce::new(),
+            max_cgroups: MAX_SCAN_CGROUPS,
         }
+    }
+
+    /// The same scanner stopping after `max` cgroups instead of [`MAX_SCAN_CGROUPS`] (tests
+    /// of what an incomplete scan may and may not do, without 65,536 directories).
+    pub fn with_max_cgroups(mut self, max: usize) -> Scanner {
+        self.max_cgroups = max;
+        self
     }
 
     pub fn hierarchy(&self) -> &Hierarchy {
@@ -420,11 +429,13 @@ impl Scanner {
     fn walk(&mut self, start: CgroupPath, scan: &mut Scan) {
         let mut pending = vec![start];
         while let Some(path) = pending.pop() {
-            if scan.cgroups.len() >= MAX_SCAN_CGROUPS {
+            if scan.cgroups.len() >= self.max_cgroups {
                 scan.complete = false;
                 if self.problems.first_time("scan-truncated") {
                     log::warn!(
-                        "scan stopped after {MAX_SCAN_CGROUPS} cgroups under {}: the rest is not managed",
+                        "scan stopped after {} cgroups under {}: the rest is not managed (and \
+                         nothing held there is released)",
+                        self.max_cgroups,
                         self.kubepods
                     );
                 }
