@@ -289,7 +289,7 @@ impl fmt::Display for Notice {
             ),
             Notice::PodUidMismatch { path, runtime } => write!(
                 f,
-                "pod uid {runtime} from the runtime config differs from {path} in the cgroup path"
+                "pod uid {runtime} from the runtime config differs from {path} in the cgroup path; using the cgroup path's"
             ),
             Notice::RuntimeConfigDisagrees { detail } => {
                 write!(f, "runtime config and cgroup disagree ({detail}); using the runtime config")
@@ -952,13 +952,13 @@ pub fn classify(
         (&path.pod_uid, runtime.and_then(|r| r.pod_uid()))
     {
         if from_path != from_runtime {
+            // The cgroup path wins: kubelet made it, and the pod's cpus are the union of its
+            // directory's containers. A runtime config naming another pod must not put this
+            // container under that pod's key (two containers on one exclusive cpu).
             notices.push(Notice::PodUidMismatch {
                 path: from_path.clone(),
                 runtime: from_runtime.to_string(),
             });
-            if valid_pod_uid(from_runtime) {
-                classification.pod_uid = Some(from_runtime.to_string());
-            }
         }
     }
     classification.container_name = runtime.and_then(|r| r.container_name()).map(str::to_string);
@@ -1694,7 +1694,7 @@ mod tests {
     }
 
     #[test]
-    fn pod_uid_from_the_runtime_wins_and_mismatch_is_noticed() {
+    fn pod_uid_from_the_cgroup_path_wins_and_mismatch_is_noticed() {
         let n = cgroupfs();
         let other = "11111111-2222-3333-4444-555555555555";
         let rt = runtime(&[("io.kubernetes.pod.uid", other)], OciCpu::default());
@@ -1704,13 +1704,13 @@ mod tests {
             &v1(1024, Some(100_000)),
             Some(&rt),
         );
-        assert_eq!(c.pod_uid.as_deref(), Some(other));
+        assert_eq!(c.pod_uid.as_deref(), Some(UID));
         assert!(c
             .notices
             .iter()
             .any(|n| matches!(n, Notice::PodUidMismatch { .. })));
         assert!(
-            matches!(c.assignment_key(), Some(AssignmentKey::Id { container_id, .. }) if container_id == ID)
+            matches!(c.assignment_key(), Some(AssignmentKey::Id { pod_uid, container_id }) if container_id == ID && pod_uid == UID)
         );
     }
 

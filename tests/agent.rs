@@ -696,6 +696,65 @@ fn agent_never_blocks_on_a_notify_socket_nobody_drains() {
     assert!(exited.is_some_and(|s| s.success()), "{exited:?}: {text}");
 }
 
+/// A container whose runtime config names another pod (issue 17, item 3): the cgroup path's
+/// pod wins, so the two containers never share an exclusive cpu, nothing flaps, and the
+/// disagreement is logged once.
+#[test]
+fn agent_trusts_the_cgroup_path_over_a_runtime_config_naming_another_pod() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let victim = pod(
+        "victim",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("app", 1000)],
+    );
+    let forger = pod(
+        "forger",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("app", 1000)],
+    );
+    let victim_id = node.fake.start_pod(&victim).unwrap().remove(0);
+    let forger_id = node.fake.start_pod(&forger).unwrap().remove(0);
+    // The forger's config says it belongs to the victim's pod (same container name).
+    let config_path = node
+        .base
+        .join("runtime")
+        .join(&forger_id)
+        .join("config.json");
+    let config = fs::read_to_string(&config_path).unwrap();
+    let forged = config.replace(&forger.uid, &victim.uid);
+    assert_ne!(config, forged);
+    fs::write(&config_path, forged).unwrap();
+
+    let mut agent = node.start_agent(&[]);
+    let status = node.wait_status("both placed", |s| {
+        s.by_id(&victim_id).is_some() && s.by_id(&forger_id).is_some() && s.converged()
+    });
+    let (a, b) = (
+        cpus(&node.cpus_of(&victim, &victim_id)),
+        cpus(&node.cpus_of(&forger, &forger_id)),
+    );
+    assert!(
+        a.is_disjoint(&b),
+        "victim {a} and forger {b} share cpus: {status:?}"
+    );
+    assert_eq!(status.exclusive_cpu_count, 2, "{status:?}");
+    // No flapping: a few reconcile periods later nothing was allocated again.
+    let allocations = || agent.log_lines("allocated cpus=").len();
+    let before = allocations();
+    let ticks = |n: &TestNode| {
+        n.metric("cpusetd_quiet_reconciles_total")
+            + n.metric("cpusetd_reconciles_without_pass_total")
+    };
+    let start = ticks(&node);
+    assert!(
+        poll_until(DEADLINE, || (ticks(&node) >= start + 2.0).then_some(())).is_some(),
+        "no reconcile ticks"
+    );
+    assert_eq!(allocations(), before, "{}", agent.log());
+    assert_eq!(agent.log_lines("differs from").len(), 1, "{}", agent.log());
+    assert!(agent.stop().success());
+}
+
 #[test]
 fn agent_status_marks_what_differs() {
     let node = TestNode::new(CgroupVersion::V1);

@@ -929,10 +929,12 @@ impl Controller {
                     _ => {}
                 }
                 entry.class = Some(class.clone());
+                log_notices(&cgroup.path, &class);
             } else if class.kind != CgroupKind::Container || !waiting {
                 // Without a runtime config a container waiting for its CPU settings is looked
                 // up again next pass; one classified from its cgroup is not.
                 entry.class = Some(class.clone());
+                log_notices(&cgroup.path, &class);
             }
             classes.push(class);
         }
@@ -1099,6 +1101,15 @@ impl Controller {
             Some(plan) => crate::report::rows(&self.model_scan(), &self.last_classes, plan),
             None => Vec::new(),
         }
+    }
+}
+
+/// What classification noticed about a cgroup (an ignored annotation value, a pod uid in the
+/// runtime config that differs from the path, a limit that differs from the request …), said
+/// once: when its classification is cached, which is again only when its CPU settings change.
+fn log_notices(path: &CgroupPath, class: &Classification) {
+    for notice in &class.notices {
+        log::warn!("cg={path}: {notice}");
     }
 }
 
