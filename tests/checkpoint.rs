@@ -695,3 +695,72 @@ fn kubelet_reference_examples_and_a_file_on_disk() {
         )
     );
 }
+
+/// A hard link planted at the lock file's name (issue 17, item 17) is unlinked, never written
+/// through: the file it points at keeps its bytes, and the lock works.
+#[test]
+fn a_hard_link_planted_at_the_lock_file_is_never_written_through() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("state");
+    fs::create_dir(&dir).unwrap();
+    let victim = tmp.path().join("victim");
+    fs::write(&victim, "precious\n").unwrap();
+    fs::hard_link(&victim, dir.join("lock")).unwrap();
+    let lock = StateLock::acquire(&dir).unwrap();
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert!(
+        StateLock::acquire(&dir).is_err(),
+        "a second lock was granted"
+    );
+    drop(lock);
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "precious\n");
+    // And a symlink is replaced the same way.
+    fs::remove_file(dir.join("lock")).unwrap();
+    symlink(&victim, dir.join("lock")).unwrap();
+    let lock = StateLock::acquire(&dir).unwrap();
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert!(!fs::symlink_metadata(dir.join("lock"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    drop(lock);
+}
+
+/// A read-only or full state directory does not stop the agent at its lock (issue 17, item
+/// 12): the directory itself is locked, and a second agent is still refused.
+#[test]
+fn a_read_only_or_full_state_directory_still_takes_the_lock() {
+    let fs_ro = match Tmpfs::mount("size=1m") {
+        Ok(t) => t,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let dir = fs_ro.dir.join("state");
+    fs::create_dir(&dir).unwrap();
+    fs_ro.remount("ro");
+    let lock = StateLock::acquire(&dir).unwrap();
+    assert_eq!(lock.path(), dir.as_path());
+    let err = StateLock::acquire(&dir).unwrap_err();
+    assert!(err.to_string().contains("another cpusetd"), "{err}");
+    drop(lock);
+    assert!(StateLock::acquire(&dir).is_ok());
+
+    // Full: the lock file exists but its pid cannot be written.
+    let full = Tmpfs::mount("size=64k").unwrap();
+    let dir = full.dir.join("state");
+    fs::create_dir(&dir).unwrap();
+    fs::write(dir.join("lock"), "").unwrap();
+    let filler = fs::File::create(full.dir.join("filler")).unwrap();
+    use std::io::Write;
+    let mut filler = std::io::BufWriter::new(filler);
+    while filler
+        .write_all(&[0u8; 4096])
+        .and_then(|()| filler.flush())
+        .is_ok()
+    {}
+    let lock = StateLock::acquire(&dir).unwrap();
+    assert!(StateLock::acquire(&dir).is_err());
+    drop(lock);
+}

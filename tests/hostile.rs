@@ -453,3 +453,64 @@ fn writes_never_create_files() {
     assert!(err.is_gone(), "{err:?}");
     assert!(!copy.cpuset_dir(&pod).join("cpu.shares").exists());
 }
+
+/// A bind mount (here a tmpfs) over a directory of the tree is never crossed (issue 17,
+/// item 16), neither by the one-call `openat2` path nor by the component walk.
+#[test]
+fn a_mount_over_a_cgroup_directory_is_never_crossed() {
+    if !nix::unistd::Uid::effective().is_root() {
+        println!("skipped: mounting needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cpuset");
+    let pod = root.join("kubepods/podx");
+    fs::create_dir_all(&pod).unwrap();
+    fs::write(root.join("kubepods/cpuset.cpus"), "0-3\n").unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "cpusetd-xdev"])
+        .arg(&pod)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        println!("skipped: cannot mount a tmpfs here");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _unmount = Unmount(pod.clone());
+    fs::write(pod.join("cpuset.cpus"), "0-3\n").unwrap();
+    fs::create_dir(pod.join("ctr")).unwrap();
+    fs::write(pod.join("ctr/cpuset.cpus"), "0-3\n").unwrap();
+
+    let cgroupfs = CgroupFs::open(&root).unwrap();
+    let kubepods = CgroupPath::new("kubepods").unwrap();
+    assert_eq!(
+        cgroupfs.read(&kubepods, InterfaceFile::CpusetCpus).unwrap(),
+        "0-3"
+    );
+    for path in ["kubepods/podx", "kubepods/podx/ctr"] {
+        let path = CgroupPath::new(path).unwrap();
+        for read in [
+            cgroupfs.read(&path, InterfaceFile::CpusetCpus),
+            cgroupfs.read_file(&path, InterfaceFile::CpusetCpus),
+        ] {
+            let err = read.expect_err("crossed a mount");
+            let chain = cpusetd::logging::error_chain(&err);
+            assert!(chain.contains("mounted"), "{path}: {chain}");
+        }
+        let write = cgroupfs.write(&path, InterfaceFile::CpusetCpus, "0");
+        assert!(write.is_err(), "{path}: wrote across a mount");
+    }
+    assert_eq!(
+        fs::read_to_string(pod.join("ctr/cpuset.cpus")).unwrap(),
+        "0-3\n"
+    );
+}

@@ -126,6 +126,8 @@ pub enum Refusal {
     TooLarge { limit: usize },
     #[error("the kernel took {written} of {len} bytes in one write")]
     ShortWrite { written: usize, len: usize },
+    #[error("another filesystem is mounted there; mounts below the cgroup root are never crossed")]
+    MountPoint,
 }
 
 /// The type of a directory entry, as far as the agent cares.
@@ -594,7 +596,11 @@ impl CgroupFs {
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         match open_beneath(&self.root_fd, cgroup, flags) {
             Some(Ok(fd)) => return Ok(fd),
-            Some(Err(errno)) if errno != Errno::ELOOP && errno != Errno::ENOTDIR => {
+            // ENAMETOOLONG: a path past PATH_MAX (a deep chain of cgroups) is walked a
+            // component at a time, which has no such limit.
+            Some(Err(errno))
+                if !matches!(errno, Errno::ELOOP | Errno::ENOTDIR | Errno::ENAMETOOLONG) =>
+            {
                 return Err(WalkError::Io(io::Error::from(errno)))
             }
             // Refused, or no openat2: walk, which says what was in the way.
@@ -607,6 +613,9 @@ impl CgroupFs {
     fn walk_components(&self, cgroup: &CgroupPath) -> Result<OwnedFd, WalkError> {
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let mut current = dup_fd(&self.root_fd).map_err(WalkError::Io)?;
+        let device = fstat(&current)
+            .map_err(|errno| WalkError::Io(io::Error::from(errno)))?
+            .st_dev;
         for name in cgroup.components() {
             current = match openat(&current, name, flags, Mode::empty()) {
                 Ok(fd) => fd,
@@ -615,6 +624,11 @@ impl CgroupFs {
                 }
                 Err(errno) => return Err(WalkError::Io(io::Error::from(errno))),
             };
+            // What openat2's RESOLVE_NO_XDEV refuses: a bind mount over a cgroup directory.
+            let here = fstat(&current).map_err(|errno| WalkError::Io(io::Error::from(errno)))?;
+            if here.st_dev != device {
+                return Err(WalkError::Refused(Refusal::MountPoint));
+            }
         }
         Ok(current)
     }
@@ -646,9 +660,9 @@ fn write_value(fd: OwnedFd, path: &Path, value: &str) -> Result<(), CgroupError>
 /// filter), so [`open_beneath`] stops trying.
 static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 
-/// `openat2(dir, path, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`: `path`
-/// opened in one system call, refusing (`ELOOP`) a symlink in any component and anything
-/// outside `dir`. `None` when the kernel has no `openat2`; the root itself for an empty path.
+/// `openat2(dir, path, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS |
+/// RESOLVE_NO_XDEV)`: `path` opened in one system call, refusing (`ELOOP`) a symlink in any
+/// component, a mount point, and anything outside `dir`. `None` when the kernel has no `openat2`; the root itself for an empty path.
 fn open_beneath(dir: &OwnedFd, path: &CgroupPath, flags: OFlag) -> Option<nix::Result<OwnedFd>> {
     if NO_OPENAT2.load(Ordering::Relaxed) {
         return None;
@@ -659,7 +673,8 @@ fn open_beneath(dir: &OwnedFd, path: &CgroupPath, flags: OFlag) -> Option<nix::R
     let how = OpenHow::new().flags(flags).resolve(
         ResolveFlag::RESOLVE_BENEATH
             | ResolveFlag::RESOLVE_NO_SYMLINKS
-            | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+            | ResolveFlag::RESOLVE_NO_MAGICLINKS
+            | ResolveFlag::RESOLVE_NO_XDEV,
     );
     match openat2(dir, std::ffi::OsStr::from_bytes(path.as_bytes()), how) {
         Err(Errno::ENOSYS) | Err(Errno::EPERM) if !NO_OPENAT2.swap(true, Ordering::Relaxed) => {
@@ -667,7 +682,8 @@ fn open_beneath(dir: &OwnedFd, path: &CgroupPath, flags: OFlag) -> Option<nix::R
             None
         }
         Err(Errno::ENOSYS) => None,
-        // EXDEV: outside `dir`, which a CgroupPath cannot be; walked to say why.
+        // EXDEV: a mount point on the way (or outside `dir`, which a CgroupPath cannot be);
+        // walked to say why.
         Err(Errno::EXDEV) => Some(Err(Errno::ELOOP)),
         other => Some(other),
     }

@@ -58,10 +58,28 @@ fn holder(pid: Option<u32>) -> String {
 pub struct StateLock {
     path: PathBuf,
     file: Flock<File>,
+    /// Whether the pid was written into a lock file of our own (cleared on release).
+    pid_written: bool,
+}
+
+/// Errors that mean the state directory cannot take a new or changed file (read-only, full,
+/// over quota, not writable): the lock is then taken without one.
+fn cannot_write_there(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error().map(Errno::from_raw),
+        Some(Errno::EROFS | Errno::ENOSPC | Errno::EDQUOT | Errno::EACCES | Errno::EPERM)
+    )
 }
 
 impl StateLock {
     /// Locks `<dir>/lock`, creating the directory (0700) and the file (0600) if needed.
+    ///
+    /// The file is opened without following a symlink and used only when it is a regular file
+    /// of ours with one link: a hard link planted there (to a file elsewhere that the pid
+    /// write would truncate) is unlinked and a fresh file made, as the checkpoint does. When the
+    /// directory cannot take the file (read-only, full), the lock is taken on the directory
+    /// itself (an `O_RDONLY` descriptor can be locked on a read-only filesystem), so a second
+    /// agent is still refused; only the pid in the file is lost, and that is logged.
     pub fn acquire(dir: &Path) -> Result<StateLock, LockError> {
         DirBuilder::new()
             .recursive(true)
@@ -72,6 +90,80 @@ impl StateLock {
                 source,
             })?;
         let path = dir.join(LOCK_FILE);
+        let (file, locked_path, own_file) = match open_lock_file(&path) {
+            Ok(file) => (file, path.clone(), true),
+            Err(LockError::Open { source, .. }) if cannot_write_there(&source) => {
+                log::warn!(
+                    "cannot use the lock file {}: {source}; locking the state directory itself \
+                     (a second agent is still refused; its pid is not recorded)",
+                    path.display()
+                );
+                let dir_file = File::options()
+                    .read(true)
+                    .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW).bits())
+                    .open(dir)
+                    .map_err(|source| LockError::Open {
+                        path: dir.to_path_buf(),
+                        source,
+                    })?;
+                (dir_file, dir.to_path_buf(), false)
+            }
+            Err(e) => return Err(e),
+        };
+        let mut file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(locked) => locked,
+            Err((mut file, Errno::EWOULDBLOCK)) => {
+                let pid = if own_file { read_pid(&mut file) } else { None };
+                return Err(LockError::Held {
+                    path: locked_path,
+                    pid,
+                });
+            }
+            Err((_, errno)) => {
+                return Err(LockError::Lock {
+                    path: locked_path,
+                    source: io::Error::from(errno),
+                })
+            }
+        };
+        let mut pid_written = false;
+        if own_file {
+            let pid = format!("{}\n", std::process::id());
+            match file
+                .set_len(0)
+                .and_then(|()| file.seek(SeekFrom::Start(0)).map(drop))
+                .and_then(|()| file.write_all(pid.as_bytes()))
+            {
+                Ok(()) => pid_written = true,
+                // Held all the same; a second agent is told "another cpusetd" without a pid.
+                Err(e) => log::warn!(
+                    "cannot record this process's pid in {}: {e}; the lock is held all the same",
+                    path.display()
+                ),
+            }
+        }
+        Ok(StateLock {
+            path: locked_path,
+            file,
+            pid_written,
+        })
+    }
+
+    /// The lock file (or the state directory, when it could not hold one).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Opens (creating if needed) the lock file: a regular file, owned by this user, with one
+/// link. Anything else planted at its name is unlinked (never written through) and a fresh
+/// file made in its place, once.
+fn open_lock_file(path: &Path) -> Result<File, LockError> {
+    let open_error = |source| LockError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    for attempt in 0..2 {
         let file = File::options()
             .read(true)
             .write(true)
@@ -79,52 +171,62 @@ impl StateLock {
             .truncate(false)
             .mode(0o600)
             .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits())
-            .open(&path)
-            .map_err(|source| LockError::Open {
-                path: path.clone(),
-                source,
-            })?;
-        if !file.metadata().map(|m| m.is_file()).unwrap_or(false) {
-            return Err(LockError::Open {
-                path,
-                source: io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"),
-            });
-        }
-        let mut file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(locked) => locked,
-            Err((mut file, Errno::EWOULDBLOCK)) => {
-                let pid = read_pid(&mut file);
-                return Err(LockError::Held { path, pid });
+            .open(path);
+        let planted = match &file {
+            Ok(f) => match f.metadata() {
+                Ok(m) => {
+                    use std::os::unix::fs::MetadataExt;
+                    if !m.is_file() {
+                        Some(format!("not a regular file ({:?})", m.file_type()))
+                    } else if m.nlink() != 1 {
+                        Some(format!("a regular file with {} links", m.nlink()))
+                    } else if m.uid() != nix::unistd::geteuid().as_raw() {
+                        Some(format!("owned by uid {}", m.uid()))
+                    } else {
+                        None
+                    }
+                }
+                Err(e) => return Err(open_error(e)),
+            },
+            // A symlink (O_NOFOLLOW) or a FIFO/other (O_NONBLOCK opens it; checked above).
+            Err(e) if e.raw_os_error() == Some(Errno::ELOOP as i32) => {
+                Some("a symlink".to_string())
             }
-            Err((_, errno)) => {
-                return Err(LockError::Lock {
-                    path,
-                    source: io::Error::from(errno),
-                })
-            }
+            Err(_) => None,
         };
-        let pid = format!("{}\n", std::process::id());
-        file.set_len(0)
-            .and_then(|()| file.seek(SeekFrom::Start(0)).map(drop))
-            .and_then(|()| file.write_all(pid.as_bytes()))
-            .map_err(|source| LockError::WritePid {
-                path: path.clone(),
-                source,
-            })?;
-        Ok(StateLock { path, file })
+        match planted {
+            None => return file.map_err(open_error),
+            Some(what) if attempt == 0 => {
+                log::warn!(
+                    "{} is {what}, not the agent's lock file: unlinking it (its target is not \
+                     touched) and making a fresh one",
+                    path.display()
+                );
+                drop(file);
+                if let Err(e) = std::fs::remove_file(path) {
+                    if e.kind() != io::ErrorKind::NotFound {
+                        return Err(open_error(e));
+                    }
+                }
+            }
+            Some(what) => {
+                return Err(open_error(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{what}, again after unlinking it"),
+                )))
+            }
+        }
     }
-
-    /// The lock file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
+    unreachable!("the loop returns on its second attempt")
 }
 
 /// Clears the pid before the lock goes, so the file names a holder only while one runs (or
 /// after one was killed, until the next agent starts).
 impl Drop for StateLock {
     fn drop(&mut self) {
-        let _ = self.file.set_len(0);
+        if self.pid_written {
+            let _ = self.file.set_len(0);
+        }
     }
 }
 
