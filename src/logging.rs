@@ -8,6 +8,7 @@
 //! so if it comes back later it is reported again. Memory is bounded by the problems of two
 //! passes.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 /// Deduplicates log lines across passes; see the module docs.
@@ -80,5 +81,43 @@ mod tests {
         once.next_pass();
         assert!(once.first_time("b"));
         assert!(once.first_time("a"));
+    }
+}
+
+/// `text` safe to print on a terminal or in a line-oriented log: control characters (newline,
+/// escape, DEL, C1) and the invisible Unicode format characters (bidi overrides, zero-width
+/// spaces) are written as `\u{..}` escapes, so a container or pod name read from a runtime
+/// config can neither forge a log line or a table row nor drive the terminal. Plain text is
+/// returned as it is.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod printable_tests {
+    use super::printable;
+
+    #[test]
+    fn control_and_format_characters_are_escaped() {
+        assert_eq!(printable("db-0"), "db-0");
+        assert_eq!(printable("a\nb"), "a\\u{a}b");
+        assert_eq!(printable("\u{1b}[31mred"), "\\u{1b}[31mred");
+        assert_eq!(printable("x\u{202e}y"), "x\\u{202e}y");
+        assert_eq!(printable("naïve ✓"), "naïve ✓");
     }
 }

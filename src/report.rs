@@ -127,6 +127,11 @@ pub fn render_table(rows: &[CgroupRow]) -> String {
             ]
         })
         .collect();
+    // Names and notes come from runtime configs and directory names: printable only.
+    let table: Vec<[String; 7]> = table
+        .into_iter()
+        .map(|row| row.map(|cell| crate::logging::printable(&cell).into_owned()))
+        .collect();
     let mut widths = headers.map(str::len);
     for row in &table {
         for (w, cell) in widths.iter_mut().zip(row) {

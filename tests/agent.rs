@@ -755,6 +755,42 @@ fn agent_trusts_the_cgroup_path_over_a_runtime_config_naming_another_pod() {
     assert!(agent.stop().success());
 }
 
+/// Names from runtime configs are printed, never obeyed (issue 17, item 24): a newline or an
+/// escape sequence in a container name forges no `status` row and no log line; `--json` keeps
+/// the name exactly.
+#[test]
+fn agent_hostile_names_forge_no_row_and_no_log_line() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let hostile = "app\nforged-pod  forged  Guaranteed  1  5  5  exclusive\u{1b}[2J";
+    let db = pod(
+        "db",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed(hostile, 1000)],
+    );
+    let mut agent = node.start_agent(&[]);
+    let id = node.fake.start_pod(&db).unwrap().remove(0);
+    let status = node.wait_status("pinned", |s| s.has(&id, "1") || s.converged());
+    let row = status.by_id(&id).unwrap();
+    assert_eq!(
+        row.container.as_deref(),
+        Some(hostile),
+        "--json keeps the name exactly"
+    );
+    let table = node.cpusetd("status", &[]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(table.status.success(), "{text}");
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+    assert!(
+        !text.lines().any(|l| l.starts_with("forged-pod")),
+        "a forged row:\n{text}"
+    );
+    assert!(text.contains("app\\u{a}forged-pod"), "{text}");
+    let log = agent.log();
+    assert!(!log.contains('\u{1b}'), "{log:?}");
+    assert!(!log.lines().any(|l| l.starts_with("forged-pod")), "{log}");
+    assert!(agent.stop().success());
+}
+
 #[test]
 fn agent_status_marks_what_differs() {
     let node = TestNode::new(CgroupVersion::V1);

@@ -74,6 +74,14 @@ impl Drop for Workspace {
     }
 }
 
+/// A fresh directory under `tmp` that nobody else can have made or planted anything in: an
+/// unpredictable name created atomically with mode 0700 (mkdtemp), never a name someone could
+/// have made first (`cpusetd-demo-<pid>` was one, and as root the demo then followed the
+/// symlinks in it).
+fn private_workspace(tmp: &Path) -> std::io::Result<PathBuf> {
+    nix::unistd::mkdtemp(&tmp.join("cpusetd-demo-XXXXXX")).map_err(std::io::Error::from)
+}
+
 fn failure(message: impl Into<String>) -> CommandError {
     CommandError {
         status: EXIT_FAILURE,
@@ -103,18 +111,18 @@ pub fn run(args: &DemoArgs) -> Result<(), CommandError> {
     log::set_max_level(log::LevelFilter::Error);
     let started = Instant::now();
     let mut ws = Workspace {
-        dir: std::env::temp_dir().join(format!("cpusetd-demo-{}", std::process::id())),
+        dir: private_workspace(&std::env::temp_dir())
+            .map_err(io_failure("cannot create the demo directory"))?,
         mounted: false,
         agent: None,
     };
-    fs::create_dir_all(&ws.dir).map_err(io_failure("cannot create the demo directory"))?;
     if nix::unistd::Uid::effective().is_root() {
         ws.mounted = nix::mount::mount(
             Some("tmpfs"),
             &ws.dir,
             Some("tmpfs"),
             nix::mount::MsFlags::empty(),
-            Some("size=64m,mode=0755"),
+            Some("size=64m,mode=0700"),
         )
         .is_ok();
     }
@@ -446,4 +454,33 @@ fn tail(path: &Path, n: usize) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::private_workspace;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Issue 17, item 15: each demo gets a fresh private directory, never one a name that
+    /// someone else could have created first.
+    #[test]
+    fn the_demo_workspace_is_fresh_private_and_unpredictable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = private_workspace(tmp.path()).unwrap();
+        let b = private_workspace(tmp.path()).unwrap();
+        assert_ne!(a, b);
+        for dir in [&a, &b] {
+            let meta = std::fs::symlink_metadata(dir).unwrap();
+            assert!(meta.is_dir());
+            assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+            assert!(std::fs::read_dir(dir).unwrap().next().is_none());
+        }
+        // The old predictable name, planted as a symlink, is not what the demo uses.
+        let planted = tmp
+            .path()
+            .join(format!("cpusetd-demo-{}", std::process::id()));
+        std::os::unix::fs::symlink("/", &planted).unwrap();
+        let c = private_workspace(tmp.path()).unwrap();
+        assert_ne!(c, planted);
+    }
 }

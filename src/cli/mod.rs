@@ -90,8 +90,21 @@ pub fn cpuset_arg(text: &str) -> Result<CpuSet, String> {
 
 fn init_logging() {
     let env = env_logger::Env::default().default_filter_or("info");
+    // env_logger's own layout, with the message made printable: names read from runtime
+    // configs (containers, pods, annotations) and cgroup directory names go into log lines,
+    // and a newline or an escape sequence in one must not forge a line or drive a terminal.
     let _ = env_logger::Builder::from_env(env)
-        .format_timestamp_millis()
+        .format(|buf, record| {
+            use std::io::Write;
+            writeln!(
+                buf,
+                "[{} {:<5} {}] {}",
+                buf.timestamp_millis(),
+                record.level(),
+                record.target(),
+                crate::logging::printable(&record.args().to_string())
+            )
+        })
         .try_init();
 }
 
