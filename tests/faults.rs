@@ -517,3 +517,37 @@ fn a_kubepods_cgroup_removed_while_running_is_reported_once() {
     node.settled(now_ms(), pinned("db", 1));
     node.assert_running();
 }
+
+/// Issue 17, item 25: a storm of rescans (inotify queue overflows) is said at most once a
+/// minute in the log, with a count, not once (or twice) per rescan.
+#[test]
+fn a_storm_of_rescans_is_logged_once_not_per_rescan() {
+    let node = node_with_faults("overflow:40");
+    for n in 0..40 {
+        let pod = guaranteed_pod(1);
+        node.node.start_pod(&pod).unwrap();
+        if metric(&node, "cpusetd_rescans_total").unwrap_or(0) >= 10 {
+            break;
+        }
+        assert!(n < 39, "no rescans: {}", tail(&node.log_text(), 30));
+        eventually("the pod's cgroups seen", &node, || {
+            node.log_text().matches("allocated").count() > n
+                || node.log_text().contains("not enough cpus")
+        });
+    }
+    eventually("ten rescans", &node, || {
+        metric(&node, "cpusetd_rescans_total").unwrap_or(0) >= 10
+    });
+    let said = node.log_lines("rescanning the whole tree");
+    println!(
+        "rescans: {:?}, lines: {}",
+        metric(&node, "cpusetd_rescans_total"),
+        said.len()
+    );
+    assert!(
+        said.len() <= 1,
+        "{} lines:\n{}",
+        said.len(),
+        tail(&node.log_text(), 40)
+    );
+}

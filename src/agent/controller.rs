@@ -186,6 +186,9 @@ pub struct Controller {
     complete: bool,
     /// Cgroups said to be unreadable (said once each).
     unreadable_said: HashSet<CgroupPath>,
+    /// When a rescan was last said in the log, and how many were not said since.
+    rescan_said: Option<Instant>,
+    rescans_unsaid: u64,
     pub metrics: Metrics,
 }
 
@@ -196,6 +199,8 @@ impl Controller {
             model: BTreeMap::new(),
             complete: true,
             unreadable_said: HashSet::new(),
+            rescan_said: None,
+            rescans_unsaid: 0,
             drifted: HashSet::new(),
             pending_pins: HashMap::new(),
             settings_wait: HashMap::new(),
@@ -391,7 +396,23 @@ impl Controller {
                 }
             }
             TreeEvent::Rescan { reason } => {
-                log::warn!("watcher lost track ({reason}): rescanning the whole tree");
+                // Said at most once a minute, with how many were not said.
+                let due = self
+                    .rescan_said
+                    .is_none_or(|at| now.saturating_duration_since(at) >= Duration::from_secs(60));
+                if due {
+                    let more = std::mem::take(&mut self.rescans_unsaid);
+                    let since = if more > 0 {
+                        format!(" ({more} more rescans since the last time this was said)")
+                    } else {
+                        String::new()
+                    };
+                    log::warn!("watcher lost track ({reason}): rescanning the whole tree{since}");
+                    self.rescan_said = Some(now);
+                } else {
+                    self.rescans_unsaid += 1;
+                    log::debug!("watcher lost track ({reason}): rescanning the whole tree");
+                }
                 self.metrics.rescans += 1;
                 self.full_scan()?;
                 Ok(true)
