@@ -791,6 +791,51 @@ fn agent_hostile_names_forge_no_row_and_no_log_line() {
     assert!(agent.stop().success());
 }
 
+/// `--metrics-file` (issue 17, item 14): a directory or a file in the state directory is a
+/// configuration error; a metrics directory that goes away is said once at WARN.
+#[test]
+fn agent_metrics_file_is_checked_and_its_failures_said() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let state = node.state_dir();
+    for (path, needle) in [
+        (node.base.clone(), "is a directory"),
+        (state.join("state.json"), "in the state directory"),
+        (node.base.join("missing/m.prom"), "does not exist"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+            .arg("run")
+            .args(node.tree_args())
+            .args(["--reserved-cpus", "0", "--metrics-file"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{}: {stderr}", path.display());
+        assert!(stderr.contains(needle), "{}: {stderr}", path.display());
+    }
+    let metrics = node.metrics_file();
+    let mut agent = node.start_agent(&[]);
+    assert!(poll_until(DEADLINE, || metrics.exists().then_some(())).is_some());
+    // Something takes the metrics file's place that a rename cannot replace.
+    fs::remove_file(&metrics).unwrap();
+    fs::create_dir(&metrics).unwrap();
+    fs::write(metrics.join("keep"), "").unwrap();
+    for n in 0..3 {
+        node.fake
+            .start_pod(&best_effort(&format!("be{n}")))
+            .unwrap();
+    }
+    agent.wait_for_log("cannot write metrics");
+    node.wait_status("settled", |s| s.converged());
+    assert_eq!(
+        agent.log_lines("cannot write metrics").len(),
+        1,
+        "{}",
+        agent.log()
+    );
+    assert!(agent.stop().success());
+}
+
 #[test]
 fn agent_status_marks_what_differs() {
     let node = TestNode::new(CgroupVersion::V1);

@@ -267,16 +267,119 @@ fn by_errno(counts: &BTreeMap<i32, u64>) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Writes a rendered exposition to `path` atomically (temporary file, then rename).
+/// Writes a rendered exposition to `path` atomically: a fresh temporary file beside it (an
+/// unpredictable name, `O_EXCL | O_NOFOLLOW`, so nothing planted there is written through),
+/// then a rename over `path` (which replaces a symlink there rather than following it).
 pub fn write_text(path: &Path, text: &str) -> io::Result<()> {
-    let tmp = path.with_extension("prom.tmp");
-    fs::write(&tmp, text)?;
-    fs::rename(&tmp, path)
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+    let nonce = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos())
+        ^ (COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed) as u32).rotate_left(16);
+    let tmp = path.with_file_name(format!(
+        ".{}.{}.{nonce:08x}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(&tmp)
+        .and_then(|mut file| file.write_all(text.as_bytes()))
+        .and_then(|()| fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Why `--metrics-file` cannot be used, if it cannot: a directory, a parent that is not a
+/// directory, or a file in the agent's state directory (the checkpoint and lock live there,
+/// and the metrics file is replaced after every pass).
+pub fn metrics_file_problem(path: &Path, state_dir: &Path) -> Option<String> {
+    if path.as_os_str().is_empty() || path.file_name().is_none() {
+        return Some("it names no file".into());
+    }
+    if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Some("it is a directory; name a file in it, such as cpusetd.prom".into());
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let Ok(parent) = fs::canonicalize(parent) else {
+        return Some(format!("its directory {} does not exist", parent.display()));
+    };
+    if !parent.is_dir() {
+        return Some(format!("{} is not a directory", parent.display()));
+    }
+    if fs::canonicalize(state_dir).is_ok_and(|state| parent.starts_with(&state)) {
+        return Some(format!(
+            "it is in the state directory {} (the checkpoint and lock live there); put it in \
+             node_exporter's textfile directory",
+            state_dir.display()
+        ));
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 17, item 14: nothing planted beside the metrics file is written through.
+    #[test]
+    fn the_metrics_file_is_written_through_a_fresh_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, "precious").unwrap();
+        let path = dir.path().join("cpusetd.prom");
+        // The old fixed temporary name, planted as a symlink.
+        std::os::unix::fs::symlink(&victim, dir.path().join("cpusetd.prom.tmp")).unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join("cpusetd.prom")).unwrap();
+        write_text(&path, "x 1\n").unwrap();
+        write_text(&path, "x 2\n").unwrap();
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(fs::read_to_string(&path).unwrap(), "x 2\n");
+        assert!(!fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let left: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp") && n.starts_with('.'))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn a_metrics_file_in_the_state_dir_or_a_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        fs::create_dir(&state).unwrap();
+        let ok = dir.path().join("m.prom");
+        assert_eq!(metrics_file_problem(&ok, &state), None);
+        for bad in [
+            state.join("state.json"),
+            state.join("lock"),
+            dir.path().to_path_buf(),
+            dir.path().join("missing/m.prom"),
+        ] {
+            assert!(
+                metrics_file_problem(&bad, &state).is_some(),
+                "{}",
+                bad.display()
+            );
+        }
+    }
 
     #[test]
     fn summary_quantiles_use_recent_samples() {

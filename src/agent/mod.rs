@@ -454,6 +454,7 @@ fn persist_loop(
     metrics_file: Option<&std::path::Path>,
 ) {
     let mut failing = false;
+    let mut metrics_failing = false;
     loop {
         let job = {
             let mut pending = slot.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -484,8 +485,18 @@ fn persist_loop(
             }
         }
         if let (Some(path), Some(text)) = (metrics_file, &job.metrics) {
-            if let Err(e) = metrics::write_text(path, text) {
-                log::debug!("cannot write metrics to {}: {e}", path.display());
+            // Said when it starts failing and when it works again, not on every pass.
+            match metrics::write_text(path, text) {
+                Ok(()) if metrics_failing => {
+                    metrics_failing = false;
+                    log::info!("metrics are written to {} again", path.display());
+                }
+                Ok(()) => {}
+                Err(e) if !metrics_failing => {
+                    metrics_failing = true;
+                    log::warn!("cannot write metrics to {}: {e}", path.display());
+                }
+                Err(e) => log::debug!("cannot write metrics to {}: {e}", path.display()),
             }
         }
         slot.pending.lock().unwrap_or_else(|e| e.into_inner()).busy = false;

@@ -106,6 +106,14 @@ impl AgentArgs {
     pub fn validate(&self) -> Result<(), CommandError> {
         PolicyOptions::parse(&self.policy.cpu_manager_policy_options)
             .map_err(|e| CommandError::usage(format!("--cpu-manager-policy-options: {e}")))?;
+        if let Some(path) = &self.metrics_file {
+            if let Some(why) = crate::agent::metrics::metrics_file_problem(path, &self.state_dir) {
+                return Err(CommandError::usage(format!(
+                    "--metrics-file {}: {why}",
+                    path.display()
+                )));
+            }
+        }
         Ok(())
     }
 }
