@@ -9,6 +9,7 @@
 //! * `write:<file>:<ERRNO>:<N>`: cgroupfs writes of that interface file (`*` for any);
 //! * `checkpoint:<ERRNO>:<N>`: checkpoint saves (the temporary file's creation);
 //! * `watch:<ERRNO>:<N>`: `inotify_add_watch` for a directory that appeared while running;
+//! * `startwatch:<ERRNO>:<N>`: `inotify_add_watch` of the kubepods tree at start;
 //! * `overflow:<N>`: the next `N` reads of the inotify queue report `IN_Q_OVERFLOW`.
 //!
 //! For example `CPUSETD_FAULTS=write:cpuset.cpus:EBUSY:3,checkpoint:ENOSPC:2`. A malformed rule
@@ -26,6 +27,7 @@ enum Site {
     Write(Option<String>),
     Checkpoint,
     Watch,
+    StartWatch,
     Overflow,
 }
 
@@ -62,6 +64,7 @@ fn parse(text: &str) -> (Vec<Rule>, Vec<String>) {
             ),
             ["checkpoint", errno, n] => rule(Site::Checkpoint, errno, n),
             ["watch", errno, n] => rule(Site::Watch, errno, n),
+            ["startwatch", errno, n] => rule(Site::StartWatch, errno, n),
             ["overflow", n] => rule(Site::Overflow, &"EOVERFLOW", n),
             _ => None,
         };
@@ -121,6 +124,14 @@ pub fn checkpoint_save() -> Option<io::Error> {
 /// An injected failure for `inotify_add_watch`.
 pub fn add_watch() -> Option<io::Error> {
     take(|site| *site == Site::Watch, "inotify_add_watch")
+}
+
+/// An injected failure for `inotify_add_watch` of the kubepods tree at start.
+pub fn start_watch() -> Option<io::Error> {
+    take(
+        |site| *site == Site::StartWatch,
+        "inotify_add_watch at start",
+    )
 }
 
 /// Whether this read of the inotify queue is to report an overflow.

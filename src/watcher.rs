@@ -232,6 +232,22 @@ pub enum WatchError {
     Panicked,
 }
 
+impl WatchError {
+    /// Whether this is inotify running out of a per-user limit (`fs.inotify.max_user_watches`,
+    /// `max_user_instances`) or of memory: the node is fine, the agent can work without
+    /// events, by scanning.
+    pub fn is_limit(&self) -> bool {
+        let source = match self {
+            WatchError::Init { source } | WatchError::Root { source, .. } => source,
+            _ => return false,
+        };
+        matches!(
+            source.raw_os_error().map(Errno::from_raw),
+            Some(Errno::ENOSPC | Errno::EMFILE | Errno::ENFILE | Errno::ENOMEM)
+        )
+    }
+}
+
 /// Whether a walk reports the directories it adopts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Report {
@@ -722,6 +738,13 @@ impl Watcher {
     /// when it does not exist yet. Start-up only.
     fn set_up_root(&mut self, index: u16) -> Result<(), WatchError> {
         let state = &self.roots[usize::from(index)];
+        #[cfg(debug_assertions)]
+        if let Some(source) = crate::faults::start_watch() {
+            return Err(WatchError::Root {
+                path: state.host_path(&state.spec.kubepods),
+                source,
+            });
+        }
         if let Some(parent) = state.spec.kubepods.parent() {
             let path = state.host_path(&parent);
             let anchor = self

@@ -551,3 +551,21 @@ fn a_storm_of_rescans_is_logged_once_not_per_rescan() {
         tail(&node.log_text(), 40)
     );
 }
+
+/// Issue 17, item 11: too few inotify watches at start (ENOSPC from `inotify_add_watch`) do
+/// not stop the agent: it says what to raise, shows it in a metric, and pins by scanning every
+/// period.
+#[test]
+fn too_few_inotify_watches_at_start_degrade_to_periodic_scans() {
+    let mut node = node_with_faults("startwatch:ENOSPC:1");
+    let warned = node.log_lines("working without inotify");
+    assert_eq!(warned.len(), 1, "{}", node.log_text());
+    assert!(warned[0].contains("max_user_watches"), "{}", warned[0]);
+    eventually("the metric", &node, || {
+        metric(&node, "cpusetd_watching_without_inotify") == Some(1)
+    });
+    let pod = guaranteed_pod(1);
+    node.node.start_pod(&pod).unwrap();
+    node.settled(now_ms(), pinned("db", 1));
+    node.assert_running();
+}

@@ -79,6 +79,8 @@ pub struct Metrics {
     pub shared_pool_millicores: u64,
     pub exclusive_cpus: u64,
     pub containers: u64,
+    /// The agent could not set up inotify (a per-user limit) and scans every period instead.
+    pub without_inotify: bool,
     // Log-once bookkeeping: failures already reported.
     reported_writes: HashSet<(CgroupPath, InterfaceFile, i32)>,
     reported_pins: HashSet<AssignmentKey>,
@@ -149,6 +151,12 @@ impl Metrics {
             "gauge",
             "Containers under the kubepods cgroup.",
             &plain(self.containers),
+        );
+        metric(
+            "cpusetd_watching_without_inotify",
+            "gauge",
+            "1 when inotify could not be set up (fs.inotify limits): changes are seen by the periodic full scan only.",
+            &plain(u64::from(self.without_inotify)),
         );
         metric(
             "cpusetd_drift_repairs_total",

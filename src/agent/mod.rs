@@ -117,18 +117,40 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     let hierarchy = parts.hierarchy.clone();
     let kubepods = layout.kubepods.clone();
 
-    // Watch before the first scan, so nothing created in between is missed.
+    // Watch before the first scan, so nothing created in between is missed. Without inotify
+    // (a per-user limit reached) the agent still works, by full scans every period.
     let (event_tx, event_rx) = bounded::<TreeEvent>(EVENT_QUEUE);
-    let watcher = Watcher::new(WatchRoot::of_layout(&layout)).map_err(AgentError::Watcher)?;
+    let watcher = match Watcher::new(WatchRoot::of_layout(&layout)) {
+        Ok(watcher) => Some(watcher),
+        Err(e) if e.is_limit() => {
+            log::warn!(
+                "{}: working without inotify, by a full scan every {} (new pods are pinned \
+                 that late, drift repaired that late); raise fs.inotify.max_user_watches and \
+                 fs.inotify.max_user_instances (sysctl) and restart cpusetd",
+                error_chain(&e),
+                humantime_like(reconcile_period)
+            );
+            None
+        }
+        Err(e) => return Err(AgentError::Watcher(e)),
+    };
+    let degraded = watcher.is_none();
 
     let mut controller = Controller::new(parts);
-    controller.watch_arrivals(watcher.arrivals());
+    controller.metrics.without_inotify = degraded;
+    if let Some(watcher) = &watcher {
+        controller.watch_arrivals(watcher.arrivals());
+    }
     let started = Instant::now();
     controller.full_scan().map_err(AgentError::FirstScan)?;
     let outcome = controller.pass(Instant::now());
     controller.metrics.reconcile_duration = Some(started.elapsed());
     controller.metrics.last_reconcile = Some(SystemTime::now());
-    let watcher = watcher.start(event_tx).map_err(AgentError::Watcher)?;
+    // Without a watcher the sender stays here, so the event channel never reads as closed.
+    let (watcher, _idle_events) = match watcher {
+        Some(w) => (Some(w.start(event_tx).map_err(AgentError::Watcher)?), None),
+        None => (None, Some(event_tx)),
+    };
     let (containers, exclusive) = controller.counts();
     log::info!(
         "first pass: {containers} containers, {exclusive} exclusive, {} writes ({} failed)",
@@ -146,6 +168,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     let reconciler = spawn_reconciler(
         Scanner::new(hierarchy, kubepods),
         reconcile_period,
+        degraded,
         controller.generation(),
         reconcile_tx,
         stop_reconcile_rx,
@@ -234,8 +257,10 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     persist.finish();
     let _ = stop_reconcile_tx.send(());
     let _ = reconciler.join();
-    if let Err(e) = watcher.stop_and_join(Duration::from_secs(2)) {
-        log::warn!("watcher: {}", error_chain(&e));
+    if let Some(watcher) = watcher {
+        if let Err(e) = watcher.stop_and_join(Duration::from_secs(2)) {
+            log::warn!("watcher: {}", error_chain(&e));
+        }
     }
     result
 }
@@ -518,6 +543,7 @@ const FULL_SCAN_EVERY: u64 = 6;
 fn spawn_reconciler(
     mut scanner: Scanner,
     period: Duration,
+    every_tick_full: bool,
     generation: Arc<AtomicU64>,
     tx: Sender<ReconcileTick>,
     stop: Receiver<()>,
@@ -539,7 +565,9 @@ fn spawn_reconciler(
                 let started = Instant::now();
                 let now = generation.load(AtomicOrdering::Acquire);
                 if let Some((seen, snapshot)) = &last {
-                    if *seen == now
+                    // Without inotify nothing else sees new cgroups: every tick scans.
+                    if !every_tick_full
+                        && *seen == now
                         && tick % FULL_SCAN_EVERY != 0
                         && scanner.cpusets_unchanged(snapshot)
                     {
@@ -596,6 +624,18 @@ fn spawn_signal_thread(signals: SigSet, tx: Sender<Control>) {
     }
 }
 
+/// `10s`, `1m30s`: a period as the flags take it.
+fn humantime_like(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 != 0 {
+        format!("{ms}ms")
+    } else if ms % 60_000 == 0 && ms >= 60_000 {
+        format!("{}m", ms / 60_000)
+    } else {
+        format!("{}s", ms / 1000)
+    }
+}
+
 fn notify_status(notifier: &mut Notifier, controller: &Controller) {
     if !notifier.enabled() {
         return;
@@ -605,9 +645,14 @@ fn notify_status(notifier: &mut Notifier, controller: &Controller) {
         .shared_pool()
         .map(|s| s.to_string())
         .unwrap_or_else(|| "-".into());
+    let degraded = if controller.metrics.without_inotify {
+        " (no inotify: scanning every period)"
+    } else {
+        ""
+    };
     // Only a changed status is sent (a pass runs for every batch of events).
     notifier.status(&format!(
-        "{containers} containers, {exclusive} with exclusive cpus, shared pool {shared}"
+        "{containers} containers, {exclusive} with exclusive cpus, shared pool {shared}{degraded}"
     ));
 }
 
