@@ -836,6 +836,43 @@ fn agent_metrics_file_is_checked_and_its_failures_said() {
     assert!(agent.stop().success());
 }
 
+/// Issue 17, item 21: the pinning counters count containers, not passes: one SMT-misaligned
+/// container is one request and one error however many pods arrive after it.
+#[test]
+fn agent_pinning_metrics_count_containers_not_passes() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&["--cpu-manager-policy-options", "full-pcpus-only=true"]);
+    let odd = pod(
+        "odd",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("app", 1000)],
+    );
+    node.fake.start_pod(&odd).unwrap();
+    agent.wait_for_log("SMT Alignment Error");
+    for n in 0..5 {
+        node.fake
+            .start_pod(&best_effort(&format!("be{n}")))
+            .unwrap();
+    }
+    let even = pod(
+        "even",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("app", 2000)],
+    );
+    let even_id = node.fake.start_pod(&even).unwrap().remove(0);
+    node.wait_status("settled", |s| {
+        s.by_id(&even_id).is_some_and(|r| r.exclusive) && s.converged()
+    });
+    let requests = poll_until(DEADLINE, || {
+        let n = node.metric("cpusetd_pinning_requests_total");
+        (n >= 2.0).then_some(n)
+    });
+    assert_eq!(requests, Some(2.0), "{}", agent.log());
+    assert!(node.metric("cpusetd_passes_total") > 3.0);
+    assert_eq!(node.metric("cpusetd_pinning_errors_total"), 1.0);
+    assert!(agent.stop().success());
+}
+
 #[test]
 fn agent_status_marks_what_differs() {
     let node = TestNode::new(CgroupVersion::V1);

@@ -30,7 +30,7 @@ use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, Plan, PlanConfig, ReleaseReason, WriteStep};
 use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
-use crate::state::Assignments;
+use crate::state::{AssignmentKey, Assignments};
 use crate::topology::Topology;
 use crate::watcher::TreeEvent;
 use crate::writer::{apply_scheduled, NewChildren, Schedule};
@@ -714,6 +714,12 @@ impl Controller {
         };
         let planned = plan(&scan, &classes, &self.parts.assignments, &config);
         self.log_events(&planned.events);
+        let asking: HashSet<AssignmentKey> = classes
+            .iter()
+            .filter(|c| c.exclusive_cpus() > 0)
+            .filter_map(Classification::assignment_key)
+            .collect();
+        self.metrics.retain_pin_failures(|k| asking.contains(k));
 
         // Urgent writes: a cgroup's that gets exclusive cpus (a pin), and drift repairs; the
         // others (the shared pool's rewrites) may be held back while new cgroups arrive.
@@ -1015,6 +1021,7 @@ impl Controller {
             match event {
                 AssignEvent::Allocated { key, cpus } => {
                     self.metrics.pinning_requests += 1;
+                    self.metrics.pin_succeeded(key);
                     log::info!("{key}: allocated cpus={cpus}");
                 }
                 AssignEvent::Adopted { key, cpus } => log::info!("{key}: adopted cpus={cpus}"),
@@ -1028,6 +1035,7 @@ impl Controller {
                         ReleaseReason::Resized => "resized",
                         ReleaseReason::Reused => "reused by its pod",
                     };
+                    self.metrics.pin_succeeded(key);
                     log::info!("{key}: released cpus={cpus} ({why})");
                 }
                 AssignEvent::Failed {
@@ -1035,9 +1043,11 @@ impl Controller {
                     requested,
                     error,
                 } => {
-                    self.metrics.pinning_requests += 1;
-                    self.metrics.pinning_errors += 1;
+                    // Once per container (key) until it is pinned or goes, not once per
+                    // pass: a pass runs for every batch of events.
                     if self.metrics.first_pin_failure(key) {
+                        self.metrics.pinning_requests += 1;
+                        self.metrics.pinning_errors += 1;
                         log::warn!(
                             "{key}: {requested} exclusive cpus cannot be given, stays shared: {error}"
                         );

@@ -111,6 +111,16 @@ impl Metrics {
         self.reported_pins.insert(key.clone())
     }
 
+    /// The container is pinned (or its pin released): a later failure is new again.
+    pub fn pin_succeeded(&mut self, key: &AssignmentKey) {
+        self.reported_pins.remove(key);
+    }
+
+    /// Forgets failures of containers that are no longer asking (gone, or now shared).
+    pub fn retain_pin_failures(&mut self, asking: impl Fn(&AssignmentKey) -> bool) {
+        self.reported_pins.retain(|k| asking(k));
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
