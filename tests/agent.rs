@@ -873,6 +873,53 @@ fn agent_pinning_metrics_count_containers_not_passes() {
     assert!(agent.stop().success());
 }
 
+/// Issue 17, item 23: a foreign writer that keeps rewriting a pinned container's cpuset is
+/// not fought silently at full speed: the fight is said once, counted, and the repairs back
+/// off; once the writer stops, the pin comes back.
+#[test]
+fn agent_backs_off_from_a_foreign_writer_that_keeps_rewriting() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let (db, ids, _be, _be_id) = pinned_pods(&node);
+    let file = node.fake.file(
+        &format!("{}/{}", node.fake.pod_dir(&db), ids[0]),
+        "cpuset.cpus",
+    );
+    let pod_file = file.parent().unwrap().parent().unwrap().join("cpuset.cpus");
+    let repairs_before = node.metric("cpusetd_drift_repairs_total");
+    // The fake kernel checks nesting: widen the pod first, as a real writer must.
+    let started = Instant::now();
+    let mut writes = 0u32;
+    while started.elapsed() < Duration::from_secs(3) {
+        let _ = fs::write(&pod_file, "0-15\n");
+        if fs::write(&file, "0-15\n").is_ok() {
+            writes += 1;
+        }
+    }
+    assert!(writes > 200, "only {writes} foreign writes");
+    agent.wait_for_log("changed by someone else more than");
+    assert_eq!(
+        agent.log_lines("changed by someone else more than").len(),
+        1,
+        "{}",
+        agent.log()
+    );
+    let fights = poll_until(DEADLINE, || {
+        let n = node.metric("cpusetd_drift_fights_total");
+        (n >= 1.0).then_some(n)
+    });
+    assert_eq!(fights, Some(1.0));
+    // The writer stopped: the pin is back within the longest backoff.
+    node.wait_cpus(&ids[0], "1,9");
+    let repairs = node.metric("cpusetd_drift_repairs_total") - repairs_before;
+    println!("fight: {writes} foreign writes, {repairs} repairs");
+    assert!(
+        repairs < f64::from(writes) / 10.0 && repairs < 100.0,
+        "{repairs} repairs for {writes} foreign writes"
+    );
+    assert!(agent.stop().success());
+}
+
 #[test]
 fn agent_status_marks_what_differs() {
     let node = TestNode::new(CgroupVersion::V1);

@@ -138,6 +138,29 @@ pub struct PassOutcome {
     pub failed_writes: usize,
 }
 
+/// More foreign changes of one cgroup's cpuset than this within [`FIGHT_WINDOW`] is a fight.
+const FIGHT_DRIFTS: u32 = 10;
+const FIGHT_WINDOW: Duration = Duration::from_secs(1);
+/// The first wait before repairing a fought-over cgroup, doubling while the fight goes on.
+const FIGHT_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const FIGHT_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// This long without a foreign change ends a fight.
+const FIGHT_QUIET: Duration = Duration::from_secs(30);
+
+/// A cgroup whose `cpuset.cpus` someone else keeps changing.
+#[derive(Debug, Clone)]
+struct Fight {
+    window_start: Instant,
+    drifts: u32,
+    last_drift: Instant,
+    /// The current wait between repairs, once it is a fight.
+    backoff: Option<Duration>,
+    /// No repair before this.
+    until: Option<Instant>,
+    /// A foreign value waits for its repair.
+    pending: bool,
+}
+
 /// The agent's state and its one writer.
 #[derive(Debug)]
 pub struct Controller {
@@ -186,6 +209,8 @@ pub struct Controller {
     complete: bool,
     /// Cgroups said to be unreadable (said once each).
     unreadable_said: HashSet<CgroupPath>,
+    /// Cgroups whose cpuset someone else keeps rewriting (see [`Controller::hold_off_drift`]).
+    fights: HashMap<CgroupPath, Fight>,
     /// When a rescan was last said in the log, and how many were not said since.
     rescan_said: Option<Instant>,
     rescans_unsaid: u64,
@@ -201,6 +226,7 @@ impl Controller {
             unreadable_said: HashSet::new(),
             rescan_said: None,
             rescans_unsaid: 0,
+            fights: HashMap::new(),
             drifted: HashSet::new(),
             pending_pins: HashMap::new(),
             settings_wait: HashMap::new(),
@@ -284,7 +310,13 @@ impl Controller {
     /// When the controller wants to re-read containers still waiting for CPU settings, or
     /// cgroups whose narrowing waits for new children to be set up.
     pub fn next_retry(&self) -> Option<Instant> {
-        [self.next_retry, self.settle_at, self.flush_at]
+        let fight = self
+            .fights
+            .values()
+            .filter(|f| f.pending)
+            .filter_map(|f| f.until)
+            .min();
+        [self.next_retry, self.settle_at, self.flush_at, fight]
             .into_iter()
             .flatten()
             .min()
@@ -439,6 +471,7 @@ impl Controller {
             }
             changed = true;
         }
+        changed |= self.resume_fights(now);
         let waiting: Vec<CgroupPath> = self.settings_wait.keys().cloned().collect();
         for path in waiting {
             match self.parts.scanner.read_cgroup(&path) {
@@ -452,8 +485,17 @@ impl Controller {
     /// Puts what was read of a cgroup into the model. A cgroup new to it after the first pass
     /// (by whichever way it was seen first: its event, in either v1 hierarchy, or a scan) is
     /// tracked for the event-to-pin latency from `now`.
-    fn upsert(&mut self, cgroup: ScannedCgroup, now: Instant) -> bool {
+    fn upsert(&mut self, mut cgroup: ScannedCgroup, now: Instant) -> bool {
         let path = cgroup.path.clone();
+        // A cgroup someone keeps rewriting is repaired at a backed-off pace: meanwhile its
+        // foreign value is not taken into the model (so no pass rewrites it either).
+        if let (Some(desired), Some(now_cpus)) = (self.desired(&path), cgroup.cpus.configured()) {
+            if desired != now_cpus && !now_cpus.is_empty() && self.hold_off_drift(&path, now) {
+                if let Some(entry) = self.model.get(&path) {
+                    cgroup.cpus = entry.cgroup.cpus.clone();
+                }
+            }
+        }
         let pure_drift = self.model.get(&path).is_some_and(|e| {
             e.cgroup.relative == cgroup.relative
                 && e.cgroup.cpu == cgroup.cpu
@@ -601,6 +643,7 @@ impl Controller {
         }
         self.empty_since.remove(path);
         self.unreadable_said.remove(path);
+        self.fights.remove(path);
         self.parts.quota_lifted.remove(path);
         self.pending_pins.remove(path);
         self.settings_wait.remove(path);
@@ -693,6 +736,87 @@ impl Controller {
             self.bump();
         }
         Some(outcome)
+    }
+
+    /// Records a foreign change of `path`'s `cpuset.cpus`; whether its repair must wait. More
+    /// than [`FIGHT_DRIFTS`] within [`FIGHT_WINDOW`] is a fight with another writer (a second
+    /// CPU manager, a tuning daemon): it is said once, counted, and from then on each repair
+    /// waits a backoff that doubles (from [`FIGHT_BACKOFF_MIN`] to [`FIGHT_BACKOFF_MAX`]) while
+    /// the writer goes on; [`FIGHT_QUIET`] without a foreign change ends the fight.
+    fn hold_off_drift(&mut self, path: &CgroupPath, now: Instant) -> bool {
+        let fight = self.fights.entry(path.clone()).or_insert(Fight {
+            window_start: now,
+            drifts: 0,
+            last_drift: now,
+            backoff: None,
+            until: None,
+            pending: false,
+        });
+        if now.saturating_duration_since(fight.last_drift) > FIGHT_QUIET {
+            *fight = Fight {
+                window_start: now,
+                drifts: 0,
+                last_drift: now,
+                backoff: None,
+                until: None,
+                pending: false,
+            };
+        }
+        fight.last_drift = now;
+        if fight.until.is_some_and(|until| now < until) {
+            fight.pending = true;
+            return true;
+        }
+        fight.until = None;
+        fight.pending = false;
+        if let Some(backoff) = fight.backoff {
+            // Still fighting: repair now, and wait longer before the next repair.
+            let next = (backoff * 2).min(FIGHT_BACKOFF_MAX);
+            fight.backoff = Some(next);
+            fight.until = Some(now + next);
+            return false;
+        }
+        if now.saturating_duration_since(fight.window_start) > FIGHT_WINDOW {
+            fight.window_start = now;
+            fight.drifts = 0;
+        }
+        fight.drifts += 1;
+        if fight.drifts > FIGHT_DRIFTS {
+            fight.backoff = Some(FIGHT_BACKOFF_MIN);
+            fight.until = Some(now + FIGHT_BACKOFF_MIN);
+            self.metrics.drift_fights += 1;
+            log::warn!(
+                "cg={path}: its cpuset.cpus was changed by someone else more than \
+                 {FIGHT_DRIFTS} times within {FIGHT_WINDOW:?} (another cpu manager or tuning \
+                 daemon?): repaired at most every {FIGHT_BACKOFF_MIN:?} to {FIGHT_BACKOFF_MAX:?} \
+                 while this goes on; find the other writer and stop it"
+            );
+        }
+        false
+    }
+
+    /// Fights whose backoff has ended with a foreign value not yet repaired: the cgroup is read
+    /// again (and so repaired); fights long quiet are forgotten. Whether the model changed.
+    fn resume_fights(&mut self, now: Instant) -> bool {
+        self.fights
+            .retain(|_, f| f.pending || now.saturating_duration_since(f.last_drift) <= FIGHT_QUIET);
+        let due: Vec<CgroupPath> = self
+            .fights
+            .iter()
+            .filter(|(_, f)| f.pending && f.until.is_some_and(|u| u <= now))
+            .map(|(p, _)| p.clone())
+            .collect();
+        let mut changed = false;
+        for path in due {
+            if let Some(fight) = self.fights.get_mut(&path) {
+                fight.pending = false;
+            }
+            match self.parts.scanner.read_cgroup(&path) {
+                Some(c) => changed |= self.upsert(c, now),
+                None => changed |= self.remove_if_gone(&path),
+            }
+        }
+        changed
     }
 
     /// Reads a subtree again into the model.

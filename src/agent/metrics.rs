@@ -58,6 +58,8 @@ pub struct Metrics {
     pub pinning_requests: u64,
     pub pinning_errors: u64,
     pub drift_repairs: u64,
+    /// Cgroups found fought over by another writer (each fight once).
+    pub drift_fights: u64,
     pub rescans: u64,
     pub passes: u64,
     /// Reconciles that found nothing to do and ran no pass.
@@ -173,6 +175,12 @@ impl Metrics {
             "counter",
             "Cgroups whose cpuset was changed by someone else and written back.",
             &plain(self.drift_repairs),
+        );
+        metric(
+            "cpusetd_drift_fights_total",
+            "counter",
+            "Times a cgroup's cpuset was found rewritten by someone else again and again (repairs then back off).",
+            &plain(self.drift_fights),
         );
         metric(
             "cpusetd_passes_total",
