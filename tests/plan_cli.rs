@@ -225,6 +225,7 @@ fn every_planned_write_is_one_the_v1_kernel_accepts() {
                 policy: Some(&policy),
                 align_memory: false,
                 keep_cfs_quota: false,
+                limits: None,
             };
             let planned = plan(&scan, &classes, &Assignments::new(), &config);
             type Read =
@@ -423,15 +424,6 @@ fn kernel_command_lines_the_kernel_accepts_stop_no_command() {
             args[at + 1] = proc.to_str().unwrap().into();
             args
         };
-        for command in ["plan", "status", "reset"] {
-            let out = run(&common(command));
-            assert_eq!(
-                out.status.code(),
-                Some(0),
-                "{command} with {cmdline:?}: {}",
-                stderr(&out)
-            );
-        }
         // `run` gets as far as its first checkpoint (written before READY=1), then stops.
         let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_cpusetd"))
             .args(common("run"))
@@ -454,6 +446,16 @@ fn kernel_command_lines_the_kernel_accepts_stop_no_command() {
         )
         .unwrap();
         assert!(agent.wait().unwrap().success(), "{cmdline:?}");
+        // The one-shot commands (`status` reads the checkpoint `run` left; `reset` removes it).
+        for command in ["plan", "status", "reset"] {
+            let out = run(&common(command));
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{command} with {cmdline:?}: {}",
+                stderr(&out)
+            );
+        }
     }
 }
 

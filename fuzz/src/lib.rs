@@ -428,6 +428,7 @@ fn planner_case(u: &mut Unstructured<'_>) -> Result<()> {
         policy: Some(&policy),
         align_memory: u.arbitrary()?,
         keep_cfs_quota: u.arbitrary()?,
+        limits: None,
     };
 
     let mut pods = Vec::new();

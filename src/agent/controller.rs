@@ -28,7 +28,7 @@ use crate::classify::{
 };
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
-use crate::planner::{plan, AssignEvent, Plan, PlanConfig, ReleaseReason, WriteStep};
+use crate::planner::{plan, AssignEvent, NodeLimits, Plan, PlanConfig, ReleaseReason, WriteStep};
 use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
 use crate::state::{AssignmentKey, Assignments};
 use crate::topology::Topology;
@@ -209,6 +209,8 @@ pub struct Controller {
     complete: bool,
     /// Cgroups said to be unreadable (said once each).
     unreadable_said: HashSet<CgroupPath>,
+    /// The node limits of the last pass (said when they change).
+    last_limits: Option<NodeLimits>,
     /// Cgroups whose cpuset someone else keeps rewriting (see [`Controller::hold_off_drift`]).
     fights: HashMap<CgroupPath, Fight>,
     /// When a rescan was last said in the log, and how many were not said since.
@@ -227,6 +229,7 @@ impl Controller {
             rescan_said: None,
             rescans_unsaid: 0,
             fights: HashMap::new(),
+            last_limits: None,
             drifted: HashSet::new(),
             pending_pins: HashMap::new(),
             settings_wait: HashMap::new(),
@@ -388,7 +391,7 @@ impl Controller {
     /// settle, no empty cpuset left to its runtime, no container waiting for its settings.
     /// Returns the pass run, if any.
     pub fn reconcile(&mut self, reconcile: ReconcileScan, now: Instant) -> Option<PassOutcome> {
-        let changed = self.merge_scan(reconcile);
+        let changed = self.merge_scan(reconcile) | self.limits_moved();
         let settled = !changed
             && self.drifted.is_empty()
             && self.last_pass_settled
@@ -738,6 +741,39 @@ impl Controller {
         Some(outcome)
     }
 
+    /// Whether what kubepods' parent gives pods changed since the last pass (the parent is
+    /// not watched: every reconcile tick looks).
+    pub fn limits_moved(&self) -> bool {
+        if self.last_plan.is_none() {
+            return false;
+        }
+        let (cpus, mems) = self.parts.scanner.kubepods_parent_limits();
+        self.last_limits.as_ref() != Some(&NodeLimits { cpus, mems })
+    }
+
+    /// What kubepods' parent lets pods have now (one read of its effective sets a pass): CPUs
+    /// taken offline (the kernel drops them from every effective set) or held back by the
+    /// parent are never planned nor written. Said when it changes.
+    fn node_limits(&mut self) -> NodeLimits {
+        let (cpus, mems) = self.parts.scanner.kubepods_parent_limits();
+        let limits = NodeLimits { cpus, mems };
+        if self.last_limits.as_ref() != Some(&limits) {
+            if let Some(cpus) = &limits.cpus {
+                let missing = self.parts.topology.all_cpus().difference(cpus);
+                if !missing.is_empty() {
+                    log::warn!(
+                        "the parent of the kubepods cgroup gives pods only cpus {cpus} now: cpus \
+                         {missing} (offline, or held back by the parent) are not planned"
+                    );
+                } else if self.last_limits.is_some() {
+                    log::info!("the parent of the kubepods cgroup gives pods every cpu again");
+                }
+            }
+            self.last_limits = Some(limits.clone());
+        }
+        limits
+    }
+
     /// Records a foreign change of `path`'s `cpuset.cpus`; whether its repair must wait. More
     /// than [`FIGHT_DRIFTS`] within [`FIGHT_WINDOW`] is a fight with another writer (a second
     /// CPU manager, a tuning daemon): it is said once, counted, and from then on each repair
@@ -830,11 +866,13 @@ impl Controller {
     fn pass_once(&mut self, now: Instant) -> (PassOutcome, FollowUp) {
         let scan = self.model_scan();
         let classes = self.classify_model(&scan);
+        let limits = self.node_limits();
         let config = PlanConfig {
             topology: &self.parts.topology,
             policy: self.parts.policy.as_ref(),
             align_memory: self.parts.align_memory,
             keep_cfs_quota: self.parts.keep_cfs_quota,
+            limits: Some(&limits),
         };
         let planned = plan(&scan, &classes, &self.parts.assignments, &config);
         self.log_events(&planned.events);

@@ -206,6 +206,10 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
                     notify_status(&mut notifier, &controller);
                 }
                 Ok(ReconcileTick::Unchanged { started }) => {
+                    if controller.limits_moved() {
+                        let outcome = controller.pass(Instant::now());
+                        persist.save(&controller, outcome.assignments_changed);
+                    }
                     controller.metrics.reconcile_duration = Some(started.elapsed());
                     controller.metrics.last_reconcile = Some(SystemTime::now());
                     controller.metrics.quiet_reconciles += 1;

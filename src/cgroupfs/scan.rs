@@ -281,6 +281,41 @@ impl Scanner {
         &self.kubepods
     }
 
+    /// The CPUs and memory nodes kubepods' parent lets its children have now: its effective
+    /// sets (which the kernel keeps free of offline CPUs), or its configured ones where the
+    /// effective file is missing. `None` for what cannot be read (no limit is then applied).
+    pub fn kubepods_parent_limits(&self) -> (Option<CpuSet>, Option<CpuSet>) {
+        let Some(parent) = self.kubepods.parent() else {
+            return (None, None);
+        };
+        let cpuset = &self.hierarchy.cpuset;
+        let (cpus_effective, mems_effective) = match self.hierarchy.version {
+            CgroupVersion::V1 => (
+                InterfaceFile::CpusetEffectiveCpus,
+                InterfaceFile::CpusetEffectiveMems,
+            ),
+            CgroupVersion::V2 => (
+                InterfaceFile::CpusetCpusEffective,
+                InterfaceFile::CpusetMemsEffective,
+            ),
+        };
+        let read = |effective, configured| {
+            [effective, configured]
+                .into_iter()
+                .find_map(|file| {
+                    cpuset
+                        .read_file(&parent, file)
+                        .ok()
+                        .and_then(|text| parse_cpuset(&text).ok())
+                })
+                .filter(|set| !set.is_empty())
+        };
+        (
+            read(cpus_effective, InterfaceFile::CpusetCpus),
+            read(mems_effective, InterfaceFile::CpusetMems),
+        )
+    }
+
     /// Walks the kubepods subtree. Fails only when the kubepods root cannot be opened or listed.
     pub fn scan(&mut self) -> Result<Scan, CgroupError> {
         self.problems.next_pass();

@@ -182,6 +182,23 @@ impl NodeView {
         Scanner::new(self.hierarchy.clone(), self.layout.kubepods.clone())
     }
 
+    /// What kubepods' parent lets pods have (see [`Scanner::kubepods_parent_limits`]), said
+    /// when it is less than the node.
+    pub fn limits(&self) -> crate::planner::NodeLimits {
+        let (cpus, mems) = self.scanner().kubepods_parent_limits();
+        if let Some(cpus) = &cpus {
+            let missing = self.topology.all_cpus().difference(cpus);
+            if !missing.is_empty() {
+                log::warn!(
+                    "the parent of the kubepods cgroup {} gives pods only cpus {cpus}: cpus \
+                     {missing} are not used",
+                    self.layout.kubepods
+                );
+            }
+        }
+        crate::planner::NodeLimits { cpus, mems }
+    }
+
     /// Scans the kubepods tree and classifies every cgroup in it.
     pub fn scan_and_classify(
         &mut self,

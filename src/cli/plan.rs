@@ -89,11 +89,13 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
             log::warn!("cg={} {notice}", cgroup.relative);
         }
     }
+    let limits = node.limits();
     let config = PlanConfig {
         topology: &node.topology,
         policy: policy.as_ref(),
         align_memory: args.policy.align_memory,
         keep_cfs_quota: args.policy.keep_cfs_quota,
+        limits: Some(&limits),
     };
     let planned = plan(&scan, &classes, &previous, &config);
     for event in &planned.events {

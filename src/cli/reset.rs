@@ -9,6 +9,7 @@ use super::node::AgentArgs;
 use super::{CommandError, EXIT_FAILURE};
 use crate::cgroupfs::{CgroupPath, InterfaceFile};
 use crate::checkpoint::{self, LoadOutcome, StateLock};
+use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
 use crate::planner::{order_writes, parent_indexes, PlannedWrite, SetNode, WriteStep};
 use crate::writer::{apply, NewChildren};
@@ -32,8 +33,15 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
         .scan()
         .map_err(|e| CommandError::failure(&e))?;
     let parents = parent_indexes(&scan);
-    let all_cpus = node.topology.all_cpus().clone();
-    let all_mems = node.topology.memory_nodes().clone();
+    // "Every cpu" is every cpu kubepods' parent gives (it may hold fewer than the node, or
+    // the kernel has taken some offline): wider is refused by the kernel.
+    let limits = node.limits();
+    let limited = |all: &CpuSet, limit: &Option<CpuSet>| match limit {
+        Some(limit) if !all.intersection(limit).is_empty() => all.intersection(limit),
+        _ => all.clone(),
+    };
+    let all_cpus = limited(node.topology.all_cpus(), &limits.cpus);
+    let all_mems = limited(node.topology.memory_nodes(), &limits.mems);
 
     let mut writes = Vec::new();
     for (file, wanted) in [

@@ -31,6 +31,16 @@ pub struct PlanConfig<'a> {
     pub policy: Option<&'a StaticPolicy>,
     pub align_memory: bool,
     pub keep_cfs_quota: bool,
+    /// What kubepods' parent lets pods have now (its effective cpus and memory nodes), when
+    /// known: CPUs outside it (offline, or held back by the parent) are never planned.
+    pub limits: Option<&'a NodeLimits>,
+}
+
+/// The CPUs and memory nodes the node gives kubepods now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeLimits {
+    pub cpus: Option<CpuSet>,
+    pub mems: Option<CpuSet>,
 }
 
 /// The step of the plan a write belongs to.
@@ -151,6 +161,13 @@ pub fn plan(
 
     let mut pod_cpus = policy.initial_shared_pool();
     pod_cpus.remove_all(policy.excluded());
+    if let Some(cpus) = config.limits.and_then(|l| l.cpus.as_ref()) {
+        let limited = pod_cpus.intersection(cpus);
+        // Never an empty pool: a parent that leaves pods nothing is not planned around.
+        if !limited.is_empty() {
+            pod_cpus = limited;
+        }
+    }
 
     let mut demands: Vec<ContainerDemand> = Vec::new();
     let mut demand_of: HashMap<AssignmentKey, usize> = HashMap::new();
@@ -199,7 +216,12 @@ pub fn plan(
     let pools = Pools {
         shared: pod_cpus.difference(&assignments.exclusive_cpus()),
         pod_cpus,
-        memory_nodes: config.topology.memory_nodes().clone(),
+        memory_nodes: match config.limits.and_then(|l| l.mems.as_ref()) {
+            Some(mems) if !mems.intersection(config.topology.memory_nodes()).is_empty() => {
+                mems.intersection(config.topology.memory_nodes())
+            }
+            _ => config.topology.memory_nodes().clone(),
+        },
     };
     let desired = desired_tree(
         scan,
