@@ -64,6 +64,9 @@ pub fn rows(scan: &Scan, classes: &[Classification], plan: &Plan) -> Vec<CgroupR
             (_, None, None, Exclusivity::Exclusive { .. }) if plan.pools.is_none() => {
                 "shared: policy none".to_string()
             }
+            (_, None, None, Exclusivity::Exclusive { cpus }) => {
+                format!("shared: {cpus} exclusive cpus not given yet")
+            }
             _ => "shared".to_string(),
         };
         rows.push(CgroupRow {

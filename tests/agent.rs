@@ -869,6 +869,30 @@ fn agent_pinning_metrics_count_containers_not_passes() {
     assert_eq!(requests, Some(2.0), "{}", agent.log());
     assert!(node.metric("cpusetd_passes_total") > 3.0);
     assert_eq!(node.metric("cpusetd_pinning_errors_total"), 1.0);
+
+    // Issue 17, item 22: `status` (given the agent's flags) says why the container is shared.
+    let flags = [
+        "--reserved-cpus",
+        "0",
+        "--cpu-manager-policy-options",
+        "full-pcpus-only=true",
+    ];
+    let table = node.cpusetd("status", &flags);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(table.status.success(), "{text}");
+    let row = text.lines().find(|l| l.contains("SMT Alignment Error"));
+    assert!(row.is_some_and(|r| r.contains("shared:")), "{text}");
+    // And the running agent logs what classification noticed, once: here a Guaranteed
+    // container whose limit is not its request.
+    let odd_limit = pod(
+        "limits",
+        Qos::Guaranteed,
+        vec![ContainerSpec::burstable("app", 1000, Some(2000))],
+    );
+    node.fake.start_pod(&odd_limit).unwrap();
+    agent.wait_for_log("has cpu limit");
+    node.wait_status("settled", |s| s.converged());
+    assert_eq!(agent.log_lines("has cpu limit").len(), 1, "{}", agent.log());
     assert!(agent.stop().success());
 }
 

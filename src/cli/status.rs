@@ -78,8 +78,14 @@ impl StatusView {
     }
 }
 
-/// Reads the agent's checkpoint and the live tree.
-pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, CommandError> {
+/// Reads the agent's checkpoint and the live tree. With the agent's policy (the same flags),
+/// a container that should hold exclusive cpus but does not says why (kubelet's error text:
+/// SMT alignment, not enough cpus), as the agent decided it.
+pub fn collect(
+    node: &mut NodeView,
+    state_dir: &Path,
+    policy: Option<&crate::allocator::StaticPolicy>,
+) -> Result<StatusView, CommandError> {
     let cp = match checkpoint::load(state_dir) {
         LoadOutcome::Loaded(cp) => cp,
         LoadOutcome::Missing => {
@@ -113,12 +119,32 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
         &node.topology,
         false,
     );
+    // Why a container entitled to exclusive cpus holds none: the allocation the agent would
+    // make now, from what it holds, fails with kubelet's reason.
+    let events = match policy {
+        Some(policy) => {
+            let limits = node.limits();
+            let config = crate::planner::PlanConfig {
+                topology: &node.topology,
+                policy: Some(policy),
+                align_memory: false,
+                keep_cfs_quota: true,
+                limits: Some(&limits),
+            };
+            crate::planner::plan(&scan, &classes, &cp.assignments, &config)
+                .events
+                .into_iter()
+                .filter(|e| matches!(e, crate::planner::AssignEvent::Failed { .. }))
+                .collect()
+        }
+        None => Vec::new(),
+    };
     let view = Plan {
         pools: (cp.policy == checkpoint::Policy::Static).then_some(pools),
         desired,
         parents,
         assignments: cp.assignments.clone(),
-        events: Vec::new(),
+        events,
         writes: Vec::new(),
     };
     let table = rows(&scan, &classes, &view);
@@ -145,7 +171,10 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
 pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
     args.agent.validate()?;
     let mut node = args.agent.tree.open()?;
-    let view = collect(&mut node, &args.agent.state_dir)?;
+    // The policy only explains; flags that do not make one (no reserved cpus given) leave
+    // the reasons out.
+    let policy = args.agent.policy.policy(&node.topology).ok().flatten();
+    let view = collect(&mut node, &args.agent.state_dir, policy.as_ref())?;
     if args.json {
         let text =
             serde_json::to_string_pretty(&view.doc).map_err(|e| CommandError::failure(&e))?;
