@@ -965,6 +965,74 @@ fn agent_never_writes_a_cpu_the_kernel_took_offline() {
     assert!(agent.stop().success());
 }
 
+/// Issue 17, item 30: `--align-memory`, `--respect-isolcpus` and `strict-cpu-reservation`
+/// through the running agent, asserted on the cpusets the containers end up with.
+#[test]
+fn agent_options_align_memory_respect_isolcpus_and_strict_reservation() {
+    let isolated = cpus("2-3,10-11");
+    let pods = |node: &TestNode| {
+        let db = pod(
+            "db",
+            Qos::Guaranteed,
+            vec![ContainerSpec::guaranteed("db", 4000)],
+        );
+        let db_id = node.fake.start_pod(&db).unwrap().remove(0);
+        let be = best_effort("be");
+        let be_id = node.fake.start_pod(&be).unwrap().remove(0);
+        node.wait_status("settled", |s| {
+            s.by_id(&db_id).is_some_and(|r| r.exclusive)
+                && s.by_id(&be_id).is_some()
+                && s.converged()
+        });
+        (db, db_id, be, be_id)
+    };
+
+    // --align-memory: the exclusive container's memory nodes are those of its cpus (NUMA 0
+    // holds cores 0-3 on this machine); the shared one keeps every node.
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&["--align-memory"]);
+    let (db, db_id, be, be_id) = pods(&node);
+    assert_eq!(node.cpus_of(&db, &db_id), "1-2,9-10");
+    assert_eq!(node.read(&db, &db_id, "cpuset.mems"), "0");
+    assert_eq!(node.read(&be, &be_id, "cpuset.mems"), "0-1");
+    assert!(agent.stop().success());
+
+    // strict-cpu-reservation: no container runs on the reserved cpu 0.
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[
+        "--cpu-manager-policy-options",
+        "strict-cpu-reservation=true",
+    ]);
+    let (db, db_id, be, be_id) = pods(&node);
+    assert_eq!(node.cpus_of(&db, &db_id), "1-2,9-10");
+    assert_eq!(node.cpus_of(&be, &be_id), "3-8,11-15");
+    assert!(agent.stop().success());
+
+    // --respect-isolcpus with `isolcpus=2-3,10-11` on the command line: no pod gets them.
+    let node = TestNode::new(CgroupVersion::V1);
+    let proc = node.base.join("proc");
+    fs::create_dir(&proc).unwrap();
+    fs::write(proc.join("cmdline"), "ro isolcpus=2-3,10-11\n").unwrap();
+    let mut args = node.tree_args();
+    let at = args.iter().position(|a| a == "--proc-root").unwrap();
+    args[at + 1] = proc.display().to_string();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cpusetd"));
+    command
+        .arg("run")
+        .args(&args)
+        .args(["--reserved-cpus", "0", "--respect-isolcpus"])
+        .args(["--cpu-manager-reconcile-period", "1s"]);
+    let mut agent = crate::agent_util::Agent::spawn(command, &node.base.join("isol.log"), None);
+    agent.wait_for_log("first pass:");
+    let (db, db_id, be, be_id) = pods(&node);
+    let db_cpus = cpus(&node.cpus_of(&db, &db_id));
+    let be_cpus = cpus(&node.cpus_of(&be, &be_id));
+    assert_eq!(db_cpus.len(), 4);
+    assert!(db_cpus.is_disjoint(&isolated), "{db_cpus}");
+    assert!(be_cpus.is_disjoint(&isolated), "{be_cpus}");
+    assert!(agent.stop().success());
+}
+
 #[test]
 fn agent_status_marks_what_differs() {
     let node = TestNode::new(CgroupVersion::V1);
