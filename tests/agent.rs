@@ -1033,6 +1033,62 @@ fn agent_options_align_memory_respect_isolcpus_and_strict_reservation() {
     assert!(agent.stop().success());
 }
 
+/// Issue 17, item 29: a cgroup a container made itself (holding its container's set) is
+/// narrowed with its container and widened back with it.
+#[test]
+fn agent_widens_a_containers_own_cgroup_back_with_it() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let be = best_effort("be");
+    let be_id = node.fake.start_pod(&be).unwrap().remove(0);
+    node.wait_cpus(&be_id, "0-15");
+    // The container makes a sub-cgroup, as runc copies the parent's set into it.
+    let container_dir = node
+        .fake
+        .file(
+            &format!("{}/{be_id}", node.fake.pod_dir(&be)),
+            "cpuset.cpus",
+        )
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let sub = container_dir.join("sub");
+    fs::create_dir(&sub).unwrap();
+    for file in ["cpuset.mems", "cpuset.cpus"] {
+        let value = fs::read_to_string(container_dir.join(file)).unwrap();
+        fs::write(sub.join(file), value).unwrap();
+    }
+    fs::write(sub.join("cgroup.procs"), "").unwrap();
+    let sub_cpus = || {
+        fs::read_to_string(sub.join("cpuset.cpus"))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    // A Guaranteed pod takes cpus 1,9: the sub-cgroup is narrowed with its container.
+    let db = pod(
+        "db",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("db", 2000)],
+    );
+    node.fake.start_pod(&db).unwrap();
+    node.wait_cpus(&be_id, "0,2-8,10-15");
+    assert!(
+        poll_until(DEADLINE, || (sub_cpus() == "0,2-8,10-15").then_some(())).is_some(),
+        "{}",
+        sub_cpus()
+    );
+    // The pod goes: the container and its sub-cgroup get every cpu back.
+    node.fake.remove_pod(&db).unwrap();
+    node.wait_cpus(&be_id, "0-15");
+    assert!(
+        poll_until(DEADLINE, || (sub_cpus() == "0-15").then_some(())).is_some(),
+        "the sub-cgroup stayed at {}",
+        sub_cpus()
+    );
+    assert!(agent.stop().success());
+}
+
 #[test]
 fn agent_status_marks_what_differs() {
     let node = TestNode::new(CgroupVersion::V1);

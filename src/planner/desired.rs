@@ -107,10 +107,21 @@ pub fn desired_tree(
             CgroupKind::ContainerChild
             | CgroupKind::Unknown {
                 reason: UnknownReason::BelowUnknown { .. },
-            } => (
-                inherit(&cgroup.cpus, parent_cpus.as_ref()),
-                inherit(&cgroup.mems, parent_mems.as_ref()),
-            ),
+            } => {
+                let parent_now = parents[i].map(|p| &scan.cgroups[p]);
+                (
+                    inherit(
+                        &cgroup.cpus,
+                        parent_now.map(|p| &p.cpus),
+                        parent_cpus.as_ref(),
+                    ),
+                    inherit(
+                        &cgroup.mems,
+                        parent_now.map(|p| &p.mems),
+                        parent_mems.as_ref(),
+                    ),
+                )
+            }
             CgroupKind::Unknown { .. } => {
                 (Some(pools.shared.clone()), Some(pools.memory_nodes.clone()))
             }
@@ -170,10 +181,21 @@ pub fn desired_tree(
 }
 
 /// `current ∩ parent`, or the parent's value where that is empty or unknown.
-fn inherit(current: &FileValue<CpuSet>, parent: Option<&CpuSet>) -> Option<CpuSet> {
+/// What a cgroup below a container gets: a cgroup that holds exactly what its parent holds
+/// now follows its parent (narrowed and widened with it: a container's own sub-cgroups, which
+/// runtimes create with the parent's set); one with a set of its own keeps the part of it
+/// inside the parent's new set (all of the parent's when nothing is left).
+fn inherit(
+    current: &FileValue<CpuSet>,
+    parent_now: Option<&FileValue<CpuSet>>,
+    parent: Option<&CpuSet>,
+) -> Option<CpuSet> {
     let parent = parent?;
+    let current = current.configured();
+    if current.is_some() && current == parent_now.and_then(FileValue::configured) {
+        return Some(parent.clone());
+    }
     let kept = current
-        .configured()
         .map(|c| c.intersection(parent))
         .filter(|c| !c.is_empty());
     Some(kept.unwrap_or_else(|| parent.clone()))
