@@ -490,13 +490,21 @@ fn agent_stops_on_sigterm_with_a_fresh_checkpoint() {
     };
     assert_eq!(checkpoint.assignments.exclusive_cpus().to_string(), "1,9");
     assert_eq!(checkpoint.shared_pool.to_string(), "0,2-8,10-15");
+    // The container's quota and its pod's (kubelet's DisableCPUQuotaWithExclusiveCPUs).
     assert_eq!(
         checkpoint.quota_lifted.len(),
-        1,
+        2,
         "{:?}",
         checkpoint.quota_lifted
     );
-    assert!(checkpoint.quota_lifted[0].cgroup.ends_with(&ids[0]));
+    assert!(checkpoint
+        .quota_lifted
+        .iter()
+        .any(|q| q.cgroup.ends_with(&ids[0])));
+    assert!(checkpoint
+        .quota_lifted
+        .iter()
+        .any(|q| q.cgroup.ends_with(&_db.uid)));
     // `status` reads it: the pins are there.
     let status = node.status().expect("status after stop");
     assert!(status.has(&ids[0], "1,9"));

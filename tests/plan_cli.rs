@@ -159,14 +159,27 @@ fn v1_cgroupfs_classification_and_quota_lift() {
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
-    // Quota lifts come last, only for exclusive containers.
+    // Quota lifts come last, only for exclusive containers and their pods (kubelet's
+    // DisableCPUQuotaWithExclusiveCPUs leaves the pod-level quota unenforced too), each pod
+    // before its containers.
     let doc = plan_json(&root, &[]);
     let writes = doc["writes"].as_array().unwrap();
     let quota: Vec<&serde_json::Value> = writes
         .iter()
         .filter(|w| w["file"] == "cpu.cfs_quota_us")
         .collect();
-    assert_eq!(quota.len(), 3, "{quota:?}");
+    let paths: Vec<&str> = quota.iter().map(|w| w["path"].as_str().unwrap()).collect();
+    assert_eq!(quota.len(), 5, "{quota:?}");
+    let pods: Vec<&&str> = paths
+        .iter()
+        .filter(|p| p.matches('/').count() == 1)
+        .collect();
+    assert_eq!(pods.len(), 2, "{paths:?}");
+    for (i, path) in paths.iter().enumerate() {
+        if let Some((pod, _)) = path.rsplit_once('/').filter(|(pod, _)| pod.contains('/')) {
+            assert!(paths[..i].contains(&pod), "{pod} not lifted before {path}");
+        }
+    }
     assert!(quota
         .iter()
         .all(|w| w["value"] == "-1" && w["step"] == "lift_quota"));
@@ -498,4 +511,48 @@ fn topology_and_option_errors_exit_2_before_the_kubepods_check() {
             stderr(&out)
         );
     }
+}
+
+/// Issue 17, item 20: quotas lifted with no checkpoint to remember them (`plan --apply`, or a
+/// lost state dir) are recovered by `reset` from the runtime's config.json: each container's,
+/// and its pod's as kubelet computes it (the sum of its containers' limits).
+#[test]
+fn reset_without_a_checkpoint_recovers_quotas_from_the_runtime_configs() {
+    let dir = fake_tree("v1-cgroupfs");
+    let root = dir.path().join("v1-cgroupfs");
+    let pod = root.join("cpu,cpuacct/kubepods/pod1a2b3c4d-0000-4000-8000-00000000000a");
+    let quota = |rel: &str| {
+        fs::read_to_string(pod.join(rel).join("cpu.cfs_quota_us"))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let (a, b) = (
+        "1a11a11a11a11a11a11a11a11a11a11a11a11a11a11a11a11a11a11a11a11a11",
+        "1a21a21a21a21a21a21a21a21a21a21a21a21a21a21a21a21a21a21a21a21a21",
+    );
+    assert_eq!(
+        (quota(""), quota(a), quota(b)),
+        ("300000".into(), "200000".into(), "100000".into())
+    );
+    let state = dir.path().join("state");
+    let out = run(&plan_args(
+        &root,
+        &["--apply", "--state-dir", state.to_str().unwrap()],
+    ));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        (quota(""), quota(a), quota(b)),
+        ("-1".into(), "-1".into(), "-1".into())
+    );
+    let mut args = plan_args(&root, &["--state-dir", state.to_str().unwrap()]);
+    args[0] = "reset".into();
+    let out = run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        (quota(""), quota(a), quota(b)),
+        ("300000".into(), "200000".into(), "100000".into()),
+        "{}",
+        stdout(&out)
+    );
 }

@@ -27,7 +27,7 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     let _lock = StateLock::acquire(&args.state_dir).map_err(|e| {
         CommandError::usage(format!("{}: stop cpusetd before reset", error_chain(&e)))
     })?;
-    let node = args.tree.open()?;
+    let mut node = args.tree.open()?;
     let scan = node
         .scanner()
         .scan()
@@ -100,6 +100,7 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
             restored += 1;
         }
     }
+    restored += quotas_from_runtime_configs(&mut node, &scan, &parents, &mut writes);
     let report = apply(
         &node.hierarchy,
         &writes,
@@ -133,4 +134,108 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
         Err(e) => log::warn!("cannot remove the checkpoint: {e}"),
     }
     Ok(())
+}
+
+/// Quotas that are unlimited now and that no checkpoint speaks for (the agent's checkpoint
+/// was lost, or `plan --apply` lifted them), recovered from what the runtime set: a container's
+/// from its OCI `config.json` (`linux.resources.cpu.quota`/`period`), its pod's as kubelet
+/// computes it, the sum of its containers' limits (none when one container has no limit).
+/// Containers are written before their pods, so a pod's quota is never below a child's.
+/// Returns how many were planned.
+fn quotas_from_runtime_configs(
+    node: &mut super::node::NodeView,
+    scan: &crate::cgroupfs::Scan,
+    parents: &[Option<usize>],
+    writes: &mut Vec<PlannedWrite>,
+) -> usize {
+    use crate::cgroupfs::{CgroupVersion, CpuSettings, FileValue, Quota};
+    use crate::classify::CgroupKind;
+    let covered: std::collections::HashSet<usize> = writes
+        .iter()
+        .filter(|w| w.step == WriteStep::LiftQuota)
+        .map(|w| w.cgroup)
+        .collect();
+    let runtime = &mut node.runtime;
+    let classes = crate::classify::classify_scan(&node.naming, scan, |id| runtime.lookup(id));
+    // (quota, period) of the cgroup now, when it is unlimited: its period.
+    let unlimited_period = |i: usize| match &scan.cgroups[i].cpu {
+        CpuSettings::V1 {
+            cfs_quota: FileValue::Value(Quota::Unlimited),
+            cfs_period_us,
+            ..
+        } => Some(cfs_period_us.value().copied().unwrap_or(100_000)),
+        CpuSettings::V2 {
+            max: FileValue::Value(max),
+            ..
+        } if max.quota == Quota::Unlimited => Some(max.period_us),
+        _ => None,
+    };
+    let value = |quota: u64, period: u64| match node.layout.version {
+        CgroupVersion::V1 => quota.to_string(),
+        CgroupVersion::V2 => format!("{quota} {period}"),
+    };
+    let file = match node.layout.version {
+        CgroupVersion::V1 => InterfaceFile::CpuCfsQuotaUs,
+        CgroupVersion::V2 => InterfaceFile::CpuMax,
+    };
+    // Each container's limit as cpu-microseconds per second (period-independent).
+    let mut limit_per_second: Vec<Option<f64>> = vec![None; scan.cgroups.len()];
+    let mut planned = 0;
+    let mut pod_writes = Vec::new();
+    for (i, class) in classes.iter().enumerate() {
+        if class.kind != CgroupKind::Container {
+            continue;
+        }
+        let Some(id) = &class.container_id else {
+            continue;
+        };
+        let Some(info) = node.runtime.lookup(id) else {
+            continue;
+        };
+        let (Some(quota), period) = (info.cpu.quota.filter(|q| *q > 0), info.cpu.period) else {
+            continue;
+        };
+        let config_period = period.filter(|p| *p > 0).unwrap_or(100_000);
+        limit_per_second[i] = Some(quota as f64 * 1e6 / config_period as f64);
+        if covered.contains(&i) {
+            continue;
+        }
+        if let Some(period) = unlimited_period(i) {
+            let scaled = (quota as u128 * u128::from(period) / u128::from(config_period)) as u64;
+            writes.push(PlannedWrite {
+                cgroup: i,
+                path: scan.cgroups[i].path.clone(),
+                file,
+                value: value(scaled.max(1000), period),
+                step: WriteStep::LiftQuota,
+            });
+            planned += 1;
+        }
+    }
+    for (p, class) in classes.iter().enumerate() {
+        if class.kind != CgroupKind::Pod || covered.contains(&p) {
+            continue;
+        }
+        let Some(period) = unlimited_period(p) else {
+            continue;
+        };
+        let containers: Vec<usize> = (0..scan.cgroups.len())
+            .filter(|&c| parents[c] == Some(p) && classes[c].kind == CgroupKind::Container)
+            .collect();
+        let limits: Option<Vec<f64>> = containers.iter().map(|&c| limit_per_second[c]).collect();
+        let Some(limits) = limits.filter(|l| !l.is_empty()) else {
+            continue;
+        };
+        let quota = (limits.iter().sum::<f64>() * period as f64 / 1e6).round() as u64;
+        pod_writes.push(PlannedWrite {
+            cgroup: p,
+            path: scan.cgroups[p].path.clone(),
+            file,
+            value: value(quota.max(1000), period),
+            step: WriteStep::LiftQuota,
+        });
+        planned += 1;
+    }
+    writes.extend(pod_writes);
+    planned
 }

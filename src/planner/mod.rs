@@ -235,7 +235,7 @@ pub fn plan(
 
     let mut writes = cpuset_writes(scan, &parents, &desired);
     if !config.keep_cfs_quota {
-        writes.extend(quota_lifts(scan, classes, &assignments));
+        writes.extend(quota_lifts(scan, classes, &parents, &assignments));
     }
     Plan {
         pools: Some(pools),
@@ -296,14 +296,31 @@ const DEFAULT_CFS_PERIOD_US: u64 = 100_000;
 
 /// `cpu.cfs_quota_us = -1` (v1) or `cpu.max = max PERIOD` (v2) for every exclusive container that is
 /// still throttled.
-fn quota_lifts(scan: &Scan, classes: &[Classification], assignments: &Assignments) -> WritePlan {
-    let mut plan = Vec::new();
-    for (i, (cgroup, class)) in scan.cgroups.iter().zip(classes).enumerate() {
+/// CFS quota lifts: every container holding exclusive cpus, and its pod (kubelet's
+/// `DisableCPUQuotaWithExclusiveCPUs` leaves the pod-level quota unenforced too, or the pod's
+/// quota would still throttle the container). In scan (pre-)order: a pod before its containers.
+fn quota_lifts(
+    scan: &Scan,
+    classes: &[Classification],
+    parents: &[Option<usize>],
+    assignments: &Assignments,
+) -> WritePlan {
+    let mut lift = vec![false; scan.cgroups.len()];
+    for (i, class) in classes.iter().enumerate() {
         let exclusive = class.kind == CgroupKind::Container
             && class
                 .assignment_key()
                 .is_some_and(|k| assignments.get(&k).is_some());
-        if !exclusive {
+        if exclusive {
+            lift[i] = true;
+            if let Some(p) = parents[i].filter(|&p| classes[p].kind == CgroupKind::Pod) {
+                lift[p] = true;
+            }
+        }
+    }
+    let mut plan = Vec::new();
+    for (i, cgroup) in scan.cgroups.iter().enumerate() {
+        if !lift[i] {
             continue;
         }
         let (file, value) = match &cgroup.cpu {
