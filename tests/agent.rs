@@ -1097,6 +1097,35 @@ fn agent_widens_a_containers_own_cgroup_back_with_it() {
     assert!(agent.stop().success());
 }
 
+/// Issue 17, item 18 (b): a reserved-cpu or policy-option change at a restart keeps the
+/// running pins that stay valid.
+#[test]
+fn agent_restart_with_other_reserved_cpus_or_options_keeps_valid_pins() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let (db, ids, _be, _be_id) = pinned_pods(&node);
+    assert!(agent.stop().success());
+    // CPU 8 (cpu 0's sibling) reserved too, and an option: the pin on 1,9 still fits.
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cpusetd"));
+    command
+        .arg("run")
+        .args(node.tree_args())
+        .args(["--reserved-cpus", "0,8"])
+        .args(["--cpu-manager-policy-options", "full-pcpus-only=true"])
+        .args(["--cpu-manager-reconcile-period", "1s"]);
+    let mut restarted =
+        crate::agent_util::Agent::spawn(command, &node.base.join("restart.log"), None);
+    restarted.wait_for_log("first pass:");
+    node.wait_status("converged", |s| s.converged());
+    assert_eq!(node.cpus_of(&db, &ids[0]), "1,9", "{}", restarted.log());
+    assert!(
+        restarted.log_lines("allocated cpus=").is_empty(),
+        "{}",
+        restarted.log()
+    );
+    assert!(restarted.stop().success());
+}
+
 #[test]
 fn agent_status_marks_what_differs() {
     let node = TestNode::new(CgroupVersion::V1);

@@ -1187,6 +1187,9 @@ impl Controller {
                     log::info!("{key}: allocated cpus={cpus}");
                 }
                 AssignEvent::Adopted { key, cpus } => log::info!("{key}: adopted cpus={cpus}"),
+                AssignEvent::Shrunk { key, from, cpus } => {
+                    log::info!("{key}: resized in place from cpus={from} to cpus={cpus}")
+                }
                 AssignEvent::Reused { key, from, cpus } => {
                     log::info!("{key}: took over cpus={cpus} from {from}")
                 }

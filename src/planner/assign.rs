@@ -68,6 +68,12 @@ pub enum AssignEvent {
         cpus: CpuSet,
         why: ReleaseReason,
     },
+    /// Resized in place to fewer cpus: it keeps these of the ones it held.
+    Shrunk {
+        key: AssignmentKey,
+        from: CpuSet,
+        cpus: CpuSet,
+    },
     /// The request cannot be met: the container stays in the shared pool.
     Failed {
         key: AssignmentKey,
@@ -130,6 +136,38 @@ pub fn assign(
             }
             (Entitlement::Unknown { .. }, Some(_)) => {
                 refresh_container_id(&mut assignments, demand)
+            }
+            // An in-place shrink keeps cpus it has: the policy picks the `n` it would pick
+            // from them (whole cores first, the same NUMA node and socket), so the container
+            // neither moves nor loses its memory locality.
+            (Entitlement::Exclusive(n), Some(cpus)) if n > 0 && n < cpus.len() => {
+                match policy.take_by_topology(&cpus, n) {
+                    Ok(kept) if kept.len() == n && kept.is_subset(&cpus) => {
+                        // A subset of its own cpus overlaps no one else's.
+                        let _ = assignments.remove(&demand.key);
+                        let _ = assignments.insert(
+                            demand.key.clone(),
+                            ExclusiveAssignment {
+                                cpus: kept.clone(),
+                                container_id: demand.container_id.clone(),
+                            },
+                        );
+                        events.push(AssignEvent::Shrunk {
+                            key: demand.key.clone(),
+                            from: cpus,
+                            cpus: kept,
+                        });
+                    }
+                    _ => {
+                        assignments.remove(&demand.key);
+                        events.push(AssignEvent::Released {
+                            key: demand.key.clone(),
+                            cpus,
+                            why: ReleaseReason::Resized,
+                        });
+                        pending.push(demand);
+                    }
+                }
             }
             (Entitlement::Exclusive(_), Some(cpus)) => {
                 assignments.remove(&demand.key);
@@ -508,6 +546,40 @@ mod tests {
         );
         assert_eq!(held(&a2, &key2), first);
         assert!(matches!(ev[0], AssignEvent::Reused { .. }));
+    }
+
+    /// Issue 17, item 18: an in-place shrink keeps cpus the container has (here the last 4,
+    /// made its own by an earlier allocation elsewhere), never moving it.
+    #[test]
+    fn an_in_place_shrink_keeps_a_subset_of_the_cpus_held() {
+        let (p, all) = policy("0");
+        let key = named("a", "app");
+        let mut held_before = Assignments::new();
+        held_before
+            .insert(
+                key.clone(),
+                ExclusiveAssignment {
+                    cpus: CpuSet::parse("3,7,2,6").unwrap(),
+                    container_id: None,
+                },
+            )
+            .unwrap();
+        let (shrunk, ev) = assign(
+            &p,
+            &all,
+            &[demand(key.clone(), Entitlement::Exclusive(2), None)],
+            &pods(&["a"]),
+            &held_before,
+        );
+        let kept = CpuSet::parse(&held(&shrunk, &key)).unwrap();
+        assert_eq!(kept.len(), 2);
+        assert!(kept.is_subset(&CpuSet::parse("2-3,6-7").unwrap()), "{kept}");
+        // Whole cores first: one core's two threads.
+        assert!(
+            kept == CpuSet::parse("2,6").unwrap() || kept == CpuSet::parse("3,7").unwrap(),
+            "{kept}"
+        );
+        assert!(matches!(ev[0], AssignEvent::Shrunk { .. }), "{ev:?}");
     }
 
     #[test]
