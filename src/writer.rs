@@ -287,6 +287,17 @@ pub fn apply_scheduled(
                 (&settled, of_this.len()),
                 settle,
             );
+            // Below the scan's depth limit the plan cannot know the children: a cgroup the
+            // container made there, however deep, is narrowed here, deepest first, as the plan
+            // would narrow a known one (its set ∩ the new value), instead of holding the whole
+            // chain wide (and re-planning for ever).
+            let child = match child {
+                Some(ChildState::Holds { .. }) if beyond_scan_depth(scan, &write.path) => {
+                    narrow_unseen_subtree(fs, &write.path, write.file, &write.value);
+                    None
+                }
+                other => other,
+            };
             if let Some(child) = child {
                 log::debug!(
                     "cg={} not narrowed to {} now: {child}",
@@ -378,6 +389,71 @@ fn settled_children<'a>(
         })
         .filter_map(|c| c.path.name())
         .collect()
+}
+
+/// Whether the children of `path` lie past the scan's depth limit (so the plan never saw them).
+fn beyond_scan_depth(scan: &Scan, path: &CgroupPath) -> bool {
+    path.strip_prefix(&scan.kubepods)
+        .is_some_and(|rel| rel.depth() >= crate::cgroupfs::MAX_SCAN_DEPTH)
+}
+
+/// Most cgroups [`narrow_unseen_subtree`] visits below one cgroup.
+const MAX_UNSEEN: usize = 4096;
+
+/// Narrows every cgroup below `root` whose `file` holds more than `value` to what it holds of
+/// `value` (all of `value` when nothing), deepest first, so `root` can then be narrowed. For
+/// the part of a tree below the scan's depth limit; at most [`MAX_UNSEEN`] cgroups.
+fn narrow_unseen_subtree(fs: &CgroupFs, root: &CgroupPath, file: InterfaceFile, value: &str) {
+    let Ok(wanted) = CpuSet::parse(value) else {
+        return;
+    };
+    // Pre-order collection, then narrowed in reverse (children before their parents).
+    let mut order: Vec<CgroupPath> = Vec::new();
+    let mut stack = vec![root.clone()];
+    while let Some(dir) = stack.pop() {
+        if order.len() >= MAX_UNSEEN {
+            log::warn!(
+                "cg={root}: more than {MAX_UNSEEN} cgroups below it; the rest stay as they are"
+            );
+            break;
+        }
+        let Ok(entries) = fs.list(&dir) else {
+            continue;
+        };
+        for entry in entries.iter().filter(|e| e.kind == FileKind::Directory) {
+            if let Ok(child) = dir.join(&entry.name) {
+                order.push(child.clone());
+                stack.push(child);
+            }
+        }
+    }
+    let mut narrowed = 0;
+    for dir in order.iter().rev() {
+        let Ok(text) = fs.read(dir, file) else {
+            continue;
+        };
+        let Ok(held) = CpuSet::parse(&text) else {
+            continue;
+        };
+        if held.is_empty() || held.is_subset(&wanted) {
+            continue;
+        }
+        let kept = held.intersection(&wanted);
+        let new = if kept.is_empty() {
+            wanted.clone()
+        } else {
+            kept
+        };
+        if fs.write(dir, file, &new.to_string()).is_ok() {
+            narrowed += 1;
+        }
+    }
+    if narrowed > 0 {
+        log::info!(
+            "cg={root}: narrowed {narrowed} cgroup(s) below the scan's depth limit to {} first",
+            value
+        );
+    }
 }
 
 /// Why a cgroup is not narrowed now.
