@@ -42,6 +42,9 @@ pub struct WriteReport {
     /// Narrowing writes not made because a child the plan did not know of holds more: the
     /// scan was stale below these cgroups (indexes in the scan).
     pub stale: Vec<usize>,
+    /// Narrowings of a cgroup (index in the scan) left undone because this failed write of a
+    /// child's blocks them.
+    pub blocked: Vec<(usize, PlannedWrite)>,
     /// The kernel's refusals behind `stale` (EBUSY), for the caller to count and report once;
     /// they are re-planned, not failures.
     pub refused_stale: Vec<(PlannedWrite, CgroupError)>,
@@ -345,6 +348,16 @@ pub fn apply_scheduled(
             }
             Err(e) => {
                 failed.insert((write.cgroup, write.file));
+                if write.step == WriteStep::Narrow {
+                    // Its parents cannot be narrowed over it (the kernel would refuse them with
+                    // EBUSY, and a re-plan would change nothing): they wait for the next
+                    // reconcile, and the report says which child blocks them.
+                    let blocked: Vec<usize> = ancestors(write.cgroup).skip(1).collect();
+                    deferred.extend(blocked.iter().map(|&i| (i, write.file)));
+                    if let Some(&parent) = blocked.first() {
+                        report.blocked.push((parent, write.clone()));
+                    }
+                }
                 report.failed.push((write.clone(), e));
             }
         }

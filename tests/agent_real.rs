@@ -337,6 +337,90 @@ fn agent_keeps_the_pin_of_a_pod_it_cannot_read() {
     assert!(agent.agent.stop().success(), "{}", agent.agent.log());
 }
 
+/// Issue 17, item 5: an empty child cgroup the agent cannot write (owned by another user; the
+/// unit has no capabilities) blocks its parent's narrowing. The agent says so once, naming the
+/// parent, the child and the fix, does not spin, and narrows once the child is fixed.
+#[test]
+fn agent_names_an_unwritable_child_that_blocks_a_narrowing() {
+    if let Some(reason) = runc_skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        println!("skipped: setpriv (util-linux) is missing");
+        return;
+    }
+    let online = online_cpus();
+    if online.len() < 2 {
+        println!("skipped: one cpu only");
+        return;
+    }
+    let mut runc = Runc::new();
+    make_kubepods(runc.tree());
+    let mut agent = RealAgent::start_as(
+        runc.tree(),
+        runc.scratch(),
+        ".",
+        &[
+            "setpriv",
+            "--bounding-set",
+            "-all",
+            "--inh-caps",
+            "-all",
+            "--",
+        ],
+    );
+    let shared = runc.start(
+        &format!("besteffort/pod{}", pod_uid()),
+        CpuResources::best_effort(),
+    );
+    assert_eq!(shared.wait_cpus_allowed(&online), online);
+    // The container's own empty sub-cgroup, owned by another user.
+    let container_dir = runc.tree().dir("cpuset", &shared.cgroup);
+    let sub = container_dir.join("sub");
+    fs::create_dir(&sub).unwrap();
+    copy_cpuset_from_parent(&sub);
+    let chown = |uid: u32| {
+        for path in [
+            sub.clone(),
+            sub.join("cpuset.cpus"),
+            sub.join("cpuset.mems"),
+        ] {
+            nix::unistd::chown(&path, Some(nix::unistd::Uid::from_raw(uid)), None).unwrap();
+        }
+    };
+    chown(4242);
+    let sub_cpus = sub.join("cpuset.cpus");
+    let guaranteed = runc.start(&format!("pod{}", pod_uid()), CpuResources::guaranteed(1));
+    agent
+        .agent
+        .wait_for_log("cannot be narrowed while its child");
+    let said = agent.agent.log_lines("cannot be narrowed while its child");
+    assert_eq!(said.len(), 1, "{}", agent.agent.log());
+    assert!(
+        said[0].contains("/sub") && said[0].contains("chown"),
+        "{}",
+        said[0]
+    );
+    assert_eq!(read(&sub_cpus), online.to_string());
+    // Fixed by the operator: the next reconcile narrows the chain.
+    chown(0);
+    let exclusive = poll_until(DEADLINE, || {
+        let status = agent.status()?;
+        (status.exclusive_cpu_count == 1).then(|| CpuSet::parse(&status.exclusive_cpus).ok())?
+    })
+    .unwrap();
+    let rest = online.difference(&exclusive);
+    assert_eq!(shared.wait_cpus_allowed(&rest), rest);
+    assert_eq!(guaranteed.wait_cpus_allowed(&exclusive), exclusive);
+    assert!(
+        poll_until(DEADLINE, || (read(&sub_cpus) == rest.to_string())
+            .then_some(()))
+        .is_some()
+    );
+    assert!(agent.agent.stop().success(), "{}", agent.agent.log());
+}
+
 /// A container cgroup made by hand on the real hierarchies the way kubelet and runc make one
 /// (no process in it), with a CRI-like runtime config.
 struct HandMadePod {

@@ -972,8 +972,19 @@ impl Controller {
             *self.metrics.write_errors.entry(errno).or_default() += 1;
             if self.metrics.first_failure(&write.path, write.file, errno) {
                 log::warn!("{}", error_chain(error));
+                if let Some((parent, _)) = report.blocked.iter().find(|(_, w)| w == write) {
+                    log::warn!(
+                        "cg={} cannot be narrowed while its child {} holds more and cannot be \
+                         written: make {} writable by root without capabilities (chown it to \
+                         root) or remove it if it is empty; retried at each reconcile",
+                        scan.cgroups[*parent].path,
+                        write.path,
+                        write.path
+                    );
+                }
             }
         }
+        self.metrics.narrowings_blocked += report.blocked.len() as u64;
         // A narrowing the kernel refused because a child holds more is a race with a runtime,
         // re-planned at once: counted as a retry and reported once, not an error.
         for (write, error) in &report.refused_stale {

@@ -58,6 +58,8 @@ pub struct Metrics {
     pub pinning_requests: u64,
     pub pinning_errors: u64,
     pub drift_repairs: u64,
+    /// Narrowings left undone because a child's write failed under them.
+    pub narrowings_blocked: u64,
     /// Cgroups found fought over by another writer (each fight once).
     pub drift_fights: u64,
     pub rescans: u64,
@@ -175,6 +177,12 @@ impl Metrics {
             "counter",
             "Cgroups whose cpuset was changed by someone else and written back.",
             &plain(self.drift_repairs),
+        );
+        metric(
+            "cpusetd_narrowings_blocked_total",
+            "counter",
+            "Narrowings of a cgroup left for the next reconcile because the write of a child below it failed.",
+            &plain(self.narrowings_blocked),
         );
         metric(
             "cpusetd_drift_fights_total",
