@@ -210,6 +210,36 @@ impl TopologyIndex {
         cpus
     }
 
+    /// The NUMA node ids, ascending.
+    pub fn numa_node_ids(&self) -> &[u32] {
+        &self.numa_nodes.ids
+    }
+
+    /// How many sockets the given NUMA node ids touch.
+    pub fn sockets_of_numa_nodes(&self, nodes: &CpuSet) -> usize {
+        let mut sockets = std::collections::BTreeSet::new();
+        for node in nodes {
+            if let Some(index) = self.numa_nodes.position(node) {
+                sockets.extend(self.numa_sockets[index].iter().map(|s| s.index));
+            }
+        }
+        sockets.len()
+    }
+
+    /// The fewest sockets whose CPUs together reach `n` (0 when none do).
+    pub fn min_sockets_for(&self, n: usize) -> usize {
+        let mut sizes: Vec<usize> = self.sockets.cpus.iter().map(CpuSet::len).collect();
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
+        let mut total = 0;
+        for (i, size) in sizes.iter().enumerate() {
+            total += size;
+            if total >= n {
+                return i + 1;
+            }
+        }
+        0
+    }
+
     /// CPUs of every socket that has a CPU on one of the given NUMA node ids.
     pub fn socket_cpus_of_numa_nodes(&self, nodes: &CpuSet) -> CpuSet {
         let mut cpus = CpuSet::new();

@@ -372,6 +372,55 @@ impl StaticPolicy {
 
     /// kubelet's `getAlignedCPUs`: the allocatable CPUs of the hinted NUMA nodes, widened to
     /// their whole sockets with `align-by-socket`.
+    /// The NUMA hint kubelet's Topology Manager would hand the CPU manager for `request` cpus
+    /// if the CPU manager were its only hint provider and the policy `best-effort`
+    /// (`generateCPUTopologyHints`, then the narrowest preferred hint): every set of NUMA
+    /// nodes holding `request` available (or reusable) cpus and every reusable one is a
+    /// candidate; those spanning the fewest sockets that could hold the request are preferred
+    /// (`align-by-socket`); the narrowest (fewest nodes, then lowest ids) wins. `None` with
+    /// more than 8 NUMA nodes (kubelet's limit) or no candidate.
+    pub fn socket_aligned_hint(
+        &self,
+        request: usize,
+        shared_pool: &CpuSet,
+        reusable: &CpuSet,
+    ) -> Option<CpuSet> {
+        let ids = self.index.numa_node_ids();
+        if ids.is_empty() || ids.len() > 8 || request == 0 {
+            return None;
+        }
+        let available = self.allocatable(shared_pool).union(reusable);
+        let min_sockets = self.index.min_sockets_for(request);
+        let mut best: Option<(bool, usize, u32, CpuSet)> = None;
+        for mask in 1u32..(1 << ids.len()) {
+            let nodes: CpuSet = ids
+                .iter()
+                .enumerate()
+                .filter(|(bit, _)| mask & (1 << bit) != 0)
+                .map(|(_, &id)| id)
+                .collect();
+            let cpus = self.index.numa_node_cpus(&nodes);
+            if cpus.intersection(&available).len() < request || !reusable.is_subset(&cpus) {
+                continue;
+            }
+            let preferred = self.index.sockets_of_numa_nodes(&nodes) == min_sockets;
+            let key = (preferred, nodes.len(), mask);
+            let better = match &best {
+                None => true,
+                Some((p, n, m, _)) => (key.0 && !p) || (key.0 == *p && (key.1, key.2) < (*n, *m)),
+            };
+            if better {
+                best = Some((key.0, key.1, key.2, nodes));
+            }
+        }
+        best.map(|(_, _, _, nodes)| nodes)
+    }
+
+    /// Whether `align-by-socket` is on (then the planner asks for [`Self::socket_aligned_hint`]).
+    pub fn aligns_by_socket(&self) -> bool {
+        self.options.align_by_socket
+    }
+
     fn aligned_cpus(&self, numa_nodes: &CpuSet, allocatable: &CpuSet) -> CpuSet {
         let domain = if self.options.align_by_socket {
             self.index.socket_cpus_of_numa_nodes(numa_nodes)

@@ -274,7 +274,14 @@ pub fn assign(
             acc
         });
         let shared_pool = pool_cpus.difference(&assignments.exclusive_cpus());
-        match policy.allocate(n, &shared_pool, None, &reusable) {
+        // kubelet without a Topology Manager gives no hint, so `align-by-socket` would do
+        // nothing: with it, the hint a best-effort Topology Manager would give (see
+        // `socket_aligned_hint`) is computed here.
+        let hint = policy
+            .aligns_by_socket()
+            .then(|| policy.socket_aligned_hint(n, &shared_pool, &reusable))
+            .flatten();
+        match policy.allocate(n, &shared_pool, hint.as_ref(), &reusable) {
             Ok(cpus) => {
                 for (from, idle_cpus) in &idle {
                     if !idle_cpus.is_disjoint(&cpus) {
@@ -546,6 +553,52 @@ mod tests {
         );
         assert_eq!(held(&a2, &key2), first);
         assert!(matches!(ev[0], AssignEvent::Reused { .. }));
+    }
+
+    /// Issue 17, item 27: `align-by-socket` takes effect in `run`/`plan`: the planner asks for
+    /// the hint a best-effort Topology Manager would give, so the cpus come from one NUMA node
+    /// of one socket where kubelet's hint-less packing splits them over two nodes.
+    #[test]
+    fn align_by_socket_reaches_the_allocator() {
+        use crate::topology::RegularShape;
+        // 2 sockets × 2 NUMA nodes × 10 cores × 2 threads: core c = cpus c and c+40; NUMA n
+        // holds cores 10n..10n+9.
+        let topo = Topology::regular(RegularShape {
+            sockets: 2,
+            numa_nodes_per_socket: 2,
+            uncore_caches_per_numa_node: 1,
+            cores_per_uncore_cache: 10,
+            threads_per_core: 2,
+        })
+        .unwrap();
+        let make = |options: &str| {
+            StaticPolicy::new(
+                &topo,
+                PolicyOptions::parse(options).unwrap(),
+                ReservedCpus::List(CpuSet::parse("0,40").unwrap()),
+                false,
+            )
+            .unwrap()
+        };
+        // NUMA 0 has 4 free cpus, NUMA 1 six, NUMA 2 and 3 are free.
+        let pool = CpuSet::parse("0,40,8-9,48-49,14-16,54-56,20-39,60-79").unwrap();
+        let key = named("a", "app");
+        let wants = [demand(key.clone(), Entitlement::Exclusive(8), None)];
+        let numa_of =
+            |cpus: &CpuSet| -> BTreeSet<u32> { cpus.iter().map(|c| (c % 40) / 10).collect() };
+        let (plain, _) = assign(&make(""), &pool, &wants, &pods(&["a"]), &Assignments::new());
+        let plain = CpuSet::parse(&held(&plain, &key)).unwrap();
+        assert_eq!(numa_of(&plain).len(), 2, "{plain}");
+        let (aligned, _) = assign(
+            &make("align-by-socket=true"),
+            &pool,
+            &wants,
+            &pods(&["a"]),
+            &Assignments::new(),
+        );
+        let aligned = CpuSet::parse(&held(&aligned, &key)).unwrap();
+        assert_eq!(aligned.len(), 8);
+        assert_eq!(numa_of(&aligned).len(), 1, "{aligned}");
     }
 
     /// Issue 17, item 18: an in-place shrink keeps cpus the container has (here the last 4,
