@@ -170,3 +170,25 @@ fn respect_isolcpus_keeps_isolated_cpus_out() {
         stderr(&out)
     );
 }
+
+/// Issue 17, item 27: an offline SMT sibling (cpu 32, core 40's other thread) does not make
+/// core 40 a free whole core: two cpus come from one whole core (33,41), not a split (33,40).
+#[test]
+fn an_offline_sibling_does_not_make_a_half_core_whole() {
+    let sysfs = testdata("sysfs/offline-holes");
+    let out = cpusetd(&[
+        "allocate",
+        "--sysfs-root",
+        sysfs.to_str().unwrap(),
+        "--proc-root",
+        sysfs.join("proc").to_str().unwrap(),
+        "--reserved-cpus",
+        "0",
+        "--available",
+        "33-47",
+        "--count",
+        "2",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "33,41");
+}

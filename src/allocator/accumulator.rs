@@ -232,7 +232,7 @@ impl<'a> CpuAccumulator<'a> {
         let table = &self.index.cores;
         let free = self.free_count(table, core);
         if self.index.has_heterogeneous_cores() {
-            free == table.cpus[core].len()
+            free == self.index.whole_core_size(core)
         } else {
             free == self.index.cpus_per_core()
         }

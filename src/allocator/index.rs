@@ -95,6 +95,10 @@ pub struct TopologyIndex {
     /// Table index of each CPU's core, by CPU id (`usize::MAX` for ids not in the topology).
     core_of_cpu: Vec<usize>,
     heterogeneous_cores: bool,
+    /// Where cores differ in thread count only because CPUs are offline (an SMT sibling taken
+    /// down), the thread count of a whole core: a core with fewer online threads is a broken
+    /// one, never a free whole core (else a request for two takes it and splits a free core).
+    whole_core_threads: Option<usize>,
 }
 
 impl TopologyIndex {
@@ -118,6 +122,9 @@ impl TopologyIndex {
             }
         }
         let heterogeneous_cores = !topology.is_homogeneous();
+        let whole_core_threads = (heterogeneous_cores && !topology.offline().is_empty())
+            .then(|| cores.cpus.iter().map(CpuSet::len).max())
+            .flatten();
         TopologyIndex {
             all: topology.all_cpus().clone(),
             counters: topology.counters(),
@@ -132,6 +139,7 @@ impl TopologyIndex {
             numa_uncore_caches,
             core_of_cpu,
             heterogeneous_cores,
+            whole_core_threads,
         }
     }
 
@@ -164,6 +172,13 @@ impl TopologyIndex {
     /// tests cores against their own thread count instead of `cpus_per_core()`.
     pub fn has_heterogeneous_cores(&self) -> bool {
         self.heterogeneous_cores
+    }
+
+    /// How many free threads make core `core` (a table index) a free whole core: its own
+    /// thread count, or, where offline CPUs made cores uneven, the whole-core thread count.
+    pub(crate) fn whole_core_size(&self, core: usize) -> usize {
+        self.whole_core_threads
+            .unwrap_or_else(|| self.cores.cpus[core].len())
     }
 
     /// Table index of the core holding `cpu`.

@@ -46,7 +46,8 @@ pub struct AllocateArgs {
     /// NUMA nodes of a topology hint: CPUs are taken from them first.
     #[arg(long, value_name = "LIST", value_parser = cpuset_arg)]
     numa_hint: Option<CpuSet>,
-    /// Never hand out CPUs the kernel isolates (isolcpus=, nohz_full=).
+    /// Never hand out CPUs the kernel isolates from its scheduler domains (isolcpus=, sysfs
+    /// isolated); nohz_full= CPUs stay allocatable.
     #[arg(long)]
     respect_isolcpus: bool,
 }

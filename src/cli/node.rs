@@ -67,7 +67,8 @@ pub struct PolicyArgs {
     /// Reserve this many CPUs, chosen the way kubelet chooses them.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=8192))]
     pub reserved_cpu_count: Option<u32>,
-    /// Keep CPUs the kernel isolates (isolcpus=, nohz_full=) away from every pod.
+    /// Keep CPUs the kernel isolates from its scheduler domains (isolcpus=, sysfs isolated)
+    /// away from every pod; nohz_full= CPUs stay allocatable.
     #[arg(long)]
     pub respect_isolcpus: bool,
     /// Leave the CFS quota of exclusive containers as kubelet set it.
