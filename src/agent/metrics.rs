@@ -356,10 +356,13 @@ pub fn metrics_file_problem(path: &Path, state_dir: &Path) -> Option<String> {
     if !parent.is_dir() {
         return Some(format!("{} is not a directory", parent.display()));
     }
-    if fs::canonicalize(state_dir).is_ok_and(|state| parent.starts_with(&state)) {
+    // The state directory is where the hardened unit may write; the checkpoint, its
+    // quarantined copies and the lock live there too: only a `*.prom` name is allowed there.
+    let is_prom = path.extension().is_some_and(|e| e == "prom");
+    if !is_prom && fs::canonicalize(state_dir).is_ok_and(|state| parent.starts_with(&state)) {
         return Some(format!(
-            "it is in the state directory {} (the checkpoint and lock live there); put it in \
-             node_exporter's textfile directory",
+            "it is in the state directory {} where the checkpoint and lock live; name it \
+             <something>.prom",
             state_dir.display()
         ));
     }
@@ -403,6 +406,10 @@ mod tests {
         fs::create_dir(&state).unwrap();
         let ok = dir.path().join("m.prom");
         assert_eq!(metrics_file_problem(&ok, &state), None);
+        assert_eq!(
+            metrics_file_problem(&state.join("cpusetd.prom"), &state),
+            None
+        );
         for bad in [
             state.join("state.json"),
             state.join("lock"),
