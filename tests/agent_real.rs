@@ -82,6 +82,24 @@ impl RealAgent {
         RealAgent::start_as(tree, scratch, runtime, &[])
     }
 
+    /// [`RealAgent::start`] the way the shipped unit runs it: root without any capability
+    /// (`setpriv` drops the bounding set), so file modes bind it.
+    fn start_without_capabilities(tree: &E2eTree, scratch: &Path) -> RealAgent {
+        RealAgent::start_as(
+            tree,
+            scratch,
+            ".",
+            &[
+                "setpriv",
+                "--bounding-set",
+                "-all",
+                "--inh-caps",
+                "-all",
+                "--",
+            ],
+        )
+    }
+
     /// [`RealAgent::start`] under a wrapper command (`setpriv …` to run it the way the shipped
     /// unit does: root without capabilities).
     fn start_as(tree: &E2eTree, scratch: &Path, runtime: &str, wrapper: &[&str]) -> RealAgent {
@@ -274,19 +292,7 @@ fn agent_keeps_the_pin_of_a_pod_it_cannot_read() {
     }
     let mut runc = Runc::new();
     make_kubepods(runc.tree());
-    let mut agent = RealAgent::start_as(
-        runc.tree(),
-        runc.scratch(),
-        ".",
-        &[
-            "setpriv",
-            "--bounding-set",
-            "-all",
-            "--inh-caps",
-            "-all",
-            "--",
-        ],
-    );
+    let mut agent = RealAgent::start_without_capabilities(runc.tree(), runc.scratch());
     let first_pod = format!("pod{}", pod_uid());
     let first = runc.start(&first_pod, CpuResources::guaranteed(1));
     let status = agent.wait_status("the first pin", |s| {
@@ -357,19 +363,7 @@ fn agent_names_an_unwritable_child_that_blocks_a_narrowing() {
     }
     let mut runc = Runc::new();
     make_kubepods(runc.tree());
-    let mut agent = RealAgent::start_as(
-        runc.tree(),
-        runc.scratch(),
-        ".",
-        &[
-            "setpriv",
-            "--bounding-set",
-            "-all",
-            "--inh-caps",
-            "-all",
-            "--",
-        ],
-    );
+    let mut agent = RealAgent::start_without_capabilities(runc.tree(), runc.scratch());
     let shared = runc.start(
         &format!("besteffort/pod{}", pod_uid()),
         CpuResources::best_effort(),

@@ -371,6 +371,21 @@ impl RealAgent {
         }
     }
 
+    /// A counter of the metrics file (0 until it is there).
+    fn counter(&self, name: &str) -> u64 {
+        let text = fs::read_to_string(&self.metrics).unwrap_or_default();
+        let needle = format!("{name} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&needle)?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Reconcile ticks so far (quiet ones and full scans that ran no pass).
+    fn ticks(&self) -> u64 {
+        self.counter("cpusetd_quiet_reconciles_total")
+            + self.counter("cpusetd_reconciles_without_pass_total")
+    }
+
     fn wait_for(&mut self, what: &str, mut done: impl FnMut(&Self) -> bool) {
         let deadline = Instant::now() + SETTLE;
         while !done(self) {
@@ -424,20 +439,7 @@ fn a_parent_holding_fewer_cpus_than_the_node_is_what_pods_get() {
     });
     let kubepods_cpus = tree.dir("cpuset", "kubepods").join("cpuset.cpus");
     // A few reconcile ticks (100 ms apart) later, still nothing refused.
-    let ticks = |a: &RealAgent| -> u64 {
-        let text = fs::read_to_string(&a.metrics).unwrap_or_default();
-        [
-            "cpusetd_quiet_reconciles_total ",
-            "cpusetd_reconciles_without_pass_total ",
-        ]
-        .iter()
-        .filter_map(|name| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
-        })
-        .sum()
-    };
-    agent.wait_for("a few reconcile ticks", |a| ticks(a) >= 3);
+    agent.wait_for("a few reconcile ticks", |a| a.ticks() >= 3);
     assert_eq!(agent.errors("EACCES"), None, "{}", agent.log_text());
     assert_eq!(fs::read_to_string(&kubepods_cpus).unwrap().trim(), "0");
 
@@ -624,29 +626,10 @@ fn a_container_with_a_chain_past_the_scan_depth_and_path_max_is_pinned() {
         .to_string();
     assert_eq!(chain.deepest_cpus(), pinned);
     // Settled: a few reconcile ticks pass without passes piling up.
-    let passes = |a: &RealAgent| -> u64 {
-        fs::read_to_string(&a.metrics)
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("cpusetd_passes_total ")?.trim().parse().ok())
-            .unwrap_or(0)
-    };
+    let passes = |a: &RealAgent| a.counter("cpusetd_passes_total");
     agent.wait_for("a metrics file", |a| passes(a) > 0);
-    let ticks = |a: &RealAgent| -> u64 {
-        let text = fs::read_to_string(&a.metrics).unwrap_or_default();
-        [
-            "cpusetd_quiet_reconciles_total ",
-            "cpusetd_reconciles_without_pass_total ",
-        ]
-        .iter()
-        .filter_map(|name| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
-        })
-        .sum()
-    };
-    let before = ticks(&agent);
-    agent.wait_for("five reconcile ticks", |a| ticks(a) >= before + 5);
+    let before = agent.ticks();
+    agent.wait_for("five reconcile ticks", |a| a.ticks() >= before + 5);
     assert!(
         passes(&agent) < 20,
         "{} passes:\n{}",

@@ -161,6 +161,20 @@ struct Fight {
     pending: bool,
 }
 
+impl Fight {
+    /// No fight yet: a first foreign change at `now`.
+    fn new(now: Instant) -> Fight {
+        Fight {
+            window_start: now,
+            drifts: 0,
+            last_drift: now,
+            backoff: None,
+            until: None,
+            pending: false,
+        }
+    }
+}
+
 /// The agent's state and its one writer.
 #[derive(Debug)]
 pub struct Controller {
@@ -780,23 +794,12 @@ impl Controller {
     /// waits a backoff that doubles (from [`FIGHT_BACKOFF_MIN`] to [`FIGHT_BACKOFF_MAX`]) while
     /// the writer goes on; [`FIGHT_QUIET`] without a foreign change ends the fight.
     fn hold_off_drift(&mut self, path: &CgroupPath, now: Instant) -> bool {
-        let fight = self.fights.entry(path.clone()).or_insert(Fight {
-            window_start: now,
-            drifts: 0,
-            last_drift: now,
-            backoff: None,
-            until: None,
-            pending: false,
-        });
+        let fight = self
+            .fights
+            .entry(path.clone())
+            .or_insert_with(|| Fight::new(now));
         if now.saturating_duration_since(fight.last_drift) > FIGHT_QUIET {
-            *fight = Fight {
-                window_start: now,
-                drifts: 0,
-                last_drift: now,
-                backoff: None,
-                until: None,
-                pending: false,
-            };
+            *fight = Fight::new(now);
         }
         fight.last_drift = now;
         if fight.until.is_some_and(|until| now < until) {
