@@ -415,6 +415,64 @@ fn agent_names_an_unwritable_child_that_blocks_a_narrowing() {
     assert!(agent.agent.stop().success(), "{}", agent.agent.log());
 }
 
+/// Issue 17, item 7: runc copies a new cgroup's cpuset from its parent when it finds it empty,
+/// and the agent narrowing the parent between runc's read and its write made a start fail
+/// (EACCES). The agent sets `cgroup.clone_children` (v1), so the kernel fills a new cgroup at
+/// `mkdir`, atomically with the agent's writes, and runc copies nothing. Shown directly (a new
+/// pod directory is born with its parent's set) and by container starts under pin churn.
+#[test]
+fn agent_makes_the_kernel_fill_new_cgroups_so_runc_never_copies() {
+    if let Some(reason) = runc_skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let mut runc = Runc::new();
+    make_kubepods(runc.tree());
+    let mut agent = RealAgent::start(runc.tree(), runc.scratch(), ".");
+    let kubepods = runc.tree().dir("cpuset", "");
+    assert_eq!(read(&kubepods.join("cgroup.clone_children")), "1");
+    // What kubelet does for a pod: mkdir. The kernel fills it at once.
+    let pod_dir = format!("besteffort/pod{}", pod_uid());
+    let dir = runc.tree().dir("cpuset", &pod_dir);
+    fs::create_dir(&dir).unwrap();
+    let parent = read(&runc.tree().dir("cpuset", "besteffort").join("cpuset.cpus"));
+    assert_eq!(read(&dir.join("cpuset.cpus")), parent);
+    assert!(!read(&dir.join("cpuset.mems")).is_empty());
+    runc.tree().remove(&pod_dir);
+    // Starts under pin churn: every one succeeds (runc.start asserts it).
+    let shared = runc.start(
+        &format!("besteffort/pod{}", pod_uid()),
+        CpuResources::best_effort(),
+    );
+    for _ in 0..10 {
+        let pinned_pod = format!("pod{}", pod_uid());
+        let pinned = runc.start(&pinned_pod, CpuResources::guaranteed(1));
+        let other = runc.start(
+            &format!("besteffort/pod{}", pod_uid()),
+            CpuResources::best_effort(),
+        );
+        runc.delete(&pinned);
+        runc.tree().remove(&pinned_pod);
+        runc.delete(&other);
+    }
+    let online = online_cpus();
+    assert_eq!(shared.wait_cpus_allowed(&online), online);
+    agent.stop_clean();
+    // `reset` puts the kernel's default back.
+    let out = Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+        .arg("reset")
+        .args(&agent.tree_args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(read(&kubepods.join("cgroup.clone_children")), "0");
+}
+
 /// A container cgroup made by hand on the real hierarchies the way kubelet and runc make one
 /// (no process in it), with a CRI-like runtime config.
 struct HandMadePod {

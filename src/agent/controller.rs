@@ -755,6 +755,45 @@ impl Controller {
         Some(outcome)
     }
 
+    /// cgroup v1: sets `cgroup.clone_children` on kubepods, the QoS directories and the pod
+    /// directories (new ones inherit it), so the kernel gives every new cgroup its parent's
+    /// cpuset at `mkdir`, atomically with respect to the agent's writes. A runtime then finds
+    /// the new cgroup set up and copies nothing: there is no window in which it copies a
+    /// parent's set that the agent narrows before the copy lands (runc's `copyIfNeeded`, which
+    /// then fails with EACCES). Files that are not there (fake trees) are skipped.
+    pub fn clone_cpusets_at_creation(&mut self) {
+        if self.parts.hierarchy.version != CgroupVersion::V1 {
+            return;
+        }
+        let kubepods = self.parts.scanner.kubepods().clone();
+        let cpuset = &self.parts.hierarchy.cpuset;
+        let mut failed = None;
+        for path in self.model.keys() {
+            if path
+                .strip_prefix(&kubepods)
+                .is_none_or(|rel| rel.depth() > 2)
+            {
+                continue;
+            }
+            let file = InterfaceFile::CgroupCloneChildren;
+            if cpuset.read(path, file).is_ok_and(|v| v == "1") {
+                continue;
+            }
+            match cpuset.write(path, file, "1") {
+                Ok(()) => {}
+                Err(e) if e.is_gone() => {}
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed {
+            log::warn!(
+                "{}: new cgroups start empty and their runtime copies the parent's cpuset, which \
+                 can race a narrowing",
+                error_chain(&e)
+            );
+        }
+    }
+
     /// Whether what kubepods' parent gives pods changed since the last pass (the parent is
     /// not watched: every reconcile tick looks).
     pub fn limits_moved(&self) -> bool {

@@ -143,6 +143,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     }
     let started = Instant::now();
     controller.full_scan().map_err(AgentError::FirstScan)?;
+    controller.clone_cpusets_at_creation();
     let outcome = controller.pass(Instant::now());
     controller.metrics.reconcile_duration = Some(started.elapsed());
     controller.metrics.last_reconcile = Some(SystemTime::now());

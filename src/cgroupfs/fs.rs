@@ -61,10 +61,13 @@ pub enum InterfaceFile {
     CgroupControllers,
     /// `cgroup.subtree_control` (v2): controllers enabled for the children.
     CgroupSubtreeControl,
+    /// `cgroup.clone_children` (v1): `1` makes the kernel give a new child its parent's
+    /// `cpuset.cpus`/`cpuset.mems` at `mkdir` (and the flag), instead of empty sets.
+    CgroupCloneChildren,
 }
 
 impl InterfaceFile {
-    pub const ALL: [InterfaceFile; 14] = [
+    pub const ALL: [InterfaceFile; 15] = [
         InterfaceFile::CpusetCpus,
         InterfaceFile::CpusetMems,
         InterfaceFile::CpusetCpusEffective,
@@ -79,6 +82,7 @@ impl InterfaceFile {
         InterfaceFile::CgroupProcs,
         InterfaceFile::CgroupControllers,
         InterfaceFile::CgroupSubtreeControl,
+        InterfaceFile::CgroupCloneChildren,
     ];
 
     /// The file name in the cgroup directory.
@@ -98,6 +102,7 @@ impl InterfaceFile {
             InterfaceFile::CgroupProcs => "cgroup.procs",
             InterfaceFile::CgroupControllers => "cgroup.controllers",
             InterfaceFile::CgroupSubtreeControl => "cgroup.subtree_control",
+            InterfaceFile::CgroupCloneChildren => "cgroup.clone_children",
         }
     }
 

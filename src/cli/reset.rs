@@ -101,6 +101,19 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
         }
     }
     restored += quotas_from_runtime_configs(&mut node, &scan, &parents, &mut writes);
+    // The kernel's default back: new cgroups start with empty cpusets again (the agent sets
+    // `cgroup.clone_children` on v1; runtimes copy the parent's cpuset themselves).
+    if node.layout.version == crate::cgroupfs::CgroupVersion::V1 {
+        for cgroup in &scan.cgroups {
+            if cgroup.relative.depth() <= 2 {
+                let _ = node.hierarchy.cpuset.write(
+                    &cgroup.path,
+                    InterfaceFile::CgroupCloneChildren,
+                    "0",
+                );
+            }
+        }
+    }
     let report = apply(
         &node.hierarchy,
         &writes,
