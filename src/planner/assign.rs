@@ -92,6 +92,18 @@ pub enum ReleaseReason {
     Reused,
 }
 
+/// The `n` cpus a container holding `cpus` keeps when it shrinks in place: the policy's pick
+/// among them; `None` when it does not shrink or the pick fails.
+fn shrunk(policy: &StaticPolicy, cpus: &CpuSet, n: usize) -> Option<CpuSet> {
+    if n == 0 || n >= cpus.len() {
+        return None;
+    }
+    policy
+        .take_by_topology(cpus, n)
+        .ok()
+        .filter(|kept| kept.len() == n && kept.is_subset(cpus))
+}
+
 /// Runs the rules of the module documentation. `pool_cpus` is every CPU pods may use (the
 /// kubepods root), `live_pods` the UIDs of the pods present.
 pub fn assign(
@@ -139,35 +151,24 @@ pub fn assign(
             }
             // An in-place shrink keeps cpus it has: the policy picks the `n` it would pick
             // from them (whole cores first, the same NUMA node and socket), so the container
-            // neither moves nor loses its memory locality.
-            (Entitlement::Exclusive(n), Some(cpus)) if n > 0 && n < cpus.len() => {
-                match policy.take_by_topology(&cpus, n) {
-                    Ok(kept) if kept.len() == n && kept.is_subset(&cpus) => {
-                        // A subset of its own cpus overlaps no one else's.
-                        let _ = assignments.remove(&demand.key);
-                        let _ = assignments.insert(
-                            demand.key.clone(),
-                            ExclusiveAssignment {
-                                cpus: kept.clone(),
-                                container_id: demand.container_id.clone(),
-                            },
-                        );
-                        events.push(AssignEvent::Shrunk {
-                            key: demand.key.clone(),
-                            from: cpus,
-                            cpus: kept,
-                        });
-                    }
-                    _ => {
-                        assignments.remove(&demand.key);
-                        events.push(AssignEvent::Released {
-                            key: demand.key.clone(),
-                            cpus,
-                            why: ReleaseReason::Resized,
-                        });
-                        pending.push(demand);
-                    }
-                }
+            // neither moves nor loses its memory locality. (A pick that fails is released
+            // and allocated afresh, below.)
+            (Entitlement::Exclusive(n), Some(cpus)) if shrunk(policy, &cpus, n).is_some() => {
+                let kept = shrunk(policy, &cpus, n).unwrap_or_default();
+                // A subset of its own cpus overlaps no one else's.
+                let _ = assignments.remove(&demand.key);
+                let _ = assignments.insert(
+                    demand.key.clone(),
+                    ExclusiveAssignment {
+                        cpus: kept.clone(),
+                        container_id: demand.container_id.clone(),
+                    },
+                );
+                events.push(AssignEvent::Shrunk {
+                    key: demand.key.clone(),
+                    from: cpus,
+                    cpus: kept,
+                });
             }
             (Entitlement::Exclusive(_), Some(cpus)) => {
                 assignments.remove(&demand.key);
