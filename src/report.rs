@@ -16,6 +16,9 @@ pub struct CgroupRow {
     pub path: String,
     pub kind: String,
     pub pod_uid: Option<String>,
+    /// The pod's name and namespace as the runtime's config gives them.
+    pub pod_name: Option<String>,
+    pub namespace: Option<String>,
     pub container: Option<String>,
     pub container_id: Option<String>,
     pub qos: Option<String>,
@@ -73,6 +76,8 @@ pub fn rows(scan: &Scan, classes: &[Classification], plan: &Plan) -> Vec<CgroupR
             path: cgroup.relative.to_string(),
             kind: class.kind.to_string(),
             pod_uid: class.pod_uid.clone(),
+            pod_name: class.pod_name.clone(),
+            namespace: class.pod_namespace.clone(),
             container: class.container_name.clone(),
             container_id: class.container_id.clone(),
             qos: class.qos.map(|q| q.to_string()),
@@ -119,8 +124,14 @@ pub fn render_table(rows: &[CgroupRow]) -> String {
                 (None, None) => r.kind.clone(),
             };
             let mark = if r.differs() { "*" } else { "" };
+            // `namespace/name` where the runtime said, else the UID's first characters.
+            let pod = match (&r.namespace, &r.pod_name) {
+                (Some(namespace), Some(name)) => short(&Some(format!("{namespace}/{name}")), 32),
+                (None, Some(name)) => short(&Some(name.clone()), 32),
+                _ => short(&r.pod_uid, 8),
+            };
             [
-                short(&r.pod_uid, 8),
+                pod,
                 name,
                 r.qos.clone().unwrap_or_else(|| "-".into()),
                 r.request.clone().unwrap_or_else(|| "-".into()),

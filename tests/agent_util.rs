@@ -112,6 +112,8 @@ pub struct Row {
     pub path: String,
     pub kind: String,
     pub pod_uid: Option<String>,
+    pub pod_name: Option<String>,
+    pub namespace: Option<String>,
     pub container: Option<String>,
     pub container_id: Option<String>,
     pub current: Option<String>,
