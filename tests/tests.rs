@@ -11,6 +11,7 @@ mod allocate_cli;
 mod cgroup_scan;
 mod checkpoint;
 mod confinement;
+mod containerd;
 mod controller;
 mod crash;
 mod demo_cli;
