@@ -230,6 +230,9 @@ pub struct Controller {
     /// When a rescan was last said in the log, and how many were not said since.
     rescan_said: Option<Instant>,
     rescans_unsaid: u64,
+    /// `namespace/pod` of pods holding exclusive CPUs, so the log can name a pod that is gone
+    /// when its CPUs are released.
+    pod_names: HashMap<String, String>,
     pub metrics: Metrics,
 }
 
@@ -242,6 +245,7 @@ impl Controller {
             unreadable_said: HashSet::new(),
             rescan_said: None,
             rescans_unsaid: 0,
+            pod_names: HashMap::new(),
             fights: HashMap::new(),
             last_limits: None,
             drifted: HashSet::new(),
@@ -1231,22 +1235,57 @@ impl Controller {
         }
     }
 
+    /// How the log names a container: `namespace/pod/container (pod<uid>/…)` once the runtime
+    /// has named its pod, else the key alone.
+    fn label(&mut self, key: &AssignmentKey) -> String {
+        let uid = key.pod_uid();
+        if !self.pod_names.contains_key(uid) {
+            let found = self
+                .model
+                .values()
+                .filter_map(|e| e.class.as_ref())
+                .find(|c| c.pod_uid.as_deref() == Some(uid) && c.pod_name.is_some());
+            if let Some(class) = found {
+                let name = format!(
+                    "{}/{}",
+                    class.pod_namespace.as_deref().unwrap_or("-"),
+                    class.pod_name.as_deref().unwrap_or("-")
+                );
+                self.pod_names.insert(uid.to_string(), name);
+            }
+        }
+        let Some(pod) = self.pod_names.get(uid) else {
+            return key.to_string();
+        };
+        let text = match key {
+            AssignmentKey::Named { container, .. } => format!("{pod}/{container} ({key})"),
+            AssignmentKey::Id { .. } => format!("{pod} ({key})"),
+        };
+        crate::logging::printable(&text).into_owned()
+    }
+
     fn log_events(&mut self, events: &[AssignEvent]) {
         for event in events {
             match event {
                 AssignEvent::Allocated { key, cpus } => {
                     self.metrics.pinning_requests += 1;
                     self.metrics.pin_succeeded(key);
-                    log::info!("{key}: allocated cpus={cpus}");
+                    log::info!("{}: allocated cpus={cpus}", self.label(key));
                 }
-                AssignEvent::Adopted { key, cpus } => log::info!("{key}: adopted cpus={cpus}"),
+                AssignEvent::Adopted { key, cpus } => {
+                    log::info!("{}: adopted cpus={cpus}", self.label(key))
+                }
                 AssignEvent::Shrunk { key, from, cpus } => {
-                    log::info!("{key}: resized in place from cpus={from} to cpus={cpus}")
+                    log::info!(
+                        "{}: resized in place from cpus={from} to cpus={cpus}",
+                        self.label(key)
+                    )
                 }
                 AssignEvent::Reused { key, from, cpus } => {
-                    log::info!("{key}: took over cpus={cpus} from {from}")
+                    log::info!("{}: took over cpus={cpus} from {from}", self.label(key))
                 }
                 AssignEvent::Released { key, cpus, why } => {
+                    let pod_gone = matches!(why, ReleaseReason::PodGone);
                     let why = match why {
                         ReleaseReason::PodGone => "pod gone",
                         ReleaseReason::NowShared => "now shared",
@@ -1254,7 +1293,10 @@ impl Controller {
                         ReleaseReason::Reused => "reused by its pod",
                     };
                     self.metrics.pin_succeeded(key);
-                    log::info!("{key}: released cpus={cpus} ({why})");
+                    log::info!("{}: released cpus={cpus} ({why})", self.label(key));
+                    if pod_gone {
+                        self.pod_names.remove(key.pod_uid());
+                    }
                 }
                 AssignEvent::Failed {
                     key,
@@ -1267,7 +1309,8 @@ impl Controller {
                         self.metrics.pinning_requests += 1;
                         self.metrics.pinning_errors += 1;
                         log::warn!(
-                            "{key}: {requested} exclusive cpus cannot be given, stays shared: {error}"
+                            "{}: {requested} exclusive cpus cannot be given, stays shared: {error}",
+                            self.label(key)
                         );
                     }
                 }

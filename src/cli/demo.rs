@@ -419,7 +419,7 @@ impl Show {
             println!("   agent: {line}");
         }
         println!();
-        for line in view.render().lines() {
+        for line in view.render(false).lines() {
             println!("   {line}");
         }
         println!();
