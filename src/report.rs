@@ -59,7 +59,10 @@ pub fn rows(scan: &Scan, classes: &[Classification], plan: &Plan) -> Vec<CgroupR
             })
         });
         let note = match (&class.kind, assigned, failure, &class.exclusivity) {
-            (_, Some(_), _, _) => "exclusive".to_string(),
+            (_, Some(held), _, _) => match held.adopted {
+                Some(how) => format!("exclusive, {how}"),
+                None => "exclusive".to_string(),
+            },
             (_, None, Some(error), _) => format!("shared: {error}"),
             (CgroupKind::Unknown { reason }, ..) => format!("unknown: {reason}"),
             (CgroupKind::ContainerChild, ..) => "inside its container's set".to_string(),

@@ -127,6 +127,8 @@ impl RealAgent {
             None => Command::new(env!("CARGO_BIN_EXE_cpusetd")),
         };
         command.arg("run").args(&tree_args).args([
+            "--kubelet-state",
+            "none",
             "--reserved-cpus",
             "0",
             "--cpu-manager-reconcile-period",

@@ -231,6 +231,10 @@ impl TestNode {
         if !extra.contains(&"--cpu-manager-reconcile-period") {
             args.extend(["--cpu-manager-reconcile-period", "1s"].map(String::from));
         }
+        // Never this machine's kubelet checkpoint.
+        if !extra.contains(&"--kubelet-state") {
+            args.extend(["--kubelet-state", "none"].map(String::from));
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut command = Command::new(env!("CARGO_BIN_EXE_cpusetd"));
         command

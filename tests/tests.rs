@@ -21,6 +21,7 @@ mod harness;
 mod hostile;
 mod hostile_agent;
 mod kubelet_vectors;
+mod migration;
 mod plan_cli;
 mod real_containers;
 mod real_kernel;

@@ -23,14 +23,16 @@ use crate::cgroupfs::{
     CgroupError, CgroupPath, CgroupVersion, Hierarchy, InterfaceFile, Scan, ScannedCgroup, Scanner,
     SkipReason,
 };
+use crate::checkpoint::kubelet_state::KubeletState;
 use crate::classify::{
     classify, classify_scan_one, config_matches_cgroup, CgroupKind, CgroupNaming, Classification,
+    Notice,
 };
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, NodeLimits, Plan, PlanConfig, ReleaseReason, WriteStep};
 use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
-use crate::state::{AssignmentKey, Assignments};
+use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment};
 use crate::topology::Topology;
 use crate::watcher::TreeEvent;
 use crate::writer::{apply_scheduled, NewChildren, Schedule};
@@ -111,6 +113,9 @@ struct ModelEntry {
     /// Its cpuset has been seen set up: empty later means a foreign write (drift), not a
     /// runtime still at work.
     initialised: bool,
+    /// What classification noticed and the log said, so a re-classification (its CPU
+    /// settings written after its config was read) does not say it again.
+    said: Vec<Notice>,
 }
 
 /// What the controller needs to run, besides its channels.
@@ -341,6 +346,72 @@ impl Controller {
             .into_iter()
             .flatten()
             .min()
+    }
+
+    /// Migration from kubelet's static policy (before the first pass): each pin kubelet's
+    /// checkpoint names is adopted when its container runs on exactly those CPUs; a pin the
+    /// live tree contradicts is said and left to the live tree (which wins), one whose
+    /// container is not running is said and skipped. Returns how many were adopted.
+    pub fn adopt_kubelet_pins(&mut self, kubelet: &KubeletState) -> usize {
+        let scan = self.model_scan();
+        let classes = self.classify_model(&scan);
+        // The running containers: by assignment key, and the key by container id (kubelet's
+        // legacy v1 format names containers by id).
+        let mut live: HashMap<AssignmentKey, (Option<String>, Option<CpuSet>)> = HashMap::new();
+        let mut by_id: HashMap<String, AssignmentKey> = HashMap::new();
+        for (cgroup, class) in scan.cgroups.iter().zip(&classes) {
+            if class.kind != CgroupKind::Container {
+                continue;
+            }
+            let Some(key) = class.assignment_key() else {
+                continue;
+            };
+            if let Some(id) = &class.container_id {
+                by_id.insert(id.clone(), key.clone());
+            }
+            live.insert(
+                key,
+                (class.container_id.clone(), cgroup.cpus.value().cloned()),
+            );
+        }
+        let mut wanted: Vec<(AssignmentKey, &CpuSet)> = kubelet
+            .entries
+            .iter()
+            .map(|(k, c)| (k.clone(), c))
+            .collect();
+        for (id, cpus) in &kubelet.legacy_entries {
+            match by_id.get(id) {
+                Some(key) => wanted.push((key.clone(), cpus)),
+                None => log::info!(
+                    "kubelet's cpu_manager_state: container {id} (cpus {cpus}) is not running: nothing to adopt"
+                ),
+            }
+        }
+        let mut adopted = 0;
+        for (key, cpus) in wanted {
+            let label = self.label(&key);
+            match live.get(&key) {
+                None => log::info!(
+                    "kubelet's cpu_manager_state: {label} (cpus {cpus}) is not running: nothing to adopt"
+                ),
+                Some((id, Some(current))) if current == cpus => {
+                    let assignment = ExclusiveAssignment {
+                        cpus: cpus.clone(),
+                        container_id: id.clone(),
+                        adopted: Some(Adoption::Kubelet),
+                    };
+                    match self.parts.assignments.insert(key, assignment) {
+                        Ok(()) => adopted += 1,
+                        Err(e) => log::warn!("kubelet's cpu_manager_state: {label}: {e}; not adopted"),
+                    }
+                }
+                Some((_, current)) => log::warn!(
+                    "kubelet's cpu_manager_state gives {label} cpus {cpus}, but it runs on {}: the live tree wins",
+                    current.as_ref().map_or_else(|| "an unreadable set".to_string(), |c| c.to_string())
+                ),
+            }
+        }
+        adopted
     }
 
     /// Reads the whole tree into the model (at start, and after a watcher overflow).
@@ -578,6 +649,7 @@ impl Controller {
                         class: None,
                         desired: None,
                         initialised: false,
+                        said: Vec::new(),
                     }),
                 );
             }
@@ -1175,12 +1247,12 @@ impl Controller {
                     _ => {}
                 }
                 entry.class = Some(class.clone());
-                log_notices(&cgroup.path, &class);
+                say_notices(&cgroup.path, &class, &mut entry.said);
             } else if class.kind != CgroupKind::Container || !waiting {
                 // Without a runtime config a container waiting for its CPU settings is looked
                 // up again next pass; one classified from its cgroup is not.
                 entry.class = Some(class.clone());
-                log_notices(&cgroup.path, &class);
+                say_notices(&cgroup.path, &class, &mut entry.said);
             }
             classes.push(class);
         }
@@ -1399,10 +1471,14 @@ impl Controller {
 /// What classification noticed about a cgroup (an ignored annotation value, a pod uid in the
 /// runtime config that differs from the path, a limit that differs from the request …), said
 /// once: when its classification is cached, which is again only when its CPU settings change.
-fn log_notices(path: &CgroupPath, class: &Classification) {
+/// Logs what classification noticed about a cgroup, each notice once while it lasts.
+fn say_notices(path: &CgroupPath, class: &Classification, said: &mut Vec<Notice>) {
     for notice in &class.notices {
-        log::warn!("cg={path}: {notice}");
+        if !said.contains(notice) {
+            log::warn!("cg={path}: {notice}");
+        }
     }
+    said.clone_from(&class.notices);
 }
 
 #[cfg(test)]
