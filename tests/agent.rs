@@ -1362,6 +1362,20 @@ fn status_and_log_name_pods_and_containers() {
         "{wide}"
     );
 
+    // The map: the pinned core under its key, CPU 0 reserved, the legend naming the owner.
+    let out = node.cpusetd("status", &["--map"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let map = stdout(&out);
+    assert!(
+        map.contains("socket 0 · NUMA node 0 · L3 0 · cpus 0-3,8-11"),
+        "{map}"
+    );
+    assert!(map.contains("  [ 0R  8·] [ 1a  9a] [ 2· 10·]"), "{map}");
+    assert!(map.contains("\na  default/db/db  cpus 1,9\n"), "{map}");
+    assert!(!map.contains('\x1b'), "no colour into a pipe: {map}");
+    let out = node.cpusetd("status", &["--map", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "--map and --json conflict");
+
     let row = node.status().unwrap();
     let row = row.by_id(&id).unwrap();
     assert_eq!(

@@ -215,3 +215,51 @@ fn garbage_and_missing_files_are_named() {
     let out = cpusetd(&["topology", "--no-such-flag"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `topology --map` on every fixture: the committed snapshot (`expected-map.txt`; regenerate
+/// with `CPUSETD_BLESS=1` after a deliberate change), no line over 120 columns, every online
+/// CPU once, and plain text when not writing to a terminal.
+#[test]
+fn every_fixture_draws_its_map() {
+    let bless = std::env::var_os("CPUSETD_BLESS").is_some();
+    for name in fixture_names() {
+        let root = testdata(&format!("sysfs/{name}"));
+        let proc = root.join("proc");
+        let out = cpusetd(&[
+            "topology",
+            "--map",
+            "--sysfs-root",
+            root.to_str().unwrap(),
+            "--proc-root",
+            proc.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let map = stdout(&out);
+        assert!(!map.contains('\x1b'), "{name}: colour without a terminal");
+        assert!(
+            map.lines().all(|l| l.chars().count() <= 120),
+            "{name}:\n{map}"
+        );
+        let expected: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(root.join("expected.json")).unwrap()).unwrap();
+        let online = expected["cpus"].as_array().unwrap().len();
+        let drawn: usize = map
+            .lines()
+            .filter(|l| l.starts_with("  ["))
+            .map(|l| l.replace(['[', ']'], " ").split_whitespace().count())
+            .sum();
+        assert_eq!(drawn, online, "{name}:\n{map}");
+        let snapshot = root.join("expected-map.txt");
+        if bless {
+            fs::write(&snapshot, &map).unwrap();
+        }
+        let want = fs::read_to_string(&snapshot)
+            .unwrap_or_else(|e| panic!("{}: {e} (CPUSETD_BLESS=1 writes it)", snapshot.display()));
+        assert_eq!(
+            map,
+            want,
+            "{name}: the map differs from {}",
+            snapshot.display()
+        );
+    }
+}

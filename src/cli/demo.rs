@@ -5,7 +5,7 @@
 //! `status` table. It cleans up and exits 0; `--keep` leaves the agent running until Ctrl-C.
 
 use std::fs;
-use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::io::{BufRead, BufReader, IsTerminal, Seek, SeekFrom};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -22,7 +22,7 @@ use crate::cgroupfs::CgroupVersion;
 use crate::cpuset::CpuSet;
 use crate::kubesim::{new_pod_uid, ContainerSpec, FakeNode, PodSpec, Qos};
 use crate::report::CgroupRow;
-use crate::topology::{write_fake_sysfs, RegularShape, Topology};
+use crate::topology::{write_fake_sysfs, MapStyle, RegularShape, Topology};
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
@@ -423,6 +423,11 @@ impl Show {
         }
         println!();
         for line in view.render(false).lines() {
+            println!("   {line}");
+        }
+        println!();
+        let style = MapStyle::for_output(std::io::stdout().is_terminal());
+        for line in view.render_map(style).lines() {
             println!("   {line}");
         }
         println!();

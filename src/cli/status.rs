@@ -1,6 +1,7 @@
 //! `cpusetd status`: every container, its class, the CPUs it should have and the CPUs it has,
 //! from the agent's checkpoint and the live tree. Works while the agent runs; needs no IPC.
 
+use std::io::IsTerminal;
 use std::path::Path;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -10,8 +11,13 @@ use serde::Serialize;
 use super::node::{AgentArgs, NodeView};
 use super::CommandError;
 use crate::checkpoint::{self, LoadOutcome};
+use crate::cpuset::CpuSet;
 use crate::planner::{desired_tree, names_from_assignments, parent_indexes, Plan, Pools};
 use crate::report::{render_table, rows, CgroupRow};
+use crate::topology::{owner_key, render_map, MapStyle, Mark, Topology};
+
+/// The legend line of the CPU states in `--map`.
+pub const MAP_STATES: &str = "R reserved   · shared pool   I isolated (isolcpus)   X offline";
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -24,6 +30,10 @@ pub struct StatusArgs {
     /// Add the pod UID and the full container id to the table.
     #[arg(long)]
     wide: bool,
+    /// Draw the node instead: sockets, NUMA nodes, L3 caches and cores, each CPU marked
+    /// reserved, shared, isolated or with the key of the container holding it.
+    #[arg(long, conflicts_with_all = ["json", "wide"])]
+    map: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -44,11 +54,47 @@ struct StatusDoc {
 #[derive(Debug)]
 pub struct StatusView {
     doc: StatusDoc,
+    topology: Topology,
+    reserved: CpuSet,
 }
 
 impl StatusView {
     pub fn rows(&self) -> &[CgroupRow] {
         &self.doc.containers
+    }
+
+    /// The node as a grid (`status --map`): each exclusive container gets a key (in the order
+    /// of its first CPU) and a legend line.
+    pub fn render_map(&self, style: MapStyle) -> String {
+        let mut owners: Vec<(CpuSet, String)> = self
+            .doc
+            .containers
+            .iter()
+            .filter(|r| r.exclusive)
+            .filter_map(|r| {
+                let cpus = r.desired.as_ref().or(r.current.as_ref())?;
+                let cpus = CpuSet::parse(cpus).ok()?;
+                let name = format!("{}/{}", r.pod_label(), r.container_label());
+                Some((cpus, crate::logging::printable(&name).into_owned()))
+            })
+            .collect();
+        owners.sort_by_key(|(cpus, _)| cpus.iter().next());
+        let owner_of = |cpu: u32| owners.iter().position(|(cpus, _)| cpus.contains(cpu));
+        let isolated = self.topology.isolated();
+        let mark = |cpu: u32| match owner_of(cpu) {
+            Some(index) => Mark::Owner {
+                key: owner_key(index),
+                index,
+            },
+            None if self.reserved.contains(cpu) => Mark::Reserved,
+            None if isolated.contains(cpu) => Mark::Isolated,
+            None => Mark::Shared,
+        };
+        let mut legend = vec![String::new(), MAP_STATES.to_string()];
+        for (index, (cpus, name)) in owners.iter().enumerate() {
+            legend.push(format!("{:<2} {name}  cpus {cpus}", owner_key(index)));
+        }
+        render_map(&self.topology, mark, &legend, style)
     }
 
     /// The header line and the table, as `cpusetd status` prints them (`wide`: with UIDs and
@@ -154,6 +200,8 @@ pub fn collect(
     let table = rows(&scan, &classes, &view);
     let differing = table.iter().filter(|r| r.differs()).count();
     Ok(StatusView {
+        topology: node.topology.clone(),
+        reserved: cp.reserved.clone(),
         doc: StatusDoc {
             policy: cp.policy.to_string(),
             reserved: cp.reserved.to_string(),
@@ -183,6 +231,9 @@ pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
         let text =
             serde_json::to_string_pretty(&view.doc).map_err(|e| CommandError::failure(&e))?;
         println!("{text}");
+    } else if args.map {
+        let style = MapStyle::for_output(std::io::stdout().is_terminal());
+        print!("{}", view.render_map(style));
     } else {
         print!("{}", view.render(args.wide));
     }

@@ -1,12 +1,13 @@
 //! `cpusetd topology`: print the discovered topology as a tree or as the JSON document that
 //! `cpusetd allocate --topology` reads back.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use clap::Args;
 
 use super::CommandError;
-use crate::topology::{discover, render_tree};
+use crate::topology::{discover, render_map, render_tree, MapStyle, Mark};
 
 #[derive(Debug, Args)]
 pub struct TopologyArgs {
@@ -19,6 +20,10 @@ pub struct TopologyArgs {
     /// Print the JSON document instead of the tree.
     #[arg(long)]
     json: bool,
+    /// Draw the CPUs as a grid (sockets, NUMA nodes, L3 caches, cores), as `status --map` does
+    /// without owners.
+    #[arg(long, conflicts_with = "json")]
+    map: bool,
 }
 
 pub fn run(args: &TopologyArgs) -> Result<(), CommandError> {
@@ -37,6 +42,21 @@ pub fn run(args: &TopologyArgs) -> Result<(), CommandError> {
         discover(&args.sysfs_root, &args.proc_root).map_err(|e| CommandError::failure(&e))?;
     if args.json {
         println!("{}", topo.to_document().to_json_lines());
+    } else if args.map {
+        let isolated = topo.isolated().clone();
+        let mark = |cpu: u32| {
+            if isolated.contains(cpu) {
+                Mark::Isolated
+            } else {
+                Mark::Online
+            }
+        };
+        let legend = [
+            "".to_string(),
+            "· online   I isolated (isolcpus)   X offline".to_string(),
+        ];
+        let style = MapStyle::for_output(std::io::stdout().is_terminal());
+        print!("{}", render_map(&topo, mark, &legend, style));
     } else {
         print!("{}", render_tree(&topo));
     }

@@ -7,12 +7,14 @@
 
 mod discover;
 mod fake_sysfs;
+mod map;
 mod render;
 
 pub use discover::{
     discover, parse_cmdline, parse_kernel_cpulist, CmdlineIsolation, DiscoverError,
 };
 pub use fake_sysfs::write_fake_sysfs;
+pub use map::{owner_key, render_map, MapStyle, Mark};
 pub use render::render_tree;
 
 use std::collections::{BTreeMap, BTreeSet};
