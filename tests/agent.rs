@@ -1387,3 +1387,36 @@ fn status_and_log_name_pods_and_containers() {
     assert!(agent.stop().success());
     node.assert_clean();
 }
+
+/// `cpusetd health` (the DaemonSet's liveness probe) from the agent's own state: no agent, a
+/// running one, a stale one, one killed without clearing its lock.
+#[test]
+fn health_says_whether_an_agent_runs_and_reconciles() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let health = |extra: &[&str]| {
+        let out = node.cpusetd("health", extra);
+        (out.status.code(), stdout(&out), stderr(&out))
+    };
+    let (code, _, err) = health(&[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("unhealthy: no agent holds"), "{err}");
+
+    let agent = node.start_agent(&[]);
+    let (code, out, err) = health(&[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.starts_with(&format!("healthy: pid {}, last reconcile", agent.pid())),
+        "{out}"
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    let (code, _, err) = health(&["--max-age", "10ms"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("last reconciled"), "{err}");
+
+    agent.signal(Signal::SIGKILL);
+    let gone = poll_until(DEADLINE, || {
+        let (code, _, err) = health(&[]);
+        (code == Some(1) && err.contains("is gone")).then_some(())
+    });
+    assert!(gone.is_some(), "{:?}", health(&[]));
+}

@@ -642,3 +642,190 @@ fn containerd_burst_of_pods_converges() {
     assert_eq!(node.plan_writes(), serde_json::json!([]));
     agent.stop_clean();
 }
+
+/// The DaemonSet (`deploy/daemonset.json`) as kubelet would run it: its container, args,
+/// volumes and resources, on this node through CRI (the host paths of this test's tree,
+/// containerd and state directory substituted). The agent in a Burstable pod pins the
+/// Guaranteed pod beside it, stays on the shared pool itself, and keeps every pin when its own
+/// container is killed and restarted (attempt + 1).
+#[test]
+fn containerd_daemonset_pod_pins_its_node_and_survives_its_own_restart() {
+    if let Some(reason) = skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let mut node = CriNode::start();
+    let scratch = node.containerd.scratch().to_path_buf();
+    let image = "localhost/cpusetd:test";
+    image::build_binary_image(
+        Path::new(env!("CARGO_BIN_EXE_cpusetd")),
+        image,
+        &scratch.join("images"),
+        Path::new("ctr"),
+        &node.containerd.socket(),
+    )
+    .unwrap();
+    let manifest: serde_json::Value = serde_json::from_str(
+        &fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/deploy/daemonset.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let pod_spec = &manifest["spec"]["template"]["spec"];
+    let container = &pod_spec["containers"][0];
+
+    // The host side of each hostPath volume on this test node.
+    let state = scratch.join("agent-state");
+    let kubelet = scratch.join("kubelet");
+    fs::create_dir_all(&kubelet).unwrap();
+    let host_path = |path: &str| -> PathBuf {
+        match path {
+            "/run/containerd" => scratch.join(RUN),
+            "/var/lib/cpusetd" => state.clone(),
+            "/var/lib/kubelet" => kubelet.clone(),
+            other => PathBuf::from(other),
+        }
+    };
+    let volumes: std::collections::HashMap<&str, PathBuf> = pod_spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            let path = v["hostPath"]["path"].as_str().unwrap();
+            (v["name"].as_str().unwrap(), host_path(path))
+        })
+        .collect();
+    let mounts = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| crikubelet::MountSpec {
+            host_path: volumes[m["name"].as_str().unwrap()].display().to_string(),
+            container_path: m["mountPath"].as_str().unwrap().to_string(),
+            readonly: m["readOnly"].as_bool().unwrap_or(false),
+        })
+        .collect();
+    // The manifest's args; the kubepods cgroup is this test's unique subtree.
+    let mut command = vec!["/cpusetd".to_string()];
+    command.extend(
+        container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string()),
+    );
+    command.extend(["--kubepods-path".to_string(), node.tree.kubepods()]);
+    let quantity = |q: &serde_json::Value| -> u64 {
+        let q = q.as_str().unwrap();
+        if let Some(m) = q.strip_suffix('m') {
+            m.parse().unwrap()
+        } else if let Some(mi) = q.strip_suffix("Mi") {
+            mi.parse::<u64>().unwrap() << 20
+        } else {
+            panic!("quantity {q}")
+        }
+    };
+    let resources = &container["resources"];
+    let agent_spec = PodSpec {
+        name: "cpusetd-x7k2p".to_string(),
+        namespace: manifest["metadata"]["namespace"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        uid: pod_uid(),
+        annotations: Default::default(),
+        containers: vec![ContainerSpec {
+            name: container["name"].as_str().unwrap().to_string(),
+            cpu_request_milli: quantity(&resources["requests"]["cpu"]),
+            cpu_limit_milli: 0,
+            memory_request: quantity(&resources["requests"]["memory"]),
+            memory_limit: quantity(&resources["limits"]["memory"]),
+            command,
+            image: Some(image.to_string()),
+            mounts,
+            privileged: container["securityContext"]["privileged"] == true,
+        }],
+    };
+    assert_eq!(agent_spec.qos(), crikubelet::Qos::Burstable);
+    let mut agent_pod = node.run(&agent_spec);
+    let kubepods = node.tree.kubepods();
+    let status_of = |state: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+            .args([
+                "status",
+                "--json",
+                "--cgroup-root",
+                "/sys/fs/cgroup",
+                "--kubepods-path",
+            ])
+            .arg(&kubepods)
+            .arg("--state-dir")
+            .arg(state)
+            .arg("--runtime-config-path")
+            .arg(format!("{}/{TASKS}/{{id}}/config.json", scratch.display()))
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        out.status
+            .success()
+            .then(|| serde_json::from_slice::<Status>(&out.stdout).unwrap())
+    };
+    let wait = |what: &str, ok: &dyn Fn(&Status) -> bool| -> Status {
+        poll_until(Duration::from_secs(20), || {
+            status_of(&state).filter(|s| ok(s))
+        })
+        .unwrap_or_else(|| panic!("{what}: {:?}", status_of(&state)))
+    };
+    wait("the agent's first pass", &|s| s.converged());
+
+    let mut db = node.run(&spec(
+        "db-0",
+        "payments",
+        vec![ContainerSpec::guaranteed("db", 1000)],
+    ));
+    let status = wait("db pinned", &|s| {
+        s.exclusive_cpu_count == 1 && s.converged()
+    });
+    let (exclusive, shared) = exclusive_and_shared(&status);
+    let db_pid = db.container("db").unwrap().pid;
+    assert_eq!(wait_allowed(db_pid, &exclusive), exclusive);
+    // The agent's own container: shared, never pinned, never starved.
+    let agent_container = agent_pod.container("cpusetd").unwrap().clone();
+    assert_eq!(wait_allowed(agent_container.pid, &shared), shared);
+    let own = status.by_id(&agent_container.id).unwrap();
+    assert!(!own.exclusive, "{own:?}");
+    assert_eq!(own.namespace.as_deref(), Some("kube-system"));
+    // Its container is killed; kubelet starts it again as attempt 1.
+    kill(Pid::from_raw(agent_container.pid as i32), Signal::SIGKILL).unwrap();
+    let restarted = node.restart(&mut agent_pod, "cpusetd");
+    assert_eq!(restarted.attempt, 1);
+    assert_eq!(
+        cpus_allowed(db_pid),
+        exclusive,
+        "the pin stays while the agent is down"
+    );
+    let status = wait("converged after its restart", &|s| {
+        s.converged() && s.by_id(&restarted.id).is_some()
+    });
+    assert_eq!(status.exclusive_cpus, exclusive.to_string());
+    assert_eq!(cpus_allowed(db_pid), exclusive);
+    assert_eq!(wait_allowed(restarted.pid, &shared), shared);
+
+    // And it still works: a restart of db keeps its CPU.
+    let again = node.restart(&mut db, "db");
+    assert_eq!(
+        first_cpus(&again.log_path),
+        exclusive,
+        "db after its restart"
+    );
+    // Both agents logged to the CRI log of their container: started, and the second did
+    // not allocate anew.
+    let first_log = fs::read_to_string(&agent_container.log_path).unwrap();
+    let second_log = fs::read_to_string(&restarted.log_path).unwrap();
+    assert!(first_log.contains("allocated cpus="), "{first_log}");
+    assert!(second_log.contains("first pass:"), "{second_log}");
+    assert!(!second_log.contains("allocated cpus="), "{second_log}");
+    println!("daemonset agent log after its restart:\n{second_log}");
+}

@@ -9,10 +9,11 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerStatusRequest, CreateContainerRequest, ImageSpec,
-    LinuxContainerConfig, LinuxContainerResources, LinuxPodSandboxConfig,
-    LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption, PodSandboxConfig,
-    PodSandboxMetadata, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest, VersionRequest,
+    LinuxContainerConfig, LinuxContainerResources, LinuxContainerSecurityContext,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount, MountPropagation, NamespaceMode,
+    NamespaceOption, PodSandboxConfig, PodSandboxMetadata, RemoveContainerRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
+    StopPodSandboxRequest, VersionRequest,
 };
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -298,6 +299,7 @@ impl Cri {
             linux: Some(LinuxPodSandboxConfig {
                 cgroup_parent: cgroup_parent.to_string(),
                 security_context: Some(LinuxSandboxSecurityContext {
+                    privileged: spec.containers.iter().any(|c| c.privileged),
                     namespace_options: Some(NamespaceOption {
                         network: NamespaceMode::Node as i32,
                         pid: NamespaceMode::Container as i32,
@@ -356,9 +358,24 @@ fn container_config(
             attempt,
         }),
         image: Some(ImageSpec {
-            image: WORKLOAD_IMAGE.to_string(),
+            image: spec
+                .image
+                .clone()
+                .unwrap_or_else(|| WORKLOAD_IMAGE.to_string()),
             ..Default::default()
         }),
+        mounts: spec
+            .mounts
+            .iter()
+            .map(|m| Mount {
+                container_path: m.container_path.clone(),
+                host_path: m.host_path.clone(),
+                readonly: m.readonly,
+                // kubelet's default for a hostPath volume without mountPropagation.
+                propagation: MountPropagation::PropagationPrivate as i32,
+                ..Default::default()
+            })
+            .collect(),
         command,
         labels: HashMap::from([(
             "io.kubernetes.container.name".to_string(),
@@ -378,7 +395,10 @@ fn container_config(
                 oom_score_adj: r.oom_score_adj,
                 ..Default::default()
             }),
-            ..Default::default()
+            security_context: Some(LinuxContainerSecurityContext {
+                privileged: spec.privileged,
+                ..Default::default()
+            }),
         }),
         ..Default::default()
     }

@@ -46,6 +46,62 @@ pub fn build_and_import(
     for applet in APPLETS {
         symlink("busybox", rootfs.join("bin").join(applet))?;
     }
+    let mut names = Vec::new();
+    for (name, cmd) in [
+        (PAUSE_IMAGE, vec!["/bin/sleep", "2147483647"]),
+        (WORKLOAD_IMAGE, vec!["/bin/sleep", "100000"]),
+    ] {
+        import_rootfs(&rootfs, work, ctr, address, name, &cmd)?;
+        names.push(name.to_string());
+    }
+    Ok(names)
+}
+
+/// An image holding `binary` at `/<its file name>` and the shared libraries `ldd` lists for it
+/// (at the paths the binary names), imported as `name`; its command runs the binary. How the
+/// tests run cpusetd itself as a pod (the DaemonSet).
+pub fn build_binary_image(
+    binary: &Path,
+    name: &str,
+    work: &Path,
+    ctr: &Path,
+    address: &Path,
+) -> io::Result<()> {
+    let file_name = binary
+        .file_name()
+        .ok_or_else(|| io::Error::other(format!("{}: no file name", binary.display())))?;
+    let rootfs = work.join("rootfs-binary");
+    if rootfs.exists() {
+        fs::remove_dir_all(&rootfs)?;
+    }
+    for dir in ["proc", "sys", "dev", "tmp", "etc"] {
+        fs::create_dir_all(rootfs.join(dir))?;
+    }
+    fs::copy(binary, rootfs.join(file_name))?;
+    let ldd = run(Command::new("ldd").arg(binary))?;
+    for line in ldd.lines() {
+        // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)` or `/lib64/ld-linux-x86-64.so.2 (0x…)`.
+        let path = match line.split_whitespace().collect::<Vec<_>>()[..] {
+            [_, "=>", path, ..] | [path, ..] if path.starts_with('/') => path.to_string(),
+            _ => continue,
+        };
+        let target = rootfs.join(path.trim_start_matches('/'));
+        fs::create_dir_all(target.parent().expect("a library path has a parent"))?;
+        fs::copy(&path, &target).map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
+    }
+    let command = format!("/{}", file_name.to_string_lossy());
+    import_rootfs(&rootfs, work, ctr, address, name, &[command.as_str()])
+}
+
+/// Packs `rootfs` as one layer and imports it as `name` running `cmd`.
+fn import_rootfs(
+    rootfs: &Path,
+    work: &Path,
+    ctr: &Path,
+    address: &Path,
+    name: &str,
+    cmd: &[&str],
+) -> io::Result<()> {
     let layer = work.join("layer.tar");
     run(Command::new("tar")
         .args([
@@ -55,25 +111,17 @@ pub fn build_and_import(
             "--sort=name",
             "-C",
         ])
-        .arg(&rootfs)
+        .arg(rootfs)
         .arg("-cf")
         .arg(&layer)
         .arg("."))?;
-
-    let mut names = Vec::new();
-    for (name, cmd) in [
-        (PAUSE_IMAGE, vec!["/bin/sleep", "2147483647"]),
-        (WORKLOAD_IMAGE, vec!["/bin/sleep", "100000"]),
-    ] {
-        let tarball = oci_archive(work, &layer, name, &cmd)?;
-        run(Command::new(ctr)
-            .arg("--address")
-            .arg(address)
-            .args(["-n", "k8s.io", "images", "import"])
-            .arg(&tarball))?;
-        names.push(name.to_string());
-    }
-    Ok(names)
+    let tarball = oci_archive(work, &layer, name, cmd)?;
+    run(Command::new(ctr)
+        .arg("--address")
+        .arg(address)
+        .args(["-n", "k8s.io", "images", "import"])
+        .arg(&tarball))?;
+    Ok(())
 }
 
 /// An OCI image-layout tarball of one layer and `cmd`, named `name` for containerd.

@@ -39,6 +39,24 @@ pub struct ContainerSpec {
     /// The command; default: print the CPUs the first instruction may run on, then sleep.
     #[serde(default)]
     pub command: Vec<String>,
+    /// The image; default: the busybox image [`image`] builds.
+    #[serde(default)]
+    pub image: Option<String>,
+    /// hostPath volumes, as kubelet passes them.
+    #[serde(default)]
+    pub mounts: Vec<MountSpec>,
+    /// `securityContext.privileged` (the pod's sandbox is privileged too, as kubelet makes it).
+    #[serde(default)]
+    pub privileged: bool,
+}
+
+/// A host path mounted into a container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountSpec {
+    pub host_path: String,
+    pub container_path: String,
+    #[serde(default)]
+    pub readonly: bool,
 }
 
 impl ContainerSpec {
@@ -51,6 +69,9 @@ impl ContainerSpec {
             memory_request: 64 << 20,
             memory_limit: 64 << 20,
             command: Vec::new(),
+            image: None,
+            mounts: Vec::new(),
+            privileged: false,
         }
     }
 
@@ -63,6 +84,9 @@ impl ContainerSpec {
             memory_request: 0,
             memory_limit: 0,
             command: Vec::new(),
+            image: None,
+            mounts: Vec::new(),
+            privileged: false,
         }
     }
 

@@ -230,6 +230,20 @@ impl Drop for StateLock {
     }
 }
 
+/// The pid recorded in `<dir>/lock`, read without locking (for `cpusetd health`): the agent
+/// that holds the lock, or one that died without clearing it (check that it runs).
+pub fn recorded_holder(dir: &Path) -> Option<u32> {
+    let mut file = File::options()
+        .read(true)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits())
+        .open(dir.join(LOCK_FILE))
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    read_pid(&mut file)
+}
+
 /// The pid the holder wrote, if the file holds one (it may not yet).
 fn read_pid(file: &mut File) -> Option<u32> {
     let mut text = String::new();

@@ -56,7 +56,7 @@ mod lock;
 mod store;
 
 pub use load::{load, load_on_node, LoadOutcome, UnusableReason};
-pub use lock::{LockError, StateLock};
+pub use lock::{recorded_holder, LockError, StateLock};
 pub use store::{quarantine, save, CheckpointError, QUARANTINE_KEEP};
 
 use std::fmt;

@@ -4,6 +4,7 @@
 
 mod allocate;
 mod demo;
+mod health;
 mod node;
 mod plan;
 mod reset;
@@ -52,6 +53,8 @@ enum Command {
     Plan(plan::PlanArgs),
     /// Undo: every cgroup back to all CPUs, lifted quotas restored, checkpoint removed.
     Reset(reset::ResetArgs),
+    /// Exit 0 when an agent runs on the state directory and reconciled lately (a liveness probe).
+    Health(health::HealthArgs),
 }
 
 /// A failed command: the message to print and the exit status.
@@ -142,6 +145,7 @@ pub fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&args),
         Command::Status(args) => status::run(&args),
         Command::Reset(args) => reset::run(&args),
+        Command::Health(args) => health::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
