@@ -79,7 +79,18 @@ impl RealAgent {
     /// Starts the agent on `tree` with CPU 0 reserved, its state and log in `scratch`, runtime
     /// configs at `<scratch>/<runtime>/{id}/config.json`; waits for its first pass.
     pub(crate) fn start(tree: &E2eTree, scratch: &Path, runtime: &str) -> RealAgent {
-        RealAgent::start_as(tree, scratch, runtime, &[])
+        RealAgent::start_as(tree, scratch, runtime, &[], "none")
+    }
+
+    /// [`RealAgent::start`] reading kubelet's checkpoint at `kubelet_state`.
+    pub(crate) fn start_migrating(
+        tree: &E2eTree,
+        scratch: &Path,
+        runtime: &str,
+        kubelet_state: &Path,
+    ) -> RealAgent {
+        let path = kubelet_state.display().to_string();
+        RealAgent::start_as(tree, scratch, runtime, &[], &path)
     }
 
     /// [`RealAgent::start`] the way the shipped unit runs it: root without any capability
@@ -97,12 +108,19 @@ impl RealAgent {
                 "-all",
                 "--",
             ],
+            "none",
         )
     }
 
     /// [`RealAgent::start`] under a wrapper command (`setpriv …` to run it the way the shipped
     /// unit does: root without capabilities).
-    fn start_as(tree: &E2eTree, scratch: &Path, runtime: &str, wrapper: &[&str]) -> RealAgent {
+    fn start_as(
+        tree: &E2eTree,
+        scratch: &Path,
+        runtime: &str,
+        wrapper: &[&str],
+        kubelet_state: &str,
+    ) -> RealAgent {
         let state = scratch.join("state");
         fs::create_dir_all(&state).unwrap();
         let metrics = scratch.join("m.prom");
@@ -128,7 +146,7 @@ impl RealAgent {
         };
         command.arg("run").args(&tree_args).args([
             "--kubelet-state",
-            "none",
+            kubelet_state,
             "--reserved-cpus",
             "0",
             "--cpu-manager-reconcile-period",

@@ -746,6 +746,7 @@ fn containerd_daemonset_pod_pins_its_node_and_survives_its_own_restart() {
             image: Some(image.to_string()),
             mounts,
             privileged: container["securityContext"]["privileged"] == true,
+            cpuset_cpus: None,
         }],
     };
     assert_eq!(agent_spec.qos(), crikubelet::Qos::Burstable);
@@ -828,4 +829,55 @@ fn containerd_daemonset_pod_pins_its_node_and_survives_its_own_restart() {
     assert!(second_log.contains("first pass:"), "{second_log}");
     assert!(!second_log.contains("allocated cpus="), "{second_log}");
     println!("daemonset agent log after its restart:\n{second_log}");
+}
+
+/// Migration from kubelet's static policy on a real containerd: a container kubelet pinned
+/// (its `cpuset_cpus` passed through CRI) and named in its `cpu_manager_state` is adopted as it
+/// runs, never moved; `status` says where the pin came from.
+#[test]
+fn containerd_kubelet_pins_are_adopted_on_a_first_start() {
+    if let Some(reason) = skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let online = online_cpus();
+    let exclusive = CpuSet::parse(&online.iter().last().unwrap().to_string()).unwrap();
+    let mut node = CriNode::start();
+    let mut db = ContainerSpec::guaranteed("db", 1000);
+    db.cpuset_cpus = Some(exclusive.to_string());
+    let pod = node.run(&spec("db-0", "payments", vec![db]));
+    let db = pod.container("db").unwrap().clone();
+    assert_eq!(
+        cpus_allowed(db.pid),
+        exclusive,
+        "kubelet's pin, through CRI"
+    );
+    let file = node.containerd.scratch().join("cpu_manager_state");
+    let entries = std::collections::BTreeMap::from([(
+        pod.spec.uid.clone(),
+        std::collections::BTreeMap::from([("db".to_string(), exclusive.to_string())]),
+    )]);
+    let shared = online.difference(&exclusive);
+    fs::write(
+        &file,
+        crate::migration::kubelet_v2(&shared.to_string(), &entries),
+    )
+    .unwrap();
+
+    let mut agent = RealAgent::start_migrating(&node.tree, node.containerd.scratch(), TASKS, &file);
+    let status = agent.wait_status("adopted", |s| s.converged() && s.exclusive_cpu_count == 1);
+    let row = status.by_id(&db.id).unwrap();
+    assert_eq!(
+        row.note, "exclusive, adopted from kubelet's cpu_manager_state",
+        "{row:?}"
+    );
+    assert_eq!(status.exclusive_cpus, exclusive.to_string());
+    assert_eq!(cpus_allowed(db.pid), exclusive);
+    let log = agent.agent.log();
+    assert!(
+        log.contains("adopted 1 of kubelet's 1 pin(s) (format V2)"),
+        "{log}"
+    );
+    assert!(!log.contains("allocated cpus="), "{log}");
+    agent.stop_clean();
 }

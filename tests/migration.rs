@@ -21,7 +21,10 @@ fn fnv1a32(bytes: &[u8]) -> u32 {
 
 /// A v2 `cpu_manager_state` as kubelet writes it: entries by pod UID and container name, the
 /// checksum over go-spew's `%#v` of the struct with the checksum zeroed.
-fn kubelet_v2(default: &str, entries: &BTreeMap<String, BTreeMap<String, String>>) -> String {
+pub(crate) fn kubelet_v2(
+    default: &str,
+    entries: &BTreeMap<String, BTreeMap<String, String>>,
+) -> String {
     let rendered: Vec<String> = entries
         .iter()
         .map(|(pod, containers)| {

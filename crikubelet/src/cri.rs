@@ -393,6 +393,7 @@ fn container_config(
                 cpu_shares: to_i64(r.cpu_shares),
                 memory_limit_in_bytes: to_i64(r.memory_limit),
                 oom_score_adj: r.oom_score_adj,
+                cpuset_cpus: spec.cpuset_cpus.clone().unwrap_or_default(),
                 ..Default::default()
             }),
             security_context: Some(LinuxContainerSecurityContext {

@@ -48,6 +48,10 @@ pub struct ContainerSpec {
     /// `securityContext.privileged` (the pod's sandbox is privileged too, as kubelet makes it).
     #[serde(default)]
     pub privileged: bool,
+    /// The cpuset kubelet's own static CPU manager would pass (`cpuset_cpus`); none by default,
+    /// as with `cpuManagerPolicy: none`.
+    #[serde(default)]
+    pub cpuset_cpus: Option<String>,
 }
 
 /// A host path mounted into a container.
@@ -72,6 +76,7 @@ impl ContainerSpec {
             image: None,
             mounts: Vec::new(),
             privileged: false,
+            cpuset_cpus: None,
         }
     }
 
@@ -87,6 +92,7 @@ impl ContainerSpec {
             image: None,
             mounts: Vec::new(),
             privileged: false,
+            cpuset_cpus: None,
         }
     }
 
