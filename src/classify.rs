@@ -41,6 +41,60 @@ pub const EXCLUSIVE_ANNOTATION: &str = "cpusetd.io/exclusive";
 /// Prefix of the per-container opt-out: `cpusetd.io/exclusive.<container-name>: "false"`.
 pub const EXCLUSIVE_CONTAINER_ANNOTATION_PREFIX: &str = "cpusetd.io/exclusive.";
 
+/// CRI-O's high-performance pod annotations (the same names and values on every runtime):
+/// `"disable"` turns the isolation on for the pod's containers that hold exclusive CPUs;
+/// `"true"` is CRI-O's older spelling, still accepted (with a notice); `"enable"`/`"false"`
+/// leave it off.
+pub const CPU_LOAD_BALANCING_ANNOTATION: &str = "cpu-load-balancing.crio.io";
+pub const CPU_QUOTA_ANNOTATION: &str = "cpu-quota.crio.io";
+pub const IRQ_LOAD_BALANCING_ANNOTATION: &str = "irq-load-balancing.crio.io";
+
+/// What the pod's high-performance annotations ask for its exclusive containers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Isolation {
+    /// `cpu-quota.crio.io`: no CFS quota, even with `--keep-cfs-quota`.
+    pub no_cpu_quota: bool,
+    /// `cpu-load-balancing.crio.io`: the scheduler does not balance onto its CPUs.
+    pub no_load_balancing: bool,
+    /// `irq-load-balancing.crio.io`: device interrupts stay off its CPUs.
+    pub no_irqs: bool,
+}
+
+impl Isolation {
+    pub fn any(&self) -> bool {
+        self.no_cpu_quota || self.no_load_balancing || self.no_irqs
+    }
+}
+
+/// Reads the three annotations as CRI-O reads them; odd values are noted and ignored.
+fn isolation(runtime: Option<&RuntimeInfo>, notices: &mut Vec<Notice>) -> Isolation {
+    let Some(runtime) = runtime else {
+        return Isolation::default();
+    };
+    let mut wanted = |key: &str| match runtime.annotation(key) {
+        None | Some("enable" | "false") => false,
+        Some("disable") => true,
+        Some("true") => {
+            notices.push(Notice::DeprecatedAnnotationValue {
+                key: key.to_string(),
+            });
+            true
+        }
+        Some(value) => {
+            notices.push(Notice::UnknownAnnotationValue {
+                key: key.to_string(),
+                value: value.to_string(),
+            });
+            false
+        }
+    };
+    Isolation {
+        no_cpu_quota: wanted(CPU_QUOTA_ANNOTATION),
+        no_load_balancing: wanted(CPU_LOAD_BALANCING_ANNOTATION),
+        no_irqs: wanted(IRQ_LOAD_BALANCING_ANNOTATION),
+    }
+}
+
 /// The kernel's CFS period when a runtime config names a quota without one.
 const DEFAULT_PERIOD_US: u64 = 100_000;
 /// kubelet's minimum `cpu.shares` (`MinShares`) and maximum (`MaxShares`).
@@ -278,6 +332,10 @@ pub enum Notice {
     },
     /// An opt-out annotation with a value other than "true" or "false".
     IgnoredAnnotation { key: String, value: String },
+    /// A high-performance annotation spelt `"true"` (CRI-O's deprecated value).
+    DeprecatedAnnotationValue { key: String },
+    /// A high-performance annotation with a value that means nothing.
+    UnknownAnnotationValue { key: String, value: String },
 }
 
 impl fmt::Display for Notice {
@@ -302,6 +360,14 @@ impl fmt::Display for Notice {
                 f,
                 "annotation {key}: {value:?} ignored: only \"false\" has an effect"
             ),
+            Notice::DeprecatedAnnotationValue { key } => write!(
+                f,
+                "annotation {key}: \"true\" is CRI-O's deprecated spelling of \"disable\" (honoured)"
+            ),
+            Notice::UnknownAnnotationValue { key, value } => write!(
+                f,
+                "annotation {key}: {value:?} ignored: \"disable\" turns it on, \"enable\" leaves it off"
+            ),
         }
     }
 }
@@ -321,6 +387,8 @@ pub struct Classification {
     /// for placement: the cgroup path's UID is the pod's identity).
     pub pod_name: Option<String>,
     pub pod_namespace: Option<String>,
+    /// The pod's high-performance annotations (in force only while it holds exclusive CPUs).
+    pub isolation: Isolation,
     /// For containers and sandboxes with readable CPU settings.
     pub resources: Option<CpuResources>,
     pub exclusivity: Exclusivity,
@@ -337,6 +405,7 @@ impl Classification {
             container_name: None,
             pod_name: None,
             pod_namespace: None,
+            isolation: Isolation::default(),
             resources: None,
             exclusivity: Exclusivity::NotApplicable,
             notices: Vec::new(),
@@ -985,6 +1054,7 @@ pub fn classify(
         };
         return classification;
     }
+    classification.isolation = isolation(runtime, notices);
 
     let decision = match resources {
         _ if qos != QosClass::Guaranteed => Err(SharedReason::NotGuaranteed { qos }),
@@ -1667,6 +1737,53 @@ mod tests {
             c.notices.as_slice(),
             [Notice::IgnoredAnnotation { key, .. }] if key == "cpusetd.io/exclusive.app"
         ));
+    }
+
+    #[test]
+    fn high_performance_annotations_read_as_cri_o_reads_them() {
+        let n = cgroupfs();
+        let cpu = OciCpu {
+            shares: Some(1024),
+            quota: Some(100_000),
+            period: Some(100_000),
+        };
+        let classify_with = |pairs: &[(&str, &str)]| {
+            let info = runtime(pairs, cpu);
+            exclusivity(
+                &n,
+                &format!("pod{UID}/{ID}"),
+                &v1(1024, Some(100_000)),
+                Some(&info),
+            )
+        };
+        let c = classify_with(&[
+            ("cpu-quota.crio.io", "disable"),
+            ("irq-load-balancing.crio.io", "true"),
+            ("cpu-load-balancing.crio.io", "enable"),
+        ]);
+        assert_eq!(
+            c.isolation,
+            Isolation {
+                no_cpu_quota: true,
+                no_load_balancing: false,
+                no_irqs: true,
+            }
+        );
+        assert_eq!(c.exclusive_cpus(), 1, "isolation never changes exclusivity");
+        assert!(matches!(
+            c.notices.as_slice(),
+            [Notice::DeprecatedAnnotationValue { key }] if key == "irq-load-balancing.crio.io"
+        ));
+        let c = classify_with(&[("cpu-load-balancing.crio.io", " Disable ")]);
+        assert!(
+            !c.isolation.any(),
+            "values are exact, as CRI-O compares them"
+        );
+        assert!(matches!(
+            c.notices.as_slice(),
+            [Notice::UnknownAnnotationValue { key, .. }] if key == "cpu-load-balancing.crio.io"
+        ));
+        assert_eq!(classify_with(&[]).isolation, Isolation::default());
     }
 
     #[test]

@@ -19,10 +19,12 @@
 //!
 //! Not for production use: it only ever writes below the roots it is given.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::cgroupfs::CgroupVersion;
@@ -97,6 +99,9 @@ pub struct FakeNode {
     cpus: CpuSet,
     mems: CpuSet,
     runtime_dir: PathBuf,
+    /// Pod annotations (by pod UID) the runtime copies into each container's config, as
+    /// containerd's `pod_annotations` does.
+    annotations: Mutex<BTreeMap<String, BTreeMap<String, String>>>,
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -161,6 +166,7 @@ impl FakeNode {
             cpus,
             mems,
             runtime_dir: runtime_dir.to_path_buf(),
+            annotations: Mutex::default(),
         };
         fs::create_dir_all(runtime_dir)?;
         match version {
@@ -228,6 +234,7 @@ impl FakeNode {
             cpus: read("cpuset.cpus")?,
             mems: read("cpuset.mems")?,
             runtime_dir: runtime_dir.to_path_buf(),
+            annotations: Mutex::default(),
         };
         fs::create_dir_all(runtime_dir)?;
         for top in [cpuset_top, cpu_top] {
@@ -304,6 +311,16 @@ impl FakeNode {
             Qos::Guaranteed => format!("kubepods/pod{}", pod.uid),
             Qos::Burstable => format!("kubepods/burstable/pod{}", pod.uid),
             Qos::BestEffort => format!("kubepods/besteffort/pod{}", pod.uid),
+        }
+    }
+
+    /// Gives the pod (by UID) annotations that every container started from now on carries
+    /// in its config, as containerd's `pod_annotations` copies them.
+    pub fn annotate_pod(&self, uid: &str, annotations: &[(&str, &str)]) {
+        let mut all = self.annotations.lock().unwrap_or_else(|e| e.into_inner());
+        let pod = all.entry(uid.to_string()).or_default();
+        for (k, v) in annotations {
+            pod.insert(k.to_string(), v.to_string());
         }
     }
 
@@ -401,15 +418,21 @@ impl FakeNode {
         // The runtime's config first: containerd writes it before creating the task.
         let cpu_shares = if sandbox { 2 } else { shares(request) };
         let quota = limit.map(|l| (l * PERIOD_US / 1000) as i64).unwrap_or(-1);
+        let mut annotations = serde_json::json!({
+            "io.kubernetes.cri.container-type": if sandbox { "sandbox" } else { "container" },
+            "io.kubernetes.cri.container-name": name,
+            "io.kubernetes.cri.sandbox-uid": pod.uid,
+            "io.kubernetes.cri.sandbox-name": pod.name,
+            "io.kubernetes.cri.sandbox-namespace": "default",
+        });
+        let extra = self.annotations.lock().unwrap_or_else(|e| e.into_inner());
+        for (k, v) in extra.get(&pod.uid).into_iter().flatten() {
+            annotations[k] = serde_json::Value::from(v.as_str());
+        }
+        drop(extra);
         let config = serde_json::json!({
             "ociVersion": "1.0.2",
-            "annotations": {
-                "io.kubernetes.cri.container-type": if sandbox { "sandbox" } else { "container" },
-                "io.kubernetes.cri.container-name": name,
-                "io.kubernetes.cri.sandbox-uid": pod.uid,
-                "io.kubernetes.cri.sandbox-name": pod.name,
-                "io.kubernetes.cri.sandbox-namespace": "default",
-            },
+            "annotations": annotations,
             "linux": {"resources": {"cpu": {
                 "shares": cpu_shares,
                 "quota": quota,

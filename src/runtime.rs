@@ -183,6 +183,12 @@ impl RuntimeInfo {
         fn wanted(key: &str) -> bool {
             key.starts_with("cpusetd.io/")
                 || [
+                    "cpu-load-balancing.crio.io",
+                    "cpu-quota.crio.io",
+                    "irq-load-balancing.crio.io",
+                ]
+                .contains(&key)
+                || [
                     keys::CRI_CONTAINER_TYPE,
                     keys::CRI_CONTAINER_NAME,
                     keys::CRI_SANDBOX_UID,

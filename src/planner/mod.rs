@@ -234,9 +234,13 @@ pub fn plan(
     );
 
     let mut writes = cpuset_writes(scan, &parents, &desired);
-    if !config.keep_cfs_quota {
-        writes.extend(quota_lifts(scan, classes, &parents, &assignments));
-    }
+    writes.extend(quota_lifts(
+        scan,
+        classes,
+        &parents,
+        &assignments,
+        config.keep_cfs_quota,
+    ));
     Plan {
         pools: Some(pools),
         desired,
@@ -299,11 +303,13 @@ const DEFAULT_CFS_PERIOD_US: u64 = 100_000;
 /// CFS quota lifts: every container holding exclusive cpus, and its pod (kubelet's
 /// `DisableCPUQuotaWithExclusiveCPUs` leaves the pod-level quota unenforced too, or the pod's
 /// quota would still throttle the container). In scan (pre-)order: a pod before its containers.
+/// With `--keep-cfs-quota` only the containers whose pod says `cpu-quota.crio.io: "disable"`.
 fn quota_lifts(
     scan: &Scan,
     classes: &[Classification],
     parents: &[Option<usize>],
     assignments: &Assignments,
+    keep_cfs_quota: bool,
 ) -> WritePlan {
     let mut lift = vec![false; scan.cgroups.len()];
     for (i, class) in classes.iter().enumerate() {
@@ -311,7 +317,7 @@ fn quota_lifts(
             && class
                 .assignment_key()
                 .is_some_and(|k| assignments.get(&k).is_some());
-        if exclusive {
+        if exclusive && (!keep_cfs_quota || class.isolation.no_cpu_quota) {
             lift[i] = true;
             if let Some(p) = parents[i].filter(|&p| classes[p].kind == CgroupKind::Pod) {
                 lift[p] = true;
