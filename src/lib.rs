@@ -14,6 +14,7 @@ pub mod cli;
 pub mod cpuset;
 #[cfg(debug_assertions)]
 mod faults;
+pub mod irq;
 pub mod kubesim;
 pub mod logging;
 pub mod planner;

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::cgroupfs::Scan;
 use crate::classify::{CgroupKind, Classification, Exclusivity};
+use crate::cpuset::CpuSet;
 use crate::planner::{AssignEvent, Plan};
 
 /// One cgroup as an operator sees it.
@@ -31,6 +32,10 @@ pub struct CgroupRow {
     pub exclusive: bool,
     /// Why the row is what it is: exclusive, or why shared.
     pub note: String,
+    /// The high-performance annotations in force for an exclusive container: `cpu-quota`
+    /// (quota lifted), `irq-load-balancing` (interrupts kept off its CPUs).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub isolation: Vec<&'static str>,
 }
 
 impl CgroupRow {
@@ -40,8 +45,14 @@ impl CgroupRow {
     }
 }
 
-/// Rows for every cgroup that is not the root, a QoS directory or a pod.
-pub fn rows(scan: &Scan, classes: &[Classification], plan: &Plan) -> Vec<CgroupRow> {
+/// Rows for every cgroup that is not the root, a QoS directory or a pod. `irq_isolated`: the
+/// CPUs interrupts are kept off now.
+pub fn rows(
+    scan: &Scan,
+    classes: &[Classification],
+    plan: &Plan,
+    irq_isolated: &CpuSet,
+) -> Vec<CgroupRow> {
     let mut rows = Vec::new();
     for (i, (cgroup, class)) in scan.cgroups.iter().zip(classes).enumerate() {
         if matches!(
@@ -75,6 +86,20 @@ pub fn rows(scan: &Scan, classes: &[Classification], plan: &Plan) -> Vec<CgroupR
             }
             _ => "shared".to_string(),
         };
+        let mut isolation = Vec::new();
+        if let Some(held) = assigned {
+            if class.isolation.no_cpu_quota {
+                isolation.push("cpu-quota");
+            }
+            if class.isolation.no_irqs && held.cpus.is_subset(irq_isolated) {
+                isolation.push("irq-load-balancing");
+            }
+        }
+        let note = if class.isolation.no_load_balancing && assigned.is_some() {
+            format!("{note}; cpu-load-balancing.crio.io not applied (not supported yet)")
+        } else {
+            note
+        };
         rows.push(CgroupRow {
             path: cgroup.relative.to_string(),
             kind: class.kind.to_string(),
@@ -94,6 +119,7 @@ pub fn rows(scan: &Scan, classes: &[Classification], plan: &Plan) -> Vec<CgroupR
             desired: plan.desired[i].cpus.as_ref().map(|c| c.to_string()),
             exclusive: assigned.is_some(),
             note,
+            isolation,
         });
     }
     rows
@@ -154,7 +180,11 @@ pub fn render_table(rows: &[CgroupRow], wide: bool) -> String {
                 r.request.clone().unwrap_or_else(|| "-".into()),
                 short(r.current.as_deref(), 24) + mark,
                 short(r.desired.as_deref(), 24),
-                r.note.clone(),
+                if r.isolation.is_empty() {
+                    r.note.clone()
+                } else {
+                    format!("{} (no {})", r.note, r.isolation.join(", no "))
+                },
             ]);
             row
         })

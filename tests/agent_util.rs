@@ -120,6 +120,8 @@ pub struct Row {
     pub desired: Option<String>,
     pub exclusive: bool,
     pub note: String,
+    #[serde(default)]
+    pub isolation: Vec<String>,
 }
 
 impl Status {

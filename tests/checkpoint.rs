@@ -60,6 +60,7 @@ fn checkpoint(n: u32) -> Checkpoint {
             cgroup: "kubepods/pod-a/abc".into(),
             original: "max 100000".into(),
         }],
+        irq: Default::default(),
         last_reconcile_unix_ms: Some(1_700_000_000_000),
     }
 }

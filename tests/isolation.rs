@@ -2,10 +2,17 @@
 //! `irq-load-balancing.crio.io`, `cpu-load-balancing.crio.io`), read from the pod's annotations
 //! in the runtime's config, for containers holding exclusive CPUs.
 
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nix::sys::signal::Signal;
+
 use cpusetd::cgroupfs::CgroupVersion;
 use cpusetd::kubesim::{ContainerSpec, Qos};
 
-use crate::agent_util::{pod, TestNode};
+use crate::agent_util::{pod, poll_until, Agent, TestNode, DEADLINE};
+use crate::util::{copy_tree, stderr, stdout, testdata};
 
 #[test]
 fn cpu_quota_annotation_lifts_the_quota_even_with_keep_cfs_quota() {
@@ -35,7 +42,7 @@ fn cpu_quota_annotation_lifts_the_quota_even_with_keep_cfs_quota() {
     let odd_id = node.fake.start_pod(&odd).unwrap().remove(0);
     node.wait_status("pinned", |s| s.exclusive_cpu_count == 3 && s.converged());
     let quota = |p, id| node.read(p, id, "cpu.cfs_quota_us");
-    let lifted = crate::agent_util::poll_until(crate::agent_util::DEADLINE, || {
+    let lifted = poll_until(DEADLINE, || {
         (quota(&fast, &fast_id) == "-1" && quota(&fast, "") == "-1").then_some(())
     });
     assert!(
@@ -57,4 +64,159 @@ fn cpu_quota_annotation_lifts_the_quota_even_with_keep_cfs_quota() {
     );
     assert!(agent.stop().success());
     node.assert_clean();
+}
+
+/// A fake `/proc` for the node: kubelet's command line from the fixture, and an `irq`
+/// directory with a default mask and three IRQs (one of them on a single CPU).
+fn fake_proc(node: &TestNode) -> PathBuf {
+    let proc = node.base.join("proc");
+    copy_tree(&testdata("sysfs/2s-8c-ht-2numa/proc"), &proc);
+    let irq = proc.join("irq");
+    fs::create_dir_all(&irq).unwrap();
+    fs::write(irq.join("default_smp_affinity"), "ffff\n").unwrap();
+    for (n, list) in [(24, "0-15"), (25, "0-7"), (26, "8")] {
+        fs::create_dir_all(irq.join(n.to_string())).unwrap();
+        fs::write(
+            irq.join(format!("{n}/smp_affinity_list")),
+            format!("{list}\n"),
+        )
+        .unwrap();
+    }
+    proc
+}
+
+fn irq_file(proc: &Path, file: &str) -> String {
+    fs::read_to_string(proc.join("irq").join(file))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// `cpusetd run` on the node with `proc` as its proc root.
+fn start_with_proc(node: &TestNode, proc: &Path) -> Agent {
+    let mut args = node.tree_args();
+    let at = args.iter().position(|a| a == "--proc-root").unwrap();
+    args[at + 1] = proc.display().to_string();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cpusetd"));
+    command
+        .arg("run")
+        .args(&args)
+        .args([
+            "--reserved-cpus",
+            "0",
+            "--kubelet-state",
+            "none",
+            "--cpu-manager-reconcile-period",
+            "1s",
+        ])
+        .arg("--metrics-file")
+        .arg(node.metrics_file())
+        .env("CPUSETD_FAKE_KERNEL_RULES", "1")
+        .env("CPUSETD_FAKE_KERNEL_LOG", node.refusal_log());
+    let mut agent = Agent::spawn(
+        command,
+        &node.base.join("agent-irq.log"),
+        Some(node.refusal_log()),
+    );
+    agent.wait_for_log("first pass:");
+    agent
+}
+
+#[test]
+fn irq_annotation_keeps_interrupts_off_the_cpus_and_gives_them_back() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let proc = fake_proc(&node);
+    let mut agent = start_with_proc(&node, &proc);
+    let rt = pod(
+        "rt",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("dpdk", 2000)],
+    );
+    node.fake
+        .annotate_pod(&rt.uid, &[("irq-load-balancing.crio.io", "disable")]);
+    let id = node.fake.start_pod(&rt).unwrap().remove(0);
+    node.wait_cpus(&id, "1,9");
+    let off = poll_until(DEADLINE, || {
+        (irq_file(&proc, "24/smp_affinity_list") == "0,2-8,10-15").then_some(())
+    });
+    assert!(off.is_some(), "{}", agent.log());
+    assert_eq!(irq_file(&proc, "default_smp_affinity"), "fdfd");
+    assert_eq!(irq_file(&proc, "25/smp_affinity_list"), "0,2-7");
+    assert_eq!(
+        irq_file(&proc, "26/smp_affinity_list"),
+        "8",
+        "an IRQ elsewhere stays"
+    );
+    let status = node.wait_status("in force", |s| {
+        s.by_id(&id)
+            .is_some_and(|r| r.isolation == ["irq-load-balancing"])
+    });
+    let table = stdout(&node.cpusetd("status", &[]));
+    assert!(
+        table.contains("exclusive (no irq-load-balancing)"),
+        "{table}"
+    );
+    assert!(status.by_id(&id).unwrap().exclusive);
+    let counted = poll_until(DEADLINE, || {
+        (node.metric("cpusetd_irq_isolated_cpus") == 2.0).then_some(())
+    });
+    assert!(counted.is_some(), "{:?}", node.metrics());
+
+    // kill -9, then a new agent: the pin and the IRQ changes stay; the pod goes: restored.
+    agent.signal(Signal::SIGKILL);
+    assert!(agent.wait_exit(DEADLINE).is_some());
+    let mut agent = start_with_proc(&node, &proc);
+    assert_eq!(irq_file(&proc, "24/smp_affinity_list"), "0,2-8,10-15");
+    node.fake.remove_pod(&rt).unwrap();
+    let back = poll_until(DEADLINE, || {
+        (irq_file(&proc, "24/smp_affinity_list") == "0-15").then_some(())
+    });
+    assert!(back.is_some(), "{}", agent.log());
+    assert_eq!(irq_file(&proc, "default_smp_affinity"), "ffff");
+    assert_eq!(irq_file(&proc, "25/smp_affinity_list"), "0-7");
+    assert!(agent.stop().success());
+    node.assert_clean();
+}
+
+/// `reset` puts back what the agent changed, from its checkpoint.
+#[test]
+fn reset_restores_interrupt_affinities() {
+    let node = TestNode::new(CgroupVersion::V2);
+    let proc = fake_proc(&node);
+    let mut agent = start_with_proc(&node, &proc);
+    let rt = pod(
+        "rt",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("dpdk", 1000)],
+    );
+    node.fake
+        .annotate_pod(&rt.uid, &[("irq-load-balancing.crio.io", "disable")]);
+    let id = node.fake.start_pod(&rt).unwrap().remove(0);
+    node.wait_cpus(&id, "8");
+    let off = poll_until(DEADLINE, || {
+        (irq_file(&proc, "24/smp_affinity_list") == "0-7,9-15").then_some(())
+    });
+    assert!(off.is_some(), "{}", agent.log());
+    assert!(agent.stop().success());
+    let mut args: Vec<String> = node.tree_args();
+    let at = args.iter().position(|a| a == "--proc-root").unwrap();
+    args[at + 1] = proc.display().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+        .arg("reset")
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("interrupt affinities restored"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(irq_file(&proc, "24/smp_affinity_list"), "0-15");
+    assert_eq!(
+        irq_file(&proc, "26/smp_affinity_list"),
+        "8",
+        "never touched"
+    );
+    assert_eq!(irq_file(&proc, "default_smp_affinity"), "ffff");
 }

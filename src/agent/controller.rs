@@ -29,6 +29,7 @@ use crate::classify::{
     Notice,
 };
 use crate::cpuset::CpuSet;
+use crate::irq::{IrqAffinity, IrqSaved};
 use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, NodeLimits, Plan, PlanConfig, ReleaseReason, WriteStep};
 use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
@@ -228,6 +229,8 @@ pub struct Controller {
     complete: bool,
     /// Cgroups said to be unreadable (said once each).
     unreadable_said: HashSet<CgroupPath>,
+    /// IRQ affinity failures said (once each).
+    unreadable_said_irq: HashSet<String>,
     /// The node limits of the last pass (said when they change).
     last_limits: Option<NodeLimits>,
     /// Cgroups whose cpuset someone else keeps rewriting (see [`Controller::hold_off_drift`]).
@@ -238,6 +241,8 @@ pub struct Controller {
     /// `namespace/pod` of pods holding exclusive CPUs, so the log can name a pod that is gone
     /// when its CPUs are released.
     pod_names: HashMap<String, String>,
+    /// Interrupt affinities, kept off the CPUs of `irq-load-balancing.crio.io` pods.
+    irq: Option<IrqAffinity>,
     pub metrics: Metrics,
 }
 
@@ -248,9 +253,11 @@ impl Controller {
             model: BTreeMap::new(),
             complete: true,
             unreadable_said: HashSet::new(),
+            unreadable_said_irq: HashSet::new(),
             rescan_said: None,
             rescans_unsaid: 0,
             pod_names: HashMap::new(),
+            irq: None,
             fights: HashMap::new(),
             last_limits: None,
             drifted: HashSet::new(),
@@ -414,6 +421,66 @@ impl Controller {
         adopted
     }
 
+    /// Manages interrupt affinities from now on (`saved`: what an earlier run changed).
+    pub fn manage_irqs(&mut self, irq: IrqAffinity) {
+        self.metrics.irq_isolated_cpus = irq.saved().banned.len() as u64;
+        self.irq = Some(irq);
+    }
+
+    /// What the IRQ affinities need to be restored (for the checkpoint).
+    pub fn irq_saved(&self) -> IrqSaved {
+        self.irq
+            .as_ref()
+            .map(|i| i.saved().clone())
+            .unwrap_or_default()
+    }
+
+    /// The CPUs of exclusive containers whose pod asks for no interrupts.
+    fn irq_isolated_cpus(&self) -> CpuSet {
+        let mut cpus = CpuSet::new();
+        for class in self.last_classes.iter().filter(|c| c.isolation.no_irqs) {
+            if let Some(held) = class
+                .assignment_key()
+                .and_then(|k| self.parts.assignments.get(&k))
+            {
+                cpus.extend_from(&held.cpus);
+            }
+        }
+        cpus
+    }
+
+    /// Keeps interrupts off the CPUs that ask for it: after a pass when that set changed,
+    /// and on every full reconcile (`always`: IRQs registered since, or moved back by
+    /// someone else).
+    fn update_irqs(&mut self, always: bool) {
+        let banned = self.irq_isolated_cpus();
+        let Some(irq) = self.irq.as_mut() else {
+            return;
+        };
+        let changed = irq.saved().banned != banned;
+        if !always && !changed {
+            return;
+        }
+        let outcome = irq.apply(&banned);
+        if changed {
+            log::info!(
+                "device interrupts kept off cpus {}: {} affinity file(s) written, {} IRQ(s) the kernel would not move, {} with no other cpu",
+                if banned.is_empty() { "none".to_string() } else { banned.to_string() },
+                outcome.written,
+                outcome.unchangeable,
+                outcome.no_other_cpu
+            );
+        }
+        for error in &outcome.errors {
+            if self.unreadable_said_irq.insert(error.clone()) {
+                log::warn!("cannot change an interrupt's affinity: {error} (with the systemd unit, install its irq drop-in)");
+            }
+        }
+        self.metrics.irq_isolated_cpus = banned.len() as u64;
+        self.metrics.irq_affinity_writes += outcome.written as u64;
+        self.metrics.irq_unchangeable = outcome.unchangeable as u64;
+    }
+
     /// Reads the whole tree into the model (at start, and after a watcher overflow).
     pub fn full_scan(&mut self) -> Result<(), CgroupError> {
         let started = Instant::now();
@@ -490,9 +557,12 @@ impl Controller {
             && self.model.values().all(|e| e.class.is_some());
         if settled {
             self.metrics.skipped_passes += 1;
+            self.update_irqs(true);
             return None;
         }
-        Some(self.pass(now))
+        let outcome = self.pass(now);
+        self.update_irqs(true);
+        Some(outcome)
     }
 
     /// Applies one watcher event to the model. Returns whether the model changed.
@@ -787,6 +857,8 @@ impl Controller {
                 self.rescan_subtree(&root, now);
             }
         }
+        // After the pins: interrupts are the second step of isolating a CPU.
+        self.update_irqs(false);
         outcome
     }
 
@@ -1462,7 +1534,12 @@ impl Controller {
     /// The rows of `status` as the controller sees them now.
     pub fn last_rows(&self) -> Vec<crate::report::CgroupRow> {
         match &self.last_plan {
-            Some(plan) => crate::report::rows(&self.model_scan(), &self.last_classes, plan),
+            Some(plan) => crate::report::rows(
+                &self.model_scan(),
+                &self.last_classes,
+                plan,
+                &self.irq_saved().banned,
+            ),
             None => Vec::new(),
         }
     }

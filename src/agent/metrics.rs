@@ -62,6 +62,12 @@ pub struct Metrics {
     pub narrowings_blocked: u64,
     /// Cgroups found fought over by another writer (each fight once).
     pub drift_fights: u64,
+    /// CPUs device interrupts are kept off now (`irq-load-balancing.crio.io`).
+    pub irq_isolated_cpus: u64,
+    /// IRQ affinity files written (`/proc/irq`).
+    pub irq_affinity_writes: u64,
+    /// IRQs the kernel would not move, at the last change.
+    pub irq_unchangeable: u64,
     pub rescans: u64,
     pub passes: u64,
     /// Reconciles that found nothing to do and ran no pass.
@@ -183,6 +189,24 @@ impl Metrics {
             "counter",
             "Narrowings of a cgroup left for the next reconcile because the write of a child below it failed.",
             &plain(self.narrowings_blocked),
+        );
+        metric(
+            "cpusetd_irq_isolated_cpus",
+            "gauge",
+            "CPUs device interrupts are kept off (pods with irq-load-balancing.crio.io: disable).",
+            &plain(self.irq_isolated_cpus),
+        );
+        metric(
+            "cpusetd_irq_affinity_writes_total",
+            "counter",
+            "Writes to /proc/irq affinity files (default_smp_affinity, smp_affinity_list).",
+            &plain(self.irq_affinity_writes),
+        );
+        metric(
+            "cpusetd_irq_unchangeable",
+            "gauge",
+            "IRQs the kernel refused to move at the last change (per-CPU or managed interrupts).",
+            &plain(self.irq_unchangeable),
         );
         metric(
             "cpusetd_drift_fights_total",

@@ -38,6 +38,7 @@ use nix::sys::signal::{SigSet, Signal};
 use crate::allocator::PolicyOptions;
 use crate::cgroupfs::{CgroupLayout, CpusetSnapshot, Scanner};
 use crate::checkpoint::{self, Checkpoint, LoadOutcome, Policy, QuotaLift, StateLock};
+use crate::irq::IrqAffinity;
 use crate::logging::error_chain;
 use crate::watcher::{TreeEvent, WatchRoot, Watcher};
 
@@ -68,6 +69,8 @@ pub struct AgentConfig {
     pub metrics_file: Option<PathBuf>,
     /// kubelet's `cpu_manager_state`, read on a first start (no checkpoint of our own).
     pub kubelet_state: Option<PathBuf>,
+    /// Where procfs is (`/proc/irq` for interrupt affinities).
+    pub proc_root: PathBuf,
     /// sd_notify, already used while waiting for kubepods.
     pub notifier: Notifier,
 }
@@ -104,6 +107,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         reconcile_period,
         metrics_file,
         kubelet_state,
+        proc_root,
         mut notifier,
     } = config;
 
@@ -116,8 +120,10 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
 
     let _lock = StateLock::acquire(&state_dir)?;
     let mut parts = parts;
-    let first_start;
-    (parts.assignments, parts.quota_lifted, first_start) = restore(&state_dir, &parts, &options);
+    let restored = restore(&state_dir, &parts, &options);
+    let first_start = restored.first_start;
+    parts.assignments = restored.assignments;
+    parts.quota_lifted = restored.quota_lifted;
     let hierarchy = parts.hierarchy.clone();
     let kubepods = layout.kubepods.clone();
 
@@ -141,6 +147,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     let degraded = watcher.is_none();
 
     let mut controller = Controller::new(parts);
+    controller.manage_irqs(IrqAffinity::new(&proc_root, restored.irq));
     controller.metrics.without_inotify = degraded;
     if let Some(watcher) = &watcher {
         controller.watch_arrivals(watcher.arrivals());
@@ -338,25 +345,33 @@ fn adopt_from_kubelet(controller: &mut Controller, path: &std::path::Path) {
     }
 }
 
+/// What a checkpoint gives a starting agent.
+#[derive(Debug, Default)]
+struct Restored {
+    assignments: crate::state::Assignments,
+    quota_lifted: std::collections::BTreeMap<crate::cgroupfs::CgroupPath, String>,
+    irq: crate::irq::IrqSaved,
+    /// There was no checkpoint: a first start.
+    first_start: bool,
+}
+
 /// Loads the checkpoint: its assignments fill in names and intent; anything unusable is moved
-/// aside and logged, never a reason to refuse to start. The flag: there was none (a first
-/// start).
+/// aside and logged, never a reason to refuse to start.
 fn restore(
     state_dir: &std::path::Path,
     parts: &ControllerParts,
     options: &PolicyOptions,
-) -> (
-    crate::state::Assignments,
-    std::collections::BTreeMap<crate::cgroupfs::CgroupPath, String>,
-    bool,
-) {
+) -> Restored {
     let policy_name = if parts.policy.is_some() {
         Policy::Static
     } else {
         Policy::None
     };
     match checkpoint::load(state_dir) {
-        LoadOutcome::Missing => (Default::default(), Default::default(), true),
+        LoadOutcome::Missing => Restored {
+            first_start: true,
+            ..Default::default()
+        },
         LoadOutcome::Unusable { path, reason } => {
             log::warn!("{}; starting from the live tree", reason.describe(&path));
             match checkpoint::quarantine(state_dir, &reason) {
@@ -366,7 +381,7 @@ fn restore(
                     error_chain(&e)
                 ),
             }
-            (Default::default(), Default::default(), false)
+            Restored::default()
         }
         LoadOutcome::Loaded(cp) => {
             if cp.policy != policy_name {
@@ -405,7 +420,12 @@ fn restore(
                         .map(|p| (p, q.original))
                 })
                 .collect();
-            (cp.assignments, quota_lifted, false)
+            Restored {
+                assignments: cp.assignments,
+                quota_lifted,
+                irq: cp.irq,
+                first_start: false,
+            }
         }
     }
 }
@@ -491,6 +511,7 @@ impl Persist {
                     original: original.clone(),
                 })
                 .collect(),
+            irq: controller.irq_saved(),
             last_reconcile_unix_ms: controller
                 .metrics
                 .last_reconcile

@@ -214,6 +214,7 @@ impl Document {
             shared_pool: list("shared_pool", &self.shared_pool)?,
             assignments,
             quota_lifted: self.quota_lifted,
+            irq: self.irq,
             last_reconcile_unix_ms: self.last_reconcile_unix_ms,
         })
     }

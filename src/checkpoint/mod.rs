@@ -71,6 +71,7 @@ use serde_json::Value;
 
 use crate::allocator::PolicyOptions;
 use crate::cpuset::CpuSet;
+use crate::irq::IrqSaved;
 use crate::state::{AssignmentKey, Assignments};
 
 /// The format version this build writes and the newest it reads.
@@ -123,6 +124,8 @@ pub struct Checkpoint {
     pub shared_pool: CpuSet,
     pub assignments: Assignments,
     pub quota_lifted: Vec<QuotaLift>,
+    /// Interrupt affinities the agent changed, to restore.
+    pub irq: IrqSaved,
     pub last_reconcile_unix_ms: Option<u64>,
 }
 
@@ -159,6 +162,8 @@ struct Document {
     shared_pool: String,
     assignments: Vec<DocumentAssignment>,
     quota_lifted: Vec<QuotaLift>,
+    #[serde(default, skip_serializing_if = "IrqSaved::is_empty")]
+    irq: IrqSaved,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last_reconcile_unix_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -198,6 +203,7 @@ impl From<&Checkpoint> for Document {
                 })
                 .collect(),
             quota_lifted: c.quota_lifted.clone(),
+            irq: c.irq.clone(),
             last_reconcile_unix_ms: c.last_reconcile_unix_ms,
             checksum: None,
         }

@@ -51,6 +51,7 @@ fn sample() -> Checkpoint {
             cgroup: "kubepods/pod11111111-2222-3333-4444-555555555555/abc".into(),
             original: "200000 100000".into(),
         }],
+        irq: Default::default(),
         last_reconcile_unix_ms: Some(1_700_000_000_123),
     }
 }
@@ -86,6 +87,7 @@ fn round_trip_keeps_every_field() {
         shared_pool: set("0-3"),
         assignments: Assignments::new(),
         quota_lifted: Vec::new(),
+        irq: Default::default(),
         last_reconcile_unix_ms: None,
     };
     let bytes = none.to_json().unwrap();

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::node::AgentArgs;
 use super::{CommandError, EXIT_FAILURE};
+use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, PlanConfig, WriteStep};
 use crate::report::{render_table, rows, CgroupRow};
@@ -111,7 +112,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
             log::warn!("{key}: {requested} exclusive cpus cannot be given, stays shared: {error}");
         }
     }
-    let table = rows(&scan, &classes, &planned);
+    let table = rows(&scan, &classes, &planned, &CpuSet::new());
     let report = apply_writes.then(|| {
         apply(
             &node.hierarchy,

@@ -10,6 +10,7 @@ use super::{CommandError, EXIT_FAILURE};
 use crate::cgroupfs::{CgroupPath, InterfaceFile};
 use crate::checkpoint::{self, LoadOutcome, StateLock};
 use crate::cpuset::CpuSet;
+use crate::irq::IrqAffinity;
 use crate::logging::error_chain;
 use crate::planner::{order_writes, parent_indexes, PlannedWrite, SetNode, WriteStep};
 use crate::writer::{apply, NewChildren};
@@ -76,9 +77,22 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
             step: WriteStep::Widen,
         }));
     }
-    // Quotas the agent lifted, back to what they were.
+    // Quotas the agent lifted, back to what they were; interrupt affinities too.
     let mut restored = 0;
+    let mut irq_failed = false;
     if let LoadOutcome::Loaded(cp) = checkpoint::load(&args.state_dir) {
+        if !cp.irq.is_empty() {
+            let mut irqs = IrqAffinity::new(&args.tree.proc_root, cp.irq.clone());
+            let outcome = irqs.apply(&CpuSet::new());
+            println!(
+                "interrupt affinities restored: {} file(s) written",
+                outcome.written
+            );
+            for error in &outcome.errors {
+                eprintln!("cpusetd: cannot restore an interrupt's affinity: {error}");
+            }
+            irq_failed = !outcome.errors.is_empty();
+        }
         for lifted in &cp.quota_lifted {
             let Ok(path) = CgroupPath::new(&lifted.cgroup) else {
                 continue;
@@ -134,7 +148,7 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     for (_, e) in &report.failed {
         eprintln!("cpusetd: {}", error_chain(e));
     }
-    if !report.is_clean() {
+    if !report.is_clean() || irq_failed {
         return Err(CommandError {
             status: EXIT_FAILURE,
             message: "some writes failed; run reset again".into(),

@@ -197,7 +197,7 @@ pub fn collect(
         events,
         writes: Vec::new(),
     };
-    let table = rows(&scan, &classes, &view);
+    let table = rows(&scan, &classes, &view, &cp.irq.banned);
     let differing = table.iter().filter(|r| r.differs()).count();
     Ok(StatusView {
         topology: node.topology.clone(),

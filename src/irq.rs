@@ -1,0 +1,343 @@
+//! Device interrupts kept off the CPUs of containers whose pod says
+//! `irq-load-balancing.crio.io: "disable"`: those CPUs leave `/proc/irq/default_smp_affinity`
+//! (the mask new IRQs start with) and every `/proc/irq/<n>/smp_affinity_list` the kernel lets
+//! one change, while the container holds them, and come back afterwards.
+//!
+//! What the agent changed is recorded ([`IrqSaved`], kept in the checkpoint), so a restart (or
+//! `cpusetd reset`) restores each IRQ to what it was before the first change. An IRQ whose
+//! every CPU is to be kept free keeps its affinity (an IRQ with no CPU would be lost), and one
+//! the kernel will not move (per-CPU and managed interrupts refuse with EIO) is left alone and
+//! counted. Everything is under the injected proc root.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use serde::{Deserialize, Serialize};
+
+use crate::cpuset::CpuSet;
+
+/// What to restore: the CPUs kept free now and each changed affinity as it was before.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IrqSaved {
+    /// The CPUs interrupts are kept off now.
+    #[serde(default)]
+    pub banned: CpuSet,
+    /// `default_smp_affinity` before the first change, as the kernel printed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_affinity: Option<String>,
+    /// Each changed IRQ's `smp_affinity_list` before the first change.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub irqs: BTreeMap<u32, CpuSet>,
+}
+
+impl IrqSaved {
+    /// Nothing changed, nothing to restore.
+    pub fn is_empty(&self) -> bool {
+        self.banned.is_empty() && self.default_affinity.is_none() && self.irqs.is_empty()
+    }
+}
+
+/// What one [`IrqAffinity::apply`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IrqOutcome {
+    /// Affinity files written.
+    pub written: usize,
+    /// IRQs the kernel refused to move (left as they are).
+    pub unchangeable: usize,
+    /// IRQs left on kept-free CPUs because they had no other CPU.
+    pub no_other_cpu: usize,
+    /// Failures other than the kernel's refusals (the first few), for the log.
+    pub errors: Vec<String>,
+}
+
+/// The interrupt affinities under `<proc root>/irq`.
+#[derive(Debug)]
+pub struct IrqAffinity {
+    dir: PathBuf,
+    saved: IrqSaved,
+}
+
+impl IrqAffinity {
+    /// `saved` is what an earlier run recorded (from the checkpoint), or the default.
+    pub fn new(proc_root: &Path, saved: IrqSaved) -> IrqAffinity {
+        IrqAffinity {
+            dir: proc_root.join("irq"),
+            saved,
+        }
+    }
+
+    pub fn saved(&self) -> &IrqSaved {
+        &self.saved
+    }
+
+    /// Keeps interrupts off `banned` (empty: restores everything recorded). Each IRQ's
+    /// affinity becomes its original minus `banned` (or the original where that is empty), the
+    /// default mask likewise; IRQs registered since are taken in too. Idempotent: a second
+    /// call with the same set writes only what someone changed meanwhile.
+    pub fn apply(&mut self, banned: &CpuSet) -> IrqOutcome {
+        let mut outcome = IrqOutcome::default();
+        if banned.is_empty() && self.saved.is_empty() {
+            return outcome;
+        }
+        self.apply_default(banned, &mut outcome);
+        let mut seen = Vec::new();
+        if let Ok(entries) = fs::read_dir(&self.dir) {
+            for entry in entries.flatten() {
+                let Some(irq) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                seen.push(irq);
+                self.apply_irq(irq, banned, &mut outcome);
+            }
+        }
+        // IRQs that went away (their device did) have nothing left to restore.
+        self.saved.irqs.retain(|irq, _| seen.contains(irq));
+        self.saved.banned = banned.clone();
+        outcome
+    }
+
+    fn apply_default(&mut self, banned: &CpuSet, outcome: &mut IrqOutcome) {
+        let path = self.dir.join("default_smp_affinity");
+        let Ok(text) = fs::read_to_string(&path) else {
+            return;
+        };
+        let current_text = text.trim().to_string();
+        let Some(current) = parse_mask(&current_text) else {
+            outcome.errors.push(format!(
+                "{}: {current_text:?} is not a CPU mask",
+                path.display()
+            ));
+            return;
+        };
+        let original_text = self
+            .saved
+            .default_affinity
+            .clone()
+            .unwrap_or_else(|| current_text.clone());
+        let original = parse_mask(&original_text).unwrap_or_else(|| current.clone());
+        let desired = without(&original, banned);
+        if desired != current {
+            match fs::write(&path, format_mask(&desired, &current_text)) {
+                Ok(()) => outcome.written += 1,
+                Err(e) => {
+                    outcome.errors.push(format!("{}: {e}", path.display()));
+                    return;
+                }
+            }
+        }
+        self.saved.default_affinity = (!banned.is_empty()).then_some(original_text);
+    }
+
+    fn apply_irq(&mut self, irq: u32, banned: &CpuSet, outcome: &mut IrqOutcome) {
+        let path = self.dir.join(irq.to_string()).join("smp_affinity_list");
+        let Some(current) = fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| CpuSet::parse(t.trim()).ok())
+        else {
+            return;
+        };
+        let original = self
+            .saved
+            .irqs
+            .get(&irq)
+            .cloned()
+            .unwrap_or_else(|| current.clone());
+        if !original.is_empty() && original.is_subset(banned) {
+            outcome.no_other_cpu += 1;
+        }
+        let desired = without(&original, banned);
+        if desired != current {
+            match fs::write(&path, desired.to_string()) {
+                Ok(()) => outcome.written += 1,
+                Err(e) if refused_by_kernel(&e) => {
+                    outcome.unchangeable += 1;
+                    return;
+                }
+                Err(e) => {
+                    if outcome.errors.len() < 3 {
+                        outcome.errors.push(format!("{}: {e}", path.display()));
+                    }
+                    return;
+                }
+            }
+        }
+        if desired == original {
+            self.saved.irqs.remove(&irq);
+        } else {
+            self.saved.irqs.insert(irq, original);
+        }
+    }
+}
+
+/// `original` minus `banned`, or `original` when nothing would be left (never an IRQ with no
+/// CPU).
+fn without(original: &CpuSet, banned: &CpuSet) -> CpuSet {
+    let left = original.difference(banned);
+    if left.is_empty() {
+        original.clone()
+    } else {
+        left
+    }
+}
+
+/// The kernel's "this interrupt cannot be moved" answers.
+fn refused_by_kernel(e: &io::Error) -> bool {
+    [Errno::EIO, Errno::EINVAL]
+        .iter()
+        .any(|errno| e.raw_os_error() == Some(*errno as i32))
+}
+
+/// A CPU mask as the kernel prints it (`ff`, `00000000,000000ff`): hex, most significant
+/// first, commas between 32-bit words.
+pub fn parse_mask(text: &str) -> Option<CpuSet> {
+    let digits: String = text.chars().filter(|c| *c != ',').collect();
+    if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut cpus = CpuSet::new();
+    for (i, c) in digits.chars().rev().enumerate() {
+        let nibble = c.to_digit(16)?;
+        for bit in 0..4 {
+            if nibble & (1 << bit) != 0 {
+                cpus.insert(u32::try_from(i * 4 + bit).ok()?);
+            }
+        }
+    }
+    Some(cpus)
+}
+
+/// `cpus` as a mask shaped like `like` (as many hex digits, commas where it has them), widened
+/// when a CPU needs more digits.
+pub fn format_mask(cpus: &CpuSet, like: &str) -> String {
+    let like_digits = like.chars().filter(|c| *c != ',').count().max(1);
+    let needed = cpus.iter().last().map_or(1, |max| max as usize / 4 + 1);
+    let width = like_digits.max(needed);
+    let mut digits = vec![0u8; width];
+    for cpu in cpus.iter() {
+        let cpu = cpu as usize;
+        digits[width - 1 - cpu / 4] |= 1 << (cpu % 4);
+    }
+    let hex: Vec<char> = digits
+        .iter()
+        .map(|d| char::from_digit(u32::from(*d), 16).unwrap_or('0'))
+        .collect();
+    if !like.contains(',') {
+        return hex.into_iter().collect();
+    }
+    // Commas every 8 digits from the right.
+    let mut out = String::new();
+    for (i, c) in hex.iter().enumerate() {
+        if i > 0 && (width - i) % 8 == 0 {
+            out.push(',');
+        }
+        out.push(*c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(text: &str) -> CpuSet {
+        CpuSet::parse(text).unwrap()
+    }
+
+    #[test]
+    fn masks_read_and_write_as_the_kernel_prints_them() {
+        assert_eq!(parse_mask("ff"), Some(set("0-7")));
+        assert_eq!(parse_mask("00000000,00000101"), Some(set("0,8")));
+        assert_eq!(parse_mask("1,00000000"), Some(set("32")));
+        assert_eq!(parse_mask("xyz"), None);
+        assert_eq!(parse_mask(""), None);
+        assert_eq!(format_mask(&set("0-3,6"), "ff"), "4f");
+        assert_eq!(
+            format_mask(&set("0,8"), "00000000,000000ff"),
+            "00000000,00000101"
+        );
+        assert_eq!(format_mask(&set("40"), "ff"), "10000000000");
+        for text in ["ff", "0f", "00000000,ffffffff", "ffff,ffffffff"] {
+            assert_eq!(format_mask(&parse_mask(text).unwrap(), text), text);
+        }
+    }
+
+    fn fake_proc(default: &str, irqs: &[(u32, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let irq = dir.path().join("irq");
+        fs::create_dir_all(&irq).unwrap();
+        fs::write(irq.join("default_smp_affinity"), format!("{default}\n")).unwrap();
+        for (n, list) in irqs {
+            fs::create_dir_all(irq.join(n.to_string())).unwrap();
+            fs::write(
+                irq.join(format!("{n}/smp_affinity_list")),
+                format!("{list}\n"),
+            )
+            .unwrap();
+        }
+        dir
+    }
+
+    fn read(dir: &Path, file: &str) -> String {
+        fs::read_to_string(dir.join("irq").join(file))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    #[test]
+    fn banned_cpus_leave_every_irq_and_come_back() {
+        let proc = fake_proc("ff", &[(1, "0-7"), (2, "3"), (3, "2-3")]);
+        let mut irqs = IrqAffinity::new(proc.path(), IrqSaved::default());
+        let outcome = irqs.apply(&set("2-3"));
+        assert_eq!(read(proc.path(), "default_smp_affinity"), "f3");
+        assert_eq!(read(proc.path(), "1/smp_affinity_list"), "0-1,4-7");
+        // Only kept-free CPUs: left where it is, never without a CPU.
+        assert_eq!(read(proc.path(), "2/smp_affinity_list"), "3");
+        assert_eq!(read(proc.path(), "3/smp_affinity_list"), "2-3");
+        assert_eq!((outcome.written, outcome.no_other_cpu), (2, 2));
+        // Idempotent.
+        assert_eq!(irqs.apply(&set("2-3")).written, 0);
+        // A restart (the saved state from the checkpoint) and a release restore everything.
+        let saved = irqs.saved().clone();
+        let json = serde_json::to_string(&saved).unwrap();
+        let mut again = IrqAffinity::new(proc.path(), serde_json::from_str(&json).unwrap());
+        again.apply(&CpuSet::new());
+        assert_eq!(read(proc.path(), "default_smp_affinity"), "ff");
+        assert_eq!(read(proc.path(), "1/smp_affinity_list"), "0-7");
+        assert!(again.saved().is_empty(), "{:?}", again.saved());
+    }
+
+    #[test]
+    fn a_narrower_set_restores_what_it_no_longer_bans() {
+        let proc = fake_proc("0f", &[(10, "0-3")]);
+        let mut irqs = IrqAffinity::new(proc.path(), IrqSaved::default());
+        irqs.apply(&set("1-2"));
+        assert_eq!(read(proc.path(), "10/smp_affinity_list"), "0,3");
+        irqs.apply(&set("2"));
+        assert_eq!(read(proc.path(), "10/smp_affinity_list"), "0-1,3");
+        assert_eq!(read(proc.path(), "default_smp_affinity"), "0b");
+        // A new IRQ appears: taken in.
+        fs::create_dir_all(proc.path().join("irq/11")).unwrap();
+        fs::write(proc.path().join("irq/11/smp_affinity_list"), "0-3").unwrap();
+        irqs.apply(&set("2"));
+        assert_eq!(read(proc.path(), "11/smp_affinity_list"), "0-1,3");
+        irqs.apply(&CpuSet::new());
+        assert_eq!(read(proc.path(), "11/smp_affinity_list"), "0-3");
+        assert_eq!(read(proc.path(), "default_smp_affinity"), "0f");
+    }
+
+    #[test]
+    fn no_irq_directory_is_nothing_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut irqs = IrqAffinity::new(dir.path(), IrqSaved::default());
+        let outcome = irqs.apply(&set("1"));
+        assert_eq!(outcome, IrqOutcome::default());
+    }
+}
