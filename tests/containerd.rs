@@ -82,6 +82,7 @@ state = "{state}"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+      pod_annotations = ["cpusetd.io/*", "*.crio.io"]
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
@@ -879,5 +880,51 @@ fn containerd_kubelet_pins_are_adopted_on_a_first_start() {
         "{log}"
     );
     assert!(!log.contains("allocated cpus="), "{log}");
+    agent.stop_clean();
+}
+
+/// Pod annotations reach the agent through containerd's `pod_annotations` (the README's
+/// setting): an opted-out Guaranteed pod stays shared, an annotated one is pinned and its
+/// isolation is in force (`cpu-quota`), an odd value is said.
+#[test]
+fn containerd_pod_annotations_reach_the_agent() {
+    if let Some(reason) = skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let mut node = CriNode::start();
+    let mut agent = node.agent();
+    let mut opted_out = spec(
+        "batch",
+        "default",
+        vec![ContainerSpec::guaranteed("app", 1000)],
+    );
+    opted_out
+        .annotations
+        .insert("cpusetd.io/exclusive".into(), "false".into());
+    let mut fast = spec("upf", "telco", vec![ContainerSpec::guaranteed("dp", 1000)]);
+    fast.annotations
+        .insert("cpu-quota.crio.io".into(), "disable".into());
+    fast.annotations
+        .insert("cpu-load-balancing.crio.io".into(), "maybe".into());
+    let opted_out = node.run(&opted_out);
+    let fast = node.run(&fast);
+    let status = agent.wait_status("converged", |s| {
+        s.converged() && s.exclusive_cpu_count == 1 && s.containers.len() == 4
+    });
+    let (exclusive, shared) = exclusive_and_shared(&status);
+    let dp = fast.container("dp").unwrap();
+    let app = opted_out.container("app").unwrap();
+    assert_eq!(wait_allowed(dp.pid, &exclusive), exclusive);
+    assert_eq!(wait_allowed(app.pid, &shared), shared);
+    let row = status.by_id(&dp.id).unwrap();
+    assert_eq!(row.isolation, ["cpu-quota"], "{row:?}");
+    let row = status.by_id(&app.id).unwrap();
+    assert!(row.note.contains("cpusetd.io/exclusive"), "{row:?}");
+    let log = agent.agent.log();
+    assert!(
+        log.contains("annotation cpu-load-balancing.crio.io: \"maybe\" ignored"),
+        "{log}"
+    );
     agent.stop_clean();
 }
