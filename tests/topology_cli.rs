@@ -216,7 +216,7 @@ fn garbage_and_missing_files_are_named() {
     assert_eq!(out.status.code(), Some(2));
 }
 
-/// `topology --map` on every fixture: the committed snapshot (`expected-map.txt`; regenerate
+/// `topology --map` on every fixture: the committed snapshot (`testdata/maps/<name>.txt`; regenerate
 /// with `CPUSETD_BLESS=1` after a deliberate change), no line over 120 columns, every online
 /// CPU once, and plain text when not writing to a terminal.
 #[test]
@@ -249,7 +249,7 @@ fn every_fixture_draws_its_map() {
             .map(|l| l.replace(['[', ']'], " ").split_whitespace().count())
             .sum();
         assert_eq!(drawn, online, "{name}:\n{map}");
-        let snapshot = root.join("expected-map.txt");
+        let snapshot = testdata(&format!("maps/{name}.txt"));
         if bless {
             fs::write(&snapshot, &map).unwrap();
         }
