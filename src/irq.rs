@@ -11,10 +11,12 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io;
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
+use nix::fcntl::OFlag;
 use serde::{Deserialize, Serialize};
 
 use crate::cpuset::CpuSet;
@@ -124,7 +126,7 @@ impl IrqAffinity {
         let original = parse_mask(&original_text).unwrap_or_else(|| current.clone());
         let desired = without(&original, banned);
         if desired != current {
-            match fs::write(&path, format_mask(&desired, &current_text)) {
+            match write_existing(&path, &format_mask(&desired, &current_text)) {
                 Ok(()) => outcome.written += 1,
                 Err(e) => {
                     outcome.errors.push(format!("{}: {e}", path.display()));
@@ -154,7 +156,7 @@ impl IrqAffinity {
         }
         let desired = without(&original, banned);
         if desired != current {
-            match fs::write(&path, desired.to_string()) {
+            match write_existing(&path, &desired.to_string()) {
                 Ok(()) => outcome.written += 1,
                 Err(e) if refused_by_kernel(&e) => {
                     outcome.unchangeable += 1;
@@ -174,6 +176,17 @@ impl IrqAffinity {
             self.saved.irqs.insert(irq, original);
         }
     }
+}
+
+/// Writes an existing file (procfs' affinity files): never creates one, never follows a
+/// symlink planted in its place.
+fn write_existing(path: &Path, value: &str) -> io::Result<()> {
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .custom_flags(OFlag::O_NOFOLLOW.bits())
+        .open(path)?;
+    file.write_all(value.as_bytes())
 }
 
 /// `original` minus `banned`, or `original` when nothing would be left (never an IRQ with no

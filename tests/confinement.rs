@@ -60,6 +60,10 @@ const WRITE_SITES: &[(&str, &str)] = &[
         "the scripted kubelet's fake tree (demo and tests)",
     ),
     ("src/topology/fake_sysfs.rs", "the demo's fake sysfs tree"),
+    (
+        "src/irq.rs",
+        "existing <proc-root>/irq affinity files (no O_CREAT, O_NOFOLLOW), only for irq-load-balancing pods",
+    ),
 ];
 
 /// What counts as a write call site.
