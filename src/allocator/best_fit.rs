@@ -1,0 +1,438 @@
+//! cpusetd's own placement, opt-in with `--placement best-fit`: a best fit over the cache /
+//! NUMA node / socket hierarchy, so that a busy node keeps its free CPUs in large aligned blocks.
+//!
+//! kubelet's packed algorithm takes whole NUMA nodes and sockets, then whole cores and single
+//! threads in "fewest free first" order *inside the order of the levels*, never asking whether
+//! the request would fit in one last-level cache or one NUMA node. On a node where containers
+//! come and go this scatters a request over several caches or NUMA nodes although one of them
+//! had room. [`BestFit::take`] asks that question first:
+//!
+//! 1. Domains are tried in tiers, most aligned first: a last-level (uncore) cache inside one NUMA
+//!    node, a NUMA node, a cache spanning NUMA nodes, a socket, the whole machine. Each tier is
+//!    tried first with "whole cores" (the even part of the request fits in the domain's fully
+//!    free cores), then without, in the order cache-whole, NUMA-whole, cache-split, NUMA-split,
+//!    ...: NUMA alignment comes before whole cores, whole cores before cache alignment.
+//! 2. Within a tier, the domain that fits most tightly wins: fewest free CPUs that still hold the
+//!    request, then the fewest free CPUs in its NUMA node and socket, then the lowest id.
+//! 3. Inside the chosen domain: an odd remainder first takes threads of half-used cores (no new
+//!    core is broken), then whole cores, then whatever is left; cores in the fullest caches, NUMA
+//!    nodes and sockets first, so the emptiest blocks stay whole.
+//!
+//! With `full-pcpus-only` only fully free cores are taken. `None` means "nothing better than
+//! kubelet's algorithm": the policy then runs kubelet's algorithm, and it also retries with
+//! kubelet's algorithm whenever a best-fit result fails one of its checks, so best fit never
+//! refuses a request kubelet's algorithm would grant.
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::index::TopologyIndex;
+use super::options::{PolicyOptions, DISTRIBUTE_CPUS_ACROSS_CORES, DISTRIBUTE_CPUS_ACROSS_NUMA};
+use crate::cpuset::CpuSet;
+
+/// Which algorithm picks a container's exclusive CPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// kubelet's `takeByTopology`, reproduced exactly (the default).
+    #[default]
+    Kubelet,
+    /// cpusetd's best fit ([`BestFit`]), falling back to kubelet's algorithm.
+    BestFit,
+}
+
+/// The placement names, as `--placement` takes them.
+pub const PLACEMENT_NAMES: [&str; 2] = ["kubelet", "best-fit"];
+
+/// Why a placement name or combination was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    #[error("unknown placement {name:?}: expected kubelet or best-fit")]
+    Unknown { name: String },
+    #[error(
+        "placement best-fit packs each container into the tightest cache, NUMA node or socket; \
+         it cannot be used with policy option {option}, which spreads cpus"
+    )]
+    SpreadingOption { option: &'static str },
+}
+
+impl Placement {
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Kubelet => PLACEMENT_NAMES[0],
+            Placement::BestFit => PLACEMENT_NAMES[1],
+        }
+    }
+
+    /// Best fit packs; the options that ask kubelet to spread contradict it and are refused
+    /// rather than silently ignored.
+    pub fn check_options(self, options: &PolicyOptions) -> Result<(), PlacementError> {
+        if self == Placement::Kubelet {
+            return Ok(());
+        }
+        let spreading = [
+            (
+                options.distribute_cpus_across_numa,
+                DISTRIBUTE_CPUS_ACROSS_NUMA,
+            ),
+            (
+                options.distribute_cpus_across_cores,
+                DISTRIBUTE_CPUS_ACROSS_CORES,
+            ),
+        ];
+        match spreading.into_iter().find(|(on, _)| *on) {
+            Some((_, option)) => Err(PlacementError::SpreadingOption { option }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl FromStr for Placement {
+    type Err = PlacementError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "kubelet" => Ok(Placement::Kubelet),
+            "best-fit" => Ok(Placement::BestFit),
+            _ => Err(PlacementError::Unknown {
+                name: text.to_string(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+const NONE: u32 = u32::MAX;
+
+/// The domain tables best fit walks, built once per topology next to the [`TopologyIndex`].
+#[derive(Debug, Clone)]
+pub struct BestFit {
+    /// Table indices of each CPU's uncore cache, NUMA node and socket, by CPU id (`NONE` for
+    /// ids outside the topology).
+    cpu_uncore: Vec<u32>,
+    cpu_numa: Vec<u32>,
+    cpu_socket: Vec<u32>,
+    /// The NUMA node of each uncore cache (of its lowest CPU), and whether all of the cache
+    /// lies in that node.
+    uncore_numa: Vec<usize>,
+    uncore_in_one_numa: Vec<bool>,
+    /// The socket of each NUMA node (of its lowest CPU).
+    numa_socket: Vec<usize>,
+    /// Threads per core (kubelet's `CPUsPerCore`, at least 1): the unit of "whole cores".
+    threads_per_core: usize,
+}
+
+/// Free CPUs of one domain: all of them, and those on fully free cores.
+#[derive(Debug, Clone, Copy, Default)]
+struct Free {
+    cpus: usize,
+    whole: usize,
+}
+
+/// The free counts of every domain for one request.
+#[derive(Debug)]
+struct FreeMap {
+    core_threads: Vec<u16>,
+    uncore: Vec<Free>,
+    numa: Vec<Free>,
+    socket: Vec<Free>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    /// Uncore caches lying inside one NUMA node.
+    CacheInNuma,
+    Numa,
+    /// Uncore caches spanning NUMA nodes (sub-NUMA clustering).
+    CacheAcrossNuma,
+    Socket,
+    Machine,
+}
+
+/// Tiers in order: NUMA alignment first, then whole cores, then cache alignment.
+const TIERS: [(Level, bool); 10] = [
+    (Level::CacheInNuma, true),
+    (Level::Numa, true),
+    (Level::CacheInNuma, false),
+    (Level::Numa, false),
+    (Level::CacheAcrossNuma, true),
+    (Level::CacheAcrossNuma, false),
+    (Level::Socket, true),
+    (Level::Socket, false),
+    (Level::Machine, true),
+    (Level::Machine, false),
+];
+
+fn table_of_cpus(max_id: usize, domains: &[CpuSet]) -> Vec<u32> {
+    let mut of_cpu = vec![NONE; max_id];
+    for (domain, cpus) in domains.iter().enumerate() {
+        for cpu in cpus {
+            of_cpu[cpu as usize] = domain as u32;
+        }
+    }
+    of_cpu
+}
+
+impl BestFit {
+    pub fn new(index: &TopologyIndex) -> Self {
+        let max_id = index.all_cpus().last().map_or(0, |id| id as usize + 1);
+        let cpu_uncore = table_of_cpus(max_id, &index.uncore_caches.cpus);
+        let cpu_numa = table_of_cpus(max_id, &index.numa_nodes.cpus);
+        let cpu_socket = table_of_cpus(max_id, &index.sockets.cpus);
+        let parent = |cpus: &CpuSet, of_cpu: &[u32]| {
+            cpus.first().map_or(0, |cpu| of_cpu[cpu as usize] as usize)
+        };
+        let uncore_numa: Vec<usize> = index
+            .uncore_caches
+            .cpus
+            .iter()
+            .map(|cpus| parent(cpus, &cpu_numa))
+            .collect();
+        let uncore_in_one_numa = index
+            .uncore_caches
+            .cpus
+            .iter()
+            .zip(&uncore_numa)
+            .map(|(cpus, &numa)| cpus.is_subset(&index.numa_nodes.cpus[numa]))
+            .collect();
+        let numa_socket = index
+            .numa_nodes
+            .cpus
+            .iter()
+            .map(|cpus| parent(cpus, &cpu_socket))
+            .collect();
+        BestFit {
+            cpu_uncore,
+            cpu_numa,
+            cpu_socket,
+            uncore_numa,
+            uncore_in_one_numa,
+            numa_socket,
+            threads_per_core: index.cpus_per_core().max(1),
+        }
+    }
+
+    fn is_whole(index: &TopologyIndex, map: &FreeMap, core: usize) -> bool {
+        usize::from(map.core_threads[core]) == index.whole_core_size(core)
+    }
+
+    fn free_map(&self, index: &TopologyIndex, free: &CpuSet) -> FreeMap {
+        let mut map = FreeMap {
+            core_threads: vec![0; index.cores.len()],
+            uncore: vec![Free::default(); index.uncore_caches.len()],
+            numa: vec![Free::default(); index.numa_nodes.len()],
+            socket: vec![Free::default(); index.sockets.len()],
+        };
+        for cpu in free {
+            if let Some(core) = index.core_index_of(cpu) {
+                map.core_threads[core] = map.core_threads[core].saturating_add(1);
+            }
+        }
+        for cpu in free {
+            let whole = index
+                .core_index_of(cpu)
+                .is_some_and(|core| Self::is_whole(index, &map, core));
+            let id = cpu as usize;
+            for (table, counts) in [
+                (&self.cpu_uncore, &mut map.uncore),
+                (&self.cpu_numa, &mut map.numa),
+                (&self.cpu_socket, &mut map.socket),
+            ] {
+                if let Some(free) = table.get(id).and_then(|&d| counts.get_mut(d as usize)) {
+                    free.cpus += 1;
+                    free.whole += usize::from(whole);
+                }
+            }
+        }
+        map
+    }
+
+    /// `count` CPUs of `available`, or `None` when best fit has nothing better to offer than
+    /// kubelet's algorithm. `whole_cores_only`: take fully free cores only (`full-pcpus-only`).
+    pub fn take(
+        &self,
+        index: &TopologyIndex,
+        available: &CpuSet,
+        count: usize,
+        whole_cores_only: bool,
+    ) -> Option<CpuSet> {
+        if count == 0 {
+            return Some(CpuSet::new());
+        }
+        let free = available.intersection(index.all_cpus());
+        if free.len() < count {
+            return None;
+        }
+        let map = self.free_map(index, &free);
+        // CPUs that must come from whole cores for the request to be "whole cores": all of them
+        // under full-pcpus-only, else all but the odd remainder.
+        let on_whole_cores = if whole_cores_only {
+            count
+        } else {
+            count - count % self.threads_per_core
+        };
+        let fits = |free: &Free, whole: bool| {
+            free.cpus >= count && (!whole || free.whole >= on_whole_cores)
+        };
+        for (level, whole) in TIERS {
+            if whole_cores_only && !whole {
+                continue;
+            }
+            let domain_cpus = match level {
+                Level::Machine => {
+                    let all = Free {
+                        cpus: free.len(),
+                        whole: map.socket.iter().map(|s| s.whole).sum(),
+                    };
+                    fits(&all, whole).then(|| free.clone())
+                }
+                _ => self
+                    .tightest(index, &map, level, |f| fits(f, whole))
+                    .map(|cpus| cpus.intersection(&free)),
+            };
+            let Some(domain_free) = domain_cpus else {
+                continue;
+            };
+            if let Some(cpus) = self.pick(index, &map, &domain_free, count, whole_cores_only) {
+                return Some(cpus);
+            }
+        }
+        None
+    }
+
+    /// The CPUs of the domain of `level` that fits most tightly: fewest free CPUs, then fewest
+    /// free in its NUMA node, then in its socket, then the lowest table index (lowest id).
+    fn tightest<'a>(
+        &self,
+        index: &'a TopologyIndex,
+        map: &FreeMap,
+        level: Level,
+        fits: impl Fn(&Free) -> bool,
+    ) -> Option<&'a CpuSet> {
+        let numa_key = |numa: usize| {
+            let socket = self.numa_socket[numa];
+            (map.numa[numa].cpus, map.socket[socket].cpus)
+        };
+        match level {
+            Level::CacheInNuma | Level::CacheAcrossNuma => {
+                let inside = level == Level::CacheInNuma;
+                (0..map.uncore.len())
+                    .filter(|&u| self.uncore_in_one_numa[u] == inside && fits(&map.uncore[u]))
+                    .min_by_key(|&u| {
+                        let (numa, socket) = numa_key(self.uncore_numa[u]);
+                        (map.uncore[u].cpus, numa, socket, u)
+                    })
+                    .map(|u| &index.uncore_caches.cpus[u])
+            }
+            Level::Numa => (0..map.numa.len())
+                .filter(|&n| fits(&map.numa[n]))
+                .min_by_key(|&n| (numa_key(n), n))
+                .map(|n| &index.numa_nodes.cpus[n]),
+            Level::Socket => (0..map.socket.len())
+                .filter(|&s| fits(&map.socket[s]))
+                .min_by_key(|&s| (map.socket[s].cpus, s))
+                .map(|s| &index.sockets.cpus[s]),
+            Level::Machine => None,
+        }
+    }
+
+    /// `count` CPUs of `domain_free` (the free CPUs of the chosen domain): an odd remainder from
+    /// half-used cores, then whole cores, then anything, each in "fullest block first" order.
+    fn pick(
+        &self,
+        index: &TopologyIndex,
+        map: &FreeMap,
+        domain_free: &CpuSet,
+        count: usize,
+        whole_cores_only: bool,
+    ) -> Option<CpuSet> {
+        // (fullness key, core): cores in the fullest socket, NUMA node and cache first.
+        let mut cores: Vec<((usize, usize, usize, usize), usize)> = Vec::new();
+        let mut seen = vec![false; index.cores.len()];
+        for cpu in domain_free {
+            let Some(core) = index.core_index_of(cpu) else {
+                continue;
+            };
+            if std::mem::replace(&mut seen[core], true) {
+                continue;
+            }
+            let id = cpu as usize;
+            let free_of = |table: &[u32], counts: &[Free]| {
+                table
+                    .get(id)
+                    .and_then(|&d| counts.get(d as usize))
+                    .map_or(0, |f| f.cpus)
+            };
+            let key = (
+                free_of(&self.cpu_socket, &map.socket),
+                free_of(&self.cpu_numa, &map.numa),
+                free_of(&self.cpu_uncore, &map.uncore),
+                core,
+            );
+            cores.push((key, core));
+        }
+        cores.sort_unstable();
+        let (whole, mut partial): (Vec<usize>, Vec<usize>) = cores
+            .into_iter()
+            .map(|(_, core)| core)
+            .partition(|&core| Self::is_whole(index, map, core));
+        // Half-used cores with the fewest free threads first: they are used up first.
+        partial.sort_by_key(|&core| map.core_threads[core]);
+
+        let mut result = CpuSet::new();
+        let mut need = count;
+        let threads = |core: usize| index.cores.cpus[core].intersection(domain_free);
+        let mut taken_whole = vec![false; whole.len()];
+        if !whole_cores_only {
+            let mut remainder = count % self.threads_per_core;
+            for &core in &partial {
+                if remainder == 0 {
+                    break;
+                }
+                for cpu in threads(core).iter().take(remainder) {
+                    result.insert(cpu);
+                    remainder -= 1;
+                    need -= 1;
+                }
+            }
+        }
+        for (i, &core) in whole.iter().enumerate() {
+            let cpus = threads(core);
+            if cpus.len() <= need {
+                need -= cpus.len();
+                result.extend_from(&cpus);
+                taken_whole[i] = true;
+            }
+            if need == 0 {
+                return Some(result);
+            }
+        }
+        if whole_cores_only {
+            return None;
+        }
+        let rest = partial.iter().copied().chain(
+            whole
+                .iter()
+                .zip(&taken_whole)
+                .filter(|(_, &taken)| !taken)
+                .map(|(&core, _)| core),
+        );
+        for core in rest {
+            for cpu in threads(core).iter() {
+                if need == 0 {
+                    return Some(result);
+                }
+                if result.contains(cpu) {
+                    continue;
+                }
+                result.insert(cpu);
+                need -= 1;
+            }
+        }
+        (need == 0).then_some(result)
+    }
+}
