@@ -436,3 +436,253 @@ impl BestFit {
         (need == 0).then_some(result)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::allocator::{ReservedCpus, StaticPolicy};
+    use crate::topology::{RegularShape, Topology};
+
+    fn set(text: &str) -> CpuSet {
+        CpuSet::parse(text).unwrap()
+    }
+
+    fn shape(numa: u32, caches: u32, cores: u32, threads: u32) -> Topology {
+        Topology::regular(RegularShape {
+            sockets: 1,
+            numa_nodes_per_socket: numa,
+            uncore_caches_per_numa_node: caches,
+            cores_per_uncore_cache: cores,
+            threads_per_core: threads,
+        })
+        .unwrap()
+    }
+
+    fn best_fit(topo: &Topology, available: &CpuSet, count: usize) -> Option<CpuSet> {
+        let index = TopologyIndex::new(topo);
+        BestFit::new(&index).take(&index, available, count, false)
+    }
+
+    fn policies(topo: &Topology, options: &str, reserved: usize) -> (StaticPolicy, StaticPolicy) {
+        let kubelet = StaticPolicy::new(
+            topo,
+            PolicyOptions::parse(options).unwrap(),
+            ReservedCpus::Count(reserved),
+            false,
+        )
+        .unwrap();
+        let best_fit = kubelet.clone().with_placement(Placement::BestFit).unwrap();
+        (kubelet, best_fit)
+    }
+
+    /// One socket, 4 NUMA nodes of 4 cores, 2 threads: core c is CPUs c and c + 16, NUMA node
+    /// k holds cores 4k..4k+3. Free: node 0 whole (8), node 1 three cores (6), node 2 one core
+    /// (2), node 3 nothing.
+    fn four_numa_nodes() -> (Topology, CpuSet) {
+        (shape(4, 1, 4, 2), set("0-3,16-19,4-6,20-22,8,24"))
+    }
+
+    #[test]
+    fn takes_the_numa_node_that_fits_most_tightly() {
+        let (topo, free) = four_numa_nodes();
+        assert_eq!(best_fit(&topo, &free, 2).unwrap(), set("8,24"));
+        assert_eq!(best_fit(&topo, &free, 4).unwrap(), set("4-5,20-21"));
+        assert_eq!(best_fit(&topo, &free, 6).unwrap(), set("4-6,20-22"));
+        assert_eq!(best_fit(&topo, &free, 7).unwrap(), set("0-3,16-18"));
+        // Nothing holds 9 in one node: the fullest nodes are used up first.
+        let nine = best_fit(&topo, &free, 9).unwrap();
+        assert_eq!(nine, set("4-6,8,20-22,24").union(&set("0")));
+    }
+
+    #[test]
+    fn a_request_kubelet_would_split_over_numa_nodes_stays_in_one() {
+        // Node 1 has two free cores, node 0 four: kubelet fills node 1 first and spills over.
+        let topo = shape(2, 1, 4, 2);
+        let free = set("0-3,8-11,4-5,12-13");
+        let (kubelet, best) = policies(&topo, "", 0);
+        let pool = free.clone();
+        let by_kubelet = kubelet.allocate(6, &pool, None, &CpuSet::new()).unwrap();
+        assert!(!by_kubelet.is_subset(&set("0-3,8-11")), "{by_kubelet}");
+        let by_best_fit = best.allocate(6, &pool, None, &CpuSet::new()).unwrap();
+        assert_eq!(by_best_fit, set("0-2,8-10"));
+    }
+
+    /// One NUMA node, 3 L3 caches of 4 cores, 2 threads: core c is CPUs c and c + 12, cache k
+    /// holds cores 4k..4k+3. Free: cache 0 whole (8), cache 1 three cores (6), cache 2 two
+    /// cores and one thread of a third (5).
+    fn three_caches() -> (Topology, CpuSet) {
+        (shape(1, 3, 4, 2), set("0-3,12-15,4-6,16-18,8-10,20-21"))
+    }
+
+    #[test]
+    fn takes_the_cache_that_fits_most_tightly_and_whole_cores_first() {
+        let (topo, free) = three_caches();
+        // Two whole cores of cache 2, not its half-used core.
+        assert_eq!(best_fit(&topo, &free, 4).unwrap(), set("8-9,20-21"));
+        // An odd request takes the half-used core's thread first.
+        assert_eq!(best_fit(&topo, &free, 1).unwrap(), set("10"));
+        assert_eq!(best_fit(&topo, &free, 5).unwrap(), set("8-10,20-21"));
+        assert_eq!(best_fit(&topo, &free, 3).unwrap(), set("8,10,20"));
+        // Cache 2 holds 5 cpus but only two whole cores: 6 go to cache 1.
+        assert_eq!(best_fit(&topo, &free, 6).unwrap(), set("4-6,16-18"));
+        assert_eq!(best_fit(&topo, &free, 8).unwrap(), set("0-3,12-15"));
+    }
+
+    #[test]
+    fn whole_cores_come_before_the_tightest_cache() {
+        // Cache 0: four half-used cores (4 free); cache 1: all free. Two cpus: a whole core of
+        // cache 1 rather than two half cores of cache 0.
+        let topo = shape(1, 2, 4, 2);
+        let free = set("0-3,4-7,12-15");
+        assert_eq!(best_fit(&topo, &free, 2).unwrap(), set("4,12"));
+        // One cpu: a half-used core's thread.
+        assert_eq!(best_fit(&topo, &free, 1).unwrap(), set("0"));
+    }
+
+    #[test]
+    fn full_pcpus_only_gets_whole_cores() {
+        // Cache 0 has 6 free cpus but only one whole core; cache 1 has two whole cores.
+        let topo = shape(1, 2, 4, 2);
+        let (_, best) = policies(&topo, "full-pcpus-only=true", 0);
+        let pool = set("0-3,8,4-5,12-13");
+        let cpus = best.allocate(4, &pool, None, &CpuSet::new()).unwrap();
+        assert_eq!(cpus, set("4-5,12-13"));
+    }
+
+    #[test]
+    fn reserved_cpus_are_never_given() {
+        let topo = shape(2, 2, 4, 2);
+        let (kubelet, best) = policies(&topo, "", 4);
+        let reserved = kubelet.reserved().clone();
+        assert_eq!(best.reserved(), &reserved);
+        let pool = best.initial_shared_pool();
+        for n in 1..=pool.len() - reserved.len() {
+            if let Ok(cpus) = best.allocate(n, &pool, None, &CpuSet::new()) {
+                assert!(cpus.is_disjoint(&reserved), "{n}: {cpus}");
+                assert_eq!(cpus.len(), n);
+            }
+        }
+    }
+
+    #[test]
+    fn spreading_options_and_unknown_names_are_refused() {
+        let topo = shape(1, 1, 4, 2);
+        for option in [DISTRIBUTE_CPUS_ACROSS_NUMA, DISTRIBUTE_CPUS_ACROSS_CORES] {
+            let (kubelet, _) = {
+                let options = PolicyOptions::parse(&format!("{option}=true")).unwrap();
+                let p = StaticPolicy::new(&topo, options, ReservedCpus::Count(1), false).unwrap();
+                (p, ())
+            };
+            let err = kubelet.with_placement(Placement::BestFit).unwrap_err();
+            assert_eq!(err, PlacementError::SpreadingOption { option });
+            assert!(err.to_string().contains(option), "{err}");
+        }
+        assert_eq!("best-fit".parse::<Placement>(), Ok(Placement::BestFit));
+        assert_eq!("kubelet".parse::<Placement>(), Ok(Placement::Kubelet));
+        let err = "bestfit".parse::<Placement>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown placement \"bestfit\": expected kubelet or best-fit"
+        );
+        for name in PLACEMENT_NAMES {
+            assert_eq!(name.parse::<Placement>().unwrap().to_string(), name);
+        }
+    }
+
+    fn any_topology() -> impl Strategy<Value = Topology> {
+        (
+            1u32..=2,
+            1u32..=2,
+            1u32..=3,
+            1u32..=4,
+            prop_oneof![Just(1u32), Just(2), Just(4)],
+        )
+            .prop_map(|(sockets, numa, caches, cores, threads)| {
+                Topology::regular(RegularShape {
+                    sockets,
+                    numa_nodes_per_socket: numa,
+                    uncore_caches_per_numa_node: caches,
+                    cores_per_uncore_cache: cores,
+                    threads_per_core: threads,
+                })
+                .unwrap()
+            })
+    }
+
+    /// Options best fit accepts (the spreading ones are refused).
+    fn packing_options() -> impl Strategy<Value = PolicyOptions> {
+        any::<[bool; 3]>().prop_map(|f| PolicyOptions {
+            full_pcpus_only: f[0],
+            strict_cpu_reservation: f[1],
+            prefer_align_cpus_by_uncorecache: f[2],
+            ..PolicyOptions::default()
+        })
+    }
+
+    /// An arrival (`Some(request)`) or the departure of the `n`-th live container.
+    fn trace() -> impl Strategy<Value = Vec<(Option<usize>, usize)>> {
+        proptest::collection::vec(
+            (proptest::option::weighted(0.6, 1usize..=12), any::<usize>()),
+            1..60,
+        )
+    }
+
+    proptest! {
+        /// Replays a random trace under best fit; at every arrival kubelet's algorithm is asked
+        /// too, on the same pool: whatever it grants, best fit grants, with exactly the count,
+        /// from free non-reserved cpus, in one NUMA node whenever one node could hold it.
+        #[test]
+        fn best_fit_grants_whatever_kubelet_grants_on_random_traces(
+            topo in any_topology(),
+            options in packing_options(),
+            reserved in 1usize..=2,
+            events in trace(),
+        ) {
+            let Ok(kubelet) =
+                StaticPolicy::new(&topo, options, ReservedCpus::Count(reserved), false)
+            else {
+                return Ok(());
+            };
+            let best = kubelet.clone().with_placement(Placement::BestFit).unwrap();
+            let numa_nodes: Vec<CpuSet> = topo
+                .memory_nodes()
+                .iter()
+                .map(|n| topo.numa_cpus(&[n].into_iter().collect()))
+                .collect();
+            let mut pool = best.initial_shared_pool();
+            let mut live: Vec<CpuSet> = Vec::new();
+            let none = CpuSet::new();
+            for (arrival, pick) in events {
+                let Some(n) = arrival else {
+                    if !live.is_empty() {
+                        let cpus = live.swap_remove(pick % live.len());
+                        pool.extend_from(&cpus);
+                    }
+                    continue;
+                };
+                let free = best.allocatable(&pool);
+                let by_kubelet = kubelet.allocate(n, &pool, None, &none);
+                match best.allocate(n, &pool, None, &none) {
+                    Ok(cpus) => {
+                        prop_assert_eq!(cpus.len(), n);
+                        prop_assert!(cpus.is_subset(&free), "{} not in {}", cpus, free);
+                        prop_assert!(cpus.is_disjoint(best.reserved()));
+                        let one_node_fits = numa_nodes.iter().any(|d| d.intersection_len(&free) >= n);
+                        let in_one_node = numa_nodes.iter().any(|d| cpus.is_subset(d));
+                        prop_assert!(!one_node_fits || in_one_node, "{} for {} from {}", cpus, n, free);
+                        if options.full_pcpus_only && by_kubelet.as_ref().is_ok_and(|k| {
+                            topo.expand_to_cores(k) == *k
+                        }) {
+                            prop_assert_eq!(topo.expand_to_cores(&cpus), cpus.clone());
+                        }
+                        pool.remove_all(&cpus);
+                        live.push(cpus);
+                    }
+                    Err(err) => prop_assert!(by_kubelet.is_err(), "kubelet grants, best fit: {}", err),
+                }
+            }
+        }
+    }
+}
