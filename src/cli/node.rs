@@ -411,8 +411,50 @@ impl PolicyArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{parse_duration, PolicyArgs};
+    use crate::allocator::Placement;
+    use crate::topology::{RegularShape, Topology};
+    use clap::Parser;
     use std::time::Duration;
+
+    #[derive(Debug, Parser)]
+    struct Flags {
+        #[command(flatten)]
+        policy: PolicyArgs,
+    }
+
+    #[test]
+    fn the_placement_flag_reaches_the_policy() {
+        let topology = Topology::regular(RegularShape {
+            sockets: 1,
+            numa_nodes_per_socket: 2,
+            uncore_caches_per_numa_node: 1,
+            cores_per_uncore_cache: 4,
+            threads_per_core: 2,
+        })
+        .unwrap();
+        let placement = |extra: &[&str]| {
+            let args = [&["cpusetd", "--reserved-cpus", "0"][..], extra].concat();
+            let flags = Flags::try_parse_from(args).unwrap();
+            flags.policy.policy(&topology).unwrap().unwrap().placement()
+        };
+        assert_eq!(placement(&[]), Placement::Kubelet);
+        assert_eq!(placement(&["--placement", "kubelet"]), Placement::Kubelet);
+        assert_eq!(placement(&["--placement", "best-fit"]), Placement::BestFit);
+        let flags = Flags::try_parse_from([
+            "cpusetd",
+            "--reserved-cpus",
+            "0",
+            "--placement",
+            "best-fit",
+            "--cpu-manager-policy-options",
+            "distribute-cpus-across-numa=true",
+        ])
+        .unwrap();
+        let err = flags.policy.policy(&topology).unwrap_err();
+        assert_eq!(err.status, super::super::EXIT_USAGE);
+        assert!(err.message.starts_with("--placement: "), "{}", err.message);
+    }
 
     #[test]
     fn durations_like_kubelets() {
