@@ -6,11 +6,11 @@
 //!
 //! Run with `cargo bench --bench churn` (or `scripts/bench.sh churn`). Knobs: `SEEDS` (traces
 //! per machine, default 8, seeds 1..=SEEDS), `EVENTS` (arrivals + departures per trace, default
-//! 20000).
+//! 20000), `LOAD` (the busy level in percent of the allocatable CPUs, default 90).
 //!
 //! A trace is made before any allocation and is the same for both placements: a container
 //! arrives with 1–16 CPUs (uniform) or a random live one departs, arrivals being likelier while
-//! the CPUs asked for stay under 90 % of the allocatable CPUs and departures likelier above, so
+//! the CPUs asked for stay under `LOAD` % of the allocatable CPUs and departures likelier above, so
 //! the node stays busy and now and then full. A refused container's departure is a no-op. The
 //! pool bookkeeping is the agent's: the result leaves the shared pool, a departure returns it.
 //! Every grant is checked (count, inside the allocatable CPUs, disjoint from every live one).
@@ -50,11 +50,10 @@ enum Event {
     Depart { id: usize },
 }
 
-fn trace(seed: u64, events: usize, capacity: usize) -> Vec<Event> {
+fn trace(seed: u64, events: usize, busy: usize) -> Vec<Event> {
     let mut rng = Rng(seed);
     let mut live: Vec<(usize, usize)> = Vec::new();
     let mut asked = 0;
-    let busy = capacity * 9 / 10;
     let mut out = Vec::with_capacity(events);
     for id in 0..events {
         let arrival_percent = if asked < busy { 65 } else { 35 };
@@ -138,6 +137,13 @@ impl Machine {
         domains.iter().any(|d| cpus.is_subset(d))
     }
 
+    /// Whether one NUMA node holds `n` cpus of `free` on whole cores.
+    fn numa_node_fits_on_whole_cores(&self, free: &CpuSet, n: usize) -> bool {
+        self.numa_nodes
+            .iter()
+            .any(|node| self.whole_core_cpus(&node.intersection(free)) >= n)
+    }
+
     /// CPUs of `free` on cores all of whose threads are free.
     fn whole_core_cpus(&self, free: &CpuSet) -> usize {
         self.cores
@@ -190,7 +196,11 @@ struct Outcome {
     numa: Rate,
     cache: Rate,
     whole_possible: Rate,
+    whole_in_numa_possible: Rate,
     whole_all: Rate,
+    /// Even requests for which a NUMA-aligned set and a whole-core set were each possible,
+    /// but no NUMA-aligned whole-core set.
+    conflicts: u64,
     times: Vec<Duration>,
 }
 
@@ -230,7 +240,14 @@ fn replay(machine: &Machine, policy: &StaticPolicy, events: &[Event]) -> Outcome
                     .count(cache_possible, Machine::in_one(&machine.caches, &cpus));
                 if n % 2 == 0 {
                     let whole = machine.splits_no_core(&cpus);
+                    let numa_whole_possible =
+                        machine.numa_node_fits_on_whole_cores(&allocatable, n);
                     outcome.whole_possible.count(whole_possible, whole);
+                    outcome
+                        .whole_in_numa_possible
+                        .count(numa_whole_possible, whole);
+                    outcome.conflicts +=
+                        u64::from(numa_possible && whole_possible && !numa_whole_possible);
                     outcome.whole_all.count(true, whole);
                 }
                 shared_pool.remove_all(&cpus);
@@ -252,7 +269,7 @@ fn replay(machine: &Machine, policy: &StaticPolicy, events: &[Event]) -> Outcome
 #[derive(Debug, Default)]
 struct Summary {
     total: Outcome,
-    ranges: [(f64, f64); 4],
+    ranges: [(f64, f64); 5],
 }
 
 impl Summary {
@@ -261,6 +278,7 @@ impl Summary {
             &outcome.numa,
             &outcome.cache,
             &outcome.whole_possible,
+            &outcome.whole_in_numa_possible,
             &outcome.whole_all,
         ];
         let first = self.total.arrivals == 0;
@@ -278,6 +296,9 @@ impl Summary {
         t.numa.add(&outcome.numa);
         t.cache.add(&outcome.cache);
         t.whole_possible.add(&outcome.whole_possible);
+        t.whole_in_numa_possible
+            .add(&outcome.whole_in_numa_possible);
+        t.conflicts += outcome.conflicts;
         t.whole_all.add(&outcome.whole_all);
         t.times.extend(outcome.times);
     }
@@ -287,6 +308,7 @@ impl Summary {
             &self.total.numa,
             &self.total.cache,
             &self.total.whole_possible,
+            &self.total.whole_in_numa_possible,
             &self.total.whole_all,
         ][which];
         let (lo, hi) = self.ranges[which];
@@ -311,6 +333,7 @@ fn env_number(name: &str, default: usize) -> usize {
 fn main() {
     let seeds = env_number("SEEDS", 8) as u64;
     let events = env_number("EVENTS", 20_000);
+    let load = env_number("LOAD", 90);
     let shape = |sockets, numa, caches, cores| RegularShape {
         sockets,
         numa_nodes_per_socket: numa,
@@ -335,7 +358,7 @@ fn main() {
     ];
     println!(
         "churn: {seeds} seeds x {events} events per machine, requests 1-{MAX_REQUEST} cpus, \
-         {RESERVED} reserved cpus; rates are over all seeds (lowest-highest seed)"
+         {RESERVED} reserved cpus, busy at {load} %; rates are over all seeds (lowest-highest seed)"
     );
     for machine in &machines {
         let kubelet = StaticPolicy::new(
@@ -349,10 +372,10 @@ fn main() {
             .clone()
             .with_placement(Placement::BestFit)
             .expect("best fit");
-        let capacity = kubelet.allocatable(&kubelet.initial_shared_pool()).len();
+        let busy = kubelet.allocatable(&kubelet.initial_shared_pool()).len() * load / 100;
         let mut summaries = [Summary::default(), Summary::default()];
         for seed in 1..=seeds {
-            let events = trace(seed, events, capacity);
+            let events = trace(seed, events, busy);
             for (summary, policy) in summaries.iter_mut().zip([&kubelet, &best_fit]) {
                 summary.add(replay(machine, policy, &events));
             }
@@ -364,6 +387,7 @@ fn main() {
             "NUMA-aligned, where possible",
             "L3-aligned, where possible",
             "whole cores (even), where possible",
+            "  where possible in one NUMA node",
             "whole cores (even), all",
         ];
         for (which, row) in rows.iter().enumerate() {
@@ -373,6 +397,13 @@ fn main() {
                 summaries[1].rate_cell(which)
             );
         }
+        let conflicts = |s: &Summary| format!("{}", s.total.conflicts);
+        println!(
+            "{:<36} {:>26} {:>26}",
+            "even: NUMA-aligned or whole, not both",
+            conflicts(&summaries[0]),
+            conflicts(&summaries[1])
+        );
         let refusals = |s: &Summary| format!("{} of {}", s.total.refusals, s.total.arrivals);
         println!(
             "{:<36} {:>26} {:>26}",

@@ -8,10 +8,13 @@
 //! had room. [`BestFit::take`] asks that question first:
 //!
 //! 1. Domains are tried in tiers, most aligned first: a last-level (uncore) cache inside one NUMA
-//!    node, a NUMA node, a cache spanning NUMA nodes, a socket, the whole machine. Each tier is
-//!    tried first with "whole cores" (the even part of the request fits in the domain's fully
-//!    free cores), then without, in the order cache-whole, NUMA-whole, cache-split, NUMA-split,
-//!    ...: NUMA alignment comes before whole cores, whole cores before cache alignment.
+//!    node, a NUMA node, then (after every NUMA-aligned choice) a cache spanning NUMA nodes, a
+//!    socket, the whole machine. At each level a domain may fit *cleanly* (the even part of the
+//!    request on fully free cores, an odd remainder on threads of half-used cores), on *whole
+//!    cores* (an odd remainder may break one more core), or just *have enough* free CPUs. The
+//!    order is: cache clean, cache whole, NUMA clean, NUMA whole, cache any, NUMA any, then the
+//!    clean and whole fits of the wider levels, then their "any" fits. So NUMA alignment comes
+//!    before whole cores, whole cores before cache alignment, and socket alignment last.
 //! 2. Within a tier, the domain that fits most tightly wins: fewest free CPUs that still hold the
 //!    request, then the fewest free CPUs in its NUMA node and socket, then the lowest id.
 //! 3. Inside the chosen domain: an odd remainder first takes threads of half-used cores (no new
@@ -153,18 +156,37 @@ enum Level {
     Machine,
 }
 
-/// Tiers in order: NUMA alignment first, then whole cores, then cache alignment.
-const TIERS: [(Level, bool); 10] = [
-    (Level::CacheInNuma, true),
-    (Level::Numa, true),
-    (Level::CacheInNuma, false),
-    (Level::Numa, false),
-    (Level::CacheAcrossNuma, true),
-    (Level::CacheAcrossNuma, false),
-    (Level::Socket, true),
-    (Level::Socket, false),
-    (Level::Machine, true),
-    (Level::Machine, false),
+/// How well a domain holds a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fit {
+    /// The even part on fully free cores, an odd remainder on threads of half-used cores: no
+    /// core is newly split.
+    Clean,
+    /// The even part on fully free cores (an odd remainder may split one more core).
+    WholeCores,
+    /// Enough free CPUs.
+    Any,
+}
+
+/// Tiers in order: NUMA alignment first, then whole cores, then cache alignment; socket
+/// alignment last (it is the least of them, and the machine-wide pick fills the fullest sockets
+/// first anyway).
+const TIERS: [(Level, Fit); 15] = [
+    (Level::CacheInNuma, Fit::Clean),
+    (Level::CacheInNuma, Fit::WholeCores),
+    (Level::Numa, Fit::Clean),
+    (Level::Numa, Fit::WholeCores),
+    (Level::CacheInNuma, Fit::Any),
+    (Level::Numa, Fit::Any),
+    (Level::CacheAcrossNuma, Fit::Clean),
+    (Level::CacheAcrossNuma, Fit::WholeCores),
+    (Level::Socket, Fit::Clean),
+    (Level::Socket, Fit::WholeCores),
+    (Level::Machine, Fit::Clean),
+    (Level::Machine, Fit::WholeCores),
+    (Level::CacheAcrossNuma, Fit::Any),
+    (Level::Socket, Fit::Any),
+    (Level::Machine, Fit::Any),
 ];
 
 fn table_of_cpus(max_id: usize, domains: &[CpuSet]) -> Vec<u32> {
@@ -270,16 +292,26 @@ impl BestFit {
         let map = self.free_map(index, &free);
         // CPUs that must come from whole cores for the request to be "whole cores": all of them
         // under full-pcpus-only, else all but the odd remainder.
-        let on_whole_cores = if whole_cores_only {
-            count
+        let remainder = if whole_cores_only {
+            0
         } else {
-            count - count % self.threads_per_core
+            count % self.threads_per_core
         };
-        let fits = |free: &Free, whole: bool| {
-            free.cpus >= count && (!whole || free.whole >= on_whole_cores)
+        let on_whole_cores = count - remainder;
+        let fits = |free: &Free, fit: Fit| {
+            free.cpus >= count
+                && match fit {
+                    Fit::Clean => {
+                        free.whole >= on_whole_cores && free.cpus - free.whole >= remainder
+                    }
+                    Fit::WholeCores => free.whole >= on_whole_cores,
+                    Fit::Any => true,
+                }
         };
-        for (level, whole) in TIERS {
-            if whole_cores_only && !whole {
+        for (level, fit) in TIERS {
+            // Without a remainder a whole-cores fit is a clean one; under full-pcpus-only only
+            // whole cores will do.
+            if (fit == Fit::WholeCores && remainder == 0) || (whole_cores_only && fit == Fit::Any) {
                 continue;
             }
             let domain_cpus = match level {
@@ -288,10 +320,10 @@ impl BestFit {
                         cpus: free.len(),
                         whole: map.socket.iter().map(|s| s.whole).sum(),
                     };
-                    fits(&all, whole).then(|| free.clone())
+                    fits(&all, fit).then(|| free.clone())
                 }
                 _ => self
-                    .tightest(index, &map, level, |f| fits(f, whole))
+                    .tightest(index, &map, level, |f| fits(f, fit))
                     .map(|cpus| cpus.intersection(&free)),
             };
             let Some(domain_free) = domain_cpus else {
@@ -539,6 +571,18 @@ mod tests {
         assert_eq!(best_fit(&topo, &free, 2).unwrap(), set("4,12"));
         // One cpu: a half-used core's thread.
         assert_eq!(best_fit(&topo, &free, 1).unwrap(), set("0"));
+    }
+
+    #[test]
+    fn an_odd_request_pairs_with_a_half_used_core_before_breaking_a_new_one() {
+        // Cache 0: cores 0 and 1 free (4 cpus). Cache 1: cores 4 and 5 free and one thread of
+        // core 6 (5 cpus). Three cpus: the tighter cache 0 would break a core; cache 1 holds
+        // them with the half-used core's thread.
+        let topo = shape(1, 2, 4, 2);
+        let free = set("0-1,8-9,4-6,12-13");
+        assert_eq!(best_fit(&topo, &free, 3).unwrap(), set("4,6,12"));
+        // Four cpus: no remainder, the tightest cache wins.
+        assert_eq!(best_fit(&topo, &free, 4).unwrap(), set("0-1,8-9"));
     }
 
     #[test]
