@@ -1,5 +1,6 @@
 //! Times one exclusive allocation (`StaticPolicy::allocate`) on large machines, fresh and
-//! half-full, and prints the median and 99th percentile per scenario.
+//! half-full, with kubelet's placement and with best fit, and prints the median and 99th
+//! percentile per scenario.
 //!
 //! Run with `cargo bench --bench allocate`. No harness: each scenario is warmed up, then timed
 //! call by call with `Instant`, so the figures are per allocation, not per batch.
@@ -7,7 +8,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use cpusetd::allocator::{PolicyOptions, ReservedCpus, StaticPolicy};
+use cpusetd::allocator::{Placement, PolicyOptions, ReservedCpus, StaticPolicy};
 use cpusetd::cpuset::CpuSet;
 use cpusetd::topology::{RegularShape, Topology};
 
@@ -75,28 +76,39 @@ fn time(policy: &StaticPolicy, pool: &CpuSet, request: usize) -> (f64, f64) {
 fn main() {
     println!("one allocation, {SAMPLES} samples each (µs)");
     println!(
-        "{:<42} {:<10} {:<8} {:>8} {:>8}",
-        "topology", "pool", "request", "median", "p99"
+        "{:<42} {:<10} {:<10} {:<8} {:>8} {:>8}",
+        "topology", "placement", "pool", "request", "median", "p99"
     );
     for machine in machines() {
-        let policy = StaticPolicy::new(
+        let kubelet = StaticPolicy::new(
             &machine.topology,
             PolicyOptions::default(),
             ReservedCpus::Count(2),
             false,
         )
         .expect("policy");
-        let pools = [
-            ("fresh", policy.initial_shared_pool()),
-            ("half-full", half_full(&machine.topology)),
-        ];
-        for (pool_name, pool) in &pools {
-            for request in [4, 16] {
-                let (median, p99) = time(&policy, pool, request);
-                println!(
-                    "{:<42} {:<10} {:<8} {:>8.2} {:>8.2}",
-                    machine.name, pool_name, request, median, p99
-                );
+        let best_fit = kubelet
+            .clone()
+            .with_placement(Placement::BestFit)
+            .expect("best fit");
+        for policy in [&kubelet, &best_fit] {
+            let pools = [
+                ("fresh", policy.initial_shared_pool()),
+                ("half-full", half_full(&machine.topology)),
+            ];
+            for (pool_name, pool) in &pools {
+                for request in [4, 16] {
+                    let (median, p99) = time(policy, pool, request);
+                    println!(
+                        "{:<42} {:<10} {:<10} {:<8} {:>8.2} {:>8.2}",
+                        machine.name,
+                        policy.placement(),
+                        pool_name,
+                        request,
+                        median,
+                        p99
+                    );
+                }
             }
         }
     }

@@ -5,7 +5,8 @@
 #
 # figures: pin (1, event -> pin latency), runc (2, pinned before start with real runc),
 # drift (3, drift repair), reconcile (4, reconcile cost), burst (5, 1,000 pods at once),
-# allocate (6, allocation), footprint (7, RSS and idle CPU).
+# allocate (6, allocation), footprint (7, RSS and idle CPU), churn (8, kubelet's placement
+# vs best fit under arrivals and departures).
 # Real-kernel parts (cgroup v1, runc) skip with a printed reason without root, v1 or runc.
 # Benchmarks measure; they never fail on speed. Environment knobs are listed in each
 # benches/<name>.rs header (SAMPLES, RUNS, PODS, ...).
@@ -21,18 +22,19 @@ bench_of() {
         burst | 5) echo burst ;;
         allocate | 6) echo allocate ;;
         footprint | 7) echo footprint ;;
+        churn | 8) echo churn ;;
         *) return 1 ;;
     esac
 }
 
 usage() {
-    echo "usage: $0 pin|runc|drift|reconcile|burst|allocate|footprint|all" >&2
+    echo "usage: $0 pin|runc|drift|reconcile|burst|allocate|footprint|churn|all" >&2
     exit 2
 }
 
 [ $# -eq 1 ] || usage
 if [ "$1" = all ]; then
-    figures=(pin runc drift reconcile burst allocate footprint)
+    figures=(pin runc drift reconcile burst allocate footprint churn)
 else
     bench_of "$1" >/dev/null || usage
     figures=("$1")

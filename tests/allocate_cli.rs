@@ -192,3 +192,60 @@ fn an_offline_sibling_does_not_make_a_half_core_whole() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "33,41");
 }
+
+/// `--placement best-fit` (issue 16): node 1 has two free cores, node 0 four. kubelet's
+/// algorithm fills node 1 and spills into node 0; best fit takes the six from node 0, with and
+/// without `full-pcpus-only`. `--placement kubelet` is the default.
+#[test]
+fn best_fit_placement_keeps_a_request_in_the_numa_node_that_holds_it() {
+    let topo = topology_file("2s-8c-ht-2numa");
+    let base = ["--count", "6", "--available", "0-5,8-13"];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let out = allocate(&topo, &args);
+        assert_eq!(out.status.code(), Some(0), "{extra:?}: {}", stderr(&out));
+        stdout(&out)
+    };
+    assert_eq!(run(&[]), "0,4-5,8,12-13\n");
+    assert_eq!(run(&["--placement", "kubelet"]), "0,4-5,8,12-13\n");
+    assert_eq!(run(&["--placement", "best-fit"]), "0-2,8-10\n");
+    let full = ["--cpu-manager-policy-options", "full-pcpus-only=true"];
+    assert_eq!(run(&full), "0,4-5,8,12-13\n");
+    assert_eq!(
+        run(&[&full[..], &["--placement", "best-fit"]].concat()),
+        "0-2,8-10\n"
+    );
+}
+
+#[test]
+fn a_bad_placement_exits_2_with_the_choices() {
+    let topo = topology_file("2s-8c-ht-2numa");
+    let out = allocate(&topo, &["--count", "2", "--placement", "bestfit"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("invalid value 'bestfit' for '--placement <PLACEMENT>'")
+            && err.contains("[possible values: kubelet, best-fit]"),
+        "{err}"
+    );
+    // Best fit packs: the options that spread are refused, naming both flags.
+    let out = allocate(
+        &topo,
+        &[
+            "--count",
+            "2",
+            "--placement",
+            "best-fit",
+            "--cpu-manager-policy-options",
+            "distribute-cpus-across-cores=true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out),
+        "cpusetd: --placement: placement best-fit packs each container into the tightest \
+         cache, NUMA node or socket; it cannot be used with policy option \
+         distribute-cpus-across-cores, which spreads cpus\n"
+    );
+}

@@ -133,6 +133,22 @@ fn each_tree_is_planned_applied_and_then_stable() {
     }
 }
 
+/// `--placement best-fit` (issue 16) is accepted by `plan`; on the 8-cpu fixture machine (one
+/// cache, requests of 1 and 2) best fit and kubelet agree: whole core 1 for the 2-cpu app, the
+/// half-used core 0's thread for the first 1-cpu container. (That the flag reaches the policy
+/// is `cli::node`'s unit test; the placements that differ are `allocate_cli`'s.)
+#[test]
+fn plan_accepts_the_best_fit_placement() {
+    let dir = fake_tree("v1-cgroupfs");
+    let root = dir.path().join("v1-cgroupfs");
+    let doc = plan_json(&root, &["--placement", "best-fit"]);
+    let want: Vec<(String, String)> = [("app", "1,5"), ("init", "4"), ("1c", "2")]
+        .iter()
+        .map(|(n, c)| (n.to_string(), c.to_string()))
+        .collect();
+    assert_eq!(exclusive(&doc), want);
+}
+
 #[test]
 fn v1_cgroupfs_classification_and_quota_lift() {
     let dir = fake_tree("v1-cgroupfs");
@@ -323,6 +339,19 @@ fn configuration_errors_exit_2_naming_the_fix() {
         (
             &["--runtime-config-path", "/no/placeholder.json"],
             "--runtime-config-path",
+        ),
+        (
+            &["--placement", "tightest"],
+            "invalid value 'tightest' for '--placement <PLACEMENT>'",
+        ),
+        (
+            &[
+                "--placement",
+                "best-fit",
+                "--cpu-manager-policy-options",
+                "distribute-cpus-across-numa=true",
+            ],
+            "--placement: placement best-fit packs",
         ),
     ];
     for (extra, needle) in cases {

@@ -13,6 +13,7 @@
 //! only when all of its own threads are, and `full-pcpus-only` keeps allocations to whole cores.
 
 mod accumulator;
+mod best_fit;
 mod distributed;
 mod index;
 mod options;
@@ -21,6 +22,7 @@ mod policy;
 mod tests;
 
 pub use accumulator::{take_by_topology_packed, CpuAccumulator, CpuSortingStrategy, TakeError};
+pub use best_fit::{BestFit, Placement, PlacementError, PLACEMENT_NAMES};
 pub use distributed::take_by_topology_distributed;
 pub use index::TopologyIndex;
 pub use options::{

@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 
 use super::accumulator::{take_by_topology_packed, CpuSortingStrategy, TakeError};
+use super::best_fit::{BestFit, Placement, PlacementError};
 use super::distributed::take_by_topology_distributed;
 use super::index::TopologyIndex;
 use super::options::{OptionsError, PolicyOptions};
@@ -161,6 +162,9 @@ pub struct StaticPolicy {
     /// `reservedPhysicalCPUs`, plus the excluded CPUs' cores).
     unavailable_physical: CpuSet,
     cpu_group_size: usize,
+    /// The best-fit tables when `--placement best-fit` chose cpusetd's own placement; `None`
+    /// for kubelet's.
+    best_fit: Option<BestFit>,
 }
 
 impl StaticPolicy {
@@ -182,6 +186,7 @@ impl StaticPolicy {
             reserved: CpuSet::new(),
             excluded: CpuSet::new(),
             unavailable_physical: CpuSet::new(),
+            best_fit: None,
         };
         let (explicit, count) = match reserved {
             ReservedCpus::List(cpus) => {
@@ -228,6 +233,26 @@ impl StaticPolicy {
 
     pub fn options(&self) -> &PolicyOptions {
         &self.options
+    }
+
+    /// The same policy placing exclusive CPUs with `placement`. The reserved CPUs stay those
+    /// kubelet's algorithm chose. Best fit is refused with the options that spread CPUs.
+    pub fn with_placement(mut self, placement: Placement) -> Result<Self, PlacementError> {
+        placement.check_options(&self.options)?;
+        self.best_fit = match placement {
+            Placement::Kubelet => None,
+            Placement::BestFit => Some(BestFit::new(&self.index)),
+        };
+        Ok(self)
+    }
+
+    /// How exclusive CPUs are placed.
+    pub fn placement(&self) -> Placement {
+        if self.best_fit.is_some() {
+            Placement::BestFit
+        } else {
+            Placement::Kubelet
+        }
     }
 
     /// The reserved CPUs: never exclusive; kept out of the shared pool too when strict.
@@ -302,6 +327,9 @@ impl StaticPolicy {
     /// hint, `reusable` CPUs this pod's finished init containers may pass on (kubelet's
     /// `cpusToReuse`). The caller removes the result from the shared pool. A request of 0 is
     /// a shared-pool container: the result is empty.
+    ///
+    /// With best-fit placement, a best-fit result that fails any check is replaced by kubelet's
+    /// result, so best fit never refuses what kubelet's algorithm grants.
     pub fn allocate(
         &self,
         request: usize,
@@ -312,8 +340,6 @@ impl StaticPolicy {
         if request == 0 {
             return Ok(CpuSet::new());
         }
-        let hybrid_full_cores =
-            self.options.full_pcpus_only && self.index.has_heterogeneous_cores();
         if self.options.full_pcpus_only {
             let group_size = self.cpu_group_size.max(1);
             if request % group_size != 0 {
@@ -331,7 +357,41 @@ impl StaticPolicy {
                 });
             }
         }
+        if let Some(best_fit) = &self.best_fit {
+            let take = |available: &CpuSet, count: usize| match best_fit.take(
+                &self.index,
+                available,
+                count,
+                self.options.full_pcpus_only,
+            ) {
+                Some(cpus) => Ok(cpus),
+                None => self.take_by_topology(available, count),
+            };
+            let placed = self.place(request, shared_pool, numa_hint, reusable, take);
+            if placed.is_ok() {
+                return placed;
+            }
+        }
+        self.place(
+            request,
+            shared_pool,
+            numa_hint,
+            reusable,
+            |available, count| self.take_by_topology(available, count),
+        )
+    }
 
+    /// [`Self::allocate`] after the admission checks, with `take` choosing the CPUs.
+    fn place(
+        &self,
+        request: usize,
+        shared_pool: &CpuSet,
+        numa_hint: Option<&CpuSet>,
+        reusable: &CpuSet,
+        take: impl Fn(&CpuSet, usize) -> Result<CpuSet, TakeError>,
+    ) -> Result<CpuSet, AllocationError> {
+        let hybrid_full_cores =
+            self.options.full_pcpus_only && self.index.has_heterogeneous_cores();
         let mut allocatable = self.allocatable(shared_pool).union(reusable);
         if hybrid_full_cores {
             allocatable = self.index.whole_core_cpus(&allocatable);
@@ -340,9 +400,9 @@ impl StaticPolicy {
         if let Some(nodes) = numa_hint {
             let aligned = self.aligned_cpus(nodes, &allocatable);
             let count = request.min(aligned.len());
-            result = self.take_by_topology(&aligned, count)?;
+            result = take(&aligned, count)?;
         }
-        let rest = self.take_by_topology(
+        let rest = take(
             &allocatable.difference(&result),
             request.saturating_sub(result.len()),
         )?;

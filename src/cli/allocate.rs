@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::{ArgGroup, Args};
 
+use super::node::{check_placement, PlacementName};
 use super::{cpuset_arg, CommandError};
 use crate::allocator::{PolicyOptions, ReservedCpus, StaticPolicy};
 use crate::cpuset::CpuSet;
@@ -43,6 +44,10 @@ pub struct AllocateArgs {
     /// kubelet's static policy options, e.g. full-pcpus-only=true.
     #[arg(long, value_name = "k=v,k=v", default_value = "")]
     cpu_manager_policy_options: String,
+    /// How exclusive CPUs are placed: `kubelet` (kubelet's static policy, exactly) or `best-fit`
+    /// (cpusetd's own: the tightest cache, NUMA node or socket that holds the request).
+    #[arg(long, value_enum, default_value = "kubelet")]
+    placement: PlacementName,
     /// NUMA nodes of a topology hint: CPUs are taken from them first.
     #[arg(long, value_name = "LIST", value_parser = cpuset_arg)]
     numa_hint: Option<CpuSet>,
@@ -74,6 +79,7 @@ pub fn run(args: &AllocateArgs) -> Result<(), CommandError> {
     let topo = load_topology(args)?;
     let options = PolicyOptions::parse(&args.cpu_manager_policy_options)
         .map_err(|e| CommandError::usage(format!("--cpu-manager-policy-options: {e}")))?;
+    check_placement(args.placement, &options)?;
     for (flag, set) in [
         ("--available", &args.available),
         ("--reserved-cpus", &args.reserved_cpus),
@@ -102,14 +108,16 @@ pub fn run(args: &AllocateArgs) -> Result<(), CommandError> {
         (None, Some(count)) => ReservedCpus::Count(count),
         (None, None) => ReservedCpus::List(CpuSet::new()),
     };
-    let policy =
-        StaticPolicy::new(&topo, options, reserved, args.respect_isolcpus).map_err(|e| {
+    let policy = StaticPolicy::new(&topo, options, reserved, args.respect_isolcpus)
+        .map_err(|e| {
             let flag = match e {
                 crate::allocator::PolicyError::Options(_) => "--cpu-manager-policy-options",
                 _ => "--reserved-cpus/--reserved-cpu-count",
             };
             CommandError::usage(format!("{flag}: {e}"))
-        })?;
+        })?
+        .with_placement(args.placement.into())
+        .map_err(|e| CommandError::usage(format!("--placement: {e}")))?;
     let shared_pool = match &args.available {
         Some(set) => set.clone(),
         None => policy.initial_shared_pool(),

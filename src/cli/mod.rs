@@ -177,6 +177,14 @@ mod tests {
             78
         );
         assert_eq!(status_of(&["cpusetd", "run", "--no-such-flag"]), 78);
+        assert_eq!(
+            status_of(&["cpusetd", "run", "--placement", "tightest"]),
+            78
+        );
+        assert_eq!(
+            status_of(&["cpusetd", "plan", "--placement", "tightest"]),
+            2
+        );
         assert_eq!(status_of(&["cpusetd", "plan", "--no-such-flag"]), 2);
         assert_eq!(status_of(&["cpusetd", "no-such-command"]), 2);
         assert_eq!(status_of(&["cpusetd", "run", "--help"]), 0);

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 
 use super::{cpuset_arg, CommandError};
-use crate::allocator::{PolicyError, PolicyOptions, ReservedCpus, StaticPolicy};
+use crate::allocator::{Placement, PolicyError, PolicyOptions, ReservedCpus, StaticPolicy};
 use crate::cgroupfs::{
     detect_layout, CgroupDriver, CgroupLayout, CgroupPath, Hierarchy, LayoutConfig, LayoutError,
     Scanner,
@@ -53,6 +53,37 @@ pub enum PolicyName {
     Static,
 }
 
+/// How the static policy places exclusive CPUs (`--placement`). A flag of cpusetd's own, not
+/// a policy option: kubelet's option names stay kubelet's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum PlacementName {
+    /// kubelet's algorithm, exactly.
+    #[default]
+    Kubelet,
+    /// The tightest cache, NUMA node or socket that holds the request, whole cores first;
+    /// kubelet's algorithm where best fit finds nothing better.
+    BestFit,
+}
+
+impl From<PlacementName> for Placement {
+    fn from(name: PlacementName) -> Self {
+        match name {
+            PlacementName::Kubelet => Placement::Kubelet,
+            PlacementName::BestFit => Placement::BestFit,
+        }
+    }
+}
+
+/// Checks `--placement` against the policy options (best fit refuses the spreading ones).
+pub fn check_placement(
+    placement: PlacementName,
+    options: &PolicyOptions,
+) -> Result<(), CommandError> {
+    Placement::from(placement)
+        .check_options(options)
+        .map_err(|e| CommandError::usage(format!("--placement: {e}")))
+}
+
 /// The policy and what it may use.
 #[derive(Debug, Clone, Args)]
 pub struct PolicyArgs {
@@ -61,6 +92,10 @@ pub struct PolicyArgs {
     /// kubelet's static policy options, e.g. full-pcpus-only=true.
     #[arg(long, value_name = "k=v,k=v", default_value = "")]
     pub cpu_manager_policy_options: String,
+    /// How exclusive CPUs are placed: `kubelet` (kubelet's static policy, exactly) or `best-fit`
+    /// (cpusetd's own: the tightest cache, NUMA node or socket that holds the request).
+    #[arg(long, value_enum, default_value = "kubelet")]
+    pub placement: PlacementName,
     /// CPUs reserved for the system: never exclusive.
     #[arg(long, value_name = "LIST", value_parser = cpuset_arg, conflicts_with = "reserved_cpu_count")]
     pub reserved_cpus: Option<CpuSet>,
@@ -117,8 +152,9 @@ impl AgentArgs {
     /// Checks what can be checked from the flags alone, before anything on the node is looked
     /// at, so a wrong option is reported as itself rather than after an unrelated check.
     pub fn validate(&self) -> Result<(), CommandError> {
-        PolicyOptions::parse(&self.policy.cpu_manager_policy_options)
+        let options = PolicyOptions::parse(&self.policy.cpu_manager_policy_options)
             .map_err(|e| CommandError::usage(format!("--cpu-manager-policy-options: {e}")))?;
+        check_placement(self.policy.placement, &options)?;
         if let Some(path) = &self.metrics_file {
             if let Some(why) = crate::agent::metrics::metrics_file_problem(path, &self.state_dir) {
                 return Err(CommandError::usage(format!(
@@ -370,21 +406,67 @@ impl PolicyArgs {
                 ))
             }
         };
-        StaticPolicy::new(topology, options, reserved, self.respect_isolcpus)
-            .map(Some)
+        check_placement(self.placement, &options)?;
+        let policy = StaticPolicy::new(topology, options, reserved, self.respect_isolcpus)
             .map_err(|e| match e {
                 PolicyError::Options(_) => {
                     CommandError::usage(format!("--cpu-manager-policy-options: {e}"))
                 }
                 _ => CommandError::usage(format!("--reserved-cpus/--reserved-cpu-count: {e}")),
-            })
+            })?;
+        policy
+            .with_placement(self.placement.into())
+            .map(Some)
+            .map_err(|e| CommandError::usage(format!("--placement: {e}")))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{parse_duration, PolicyArgs};
+    use crate::allocator::Placement;
+    use crate::topology::{RegularShape, Topology};
+    use clap::Parser;
     use std::time::Duration;
+
+    #[derive(Debug, Parser)]
+    struct Flags {
+        #[command(flatten)]
+        policy: PolicyArgs,
+    }
+
+    #[test]
+    fn the_placement_flag_reaches_the_policy() {
+        let topology = Topology::regular(RegularShape {
+            sockets: 1,
+            numa_nodes_per_socket: 2,
+            uncore_caches_per_numa_node: 1,
+            cores_per_uncore_cache: 4,
+            threads_per_core: 2,
+        })
+        .unwrap();
+        let placement = |extra: &[&str]| {
+            let args = [&["cpusetd", "--reserved-cpus", "0"][..], extra].concat();
+            let flags = Flags::try_parse_from(args).unwrap();
+            flags.policy.policy(&topology).unwrap().unwrap().placement()
+        };
+        assert_eq!(placement(&[]), Placement::Kubelet);
+        assert_eq!(placement(&["--placement", "kubelet"]), Placement::Kubelet);
+        assert_eq!(placement(&["--placement", "best-fit"]), Placement::BestFit);
+        let flags = Flags::try_parse_from([
+            "cpusetd",
+            "--reserved-cpus",
+            "0",
+            "--placement",
+            "best-fit",
+            "--cpu-manager-policy-options",
+            "distribute-cpus-across-numa=true",
+        ])
+        .unwrap();
+        let err = flags.policy.policy(&topology).unwrap_err();
+        assert_eq!(err.status, super::super::EXIT_USAGE);
+        assert!(err.message.starts_with("--placement: "), "{}", err.message);
+    }
 
     #[test]
     fn durations_like_kubelets() {
