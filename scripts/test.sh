@@ -15,7 +15,20 @@ fi
 
 # Tests only: benchmarks (harness = false) would run as tests under --all-targets.
 # --workspace: crikubelet (the scripted kubelet of the CRI tests) has unit tests of its own.
-cargo test --locked --workspace --lib --bins --tests "$@"
+# The first-instruction measurement over 200 CRI containers runs alone afterwards: it races
+# runc against the agent and measures that race, not the load of the other tests beside it.
+solo=containerd::containerd_containers_start_on_their_exclusive_cpus
+cargo test --locked --workspace --lib --bins --tests "$@" -- --skip "$solo"
+solo_log=$(mktemp)
+solo_status=0
+cargo test --locked --test tests "$solo" -- --exact --nocapture >"$solo_log" 2>&1 || solo_status=$?
+grep -E "containerd first instruction|skipped:|test result" "$solo_log" || true
+if [ "$solo_status" -ne 0 ]; then
+    cat "$solo_log" >&2
+    rm -f "$solo_log"
+    exit "$solo_status"
+fi
+rm -f "$solo_log"
 
 # The kubelet vector count (the test itself asserts every case; this shows ran/skipped).
 cargo test --locked --test tests kubelet_vectors_pass -- --nocapture 2>&1 | grep -A20 "^kubelet vectors:" || true
