@@ -18,11 +18,13 @@
 //! pass, write the checkpoint (the persist thread is joined), exit 0. SIGHUP: reconcile now.
 
 mod controller;
+mod hotplug;
 pub mod metrics;
 mod notify;
 mod wait;
 
 pub use controller::{Controller, ControllerParts, PassOutcome, ReconcileScan};
+pub use hotplug::Hotplug;
 pub use notify::Notifier;
 pub use wait::{wait_for_change, Waited};
 
@@ -68,6 +70,10 @@ pub struct AgentConfig {
     pub metrics_file: Option<PathBuf>,
     /// kubelet's `cpu_manager_state`, read on a first start (no checkpoint of our own).
     pub kubelet_state: Option<PathBuf>,
+    /// Where the topology was read (`--sysfs-root`, `--proc-root`): read again when cpus go
+    /// offline or come online.
+    pub sysfs_root: PathBuf,
+    pub proc_root: PathBuf,
     /// sd_notify, already used while waiting for kubepods.
     pub notifier: Notifier,
 }
@@ -104,6 +110,8 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         reconcile_period,
         metrics_file,
         kubelet_state,
+        sysfs_root,
+        proc_root,
         mut notifier,
     } = config;
 
@@ -140,7 +148,9 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     };
     let degraded = watcher.is_none();
 
+    let hotplug = Hotplug::new(sysfs_root, proc_root, parts.policy.as_ref());
     let mut controller = Controller::new(parts);
+    controller.follow_hotplug(hotplug);
     controller.metrics.without_inotify = degraded;
     if let Some(watcher) = &watcher {
         controller.watch_arrivals(watcher.arrivals());
@@ -214,9 +224,10 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
                     notify_status(&mut notifier, &controller);
                 }
                 Ok(ReconcileTick::Unchanged { started }) => {
-                    if controller.limits_moved() {
-                        let outcome = controller.pass(Instant::now());
-                        persist.save(&controller, outcome.assignments_changed);
+                    if controller.online_cpus_changed() | controller.limits_moved() {
+                        // The pools changed with them: the checkpoint says so (for `status`).
+                        controller.pass(Instant::now());
+                        persist.save(&controller, true);
                     }
                     controller.metrics.reconcile_duration = Some(started.elapsed());
                     controller.metrics.last_reconcile = Some(SystemTime::now());
@@ -393,7 +404,8 @@ fn restore(
             let gone = cp.cpus_outside(parts.topology.all_cpus());
             if !gone.is_empty() {
                 log::warn!(
-                    "cpus {gone} of the checkpoint are no longer online: their pins are re-planned"
+                    "cpus {gone} of the checkpoint are no longer online: the pins that held them \
+                     keep the rest and get replacements"
                 );
             }
             let quota_lifted = cp

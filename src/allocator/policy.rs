@@ -161,6 +161,8 @@ pub struct StaticPolicy {
     /// `reservedPhysicalCPUs`, plus the excluded CPUs' cores).
     unavailable_physical: CpuSet,
     cpu_group_size: usize,
+    /// Built with `respect_isolcpus` (kept for [`Self::for_topology`]).
+    respect_isolcpus: bool,
 }
 
 impl StaticPolicy {
@@ -182,6 +184,7 @@ impl StaticPolicy {
             reserved: CpuSet::new(),
             excluded: CpuSet::new(),
             unavailable_physical: CpuSet::new(),
+            respect_isolcpus,
         };
         let (explicit, count) = match reserved {
             ReservedCpus::List(cpus) => {
@@ -224,6 +227,24 @@ impl StaticPolicy {
             });
         }
         Ok(policy)
+    }
+
+    /// The same policy on the node's topology after CPUs went offline or came online: the
+    /// same options and isolcpus rule, and of `reserved` (the reserved cpus chosen at start)
+    /// those that are online. None is chosen anew, so no pin ever sits on a newly reserved cpu;
+    /// with none online the policy has no reserved cpu (the planner keeps the shared pool from
+    /// emptying).
+    pub fn for_topology(
+        &self,
+        topology: &Topology,
+        reserved: &CpuSet,
+    ) -> Result<StaticPolicy, PolicyError> {
+        StaticPolicy::new(
+            topology,
+            self.options,
+            ReservedCpus::List(reserved.intersection(topology.all_cpus())),
+            self.respect_isolcpus,
+        )
     }
 
     pub fn options(&self) -> &PolicyOptions {
@@ -414,6 +435,21 @@ impl StaticPolicy {
             }
         }
         best.map(|(_, _, _, nodes)| nodes)
+    }
+
+    /// The NUMA nodes holding any of `cpus`.
+    pub fn numa_nodes_of(&self, cpus: &CpuSet) -> CpuSet {
+        self.index
+            .numa_node_ids()
+            .iter()
+            .copied()
+            .filter(|&id| {
+                !self
+                    .index
+                    .numa_node_cpus(&CpuSet::from_iter([id]))
+                    .is_disjoint(cpus)
+            })
+            .collect()
     }
 
     /// Whether `align-by-socket` is on (then the planner asks for [`Self::socket_aligned_hint`]).

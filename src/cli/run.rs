@@ -59,6 +59,8 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         reconcile_period: args.cpu_manager_reconcile_period,
         metrics_file: args.metrics_file.clone(),
         kubelet_state: args.kubelet_state_path(),
+        sysfs_root: args.tree.sysfs_root.clone(),
+        proc_root: args.tree.proc_root.clone(),
         notifier,
     };
     agent::run(config).map_err(|e| CommandError {
