@@ -3,11 +3,12 @@
 # two NUMA nodes, isolcpus=7) with an initramfs holding busybox and cpusetd, once per scenario:
 #   v2  cgroup v2 (cpuset + cpu): topology, then the agent on a kubepods tree with real processes
 #   v1  cgroup v1 (cpuset, cpu,cpuacct): plan --apply with a write order the kernel checks, run
+#   hotplug  v2, then a cpu of the pinned container goes offline and comes back (CPU hotplug)
 # The guest's /init is scripts/vm-e2e/init; the host judges its output with scripts/vm-e2e/check.py
 # against testdata/vm/expected-topology.json. Prints `PASS <scenario>` or `FAIL <scenario>: <why>`
 # per scenario and exits 1 if any failed.
 #
-# Usage: scripts/vm-e2e.sh [SCENARIO...]        (default: v2 v1)
+# Usage: scripts/vm-e2e.sh [SCENARIO...]        (default: v2 v1 hotplug)
 # Environment:
 #   CPUSETD_BIN        use this binary instead of `cargo build --release`
 #   VM_E2E_KERNEL      kernel image (default: the newest /boot/vmlinuz-*)
@@ -21,12 +22,12 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 
 scenarios=("$@")
-[ "${#scenarios[@]}" -gt 0 ] || scenarios=(v2 v1)
+[ "${#scenarios[@]}" -gt 0 ] || scenarios=(v2 v1 hotplug)
 for s in "${scenarios[@]}"; do
     case "$s" in
-        v1 | v2) ;;
+        v1 | v2 | hotplug) ;;
         *)
-            echo "vm-e2e: unknown scenario '$s' (known: v1 v2)" >&2
+            echo "vm-e2e: unknown scenario '$s' (known: v1 v2 hotplug)" >&2
             exit 2
             ;;
     esac
