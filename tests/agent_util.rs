@@ -276,15 +276,18 @@ impl TestNode {
         ]
     }
 
-    /// `cpusetd run` with CPU 0 reserved, the metrics file and a 1 s reconcile period (unless
-    /// `extra` names another), plus `extra` flags; does not wait for it.
+    /// `cpusetd run` with CPU 0 reserved and a 1 s reconcile period (unless `extra` names
+    /// others), the metrics file, plus `extra` flags; does not wait for it.
     pub fn spawn_agent(&self, extra: &[&str]) -> Agent {
         let n = self.started.get() + 1;
         self.started.set(n);
         let log = self.base.join(format!("agent-{n}.log"));
         let mut args = vec!["run".to_string()];
         args.extend(self.tree_args());
-        args.extend(["--reserved-cpus", "0", "--metrics-file"].map(String::from));
+        if !extra.contains(&"--reserved-cpus") {
+            args.extend(["--reserved-cpus", "0"].map(String::from));
+        }
+        args.push("--metrics-file".into());
         args.push(self.metrics_file().display().to_string());
         if !extra.contains(&"--cpu-manager-reconcile-period") {
             args.extend(["--cpu-manager-reconcile-period", "1s"].map(String::from));

@@ -220,3 +220,35 @@ fn hotplug_without_a_free_cpu_the_container_keeps_what_it_has_left() {
     assert!(agent.stop().success());
     node.assert_clean();
 }
+
+/// `--reserved-cpus 0,8` with cpu 8 offline at start: the agent starts (kubelet would refuse),
+/// says so, and reserves 8 again when it comes online; taken offline again, it is said too.
+#[test]
+fn hotplug_reserved_cpus_offline_at_start_and_while_running() {
+    let node = TestNode::with_writable_sysfs(CgroupVersion::V1);
+    node.set_cpu_online(8, false);
+    let mut agent = node.start_agent(&["--reserved-cpus", "0,8"]);
+    agent
+        .wait_for_log("--reserved-cpus: cpus 8 are offline: reserved are 0 until they come online");
+    let be = best_effort("be");
+    let be_id = node.fake.start_pod(&be).unwrap().remove(0);
+    node.wait_cpus(&be_id, "0-7,9-15");
+    checkpoint(&node, "reserved 0", |cp| cp["reserved"] == "0");
+
+    node.set_cpu_online(8, true);
+    agent.wait_for_log("cpus 8 came online");
+    agent.wait_for_log("reserved cpus 8 are online again: reserved now 0,8");
+    node.wait_cpus(&be_id, "0-15");
+    checkpoint(&node, "reserved 0,8", |cp| cp["reserved"] == "0,8");
+    // Reserved: a 14-cpu container gets every cpu but 0 and 8.
+    let big = guaranteed("big", 14000);
+    let big_id = node.fake.start_pod(&big).unwrap().remove(0);
+    node.wait_cpus(&big_id, "1-7,9-15");
+
+    node.set_cpu_online(8, false);
+    agent.wait_for_log("reserved cpus 8 went offline: reserved now 0");
+    node.wait_cpus(&be_id, "0");
+    node.wait_cpus(&big_id, "1-7,9-15");
+    assert!(agent.stop().success());
+    node.assert_clean();
+}

@@ -21,7 +21,7 @@ use crate::topology::{discover, Topology};
 pub struct Hotplug {
     sysfs_root: PathBuf,
     proc_root: PathBuf,
-    /// The reserved cpus chosen at start: after a change those online are reserved.
+    /// The reserved cpus as configured: after a change those online are reserved.
     reserved: CpuSet,
     /// An online list that could not be used (a topology read that failed midway through a
     /// change, a policy that cannot be built on it): said once, tried again every tick.
@@ -39,19 +39,15 @@ pub struct CpuChange {
 }
 
 impl Hotplug {
-    /// `policy`: the policy built at start (its reserved cpus are remembered).
-    pub fn new(sysfs_root: PathBuf, proc_root: PathBuf, policy: Option<&StaticPolicy>) -> Self {
+    /// `reserved`: the reserved cpus as configured (`--reserved-cpus`, or those chosen for
+    /// `--reserved-cpu-count` at start), offline ones among them.
+    pub fn new(sysfs_root: PathBuf, proc_root: PathBuf, reserved: CpuSet) -> Self {
         Hotplug {
             sysfs_root,
             proc_root,
-            reserved: policy.map(|p| p.reserved().clone()).unwrap_or_default(),
+            reserved,
             failed: None,
         }
-    }
-
-    /// The reserved cpus chosen at start.
-    pub fn reserved(&self) -> &CpuSet {
-        &self.reserved
     }
 
     /// Reads the online cpus; when they differ from `topology`'s, the new topology and the
@@ -168,7 +164,8 @@ mod tests {
             false,
         )
         .unwrap();
-        let mut hotplug = Hotplug::new(sysfs.clone(), sysfs.join("proc"), Some(&policy));
+        let mut hotplug =
+            Hotplug::new(sysfs.clone(), sysfs.join("proc"), policy.reserved().clone());
         assert!(hotplug.check(&topology, Some(&policy)).is_none());
 
         // Cpu 5 and the reserved cpu 8 go offline.
@@ -197,7 +194,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sysfs = fixture(dir.path());
         let topology = discover(&sysfs, &sysfs.join("proc")).unwrap();
-        let mut hotplug = Hotplug::new(sysfs.clone(), sysfs.join("proc"), None);
+        let mut hotplug = Hotplug::new(sysfs.clone(), sysfs.join("proc"), CpuSet::new());
         for garbage in ["0-", "x"] {
             set_online(&sysfs, garbage);
             assert!(hotplug.check(&topology, None).is_none());

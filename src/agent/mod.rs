@@ -70,10 +70,8 @@ pub struct AgentConfig {
     pub metrics_file: Option<PathBuf>,
     /// kubelet's `cpu_manager_state`, read on a first start (no checkpoint of our own).
     pub kubelet_state: Option<PathBuf>,
-    /// Where the topology was read (`--sysfs-root`, `--proc-root`): read again when cpus go
-    /// offline or come online.
-    pub sysfs_root: PathBuf,
-    pub proc_root: PathBuf,
+    /// Where the topology is read again when cpus go offline or come online.
+    pub hotplug: Hotplug,
     /// sd_notify, already used while waiting for kubepods.
     pub notifier: Notifier,
 }
@@ -110,8 +108,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         reconcile_period,
         metrics_file,
         kubelet_state,
-        sysfs_root,
-        proc_root,
+        hotplug,
         mut notifier,
     } = config;
 
@@ -148,7 +145,6 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     };
     let degraded = watcher.is_none();
 
-    let hotplug = Hotplug::new(sysfs_root, proc_root, parts.policy.as_ref());
     let mut controller = Controller::new(parts);
     controller.follow_hotplug(hotplug);
     controller.metrics.without_inotify = degraded;
