@@ -2,11 +2,11 @@
 //!
 //! The kernel's online CPUs are read once per reconcile tick: `<sysfs>/devices/system/cpu/online`,
 //! one small file. The kernel announces hotplug only as uevents over netlink, which the shipped
-//! unit does not allow (`RestrictAddressFamilies=AF_UNIX`), and the file cannot be polled. When
-//! the list differs from the topology's, the topology is read again (under the same
-//! `--sysfs-root` and `--proc-root`) and the policy rebuilt on it; the controller swaps both in
-//! and plans: pins that lost CPUs get replacements (see `planner::assign`), CPUs that came
-//! back join the shared pool.
+//! unit does not allow (`RestrictAddressFamilies=AF_UNIX`), and the file offers no poll
+//! notification. When the list differs from the topology's, the topology is read again (under
+//! the same `--sysfs-root` and `--proc-root`) and the policy rebuilt on it; the controller swaps
+//! both in and plans: pins that lost CPUs get replacements (see `planner::assign`), CPUs that
+//! came back join the shared pool.
 
 use std::fs;
 use std::path::PathBuf;
