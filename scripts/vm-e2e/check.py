@@ -164,9 +164,9 @@ def main():
         status = load(blocks, "status", problems)
         if status is not None:
             check_status(status, problems)
-            if scenario == "hotplug":
+            if scenario.startswith("hotplug"):
                 check_hotplug(status, problems)
-        if scenario == "v1":
+        if scenario in ("v1", "hotplug-v1"):
             plan = load(blocks, "apply", problems)
             if plan is not None:
                 check_apply(plan, problems)
