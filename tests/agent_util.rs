@@ -33,6 +33,24 @@ pub const DEADLINE: Duration = Duration::from_secs(10);
 /// How often a condition is re-checked.
 const POLL: Duration = Duration::from_millis(20);
 
+/// A Guaranteed pod with one container of `milli` millicores, named like the pod.
+pub fn guaranteed(name: &str, milli: u64) -> PodSpec {
+    pod(
+        name,
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed(name, milli)],
+    )
+}
+
+/// A BestEffort pod with one container, named like the pod.
+pub fn best_effort(name: &str) -> PodSpec {
+    pod(
+        name,
+        Qos::BestEffort,
+        vec![ContainerSpec::best_effort(name)],
+    )
+}
+
 /// Polls `probe` until it returns `Some` or `deadline` passes (then `None`).
 pub fn poll_until<T>(deadline: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
     let end = Instant::now() + deadline;

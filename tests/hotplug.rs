@@ -11,26 +11,9 @@ use serde_json::Value;
 
 use cpusetd::cgroupfs::CgroupVersion;
 use cpusetd::cpuset::CpuSet;
-use cpusetd::kubesim::{ContainerSpec, PodSpec, Qos};
 
-use crate::agent_util::{cpus, pod, poll_until, Status, TestNode, DEADLINE};
+use crate::agent_util::{best_effort, cpus, guaranteed, poll_until, Status, TestNode, DEADLINE};
 use crate::util::stderr;
-
-fn guaranteed(name: &str, milli: u64) -> PodSpec {
-    pod(
-        name,
-        Qos::Guaranteed,
-        vec![ContainerSpec::guaranteed(name, milli)],
-    )
-}
-
-fn best_effort(name: &str) -> PodSpec {
-    pod(
-        name,
-        Qos::BestEffort,
-        vec![ContainerSpec::best_effort(name)],
-    )
-}
 
 /// The checkpoint as JSON once `condition` holds (the persist thread writes it a moment after
 /// a pass).

@@ -119,20 +119,8 @@ impl Hotplug {
 mod tests {
     use super::*;
     use crate::allocator::{PolicyOptions, ReservedCpus};
+    use crate::topology::{write_fake_sysfs, RegularShape};
     use std::path::Path;
-
-    fn copy_tree(from: &Path, to: &Path) {
-        fs::create_dir_all(to).unwrap();
-        for entry in fs::read_dir(from).unwrap() {
-            let entry = entry.unwrap();
-            let target = to.join(entry.file_name());
-            if entry.file_type().unwrap().is_dir() {
-                copy_tree(&entry.path(), &target);
-            } else {
-                fs::copy(entry.path(), &target).unwrap();
-            }
-        }
-    }
 
     /// What the kernel's list says (the topology reads only it; per-cpu `online` files are not).
     fn set_online(sysfs: &Path, online: &str) {
@@ -143,20 +131,26 @@ mod tests {
         .unwrap();
     }
 
-    fn fixture(dir: &Path) -> PathBuf {
-        let sysfs = dir.join("sys");
-        copy_tree(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/sysfs/2s-8c-ht-2numa"),
-            &sysfs,
-        );
-        sysfs
+    /// The sysfs of a 2-socket node, 4 cores each, HT: core n = cpus n and n+8.
+    fn fake_sysfs(dir: &Path) -> (PathBuf, PathBuf) {
+        let topology = Topology::regular(RegularShape {
+            sockets: 2,
+            numa_nodes_per_socket: 1,
+            uncore_caches_per_numa_node: 1,
+            cores_per_uncore_cache: 4,
+            threads_per_core: 2,
+        })
+        .unwrap();
+        let (sysfs, proc) = (dir.join("sys"), dir.join("proc"));
+        write_fake_sysfs(&topology, &sysfs, &proc).unwrap();
+        (sysfs, proc)
     }
 
     #[test]
     fn a_cpu_going_offline_and_back_rebuilds_topology_and_policy() {
         let dir = tempfile::tempdir().unwrap();
-        let sysfs = fixture(dir.path());
-        let topology = discover(&sysfs, &sysfs.join("proc")).unwrap();
+        let (sysfs, proc) = fake_sysfs(dir.path());
+        let topology = discover(&sysfs, &proc).unwrap();
         let policy = StaticPolicy::new(
             &topology,
             PolicyOptions::default(),
@@ -164,8 +158,7 @@ mod tests {
             false,
         )
         .unwrap();
-        let mut hotplug =
-            Hotplug::new(sysfs.clone(), sysfs.join("proc"), policy.reserved().clone());
+        let mut hotplug = Hotplug::new(sysfs.clone(), proc, policy.reserved().clone());
         assert!(hotplug.check(&topology, Some(&policy)).is_none());
 
         // Cpu 5 and the reserved cpu 8 go offline.
@@ -192,9 +185,9 @@ mod tests {
     #[test]
     fn an_unusable_online_list_changes_nothing_and_is_said_once() {
         let dir = tempfile::tempdir().unwrap();
-        let sysfs = fixture(dir.path());
-        let topology = discover(&sysfs, &sysfs.join("proc")).unwrap();
-        let mut hotplug = Hotplug::new(sysfs.clone(), sysfs.join("proc"), CpuSet::new());
+        let (sysfs, proc) = fake_sysfs(dir.path());
+        let topology = discover(&sysfs, &proc).unwrap();
+        let mut hotplug = Hotplug::new(sysfs.clone(), proc, CpuSet::new());
         for garbage in ["0-", "x"] {
             set_online(&sysfs, garbage);
             assert!(hotplug.check(&topology, None).is_none());

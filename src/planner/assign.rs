@@ -505,7 +505,7 @@ mod tests {
     use crate::topology::{CpuInfo, Topology};
 
     /// 1 socket, 4 cores, HT: core n = cpus n and n+4.
-    fn policy(reserved: &str) -> (StaticPolicy, CpuSet) {
+    fn one_socket_four_cores() -> Topology {
         let cpus = (0..8)
             .map(|id| CpuInfo {
                 id,
@@ -517,9 +517,12 @@ mod tests {
                 cluster: None,
             })
             .collect();
-        let topo = Topology::new(cpus, CpuSet::new(), CpuSet::new(), CpuSet::range(0, 0)).unwrap();
+        Topology::new(cpus, CpuSet::new(), CpuSet::new(), CpuSet::range(0, 0)).unwrap()
+    }
+
+    fn policy(reserved: &str) -> (StaticPolicy, CpuSet) {
         let p = StaticPolicy::new(
-            &topo,
+            &one_socket_four_cores(),
             PolicyOptions::default(),
             ReservedCpus::List(CpuSet::parse(reserved).unwrap()),
             false,
@@ -1027,20 +1030,8 @@ mod tests {
     /// a whole free core afresh.
     #[test]
     fn full_pcpus_only_replaces_a_broken_core_with_a_whole_one() {
-        let cpus = (0..8)
-            .map(|id| CpuInfo {
-                id,
-                socket: 0,
-                die: 0,
-                numa: 0,
-                core: id % 4,
-                uncore: 0,
-                cluster: None,
-            })
-            .collect();
-        let topo = Topology::new(cpus, CpuSet::new(), CpuSet::new(), CpuSet::range(0, 0)).unwrap();
         let p = StaticPolicy::new(
-            &topo,
+            &one_socket_four_cores(),
             PolicyOptions::parse("full-pcpus-only=true").unwrap(),
             ReservedCpus::List(CpuSet::parse("0,4").unwrap()),
             false,
