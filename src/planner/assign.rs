@@ -314,9 +314,11 @@ pub fn assign(
         match replacements(policy, &held.cpus, n, &shared_pool) {
             Ok(cpus) => {
                 let added = cpus.difference(&held.cpus);
+                // Moved in part: the agent's choice now, no longer an adopted pin.
                 let whole = ExclusiveAssignment {
                     cpus: cpus.clone(),
                     wanted: None,
+                    adopted: None,
                     ..held
                 };
                 // Its own cpus and some of the shared pool's: no one else's.
