@@ -69,9 +69,9 @@ trap 'on_error $LINENO' ERR
 
 # `0-2,5` → `0 1 2 5`
 expand() {
-    local part out=() a b i
-    local IFS=,
-    for part in $1; do
+    local part parts out=() a b i
+    IFS=, read -ra parts <<<"$1"
+    for part in "${parts[@]}"; do
         [ -n "$part" ] || continue
         if [[ $part == *-* ]]; then
             a=${part%-*} b=${part#*-}
@@ -370,16 +370,17 @@ if [ "$pods_ok" = yes ]; then
     # A container restart (attempt+1, a new cgroup) is pinned again, to the same CPUs.
     phase "container restart"
     if "${crikubelet[@]}" restart /root/pods/gu.state.json app >/root/pods/gu.state2.json; then
-        gu_pid2=$(jq -r '.containers[0].pid' /root/pods/gu.state2.json)
-        if [ -d "/proc/$gu_pid2" ] && [ "$gu_pid2" != "$gu_pid" ] &&
-            wait_until "$CONVERGE" is_exclusive_pair "$gu_pid2"; then
+        cp /root/pods/gu.state2.json /root/pods/gu.state.json
+        old_gu_pid=$gu_pid
+        # The later checks follow the new container.
+        gu_pid=$(jq -r '.containers[0].pid' /root/pods/gu.state.json)
+        # kubelet keeps a container's CPUs across restarts (same pod, same name): so must the agent.
+        if [ -d "/proc/$gu_pid" ] && [ "$gu_pid" != "$old_gu_pid" ] &&
+            [ "$(jq -r '.containers[0].attempt' /root/pods/gu.state.json)" = 1 ] &&
+            wait_until "$CONVERGE" pinned_as_expected "$exclusive"; then
             pass container-restart-repinned
-            gu_pid=$gu_pid2
-            exclusive=$(cpus_of_pid "$gu_pid")
-            shared=$(minus "$all_cpus" "$exclusive")
-            cp /root/pods/gu.state2.json /root/pods/gu.state.json
         else
-            fail container-restart-repinned "new pid '$gu_pid2': Cpus_allowed_list $(cpus_of_pid "$gu_pid2" 2>/dev/null || echo gone)"
+            fail container-restart-repinned "new pid '$gu_pid' (was $old_gu_pid): Cpus_allowed_list $(cpus_of_pid "$gu_pid" 2>/dev/null || echo gone), want $exclusive"
         fi
     else
         fail container-restart-repinned "crikubelet restart failed"
@@ -482,7 +483,7 @@ log "exposure $exposure"
 phase "uninstall"
 if [ "$pods_ok" = yes ]; then
     gu_config=/run/containerd/io.containerd.runtime.v2.task/k8s.io/$(jq -r '.containers[0].id' /root/pods/gu.state.json)/config.json
-    want_quota=$(jq -r '.linux.resources.cpu.quota // "max"' "$gu_config")
+    want_quota=$(jq -r '.linux.resources.cpu.quota // "max"' "$gu_config" || echo "unreadable $gu_config")
 fi
 if "$REPO/scripts/uninstall.sh" && [ "$(unit_prop LoadState)" = not-found ] &&
     ! [ -e /usr/local/bin/cpusetd ] && ! [ -e /etc/systemd/system/cpusetd.service ]; then
