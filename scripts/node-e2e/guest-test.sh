@@ -236,10 +236,11 @@ fi
 # `systemctl start` of a Type=notify unit returns once READY=1 arrived.
 state="$(unit_prop ActiveState)/$(unit_prop SubState)"
 status_text=$(unit_prop StatusText)
-if [ "$state" = active/running ] && [ -n "$status_text" ]; then
+unit_type=$(unit_prop Type)
+if [ "$unit_type" = notify ] && [ "$state" = active/running ] && [ -n "$status_text" ]; then
     pass ready
 else
-    fail ready "state $state, StatusText '$status_text'"
+    fail ready "Type=$unit_type, state $state, StatusText '$status_text'"
 fi
 log "STATUS: $status_text"
 
@@ -392,10 +393,12 @@ phase "idle ${idle}s"
 sleep "$idle"
 restarts=$(unit_prop NRestarts)
 watchdog_lines=$(journalctl -u cpusetd.service --no-pager -o cat | grep -i watchdog || true)
-if [ "$restarts" = 0 ] && [ -z "$watchdog_lines" ] && [ "$(unit_prop ActiveState)" = active ]; then
+watchdog=$(unit_prop WatchdogUSec)
+if [ "$watchdog" = 30s ] && [ "$restarts" = 0 ] && [ -z "$watchdog_lines" ] &&
+    [ "$(unit_prop ActiveState)" = active ]; then
     pass watchdog-idle
 else
-    fail watchdog-idle "after ${idle}s: NRestarts $restarts, $(unit_prop ActiveState), journal: $(head -n 1 <<<"$watchdog_lines")"
+    fail watchdog-idle "after ${idle}s with WatchdogUSec=$watchdog: NRestarts $restarts, $(unit_prop ActiveState), journal: $(head -n 1 <<<"$watchdog_lines")"
 fi
 
 # --- SIGKILL: systemd restarts it, the pins stay -----------------------------------------------
