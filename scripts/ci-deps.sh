@@ -5,10 +5,14 @@ set -euo pipefail
 # Required: the fixture generator runs on python3.
 need_apt=()
 command -v python3 >/dev/null || need_apt+=(python3)
+# Required: the test harness crikubelet builds the CRI client (k8s-cri) from its .proto files.
+command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 # Optional: the real-container tests start containers with runc from a rootfs holding a static
 # busybox. Without them (or without root) those tests skip with a printed reason.
 want_apt=()
 command -v runc >/dev/null || want_apt+=(runc)
+# Optional: the CRI tests (tests/containerd.rs) start their own containerd (CRI plugin).
+command -v containerd >/dev/null || want_apt+=(containerd)
 # Optional: the confinement test traces the agent with strace (skips without it).
 command -v strace >/dev/null || want_apt+=(strace)
 if command -v dpkg-query >/dev/null; then

@@ -14,7 +14,8 @@ if [ -x scripts/check-fixtures.sh ]; then
 fi
 
 # Tests only: benchmarks (harness = false) would run as tests under --all-targets.
-cargo test --locked --lib --bins --tests "$@"
+# --workspace: crikubelet (the scripted kubelet of the CRI tests) has unit tests of its own.
+cargo test --locked --workspace --lib --bins --tests "$@"
 
 # The kubelet vector count (the test itself asserts every case; this shows ran/skipped).
 cargo test --locked --test tests kubelet_vectors_pass -- --nocapture 2>&1 | grep -A20 "^kubelet vectors:" || true

@@ -317,6 +317,10 @@ pub struct Classification {
     pub container_id: Option<String>,
     /// From the runtime config.
     pub container_name: Option<String>,
+    /// The pod's name and namespace, from the runtime config (shown by `status`; never used
+    /// for placement: the cgroup path's UID is the pod's identity).
+    pub pod_name: Option<String>,
+    pub pod_namespace: Option<String>,
     /// For containers and sandboxes with readable CPU settings.
     pub resources: Option<CpuResources>,
     pub exclusivity: Exclusivity,
@@ -331,6 +335,8 @@ impl Classification {
             pod_uid: None,
             container_id: None,
             container_name: None,
+            pod_name: None,
+            pod_namespace: None,
             resources: None,
             exclusivity: Exclusivity::NotApplicable,
             notices: Vec::new(),
@@ -962,6 +968,8 @@ pub fn classify(
         }
     }
     classification.container_name = runtime.and_then(|r| r.container_name()).map(str::to_string);
+    classification.pod_name = runtime.and_then(|r| r.pod_name()).map(str::to_string);
+    classification.pod_namespace = runtime.and_then(|r| r.pod_namespace()).map(str::to_string);
 
     let resources = cpu_resources(settings, runtime, notices);
     classification.resources = resources.map(|(r, _)| r);

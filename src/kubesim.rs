@@ -408,6 +408,7 @@ impl FakeNode {
                 "io.kubernetes.cri.container-name": name,
                 "io.kubernetes.cri.sandbox-uid": pod.uid,
                 "io.kubernetes.cri.sandbox-name": pod.name,
+                "io.kubernetes.cri.sandbox-namespace": "default",
             },
             "linux": {"resources": {"cpu": {
                 "shares": cpu_shares,

@@ -16,6 +16,9 @@ pub struct CgroupRow {
     pub path: String,
     pub kind: String,
     pub pod_uid: Option<String>,
+    /// The pod's name and namespace as the runtime's config gives them.
+    pub pod_name: Option<String>,
+    pub namespace: Option<String>,
     pub container: Option<String>,
     pub container_id: Option<String>,
     pub qos: Option<String>,
@@ -56,7 +59,10 @@ pub fn rows(scan: &Scan, classes: &[Classification], plan: &Plan) -> Vec<CgroupR
             })
         });
         let note = match (&class.kind, assigned, failure, &class.exclusivity) {
-            (_, Some(_), _, _) => "exclusive".to_string(),
+            (_, Some(held), _, _) => match held.adopted {
+                Some(how) => format!("exclusive, {how}"),
+                None => "exclusive".to_string(),
+            },
             (_, None, Some(error), _) => format!("shared: {error}"),
             (CgroupKind::Unknown { reason }, ..) => format!("unknown: {reason}"),
             (CgroupKind::ContainerChild, ..) => "inside its container's set".to_string(),
@@ -73,6 +79,8 @@ pub fn rows(scan: &Scan, classes: &[Classification], plan: &Plan) -> Vec<CgroupR
             path: cgroup.relative.to_string(),
             kind: class.kind.to_string(),
             pod_uid: class.pod_uid.clone(),
+            pod_name: class.pod_name.clone(),
+            namespace: class.pod_namespace.clone(),
             container: class.container_name.clone(),
             container_id: class.container_id.clone(),
             qos: class.qos.map(|q| q.to_string()),
@@ -91,51 +99,76 @@ pub fn rows(scan: &Scan, classes: &[Classification], plan: &Plan) -> Vec<CgroupR
     rows
 }
 
-/// The rows as a fixed-width table; `*` marks rows whose current set is not the desired one.
-pub fn render_table(rows: &[CgroupRow]) -> String {
-    let headers = [
-        "POD",
-        "CONTAINER",
-        "QOS",
-        "REQUEST",
-        "CURRENT",
-        "DESIRED",
-        "NOTE",
-    ];
-    let short = |s: &Option<String>, n: usize| -> String {
-        match s {
-            Some(s) if s.chars().count() > n => s.chars().take(n).collect::<String>() + "…",
-            Some(s) if s.is_empty() => "\"\"".to_string(),
-            Some(s) => s.clone(),
-            None => "-".to_string(),
+/// Cuts `s` to `n` characters (with `…`); `-` for nothing, `""` for empty.
+fn short(s: Option<&str>, n: usize) -> String {
+    match s {
+        Some(s) if s.chars().count() > n => s.chars().take(n).collect::<String>() + "…",
+        Some("") => "\"\"".to_string(),
+        Some(s) => s.to_string(),
+        None => "-".to_string(),
+    }
+}
+
+impl CgroupRow {
+    /// How an operator names the pod: `namespace/name` where the runtime said, else the UID's
+    /// first characters.
+    pub fn pod_label(&self) -> String {
+        match (&self.namespace, &self.pod_name) {
+            (Some(namespace), Some(name)) => short(Some(&format!("{namespace}/{name}")), 40),
+            (None, Some(name)) => short(Some(name), 40),
+            _ => short(self.pod_uid.as_deref(), 8),
         }
-    };
-    let table: Vec<[String; 7]> = rows
+    }
+
+    /// The container's name, `POD` for a sandbox (as `crictl ps` shows it), else its id's
+    /// first characters.
+    pub fn container_label(&self) -> String {
+        match (&self.container, &self.container_id) {
+            (Some(name), _) => name.clone(),
+            (None, _) if self.kind == CgroupKind::Sandbox.to_string() => "POD".to_string(),
+            (None, Some(id)) => short(Some(id), 12),
+            (None, None) => self.kind.clone(),
+        }
+    }
+}
+
+/// The rows as a fixed-width table; `*` marks rows whose current set is not the desired one.
+/// `wide` adds the pod UID and the container id in full.
+pub fn render_table(rows: &[CgroupRow], wide: bool) -> String {
+    let mut headers = vec!["POD", "CONTAINER"];
+    if wide {
+        headers.extend(["POD UID", "CONTAINER ID"]);
+    }
+    headers.extend(["QOS", "REQUEST", "CURRENT", "DESIRED", "NOTE"]);
+    let table: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            let name = match (&r.container, &r.container_id) {
-                (Some(name), _) => name.clone(),
-                (None, Some(id)) => short(&Some(id.clone()), 12),
-                (None, None) => r.kind.clone(),
-            };
             let mark = if r.differs() { "*" } else { "" };
-            [
-                short(&r.pod_uid, 8),
-                name,
+            let mut row = vec![r.pod_label(), r.container_label()];
+            if wide {
+                row.push(short(r.pod_uid.as_deref(), 36));
+                row.push(short(r.container_id.as_deref(), 64));
+            }
+            row.extend([
                 r.qos.clone().unwrap_or_else(|| "-".into()),
                 r.request.clone().unwrap_or_else(|| "-".into()),
-                short(&r.current, 24) + mark,
-                short(&r.desired, 24),
+                short(r.current.as_deref(), 24) + mark,
+                short(r.desired.as_deref(), 24),
                 r.note.clone(),
-            ]
+            ]);
+            row
         })
         .collect();
     // Names and notes come from runtime configs and directory names: printable only.
-    let table: Vec<[String; 7]> = table
+    let table: Vec<Vec<String>> = table
         .into_iter()
-        .map(|row| row.map(|cell| crate::logging::printable(&cell).into_owned()))
+        .map(|row| {
+            row.into_iter()
+                .map(|cell| crate::logging::printable(&cell).into_owned())
+                .collect()
+        })
         .collect();
-    let mut widths = headers.map(str::len);
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for row in &table {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
@@ -155,7 +188,7 @@ pub fn render_table(rows: &[CgroupRow]) -> String {
         out.push_str(text.trim_end());
         out.push('\n');
     };
-    line(&headers.map(String::from));
+    line(&headers.iter().map(|h| h.to_string()).collect::<Vec<_>>());
     for row in &table {
         line(row);
     }

@@ -47,6 +47,10 @@ pub mod keys {
     pub const CRI_CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
     /// containerd: the pod UID.
     pub const CRI_SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
+    /// containerd: the pod's name.
+    pub const CRI_SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
+    /// containerd: the pod's namespace.
+    pub const CRI_SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
     /// CRI-O: `sandbox` or `container`.
     pub const CRIO_CONTAINER_TYPE: &str = "io.kubernetes.cri-o.ContainerType";
     /// CRI-O: the kubelet's annotations, JSON-encoded.
@@ -57,6 +61,10 @@ pub mod keys {
     pub const KUBE_CONTAINER_NAME: &str = "io.kubernetes.container.name";
     /// kubelet label: the pod UID.
     pub const KUBE_POD_UID: &str = "io.kubernetes.pod.uid";
+    /// kubelet label: the pod's name.
+    pub const KUBE_POD_NAME: &str = "io.kubernetes.pod.name";
+    /// kubelet label: the pod's namespace.
+    pub const KUBE_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
     /// The value of the container-type annotations for a pod sandbox.
     pub const SANDBOX: &str = "sandbox";
     /// The value of the container-type annotations for an application container.
@@ -178,9 +186,13 @@ impl RuntimeInfo {
                     keys::CRI_CONTAINER_TYPE,
                     keys::CRI_CONTAINER_NAME,
                     keys::CRI_SANDBOX_UID,
+                    keys::CRI_SANDBOX_NAME,
+                    keys::CRI_SANDBOX_NAMESPACE,
                     keys::CRIO_CONTAINER_TYPE,
                     keys::KUBE_CONTAINER_NAME,
                     keys::KUBE_POD_UID,
+                    keys::KUBE_POD_NAME,
+                    keys::KUBE_POD_NAMESPACE,
                 ]
                 .contains(&key)
         }
@@ -217,6 +229,20 @@ impl RuntimeInfo {
         self.annotation(keys::CRI_SANDBOX_UID)
             .or_else(|| self.annotation(keys::KUBE_POD_UID))
             .filter(|uid| !uid.is_empty())
+    }
+
+    /// The pod's name (containerd's sandbox annotation, else kubelet's label as CRI-O keeps it).
+    pub fn pod_name(&self) -> Option<&str> {
+        self.annotation(keys::CRI_SANDBOX_NAME)
+            .or_else(|| self.annotation(keys::KUBE_POD_NAME))
+            .filter(|name| !name.is_empty())
+    }
+
+    /// The pod's namespace, from the same places as [`RuntimeInfo::pod_name`].
+    pub fn pod_namespace(&self) -> Option<&str> {
+        self.annotation(keys::CRI_SANDBOX_NAMESPACE)
+            .or_else(|| self.annotation(keys::KUBE_POD_NAMESPACE))
+            .filter(|namespace| !namespace.is_empty())
     }
 
     /// `Some(true)` for a pod sandbox, `Some(false)` for an application container, `None` when
@@ -624,13 +650,15 @@ mod tests {
         let json = br#"{"annotations": {
             "io.kubernetes.cri-o.ContainerType": "sandbox",
             "io.kubernetes.cri-o.Annotations": "{\"cpusetd.io/exclusive\":\"false\",\"n\":1}",
-            "io.kubernetes.cri-o.Labels": "{\"io.kubernetes.pod.uid\":\"u-1\",\"io.kubernetes.container.name\":\"POD\"}"
+            "io.kubernetes.cri-o.Labels": "{\"io.kubernetes.pod.uid\":\"u-1\",\"io.kubernetes.container.name\":\"POD\",\"io.kubernetes.pod.name\":\"web-0\",\"io.kubernetes.pod.namespace\":\"shop\"}"
         }}"#;
         let info = parse_config(json).unwrap();
         assert_eq!(info.is_sandbox(), Some(true));
         assert_eq!(info.annotation("cpusetd.io/exclusive"), Some("false"));
         assert_eq!(info.pod_uid(), Some("u-1"));
         assert_eq!(info.container_name(), Some("POD"));
+        assert_eq!(info.pod_name(), Some("web-0"));
+        assert_eq!(info.pod_namespace(), Some("shop"));
         assert_eq!(info.ignored.len(), 1, "{:?}", info.ignored);
 
         let broken = br#"{"annotations": {"io.kubernetes.cri-o.Annotations": "{oops"}}"#;
@@ -709,6 +737,8 @@ mod tests {
                 "io.kubernetes.cri.sandbox-uid": "u1",
                 "io.kubernetes.cri.image-name": "registry.example/app:1",
                 "io.kubernetes.cri.sandbox-namespace": "default",
+                "io.kubernetes.cri.sandbox-name": "web-0",
+                "io.kubernetes.cri.sandbox-log-directory": "/var/log/pods/default_web-0_u1",
                 "cpusetd.io/exclusive.app": "false"
             },
             "linux": {"resources": {"cpu": {"shares": 2048, "quota": 200000, "period": 100000}}}}"#,
@@ -723,6 +753,8 @@ mod tests {
                 "cpusetd.io/exclusive.app",
                 "io.kubernetes.cri.container-name",
                 "io.kubernetes.cri.container-type",
+                "io.kubernetes.cri.sandbox-name",
+                "io.kubernetes.cri.sandbox-namespace",
                 "io.kubernetes.cri.sandbox-uid",
             ]
         );
@@ -730,6 +762,8 @@ mod tests {
         assert_eq!(cached.annotations, first.annotations);
         assert_eq!(cached.cpu, first.cpu);
         assert_eq!(cached.container_name(), Some("app"));
+        assert_eq!(cached.pod_name(), Some("web-0"));
+        assert_eq!(cached.pod_namespace(), Some("default"));
         assert_eq!(cached.annotation("cpusetd.io/exclusive.app"), Some("false"));
     }
 

@@ -44,6 +44,26 @@ impl fmt::Display for AssignmentKey {
     }
 }
 
+/// Where a pin the agent did not choose itself came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Adoption {
+    /// The live tree showed the container on a set it could keep (someone pinned it before).
+    LiveTree,
+    /// kubelet's `cpu_manager_state` named it, and the live tree agreed (migration from
+    /// kubelet's static policy).
+    Kubelet,
+}
+
+impl fmt::Display for Adoption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Adoption::LiveTree => "adopted from the live tree",
+            Adoption::Kubelet => "adopted from kubelet's cpu_manager_state",
+        })
+    }
+}
+
 /// CPUs held exclusively by one container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExclusiveAssignment {
@@ -51,6 +71,10 @@ pub struct ExclusiveAssignment {
     /// The id of the container that last held the CPUs (a restart brings a new one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
+    /// Set when the agent adopted the pin rather than choosing it; kept across restarts of
+    /// the container and of the agent, dropped when the agent moves or resizes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopted: Option<Adoption>,
 }
 
 /// Every exclusive assignment on the node. CPUs of two assignments never overlap.
@@ -155,6 +179,8 @@ mod entries {
         cpus: CpuSet,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         container_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        adopted: Option<Adoption>,
     }
 
     pub fn serialize<S: Serializer>(
@@ -167,6 +193,7 @@ mod entries {
                 key: k.clone(),
                 cpus: a.cpus.clone(),
                 container_id: a.container_id.clone(),
+                adopted: a.adopted,
             })
             .collect();
         list.serialize(s)
@@ -181,6 +208,7 @@ mod entries {
             let assignment = ExclusiveAssignment {
                 cpus: e.cpus,
                 container_id: e.container_id,
+                adopted: e.adopted,
             };
             assignments
                 .insert(e.key, assignment)
@@ -205,6 +233,7 @@ mod tests {
         ExclusiveAssignment {
             cpus: CpuSet::parse(text).unwrap(),
             container_id: None,
+            adopted: None,
         }
     }
 

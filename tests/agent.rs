@@ -16,6 +16,7 @@ use cpusetd::cgroupfs::CgroupVersion;
 use cpusetd::kubesim::{new_container_id, ContainerSpec, PodSpec, Qos};
 
 use crate::agent_util::{cpus, pin_latency, pod, poll_until, Status, TestNode, DEADLINE};
+use crate::util::{stderr, stdout};
 
 fn guaranteed(name: &str, milli: u64) -> PodSpec {
     pod(
@@ -1312,6 +1313,63 @@ fn agent_event_to_pin_latency_on_a_fake_tree() {
         pin_latency(&node.metrics())
     );
     assert_eq!(node.metric("cpusetd_pinning_requests_total"), 100.0);
+    assert!(agent.stop().success());
+    node.assert_clean();
+}
+
+/// `status` names pods the way an operator does (`namespace/pod`, the sandbox as `POD`, from
+/// the runtime's annotations); `--wide` adds the UID and container id; the log names them too.
+#[test]
+fn status_and_log_name_pods_and_containers() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let db = guaranteed("db", 2000);
+    let id = node.fake.start_pod(&db).unwrap().remove(0);
+    node.wait_cpus(&id, "1,9");
+
+    let out = node.cpusetd("status", &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = stdout(&out);
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .skip_while(|l| !l.starts_with("POD"))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0][..2], ["POD", "CONTAINER"], "{table}");
+    assert!(
+        rows.iter().any(|r| r[..2] == ["default/db", "POD"]),
+        "the sandbox is POD: {table}"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r[..2] == ["default/db", "db"] && r.contains(&"exclusive")),
+        "{table}"
+    );
+    assert!(
+        !table.contains(&db.uid),
+        "the UID only with --wide: {table}"
+    );
+
+    let wide = stdout(&node.cpusetd("status", &["--wide"]));
+    let line = wide
+        .lines()
+        .find(|l| l.contains(&id))
+        .unwrap_or_else(|| panic!("no row with the full container id: {wide}"));
+    assert!(line.contains(&db.uid), "{line}");
+    assert!(
+        wide.lines()
+            .any(|l| l.starts_with("POD") && l.contains("POD UID")),
+        "{wide}"
+    );
+
+    let row = node.status().unwrap();
+    let row = row.by_id(&id).unwrap();
+    assert_eq!(
+        (row.pod_name.as_deref(), row.namespace.as_deref()),
+        (Some("db"), Some("default"))
+    );
+    let line = format!("default/db/db (pod{}/db): allocated cpus=1,9", db.uid);
+    assert_eq!(agent.log_lines(&line).len(), 1, "{}", agent.log());
     assert!(agent.stop().success());
     node.assert_clean();
 }

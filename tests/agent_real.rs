@@ -69,16 +69,16 @@ fn make_kubepods(tree: &E2eTree) {
 }
 
 /// `cpusetd run` on a subtree, and `status` on it.
-struct RealAgent {
-    agent: Agent,
-    tree_args: Vec<String>,
+pub(crate) struct RealAgent {
+    pub(crate) agent: Agent,
+    pub(crate) tree_args: Vec<String>,
     metrics: PathBuf,
 }
 
 impl RealAgent {
     /// Starts the agent on `tree` with CPU 0 reserved, its state and log in `scratch`, runtime
     /// configs at `<scratch>/<runtime>/{id}/config.json`; waits for its first pass.
-    fn start(tree: &E2eTree, scratch: &Path, runtime: &str) -> RealAgent {
+    pub(crate) fn start(tree: &E2eTree, scratch: &Path, runtime: &str) -> RealAgent {
         RealAgent::start_as(tree, scratch, runtime, &[])
     }
 
@@ -127,6 +127,8 @@ impl RealAgent {
             None => Command::new(env!("CARGO_BIN_EXE_cpusetd")),
         };
         command.arg("run").args(&tree_args).args([
+            "--kubelet-state",
+            "none",
             "--reserved-cpus",
             "0",
             "--cpu-manager-reconcile-period",
@@ -143,7 +145,7 @@ impl RealAgent {
         }
     }
 
-    fn status(&self) -> Option<Status> {
+    pub(crate) fn status(&self) -> Option<Status> {
         let out = Command::new(env!("CARGO_BIN_EXE_cpusetd"))
             .arg("status")
             .args(&self.tree_args)
@@ -156,7 +158,11 @@ impl RealAgent {
             .then(|| serde_json::from_slice(&out.stdout).unwrap())
     }
 
-    fn wait_status(&self, what: &str, mut condition: impl FnMut(&Status) -> bool) -> Status {
+    pub(crate) fn wait_status(
+        &self,
+        what: &str,
+        mut condition: impl FnMut(&Status) -> bool,
+    ) -> Status {
         let mut last = None;
         poll_until(DEADLINE, || {
             let status = self.status()?;
@@ -169,12 +175,12 @@ impl RealAgent {
         .unwrap_or_else(|| panic!("{what}: not within {DEADLINE:?}; last status:\n{last:#?}"))
     }
 
-    fn metrics(&self) -> std::collections::BTreeMap<String, f64> {
+    pub(crate) fn metrics(&self) -> std::collections::BTreeMap<String, f64> {
         parse_metrics(&fs::read_to_string(&self.metrics).unwrap_or_default())
     }
 
     /// Stops the agent (exit 0) and checks no cgroup write failed.
-    fn stop_clean(&mut self) {
+    pub(crate) fn stop_clean(&mut self) {
         assert!(self.agent.stop().success(), "{}", self.agent.log());
         let errors: Vec<_> = self
             .metrics()

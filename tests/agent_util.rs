@@ -112,6 +112,8 @@ pub struct Row {
     pub path: String,
     pub kind: String,
     pub pod_uid: Option<String>,
+    pub pod_name: Option<String>,
+    pub namespace: Option<String>,
     pub container: Option<String>,
     pub container_id: Option<String>,
     pub current: Option<String>,
@@ -228,6 +230,10 @@ impl TestNode {
         args.push(self.metrics_file().display().to_string());
         if !extra.contains(&"--cpu-manager-reconcile-period") {
             args.extend(["--cpu-manager-reconcile-period", "1s"].map(String::from));
+        }
+        // Never this machine's kubelet checkpoint.
+        if !extra.contains(&"--kubelet-state") {
+            args.extend(["--kubelet-state", "none"].map(String::from));
         }
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut command = Command::new(env!("CARGO_BIN_EXE_cpusetd"));

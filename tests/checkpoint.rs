@@ -38,6 +38,7 @@ fn checkpoint(n: u32) -> Checkpoint {
     let exclusive = |cpus: CpuSet| ExclusiveAssignment {
         cpus,
         container_id: None,
+        adopted: None,
     };
     assignments
         .insert(key("pod-a", "app"), exclusive(set("2-3")))

@@ -23,14 +23,16 @@ use crate::cgroupfs::{
     CgroupError, CgroupPath, CgroupVersion, Hierarchy, InterfaceFile, Scan, ScannedCgroup, Scanner,
     SkipReason,
 };
+use crate::checkpoint::kubelet_state::KubeletState;
 use crate::classify::{
     classify, classify_scan_one, config_matches_cgroup, CgroupKind, CgroupNaming, Classification,
+    Notice,
 };
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, NodeLimits, Plan, PlanConfig, ReleaseReason, WriteStep};
 use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
-use crate::state::{AssignmentKey, Assignments};
+use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment};
 use crate::topology::Topology;
 use crate::watcher::TreeEvent;
 use crate::writer::{apply_scheduled, NewChildren, Schedule};
@@ -111,6 +113,9 @@ struct ModelEntry {
     /// Its cpuset has been seen set up: empty later means a foreign write (drift), not a
     /// runtime still at work.
     initialised: bool,
+    /// What classification noticed and the log said, so a re-classification (its CPU
+    /// settings written after its config was read) does not say it again.
+    said: Vec<Notice>,
 }
 
 /// What the controller needs to run, besides its channels.
@@ -230,6 +235,9 @@ pub struct Controller {
     /// When a rescan was last said in the log, and how many were not said since.
     rescan_said: Option<Instant>,
     rescans_unsaid: u64,
+    /// `namespace/pod` of pods holding exclusive CPUs, so the log can name a pod that is gone
+    /// when its CPUs are released.
+    pod_names: HashMap<String, String>,
     pub metrics: Metrics,
 }
 
@@ -242,6 +250,7 @@ impl Controller {
             unreadable_said: HashSet::new(),
             rescan_said: None,
             rescans_unsaid: 0,
+            pod_names: HashMap::new(),
             fights: HashMap::new(),
             last_limits: None,
             drifted: HashSet::new(),
@@ -337,6 +346,72 @@ impl Controller {
             .into_iter()
             .flatten()
             .min()
+    }
+
+    /// Migration from kubelet's static policy (before the first pass): each pin kubelet's
+    /// checkpoint names is adopted when its container runs on exactly those CPUs; a pin the
+    /// live tree contradicts is said and left to the live tree (which wins), one whose
+    /// container is not running is said and skipped. Returns how many were adopted.
+    pub fn adopt_kubelet_pins(&mut self, kubelet: &KubeletState) -> usize {
+        let scan = self.model_scan();
+        let classes = self.classify_model(&scan);
+        // The running containers: by assignment key, and the key by container id (kubelet's
+        // legacy v1 format names containers by id).
+        let mut live: HashMap<AssignmentKey, (Option<String>, Option<CpuSet>)> = HashMap::new();
+        let mut by_id: HashMap<String, AssignmentKey> = HashMap::new();
+        for (cgroup, class) in scan.cgroups.iter().zip(&classes) {
+            if class.kind != CgroupKind::Container {
+                continue;
+            }
+            let Some(key) = class.assignment_key() else {
+                continue;
+            };
+            if let Some(id) = &class.container_id {
+                by_id.insert(id.clone(), key.clone());
+            }
+            live.insert(
+                key,
+                (class.container_id.clone(), cgroup.cpus.value().cloned()),
+            );
+        }
+        let mut wanted: Vec<(AssignmentKey, &CpuSet)> = kubelet
+            .entries
+            .iter()
+            .map(|(k, c)| (k.clone(), c))
+            .collect();
+        for (id, cpus) in &kubelet.legacy_entries {
+            match by_id.get(id) {
+                Some(key) => wanted.push((key.clone(), cpus)),
+                None => log::info!(
+                    "kubelet's cpu_manager_state: container {id} (cpus {cpus}) is not running: nothing to adopt"
+                ),
+            }
+        }
+        let mut adopted = 0;
+        for (key, cpus) in wanted {
+            let label = self.label(&key);
+            match live.get(&key) {
+                None => log::info!(
+                    "kubelet's cpu_manager_state: {label} (cpus {cpus}) is not running: nothing to adopt"
+                ),
+                Some((id, Some(current))) if current == cpus => {
+                    let assignment = ExclusiveAssignment {
+                        cpus: cpus.clone(),
+                        container_id: id.clone(),
+                        adopted: Some(Adoption::Kubelet),
+                    };
+                    match self.parts.assignments.insert(key, assignment) {
+                        Ok(()) => adopted += 1,
+                        Err(e) => log::warn!("kubelet's cpu_manager_state: {label}: {e}; not adopted"),
+                    }
+                }
+                Some((_, current)) => log::warn!(
+                    "kubelet's cpu_manager_state gives {label} cpus {cpus}, but it runs on {}: the live tree wins",
+                    current.as_ref().map_or_else(|| "an unreadable set".to_string(), |c| c.to_string())
+                ),
+            }
+        }
+        adopted
     }
 
     /// Reads the whole tree into the model (at start, and after a watcher overflow).
@@ -574,6 +649,7 @@ impl Controller {
                         class: None,
                         desired: None,
                         initialised: false,
+                        said: Vec::new(),
                     }),
                 );
             }
@@ -1171,12 +1247,12 @@ impl Controller {
                     _ => {}
                 }
                 entry.class = Some(class.clone());
-                log_notices(&cgroup.path, &class);
+                say_notices(&cgroup.path, &class, &mut entry.said);
             } else if class.kind != CgroupKind::Container || !waiting {
                 // Without a runtime config a container waiting for its CPU settings is looked
                 // up again next pass; one classified from its cgroup is not.
                 entry.class = Some(class.clone());
-                log_notices(&cgroup.path, &class);
+                say_notices(&cgroup.path, &class, &mut entry.said);
             }
             classes.push(class);
         }
@@ -1231,22 +1307,57 @@ impl Controller {
         }
     }
 
+    /// How the log names a container: `namespace/pod/container (pod<uid>/…)` once the runtime
+    /// has named its pod, else the key alone.
+    fn label(&mut self, key: &AssignmentKey) -> String {
+        let uid = key.pod_uid();
+        if !self.pod_names.contains_key(uid) {
+            let found = self
+                .model
+                .values()
+                .filter_map(|e| e.class.as_ref())
+                .find(|c| c.pod_uid.as_deref() == Some(uid) && c.pod_name.is_some());
+            if let Some(class) = found {
+                let name = format!(
+                    "{}/{}",
+                    class.pod_namespace.as_deref().unwrap_or("-"),
+                    class.pod_name.as_deref().unwrap_or("-")
+                );
+                self.pod_names.insert(uid.to_string(), name);
+            }
+        }
+        let Some(pod) = self.pod_names.get(uid) else {
+            return key.to_string();
+        };
+        let text = match key {
+            AssignmentKey::Named { container, .. } => format!("{pod}/{container} ({key})"),
+            AssignmentKey::Id { .. } => format!("{pod} ({key})"),
+        };
+        crate::logging::printable(&text).into_owned()
+    }
+
     fn log_events(&mut self, events: &[AssignEvent]) {
         for event in events {
             match event {
                 AssignEvent::Allocated { key, cpus } => {
                     self.metrics.pinning_requests += 1;
                     self.metrics.pin_succeeded(key);
-                    log::info!("{key}: allocated cpus={cpus}");
+                    log::info!("{}: allocated cpus={cpus}", self.label(key));
                 }
-                AssignEvent::Adopted { key, cpus } => log::info!("{key}: adopted cpus={cpus}"),
+                AssignEvent::Adopted { key, cpus } => {
+                    log::info!("{}: adopted cpus={cpus}", self.label(key))
+                }
                 AssignEvent::Shrunk { key, from, cpus } => {
-                    log::info!("{key}: resized in place from cpus={from} to cpus={cpus}")
+                    log::info!(
+                        "{}: resized in place from cpus={from} to cpus={cpus}",
+                        self.label(key)
+                    )
                 }
                 AssignEvent::Reused { key, from, cpus } => {
-                    log::info!("{key}: took over cpus={cpus} from {from}")
+                    log::info!("{}: took over cpus={cpus} from {from}", self.label(key))
                 }
                 AssignEvent::Released { key, cpus, why } => {
+                    let pod_gone = matches!(why, ReleaseReason::PodGone);
                     let why = match why {
                         ReleaseReason::PodGone => "pod gone",
                         ReleaseReason::NowShared => "now shared",
@@ -1254,7 +1365,10 @@ impl Controller {
                         ReleaseReason::Reused => "reused by its pod",
                     };
                     self.metrics.pin_succeeded(key);
-                    log::info!("{key}: released cpus={cpus} ({why})");
+                    log::info!("{}: released cpus={cpus} ({why})", self.label(key));
+                    if pod_gone {
+                        self.pod_names.remove(key.pod_uid());
+                    }
                 }
                 AssignEvent::Failed {
                     key,
@@ -1267,7 +1381,8 @@ impl Controller {
                         self.metrics.pinning_requests += 1;
                         self.metrics.pinning_errors += 1;
                         log::warn!(
-                            "{key}: {requested} exclusive cpus cannot be given, stays shared: {error}"
+                            "{}: {requested} exclusive cpus cannot be given, stays shared: {error}",
+                            self.label(key)
                         );
                     }
                 }
@@ -1356,10 +1471,14 @@ impl Controller {
 /// What classification noticed about a cgroup (an ignored annotation value, a pod uid in the
 /// runtime config that differs from the path, a limit that differs from the request …), said
 /// once: when its classification is cached, which is again only when its CPU settings change.
-fn log_notices(path: &CgroupPath, class: &Classification) {
+/// Logs what classification noticed about a cgroup, each notice once while it lasts.
+fn say_notices(path: &CgroupPath, class: &Classification, said: &mut Vec<Notice>) {
     for notice in &class.notices {
-        log::warn!("cg={path}: {notice}");
+        if !said.contains(notice) {
+            log::warn!("cg={path}: {notice}");
+        }
     }
+    said.clone_from(&class.notices);
 }
 
 #[cfg(test)]

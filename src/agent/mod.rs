@@ -66,6 +66,8 @@ pub struct AgentConfig {
     pub state_dir: PathBuf,
     pub reconcile_period: Duration,
     pub metrics_file: Option<PathBuf>,
+    /// kubelet's `cpu_manager_state`, read on a first start (no checkpoint of our own).
+    pub kubelet_state: Option<PathBuf>,
     /// sd_notify, already used while waiting for kubepods.
     pub notifier: Notifier,
 }
@@ -101,6 +103,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         state_dir,
         reconcile_period,
         metrics_file,
+        kubelet_state,
         mut notifier,
     } = config;
 
@@ -113,7 +116,8 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
 
     let _lock = StateLock::acquire(&state_dir)?;
     let mut parts = parts;
-    (parts.assignments, parts.quota_lifted) = restore(&state_dir, &parts, &options);
+    let first_start;
+    (parts.assignments, parts.quota_lifted, first_start) = restore(&state_dir, &parts, &options);
     let hierarchy = parts.hierarchy.clone();
     let kubepods = layout.kubepods.clone();
 
@@ -143,6 +147,9 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     }
     let started = Instant::now();
     controller.full_scan().map_err(AgentError::FirstScan)?;
+    if let (true, Some(path)) = (first_start, &kubelet_state) {
+        adopt_from_kubelet(&mut controller, path);
+    }
     controller.clone_cpusets_at_creation();
     let outcome = controller.pass(Instant::now());
     controller.metrics.reconcile_duration = Some(started.elapsed());
@@ -298,8 +305,42 @@ fn reconcile(controller: &mut Controller, persist: &mut Persist, scan: Reconcile
     persist.save(controller, true);
 }
 
+/// Migration from kubelet's static policy: on a first start, the pins kubelet's checkpoint
+/// names are adopted where the live tree agrees. Nothing here stops the agent: a missing,
+/// unreadable or corrupt file, or another policy's, is said once and the live tree is used.
+fn adopt_from_kubelet(controller: &mut Controller, path: &std::path::Path) {
+    use crate::checkpoint::kubelet_state;
+    match kubelet_state::read(path) {
+        Ok(None) => {}
+        Ok(Some(state)) if state.policy_name != "static" => log::info!(
+            "{}: kubelet ran the {:?} policy: no pins to adopt from it",
+            path.display(),
+            state.policy_name
+        ),
+        Ok(Some(state)) => {
+            let adopted = controller.adopt_kubelet_pins(&state);
+            log::info!(
+                "{}: adopted {adopted} of kubelet's {} pin(s) (format {:?}{})",
+                path.display(),
+                state.entries.len() + state.legacy_entries.len(),
+                state.format,
+                if state.checksum_verified {
+                    ""
+                } else {
+                    ", checksum 0: not verified"
+                }
+            );
+        }
+        Err(e) => log::warn!(
+            "kubelet's checkpoint not used ({}); pins are adopted from the live tree",
+            error_chain(&e)
+        ),
+    }
+}
+
 /// Loads the checkpoint: its assignments fill in names and intent; anything unusable is moved
-/// aside and logged, never a reason to refuse to start.
+/// aside and logged, never a reason to refuse to start. The flag: there was none (a first
+/// start).
 fn restore(
     state_dir: &std::path::Path,
     parts: &ControllerParts,
@@ -307,6 +348,7 @@ fn restore(
 ) -> (
     crate::state::Assignments,
     std::collections::BTreeMap<crate::cgroupfs::CgroupPath, String>,
+    bool,
 ) {
     let policy_name = if parts.policy.is_some() {
         Policy::Static
@@ -314,7 +356,7 @@ fn restore(
         Policy::None
     };
     match checkpoint::load(state_dir) {
-        LoadOutcome::Missing => Default::default(),
+        LoadOutcome::Missing => (Default::default(), Default::default(), true),
         LoadOutcome::Unusable { path, reason } => {
             log::warn!("{}; starting from the live tree", reason.describe(&path));
             match checkpoint::quarantine(state_dir, &reason) {
@@ -324,7 +366,7 @@ fn restore(
                     error_chain(&e)
                 ),
             }
-            Default::default()
+            (Default::default(), Default::default(), false)
         }
         LoadOutcome::Loaded(cp) => {
             if cp.policy != policy_name {
@@ -363,7 +405,7 @@ fn restore(
                         .map(|p| (p, q.original))
                 })
                 .collect();
-            (cp.assignments, quota_lifted)
+            (cp.assignments, quota_lifted, false)
         }
     }
 }

@@ -39,7 +39,7 @@ use serde::Deserialize;
 
 use super::{read_bounded, Bounded, MAX_FILE_SIZE};
 use crate::cpuset::{CpuSet, ParseError};
-use crate::state::{AssignmentError, AssignmentKey, Assignments, ExclusiveAssignment};
+use crate::state::{Adoption, AssignmentError, AssignmentKey, Assignments, ExclusiveAssignment};
 
 /// kubelet's default checkpoint path (`<root-dir>/cpu_manager_state`).
 pub const DEFAULT_PATH: &str = "/var/lib/kubelet/cpu_manager_state";
@@ -132,6 +132,7 @@ impl KubeletState {
             let assignment = ExclusiveAssignment {
                 cpus: cpus.clone(),
                 container_id: None,
+                adopted: Some(Adoption::Kubelet),
             };
             if let Err(e) = adopted.assignments.insert(key.clone(), assignment) {
                 adopted.refused.push(e);

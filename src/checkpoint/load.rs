@@ -200,6 +200,7 @@ impl Document {
             let assignment = ExclusiveAssignment {
                 cpus,
                 container_id: entry.container_id,
+                adopted: entry.adopted,
             };
             assignments
                 .insert(entry.key, assignment)

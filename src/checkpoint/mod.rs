@@ -174,6 +174,8 @@ struct DocumentAssignment {
     cpus: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     container_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    adopted: Option<crate::state::Adoption>,
 }
 
 impl From<&Checkpoint> for Document {
@@ -192,6 +194,7 @@ impl From<&Checkpoint> for Document {
                     key: key.clone(),
                     cpus: a.cpus.to_string(),
                     container_id: a.container_id.clone(),
+                    adopted: a.adopted,
                 })
                 .collect(),
             quota_lifted: c.quota_lifted.clone(),

@@ -23,6 +23,7 @@ fn sample() -> Checkpoint {
             ExclusiveAssignment {
                 cpus: set("2-3"),
                 container_id: Some("abc".into()),
+                adopted: None,
             },
         )
         .unwrap();
@@ -35,6 +36,7 @@ fn sample() -> Checkpoint {
             ExclusiveAssignment {
                 cpus: set("6"),
                 container_id: None,
+                adopted: None,
             },
         )
         .unwrap();

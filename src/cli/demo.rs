@@ -182,6 +182,9 @@ pub fn run(args: &DemoArgs) -> Result<(), CommandError> {
             "0,8",
             "--cpu-manager-reconcile-period",
             "2s",
+            // The fake node has no kubelet; this machine's kubelet (if any) is not its.
+            "--kubelet-state",
+            "none",
         ])
         .arg("--state-dir")
         .arg(&state_dir)
@@ -419,7 +422,7 @@ impl Show {
             println!("   agent: {line}");
         }
         println!();
-        for line in view.render().lines() {
+        for line in view.render(false).lines() {
             println!("   {line}");
         }
         println!();

@@ -99,6 +99,18 @@ pub struct AgentArgs {
     /// `run` writes Prometheus metrics here after each pass (node_exporter textfile collector).
     #[arg(long, value_name = "PATH")]
     pub metrics_file: Option<PathBuf>,
+    /// kubelet's CPU manager checkpoint. On a first start (no checkpoint of its own) `run`
+    /// adopts the pins it names that the live tree agrees with (migration from kubelet's static
+    /// policy); `none` skips it.
+    #[arg(long, value_name = "PATH|none", default_value = crate::checkpoint::kubelet_state::DEFAULT_PATH)]
+    pub kubelet_state: String,
+}
+
+impl AgentArgs {
+    /// `--kubelet-state`, `None` for `none`.
+    pub fn kubelet_state_path(&self) -> Option<PathBuf> {
+        (self.kubelet_state != "none").then(|| PathBuf::from(&self.kubelet_state))
+    }
 }
 
 impl AgentArgs {

@@ -25,6 +25,9 @@ pub struct PlanArgs {
     /// Print JSON instead of tables.
     #[arg(long)]
     json: bool,
+    /// Add the pod UID and the full container id to the table.
+    #[arg(long)]
+    wide: bool,
 }
 
 #[derive(Serialize)]
@@ -61,7 +64,7 @@ struct JsonPlan {
 }
 
 pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
-    let (apply_writes, json) = (args.apply, args.json);
+    let (apply_writes, json, wide) = (args.apply, args.json, args.wide);
     let args = &args.agent;
     args.validate()?;
     // One writer: with --apply, a running agent's lock means "it applies this itself".
@@ -165,7 +168,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
             _ => println!("policy none: nothing is managed"),
         }
         println!();
-        print!("{}", render_table(&table));
+        print!("{}", render_table(&table, wide));
         println!();
         if planned.writes.is_empty() {
             println!("no writes: the tree is as planned");

@@ -58,6 +58,7 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         state_dir: args.state_dir.clone(),
         reconcile_period: args.cpu_manager_reconcile_period,
         metrics_file: args.metrics_file.clone(),
+        kubelet_state: args.kubelet_state_path(),
         notifier,
     };
     agent::run(config).map_err(|e| CommandError {

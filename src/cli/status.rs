@@ -21,6 +21,9 @@ pub struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Add the pod UID and the full container id to the table.
+    #[arg(long)]
+    wide: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -48,8 +51,9 @@ impl StatusView {
         &self.doc.containers
     }
 
-    /// The header line and the table, as `cpusetd status` prints them.
-    pub fn render(&self) -> String {
+    /// The header line and the table, as `cpusetd status` prints them (`wide`: with UIDs and
+    /// container ids).
+    pub fn render(&self, wide: bool) -> String {
         let d = &self.doc;
         let age = d.last_reconcile_unix_ms.map(|ms| {
             let then = UNIX_EPOCH + Duration::from_millis(ms);
@@ -67,7 +71,7 @@ impl StatusView {
             d.exclusive_cpu_count,
             age.unwrap_or_else(|| "never".into())
         );
-        out.push_str(&render_table(&d.containers));
+        out.push_str(&render_table(&d.containers, wide));
         if d.differing > 0 {
             out.push_str(&format!(
                 "\n{} cgroup(s) marked * differ from what the agent wants (a write still to come, or drift the next pass repairs)\n",
@@ -180,7 +184,7 @@ pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
             serde_json::to_string_pretty(&view.doc).map_err(|e| CommandError::failure(&e))?;
         println!("{text}");
     } else {
-        print!("{}", view.render());
+        print!("{}", view.render(args.wide));
     }
     Ok(())
 }

@@ -24,7 +24,7 @@ use std::collections::BTreeSet;
 
 use crate::allocator::{AllocationError, StaticPolicy};
 use crate::cpuset::CpuSet;
-use crate::state::{AssignmentKey, Assignments, ExclusiveAssignment};
+use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment};
 
 /// What a container is entitled to, as classification decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +162,7 @@ pub fn assign(
                     ExclusiveAssignment {
                         cpus: kept.clone(),
                         container_id: demand.container_id.clone(),
+                        adopted: None,
                     },
                 );
                 events.push(AssignEvent::Shrunk {
@@ -218,6 +219,7 @@ pub fn assign(
                 let assignment = ExclusiveAssignment {
                     cpus: cpus.clone(),
                     container_id: demand.container_id.clone(),
+                    adopted: Some(Adoption::LiveTree),
                 };
                 if assignments.insert(demand.key.clone(), assignment).is_ok() {
                     events.push(AssignEvent::Adopted {
@@ -258,6 +260,7 @@ pub fn assign(
                 let assignment = ExclusiveAssignment {
                     cpus: cpus.clone(),
                     container_id: demand.container_id.clone(),
+                    adopted: None,
                 };
                 if assignments.insert(demand.key.clone(), assignment).is_ok() {
                     events.push(AssignEvent::Reused {
@@ -297,6 +300,7 @@ pub fn assign(
                 let assignment = ExclusiveAssignment {
                     cpus: cpus.clone(),
                     container_id: demand.container_id.clone(),
+                    adopted: None,
                 };
                 match assignments.insert(demand.key.clone(), assignment) {
                     Ok(()) => events.push(AssignEvent::Allocated {
@@ -326,6 +330,7 @@ fn refresh_container_id(assignments: &mut Assignments, demand: &ContainerDemand)
         let updated = ExclusiveAssignment {
             cpus: held.cpus.clone(),
             container_id: demand.container_id.clone(),
+            adopted: held.adopted,
         };
         // Same key, same CPUs: cannot overlap anything new.
         let _ = assignments.insert(demand.key.clone(), updated);
@@ -432,6 +437,7 @@ mod tests {
                 ExclusiveAssignment {
                     cpus: CpuSet::parse("1-3,5-7").unwrap(),
                     container_id: None,
+                    adopted: None,
                 },
             )
             .unwrap();
@@ -615,6 +621,7 @@ mod tests {
                 ExclusiveAssignment {
                     cpus: CpuSet::parse("3,7,2,6").unwrap(),
                     container_id: None,
+                    adopted: None,
                 },
             )
             .unwrap();

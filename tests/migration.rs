@@ -1,0 +1,232 @@
+//! Migration from kubelet's static policy: on a first start the agent reads kubelet's
+//! `cpu_manager_state` (v2 and the legacy v1 format, checksums as kubelet writes them), adopts
+//! the pins it names where the live tree agrees, says where it does not (the live tree wins)
+//! and never refuses to start over it; `status` marks adopted pins, across restarts.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+
+use cpusetd::cgroupfs::CgroupVersion;
+use cpusetd::kubesim::{ContainerSpec, PodSpec, Qos};
+
+use crate::agent_util::{pod, TestNode};
+
+/// FNV-1a, 32 bits, as kubelet's checksum package uses it.
+fn fnv1a32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5, |hash, &b| {
+        (hash ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// A v2 `cpu_manager_state` as kubelet writes it: entries by pod UID and container name, the
+/// checksum over go-spew's `%#v` of the struct with the checksum zeroed.
+fn kubelet_v2(default: &str, entries: &BTreeMap<String, BTreeMap<String, String>>) -> String {
+    let rendered: Vec<String> = entries
+        .iter()
+        .map(|(pod, containers)| {
+            let inner: Vec<String> = containers
+                .iter()
+                .map(|(c, cpus)| format!("{c}:{cpus}"))
+                .collect();
+            format!("{pod}:map[{}]", inner.join(" "))
+        })
+        .collect();
+    let spew = format!(
+        "(*state.CPUManagerCheckpoint){{PolicyName:(string)static DefaultCPUSet:(string){default} \
+         Entries:(map[string]map[string]string)map[{}] Checksum:(checksum.Checksum)0}}",
+        rendered.join(" ")
+    );
+    serde_json::json!({
+        "policyName": "static",
+        "defaultCpuSet": default,
+        "entries": entries,
+        "checksum": fnv1a32(spew.as_bytes()),
+    })
+    .to_string()
+}
+
+/// The legacy v1 format (kubelet before 1.18): entries by container id.
+fn kubelet_v1(default: &str, entries: &BTreeMap<String, String>) -> String {
+    let rendered: Vec<String> = entries
+        .iter()
+        .map(|(id, cpus)| format!("{id}:{cpus}"))
+        .collect();
+    let spew = format!(
+        "(*state.CPUManagerCheckpoint){{PolicyName:(string)static DefaultCPUSet:(string){default} \
+         Entries:(map[string]string)map[{}] Checksum:(checksum.Checksum)0}}",
+        rendered.join(" ")
+    );
+    serde_json::json!({
+        "policyName": "static",
+        "defaultCpuSet": default,
+        "entries": entries,
+        "checksum": fnv1a32(spew.as_bytes()),
+    })
+    .to_string()
+}
+
+fn guaranteed(name: &str, milli: u64) -> PodSpec {
+    pod(
+        name,
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed(name, milli)],
+    )
+}
+
+/// Starts a pod as kubelet's static policy left it: the container on `cpus`.
+fn pinned_by_kubelet(node: &TestNode, pod: &PodSpec, cpus: &str) -> String {
+    let id = node.fake.start_pod(pod).unwrap().remove(0);
+    node.write(pod, &id, "cpuset.cpus", cpus);
+    id
+}
+
+fn note<'a>(status: &'a crate::agent_util::Status, id: &str) -> &'a str {
+    &status.by_id(id).unwrap().note
+}
+
+#[test]
+fn kubelet_pins_are_adopted_where_the_live_tree_agrees() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let db = guaranteed("db", 2000);
+    let web = guaranteed("web", 1000);
+    let db_id = pinned_by_kubelet(&node, &db, "1,9");
+    let web_id = pinned_by_kubelet(&node, &web, "2");
+    let gone_uid = "0badc0de-0000-4000-8000-000000000001";
+    let entries = BTreeMap::from([
+        (
+            db.uid.clone(),
+            BTreeMap::from([("db".to_string(), "1,9".to_string())]),
+        ),
+        // kubelet's file and the live tree disagree: the live tree wins.
+        (
+            web.uid.clone(),
+            BTreeMap::from([("web".to_string(), "3".to_string())]),
+        ),
+        (
+            gone_uid.to_string(),
+            BTreeMap::from([("app".to_string(), "4-5".to_string())]),
+        ),
+    ]);
+    let file = node.state_dir().with_file_name("cpu_manager_state");
+    fs::write(&file, kubelet_v2("0,2-8,10-15", &entries)).unwrap();
+    let flag = file.display().to_string();
+
+    let mut agent = node.start_agent(&["--kubelet-state", &flag]);
+    let status = node.wait_status("converged", |s| s.converged() && s.exclusive_cpu_count == 3);
+    assert!(status.has(&db_id, "1,9"), "{status:#?}");
+    assert!(status.has(&web_id, "2"), "{status:#?}");
+    assert_eq!(
+        note(&status, &db_id),
+        "exclusive, adopted from kubelet's cpu_manager_state"
+    );
+    assert_eq!(
+        note(&status, &web_id),
+        "exclusive, adopted from the live tree"
+    );
+    let log = agent.log();
+    assert!(
+        log.contains("adopted 1 of kubelet's 3 pin(s) (format V2)"),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "kubelet's cpu_manager_state gives default/web/web (pod{}/web) cpus 3, but it runs on 2: the live tree wins",
+            web.uid
+        )),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("pod{gone_uid}/app (cpus 4-5) is not running")),
+        "{log}"
+    );
+    assert!(agent.stop().success());
+
+    // A restart reads its own checkpoint, not kubelet's again; the marks stay.
+    fs::write(&file, "garbage").unwrap();
+    let mut again = node.start_agent(&["--kubelet-state", &flag]);
+    let status = node.wait_status("converged again", |s| s.converged());
+    assert_eq!(
+        note(&status, &db_id),
+        "exclusive, adopted from kubelet's cpu_manager_state"
+    );
+    assert!(
+        !again.log().contains("kubelet's checkpoint"),
+        "{}",
+        again.log()
+    );
+    assert!(again.stop().success());
+    node.assert_clean();
+}
+
+#[test]
+fn legacy_v1_entries_are_matched_by_container_id() {
+    let node = TestNode::new(CgroupVersion::V2);
+    let db = guaranteed("db", 2000);
+    let db_id = pinned_by_kubelet(&node, &db, "4,12");
+    let entries = BTreeMap::from([(db_id.clone(), "4,12".to_string())]);
+    let file = node.state_dir().with_file_name("cpu_manager_state");
+    fs::write(&file, kubelet_v1("0-3,5-11,13-15", &entries)).unwrap();
+
+    let mut agent = node.start_agent(&["--kubelet-state", &file.display().to_string()]);
+    let status = node.wait_status("converged", |s| s.converged() && s.exclusive_cpu_count == 2);
+    assert!(status.has(&db_id, "4,12"), "{status:#?}");
+    assert_eq!(
+        note(&status, &db_id),
+        "exclusive, adopted from kubelet's cpu_manager_state"
+    );
+    assert!(
+        agent
+            .log()
+            .contains("adopted 1 of kubelet's 1 pin(s) (format V1)"),
+        "{}",
+        agent.log()
+    );
+    assert!(agent.stop().success());
+    node.assert_clean();
+}
+
+/// A corrupt, oversized or special file is said once and the live tree is adopted as usual.
+#[test]
+fn a_bad_kubelet_checkpoint_never_stops_the_agent() {
+    for (what, write) in [
+        (
+            "edited",
+            &(|p: &Path| {
+                let mut text = kubelet_v2(
+                    "0-15",
+                    &BTreeMap::from([(
+                        "u".to_string(),
+                        BTreeMap::from([("c".to_string(), "1".to_string())]),
+                    )]),
+                );
+                text = text.replace("\"c\":\"1\"", "\"c\":\"2\"");
+                fs::write(p, text).unwrap();
+            }) as &dyn Fn(&Path),
+        ),
+        ("a directory", &|p: &Path| fs::create_dir(p).unwrap()),
+        ("not json", &|p: &Path| fs::write(p, "{").unwrap()),
+    ] {
+        let node = TestNode::new(CgroupVersion::V1);
+        let db = guaranteed("db", 1000);
+        let db_id = pinned_by_kubelet(&node, &db, "3");
+        let file = node.state_dir().with_file_name("cpu_manager_state");
+        write(&file);
+        let mut agent = node.start_agent(&["--kubelet-state", &file.display().to_string()]);
+        let status = node.wait_status("converged", |s| s.converged());
+        assert!(status.has(&db_id, "3"), "{what}: {status:#?}");
+        assert_eq!(
+            note(&status, &db_id),
+            "exclusive, adopted from the live tree",
+            "{what}"
+        );
+        assert_eq!(
+            agent.log_lines("kubelet's checkpoint not used").len(),
+            1,
+            "{what}: {}",
+            agent.log()
+        );
+        assert!(agent.stop().success());
+        node.assert_clean();
+    }
+}
