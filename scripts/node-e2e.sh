@@ -18,6 +18,8 @@
 #   NODE_E2E_ACCEL     kvm | tcg | auto (default: kvm when /dev/kvm boots a guest, else tcg)
 #   NODE_E2E_TIMEOUT   seconds per boot before qemu is killed (default 900)
 #   NODE_E2E_MIRROR    Debian mirror for debootstrap (default http://deb.debian.org/debian)
+#   NODE_E2E_IDLE      seconds the watchdog check waits idle (default 120)
+#   NODE_E2E_IMAGE_ONLY=1  build (or find) the cached base image and stop
 # As root with apt-get it installs what is missing on the host: debootstrap, qemu-system-x86,
 # e2fsprogs. The base image is cached in target/node-e2e/cache/<key>/ (key: the package list,
 # the image recipe in this script and scripts/node-e2e/runner.service); a fresh machine builds it.
@@ -74,16 +76,6 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 # --- the base image (cached) ---------------------------------------------------------------------
-# Everything that goes into the image is in the key: change one and the image is rebuilt.
-image_recipe_version=1
-packages=$(grep -v '^#' "$repo/scripts/node-e2e/packages" | grep -v '^[[:space:]]*$' | LC_ALL=C sort)
-key=$( {
-    echo "recipe $image_recipe_version bookworm $mirror"
-    echo "$packages"
-    cat "$repo/scripts/node-e2e/runner.service"
-} | sha256sum | cut -c1-16)
-cache=$work/cache/$key
-
 build_image() {
     local tmp=$work/cache/$key.tmp root
     rm -rf "$tmp"
@@ -124,7 +116,21 @@ build_image() {
     rm -rf "$root"
     rm -rf "$cache"
     mv "$tmp" "$cache"
+    # Images of older recipes are not needed any more (the .deb cache is kept).
+    find "$work/cache" -mindepth 1 -maxdepth 1 -type d ! -name debs ! -name "$key" \
+        -exec rm -rf {} +
 }
+
+# Everything that goes into the image is in the key (the recipe is build_image itself): change
+# one and the image is rebuilt.
+packages=$(grep -v '^#' "$repo/scripts/node-e2e/packages" | grep -v '^[[:space:]]*$' | LC_ALL=C sort)
+key=$( {
+    echo "bookworm $mirror"
+    echo "$packages"
+    declare -f build_image
+    cat "$repo/scripts/node-e2e/runner.service"
+} | sha256sum | cut -c1-16)
+cache=$work/cache/$key
 
 if [ -f "$cache/base.raw" ]; then
     echo "node-e2e: cached base image $cache" >&2
@@ -273,4 +279,5 @@ for scenario in "${scenarios[@]}"; do
     tail -n 30 "$console" | tr -d '\r' | sed 's/^/    | /'
 done
 step
+echo "node-e2e: ${SECONDS}s in all" >&2
 exit "$failed"
