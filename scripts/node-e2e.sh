@@ -112,7 +112,7 @@ build_image() {
     cp -L "$root/initrd.img" "$tmp/initrd.img"
     chmod 0644 "$tmp/vmlinuz" "$tmp/initrd.img"
     step "make the ext4 image"
-    mkfs.ext4 -q -F -L root -d "$root" "$tmp/base.raw" 4G
+    mkfs.ext4 -q -F -L root -d "$root" "$tmp/base.raw" 4G >&2
     rm -rf "$root"
     rm -rf "$cache"
     mv "$tmp" "$cache"
@@ -180,7 +180,7 @@ cp "$repo/README.md" "$inject/repo/"
 install -m 0755 "$repo/scripts/node-e2e/guest-test.sh" "$inject/run.sh"
 cp "$repo/scripts/node-e2e/containerd.toml" "$inject/containerd.toml"
 rm -f "$work/inject.raw"
-mkfs.ext4 -q -F -L e2e -d "$inject" "$work/inject.raw" 256M
+mkfs.ext4 -q -F -L e2e -d "$inject" "$work/inject.raw" 256M >&2
 
 # --- booting -------------------------------------------------------------------------------------
 qemu_common=(
