@@ -172,6 +172,7 @@ case "$(stat -fc %T "$CGROUP")" in
     tmpfs) mode=v1 ;;
     *) mode=unknown ;;
 esac
+log "cgroup mounts: $(findmnt -rn -o TARGET,FSTYPE -t cgroup,cgroup2 | tr '\n' ' ')"
 want_mode=${scenario#systemd-}
 if [ "$mode" = "$want_mode" ] && [ "$(ps -o comm= -p 1)" = systemd ]; then
     pass cgroup-mode
