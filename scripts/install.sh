@@ -3,7 +3,11 @@
 #   /usr/local/bin/cpusetd, /etc/systemd/system/cpusetd.service, /etc/default/cpusetd (kept if
 #   it exists: edit it first, at least --reserved-cpus), then enables and starts the service.
 # Usage: sudo scripts/install.sh [--no-start]
+# With CPUSETD_BIN=/path/to/cpusetd it installs that prebuilt binary instead of running
+# `cargo build --release --locked` (a node without a Rust toolchain).
 set -euo pipefail
+# A relative CPUSETD_BIN is relative to where the script was started from.
+[ -n "${CPUSETD_BIN:-}" ] && CPUSETD_BIN=$(realpath -- "$CPUSETD_BIN")
 cd "$(dirname "$0")/.."
 
 start=yes
@@ -14,8 +18,17 @@ if [ "$(id -u)" -ne 0 ]; then
     echo "install.sh: run as root (it writes $prefix/bin and /etc/systemd/system)" >&2
     exit 1
 fi
-cargo build --release --locked
-install -D -m 0755 target/release/cpusetd "$prefix/bin/cpusetd"
+if [ -n "${CPUSETD_BIN:-}" ]; then
+    bin=$CPUSETD_BIN
+    if [ ! -f "$bin" ] || [ ! -x "$bin" ]; then
+        echo "install.sh: CPUSETD_BIN=$bin is not an executable file" >&2
+        exit 1
+    fi
+else
+    cargo build --release --locked
+    bin=target/release/cpusetd
+fi
+install -D -m 0755 "$bin" "$prefix/bin/cpusetd"
 install -D -m 0644 systemd/cpusetd.service /etc/systemd/system/cpusetd.service
 if [ -e /etc/default/cpusetd ]; then
     echo "keeping the existing /etc/default/cpusetd (the new template is systemd/cpusetd.env)"

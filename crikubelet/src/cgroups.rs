@@ -338,6 +338,8 @@ impl NodeCgroups {
         command
             .args([
                 "call",
+                // The properties hold `-.slice`, which busctl would read as options.
+                "--",
                 "org.freedesktop.systemd1",
                 "/org/freedesktop/systemd1",
                 "org.freedesktop.systemd1.Manager",
@@ -351,8 +353,12 @@ impl NodeCgroups {
             .arg("0");
         match run(&mut command) {
             Ok(_) => {}
-            // Already there (kubelet's driver treats "already exists" as success too).
-            Err(err) if err.to_string().contains("already exists") => {}
+            // Already there (kubelet's driver treats "already exists" as success too). systemd
+            // 252 says "Unit X was already loaded or has a fragment file" for a live slice; on
+            // v1 there is no directory check above to skip the call.
+            Err(err)
+                if err.to_string().contains("already exists")
+                    || err.to_string().contains("already loaded") => {}
             Err(err) => return Err(err),
         }
         let deadline = Instant::now() + SETTLE;
