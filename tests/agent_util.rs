@@ -122,6 +122,16 @@ pub struct Row {
     pub note: String,
     #[serde(default)]
     pub isolation: Vec<String>,
+    #[serde(default)]
+    pub devices: Vec<DeviceRow>,
+}
+
+/// One device of a row of `status --json`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct DeviceRow {
+    pub device: String,
+    pub pci: Vec<String>,
+    pub numa: Vec<u32>,
 }
 
 impl Status {
@@ -151,6 +161,8 @@ impl Status {
 pub struct TestNode {
     pub fake: FakeNode,
     pub base: PathBuf,
+    /// The `--sysfs-root`: the machine's fixture, or a copy of it with PCI devices added.
+    sysfs: PathBuf,
     started: Cell<usize>,
     // Dropped after every agent (tests declare agents after the node), tmpfs before the dir.
     _tmpfs: Option<Tmpfs>,
@@ -181,6 +193,7 @@ impl TestNode {
         TestNode {
             fake,
             base,
+            sysfs,
             started: Cell::new(0),
             _tmpfs: tmpfs,
             _dir: dir,
@@ -189,6 +202,42 @@ impl TestNode {
 
     pub fn state_dir(&self) -> PathBuf {
         self.base.join("state")
+    }
+
+    /// Gives the node's sysfs a PCI function on a NUMA node (`numa` as the kernel writes it,
+    /// `-1` for none): `devices/pci<domain>:<bus>/<addr>/numa_node`, with the
+    /// `bus/pci/devices/<addr>` symlink the kernel makes, and, with `iommu_group`, its entry
+    /// in `kernel/iommu_groups/<group>/devices`. The first call copies the machine's fixture
+    /// under the node's directory (the fixture itself stays as generated). Before the agent
+    /// starts: a device never moves while containers run.
+    pub fn add_pci_device(&mut self, address: &str, numa: &str, iommu_group: Option<u32>) {
+        let copy = self.base.join("sysfs");
+        if self.sysfs != copy {
+            copy_tree(&self.sysfs, &copy);
+            self.sysfs = copy;
+        }
+        let bridge = format!("pci{}", &address[..7]);
+        let device = self.sysfs.join("devices").join(&bridge).join(address);
+        fs::create_dir_all(&device).unwrap();
+        fs::write(device.join("numa_node"), format!("{numa}\n")).unwrap();
+        let bus = self.sysfs.join("bus/pci/devices");
+        fs::create_dir_all(&bus).unwrap();
+        std::os::unix::fs::symlink(
+            format!("../../../devices/{bridge}/{address}"),
+            bus.join(address),
+        )
+        .unwrap();
+        if let Some(group) = iommu_group {
+            let members = self
+                .sysfs
+                .join(format!("kernel/iommu_groups/{group}/devices"));
+            fs::create_dir_all(&members).unwrap();
+            std::os::unix::fs::symlink(
+                format!("../../../../devices/{bridge}/{address}"),
+                members.join(address),
+            )
+            .unwrap();
+        }
     }
 
     pub fn checkpoint(&self) -> PathBuf {
@@ -205,7 +254,7 @@ impl TestNode {
 
     /// The flags `run`, `status` and `reset` share: the tree, the topology, the state dir.
     pub fn tree_args(&self) -> Vec<String> {
-        let sysfs = testdata(MACHINE);
+        let sysfs = &self.sysfs;
         vec![
             "--cgroup-root".into(),
             self.fake.cgroup_root().display().to_string(),
@@ -360,6 +409,22 @@ impl TestNode {
             .filter(|(k, v)| k.starts_with("cpusetd_cgroup_write_errors_total") && *v > 0.0)
             .collect();
         assert!(errors.is_empty(), "failed cgroup writes: {errors:?}");
+    }
+}
+
+/// Copies a fixture tree of directories and regular files.
+fn copy_tree(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let kind = entry.file_type().unwrap();
+        let target = to.join(entry.file_name());
+        if kind.is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            assert!(kind.is_file(), "{}: not a file", entry.path().display());
+            fs::copy(entry.path(), &target).unwrap();
+        }
     }
 }
 
