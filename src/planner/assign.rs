@@ -470,6 +470,50 @@ mod tests {
     }
 
     #[test]
+    fn devices_on_a_full_or_unknown_node_change_nothing() {
+        let all = CpuSet::range(0, 7);
+        let distribute = PolicyOptions {
+            distribute_cpus_across_numa: true,
+            ..PolicyOptions::default()
+        };
+        for options in [PolicyOptions::default(), distribute] {
+            let p = two_node_policy(options, Placement::Kubelet);
+            // Node 1 is held by another pod: the hint finds nothing there.
+            let mut previous = Assignments::new();
+            previous
+                .insert(
+                    named("b", "other"),
+                    ExclusiveAssignment {
+                        cpus: CpuSet::range(4, 7),
+                        container_id: None,
+                        adopted: None,
+                    },
+                )
+                .unwrap();
+            let other = demand(named("b", "other"), Entitlement::Exclusive(4), Some("4-7"));
+            let plain = vec![
+                other.clone(),
+                demand(named("a", "app"), Entitlement::Exclusive(2), Some("0-3")),
+            ];
+            let (expected, _) = assign(&p, &all, &plain, &pods(&["a", "b"]), &previous);
+            for nodes in ["1", "5"] {
+                let d = vec![other.clone(), with_devices_on(named("a", "app"), 2, nodes)];
+                let (a, events) = assign(&p, &all, &d, &pods(&["a", "b"]), &previous);
+                assert_eq!(
+                    held(&a, &named("a", "app")),
+                    held(&expected, &named("a", "app")),
+                    "{options:?} devices on {nodes}: {events:?}"
+                );
+                let cpus = &a.get(&named("a", "app")).unwrap().cpus;
+                assert!(
+                    cpus.len() == 2 && cpus.is_subset(&CpuSet::range(1, 3)),
+                    "{cpus}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn devices_do_not_move_what_a_container_holds() {
         let p = two_node_policy(PolicyOptions::default(), Placement::Kubelet);
         let all = CpuSet::range(0, 7);
