@@ -514,6 +514,52 @@ mod tests {
     }
 
     #[test]
+    fn devices_never_split_a_core_under_full_pcpus_only() {
+        // 2 nodes of 2 HT cores: core n = cpus 2n, 2n+1; node 0 = 0-3, node 1 = 4-7. With cpus
+        // 0 and 5 reserved and 6-7 held, node 1 has one lone thread (4) left.
+        let cpus = (0..8)
+            .map(|id| CpuInfo {
+                id,
+                socket: id / 4,
+                die: 0,
+                numa: id / 4,
+                core: id / 2,
+                uncore: id / 4,
+                cluster: None,
+            })
+            .collect();
+        let topo = Topology::new(cpus, CpuSet::new(), CpuSet::new(), CpuSet::range(0, 1)).unwrap();
+        let options = PolicyOptions {
+            full_pcpus_only: true,
+            ..PolicyOptions::default()
+        };
+        let p = StaticPolicy::new(
+            &topo,
+            options,
+            ReservedCpus::List(CpuSet::parse("0,5").unwrap()),
+            false,
+        )
+        .unwrap();
+        let mut previous = Assignments::new();
+        previous
+            .insert(
+                named("b", "other"),
+                ExclusiveAssignment {
+                    cpus: CpuSet::range(6, 7),
+                    container_id: None,
+                    adopted: None,
+                },
+            )
+            .unwrap();
+        let d = vec![
+            demand(named("b", "other"), Entitlement::Exclusive(2), Some("6-7")),
+            with_devices_on(named("a", "app"), 2, "1"),
+        ];
+        let (a, events) = assign(&p, &CpuSet::range(0, 7), &d, &pods(&["a", "b"]), &previous);
+        assert_eq!(held(&a, &named("a", "app")), "2-3", "{events:?}");
+    }
+
+    #[test]
     fn devices_do_not_move_what_a_container_holds() {
         let p = two_node_policy(PolicyOptions::default(), Placement::Kubelet);
         let all = CpuSet::range(0, 7);
