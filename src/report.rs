@@ -91,11 +91,22 @@ pub fn rows(
         let assigned = key.as_ref().and_then(|k| plan.assignments.get(k));
         let failure = key.as_ref().and_then(|k| {
             plan.events.iter().find_map(|e| match e {
-                AssignEvent::Failed { key: fk, error, .. } if fk == k => Some(error.to_string()),
+                AssignEvent::Failed { key: fk, error, .. }
+                | AssignEvent::Short { key: fk, error, .. }
+                    if fk == k =>
+                {
+                    Some(error.to_string())
+                }
                 _ => None,
             })
         });
         let note = match (&class.kind, assigned, failure, &class.exclusivity) {
+            (_, Some(held), failure, _) if held.wanted.is_some() => format!(
+                "exclusive, {} of {} cpus (the others went offline or out of reach){}",
+                held.cpus.len(),
+                held.entitled(),
+                failure.map(|e| format!(": {e}")).unwrap_or_default()
+            ),
             (_, Some(held), _, _) => match held.adopted {
                 Some(how) => format!("exclusive, {how}"),
                 None => "exclusive".to_string(),

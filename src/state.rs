@@ -75,6 +75,17 @@ pub struct ExclusiveAssignment {
     /// the container and of the agent, dropped when the agent moves or resizes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adopted: Option<Adoption>,
+    /// How many cpus the container is entitled to while it holds fewer: some of its cpus went
+    /// offline (or out of reach) and no replacement was free yet. `None`: it holds them all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wanted: Option<usize>,
+}
+
+impl ExclusiveAssignment {
+    /// How many cpus it should hold: [`Self::wanted`] while short, else what it holds.
+    pub fn entitled(&self) -> usize {
+        self.wanted.unwrap_or(self.cpus.len())
+    }
 }
 
 /// Every exclusive assignment on the node. CPUs of two assignments never overlap.
@@ -181,6 +192,8 @@ mod entries {
         container_id: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         adopted: Option<Adoption>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wanted: Option<usize>,
     }
 
     pub fn serialize<S: Serializer>(
@@ -194,6 +207,7 @@ mod entries {
                 cpus: a.cpus.clone(),
                 container_id: a.container_id.clone(),
                 adopted: a.adopted,
+                wanted: a.wanted,
             })
             .collect();
         list.serialize(s)
@@ -209,6 +223,7 @@ mod entries {
                 cpus: e.cpus,
                 container_id: e.container_id,
                 adopted: e.adopted,
+                wanted: e.wanted,
             };
             assignments
                 .insert(e.key, assignment)
@@ -234,6 +249,7 @@ mod tests {
             cpus: CpuSet::parse(text).unwrap(),
             container_id: None,
             adopted: None,
+            wanted: None,
         }
     }
 

@@ -15,24 +15,10 @@ use nix::sys::signal::Signal;
 use cpusetd::cgroupfs::CgroupVersion;
 use cpusetd::kubesim::{new_container_id, ContainerSpec, PodSpec, Qos};
 
-use crate::agent_util::{cpus, pin_latency, pod, poll_until, Status, TestNode, DEADLINE};
+use crate::agent_util::{
+    best_effort, cpus, guaranteed, pin_latency, pod, poll_until, Status, TestNode, DEADLINE,
+};
 use crate::util::{stderr, stdout};
-
-fn guaranteed(name: &str, milli: u64) -> PodSpec {
-    pod(
-        name,
-        Qos::Guaranteed,
-        vec![ContainerSpec::guaranteed(name, milli)],
-    )
-}
-
-fn best_effort(name: &str) -> PodSpec {
-    pod(
-        name,
-        Qos::BestEffort,
-        vec![ContainerSpec::best_effort(name)],
-    )
-}
 
 /// Every `cpuset.cpus` under the kubepods cgroup, by directory.
 fn every_cpuset(node: &TestNode) -> Vec<(String, String)> {

@@ -24,7 +24,7 @@ use cpusetd::cgroupfs::CgroupVersion;
 use cpusetd::cpuset::CpuSet;
 use cpusetd::kubesim::{new_pod_uid, ContainerSpec, FakeNode, PodSpec, Qos};
 
-use crate::util::testdata;
+use crate::util::{copy_tree, testdata};
 
 /// The machine every fake node has: 16 CPUs, cores `{n, n+8}`, NUMA nodes 0-1.
 pub const MACHINE: &str = "sysfs/2s-8c-ht-2numa";
@@ -32,6 +32,24 @@ pub const MACHINE: &str = "sysfs/2s-8c-ht-2numa";
 pub const DEADLINE: Duration = Duration::from_secs(10);
 /// How often a condition is re-checked.
 const POLL: Duration = Duration::from_millis(20);
+
+/// A Guaranteed pod with one container of `milli` millicores, named like the pod.
+pub fn guaranteed(name: &str, milli: u64) -> PodSpec {
+    pod(
+        name,
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed(name, milli)],
+    )
+}
+
+/// A BestEffort pod with one container, named like the pod.
+pub fn best_effort(name: &str) -> PodSpec {
+    pod(
+        name,
+        Qos::BestEffort,
+        vec![ContainerSpec::best_effort(name)],
+    )
+}
 
 /// Polls `probe` until it returns `Some` or `deadline` passes (then `None`).
 pub fn poll_until<T>(deadline: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
@@ -161,8 +179,9 @@ impl Status {
 pub struct TestNode {
     pub fake: FakeNode,
     pub base: PathBuf,
-    /// The `--sysfs-root`: the machine's fixture, or a copy of it with PCI devices added.
-    sysfs: PathBuf,
+    /// The `--sysfs-root`: the fixture itself, or a copy a test may change
+    /// ([`TestNode::with_writable_sysfs`]).
+    pub sysfs: PathBuf,
     started: Cell<usize>,
     // Dropped after every agent (tests declare agents after the node), tmpfs before the dir.
     _tmpfs: Option<Tmpfs>,
@@ -200,6 +219,60 @@ impl TestNode {
         }
     }
 
+    /// A node whose sysfs is a copy of the fixture, so a test can take cpus offline
+    /// ([`TestNode::set_cpu_online`]).
+    pub fn with_writable_sysfs(version: CgroupVersion) -> TestNode {
+        let mut node = TestNode::new(version);
+        let copy = node.base.join("sys");
+        copy_tree(&node.sysfs, &copy);
+        node.sysfs = copy;
+        node
+    }
+
+    /// CPU hotplug as the kernel does it: sysfs' `online` list and the cpu's own `online` file,
+    /// and the cgroup tree. On v1 the kernel takes an offline cpu out of every cpuset (and puts
+    /// it back only into the root's); on v2 only the effective sets change (the fake tree has
+    /// the root's, which is what the agent reads). Done under the fake kernel's lock, as the
+    /// kernel does it under `cgroup_mutex`.
+    pub fn set_cpu_online(&self, cpu: u32, online: bool) {
+        let cpu_dir = self.sysfs.join("devices/system/cpu");
+        let list = cpu_dir.join("online");
+        let mut now = cpus(fs::read_to_string(&list).unwrap().trim());
+        if online {
+            now.insert(cpu);
+        } else {
+            now.remove(cpu);
+        }
+        fs::write(
+            cpu_dir.join(format!("cpu{cpu}/online")),
+            format!("{}\n", u8::from(online)),
+        )
+        .unwrap();
+        let root = match self.fake.version() {
+            CgroupVersion::V1 => self.fake.cgroup_root().join("cpuset"),
+            CgroupVersion::V2 => self.fake.cgroup_root().to_path_buf(),
+        };
+        let _lock = nix::fcntl::Flock::lock(
+            fs::File::open(&root).unwrap(),
+            nix::fcntl::FlockArg::LockExclusive,
+        )
+        .unwrap();
+        match self.fake.version() {
+            CgroupVersion::V1 => {
+                for file in ["cpuset.cpus", "cpuset.effective_cpus"] {
+                    fs::write(root.join(file), format!("{now}\n")).unwrap();
+                }
+                if !online {
+                    remove_cpu_below(&root, cpu);
+                }
+            }
+            CgroupVersion::V2 => {
+                fs::write(root.join("cpuset.cpus.effective"), format!("{now}\n")).unwrap();
+            }
+        }
+        fs::write(&list, format!("{now}\n")).unwrap();
+    }
+
     pub fn state_dir(&self) -> PathBuf {
         self.base.join("state")
     }
@@ -207,12 +280,12 @@ impl TestNode {
     /// Gives the node's sysfs a PCI function on a NUMA node (`numa` as the kernel writes it,
     /// `-1` for none): `devices/pci<domain>:<bus>/<addr>/numa_node`, with the
     /// `bus/pci/devices/<addr>` symlink the kernel makes, and, with `iommu_group`, its entry
-    /// in `kernel/iommu_groups/<group>/devices`. The first call copies the machine's fixture
+    /// in `kernel/iommu_groups/<group>/devices`. The first change copies the machine's fixture
     /// under the node's directory (the fixture itself stays as generated). Before the agent
     /// starts: a device never moves while containers run.
     pub fn add_pci_device(&mut self, address: &str, numa: &str, iommu_group: Option<u32>) {
-        let copy = self.base.join("sysfs");
-        if self.sysfs != copy {
+        if self.sysfs == testdata(MACHINE) {
+            let copy = self.base.join("sys");
             copy_tree(&self.sysfs, &copy);
             self.sysfs = copy;
         }
@@ -269,15 +342,18 @@ impl TestNode {
         ]
     }
 
-    /// `cpusetd run` with CPU 0 reserved, the metrics file and a 1 s reconcile period (unless
-    /// `extra` names another), plus `extra` flags; does not wait for it.
+    /// `cpusetd run` with CPU 0 reserved and a 1 s reconcile period (unless `extra` names
+    /// others), the metrics file, plus `extra` flags; does not wait for it.
     pub fn spawn_agent(&self, extra: &[&str]) -> Agent {
         let n = self.started.get() + 1;
         self.started.set(n);
         let log = self.base.join(format!("agent-{n}.log"));
         let mut args = vec!["run".to_string()];
         args.extend(self.tree_args());
-        args.extend(["--reserved-cpus", "0", "--metrics-file"].map(String::from));
+        if !extra.contains(&"--reserved-cpus") {
+            args.extend(["--reserved-cpus", "0"].map(String::from));
+        }
+        args.push("--metrics-file".into());
         args.push(self.metrics_file().display().to_string());
         if !extra.contains(&"--cpu-manager-reconcile-period") {
             args.extend(["--cpu-manager-reconcile-period", "1s"].map(String::from));
@@ -412,19 +488,22 @@ impl TestNode {
     }
 }
 
-/// Copies a fixture tree of directories and regular files.
-fn copy_tree(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
+/// v1's hotplug: `cpu` leaves the `cpuset.cpus` of every cgroup below `dir`.
+fn remove_cpu_below(dir: &Path, cpu: u32) {
+    for entry in fs::read_dir(dir).unwrap() {
         let entry = entry.unwrap();
-        let kind = entry.file_type().unwrap();
-        let target = to.join(entry.file_name());
-        if kind.is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            assert!(kind.is_file(), "{}: not a file", entry.path().display());
-            fs::copy(entry.path(), &target).unwrap();
+        if !entry.file_type().unwrap().is_dir() {
+            continue;
         }
+        let file = entry.path().join("cpuset.cpus");
+        if let Ok(text) = fs::read_to_string(&file) {
+            let mut set = cpus(text.trim());
+            if set.contains(cpu) {
+                set.remove(cpu);
+                fs::write(&file, format!("{set}\n")).unwrap();
+            }
+        }
+        remove_cpu_below(&entry.path(), cpu);
     }
 }
 

@@ -39,6 +39,7 @@ fn checkpoint(n: u32) -> Checkpoint {
         cpus,
         container_id: None,
         adopted: None,
+        wanted: None,
     };
     assignments
         .insert(key("pod-a", "app"), exclusive(set("2-3")))

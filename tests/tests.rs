@@ -21,6 +21,7 @@ mod fuzz_replay;
 mod harness;
 mod hostile;
 mod hostile_agent;
+mod hotplug;
 mod isolation;
 mod kubelet_vectors;
 mod migration;

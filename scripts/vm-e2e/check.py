@@ -7,7 +7,8 @@ The guest sends `@@BEGIN <name>` / `@@END <name>` blocks (JSON that cpusetd prin
 `PASS <scenario>` or `FAIL <scenario>: <why>` line and `@@DONE`. This checks the guest's verdict
 and what the guest cannot check without a JSON parser: the topology document equals the
 expected one, `status` shows every container where the agent wants it with exactly one 2-CPU
-exclusive container, and (v1) `plan --apply` applied every write, narrowing bottom-up and
+exclusive container, (hotplug) every cpu is shared or exclusive again once the cpu that went
+offline is back, and (v1) `plan --apply` applied every write, narrowing bottom-up and
 widening top-down. Prints nothing and exits 0 on success; prints the reasons and exits 1.
 """
 
@@ -105,6 +106,15 @@ def check_status(status, problems):
                         f"not its exclusive cpus {status.get('exclusive_cpus')}")
 
 
+def check_hotplug(status, problems):
+    """After the cpu came back: every cpu of the guest is shared or exclusive again."""
+    shared = cpus(status.get("shared_pool"))
+    excl = cpus(status.get("exclusive_cpus"))
+    if shared | excl != set(range(8)):
+        problems.append(f"status after hotplug: shared pool {status.get('shared_pool')} and "
+                        f"exclusive {status.get('exclusive_cpus')} are not every cpu of the guest")
+
+
 def check_apply(plan, problems):
     applied = plan.get("applied") or {}
     writes = plan.get("writes", [])
@@ -154,7 +164,9 @@ def main():
         status = load(blocks, "status", problems)
         if status is not None:
             check_status(status, problems)
-        if scenario == "v1":
+            if scenario.startswith("hotplug"):
+                check_hotplug(status, problems)
+        if scenario in ("v1", "hotplug-v1"):
             plan = load(blocks, "apply", problems)
             if plan is not None:
                 check_apply(plan, problems)

@@ -38,6 +38,7 @@ use crate::topology::Topology;
 use crate::watcher::TreeEvent;
 use crate::writer::{apply_scheduled, NewChildren, Schedule};
 
+use super::hotplug::Hotplug;
 use super::metrics::Metrics;
 
 /// A full scan made by the reconcile thread, and when it started.
@@ -243,11 +244,15 @@ pub struct Controller {
     pod_names: HashMap<String, String>,
     /// Interrupt affinities, kept off the CPUs of `irq-load-balancing.crio.io` pods.
     irq: Option<IrqAffinity>,
+    /// Where the online cpus are read from while the agent runs (see [`Controller::follow_hotplug`]).
+    hotplug: Option<Hotplug>,
     pub metrics: Metrics,
 }
 
 impl Controller {
     pub fn new(parts: ControllerParts) -> Self {
+        let mut metrics = Metrics::default();
+        metrics.online_cpus = parts.topology.all_cpus().len() as u64;
         Controller {
             parts,
             model: BTreeMap::new(),
@@ -258,6 +263,7 @@ impl Controller {
             rescans_unsaid: 0,
             pod_names: HashMap::new(),
             irq: None,
+            hotplug: None,
             fights: HashMap::new(),
             last_limits: None,
             drifted: HashSet::new(),
@@ -279,7 +285,7 @@ impl Controller {
             last_plan: None,
             last_classes: Vec::new(),
             generation: Arc::new(AtomicU64::new(0)),
-            metrics: Metrics::default(),
+            metrics,
         }
     }
 
@@ -289,6 +295,73 @@ impl Controller {
     /// it (the library's default), every pass makes all its writes in plan order.
     pub fn watch_arrivals(&mut self, counter: Arc<AtomicU64>) {
         self.arrivals = Some(counter);
+    }
+
+    /// Lets [`Controller::online_cpus_changed`] follow CPU hotplug (`run` does; the library's
+    /// default keeps the topology it was built with).
+    pub fn follow_hotplug(&mut self, hotplug: Hotplug) {
+        self.hotplug = Some(hotplug);
+    }
+
+    /// CPU hotplug, once per reconcile tick (one read of the online cpu list): when the kernel's
+    /// online cpus differ from the topology's, the topology is read again and the policy
+    /// rebuilt on it, said once per change and counted. The next pass plans on them: cpus gone
+    /// offline leave the pools and their pins get replacements; cpus back online join the
+    /// shared pool. Whether they changed (a pass is due).
+    pub fn online_cpus_changed(&mut self) -> bool {
+        let Some(hotplug) = self.hotplug.as_mut() else {
+            return false;
+        };
+        let Some(change) = hotplug.check(&self.parts.topology, self.parts.policy.as_ref()) else {
+            return false;
+        };
+        let online = change.topology.all_cpus();
+        if !change.offline.is_empty() {
+            log::info!(
+                "cpus {} went offline (online now: {online}): topology read again; pins on them \
+                 get replacements, the shared pool goes without them",
+                change.offline
+            );
+        }
+        if !change.online.is_empty() {
+            log::info!(
+                "cpus {} came online (online now: {online}): topology read again; they join the \
+                 shared pool",
+                change.online
+            );
+        }
+        if let (Some(before), Some(after)) = (&self.parts.policy, &change.policy) {
+            let gone = before.reserved().difference(after.reserved());
+            let back = after.reserved().difference(before.reserved());
+            if !gone.is_empty() && after.reserved().is_empty() {
+                log::warn!(
+                    "reserved cpus {gone} went offline and no reserved cpu is online: nothing \
+                     keeps the shared pool from emptying but the agent, which refuses pins that \
+                     would empty it and releases the smallest if it must"
+                );
+            } else if !gone.is_empty() {
+                log::warn!(
+                    "reserved cpus {gone} went offline: reserved now {}",
+                    after.reserved()
+                );
+            }
+            if !back.is_empty() {
+                log::info!(
+                    "reserved cpus {back} are online again: reserved now {}",
+                    after.reserved()
+                );
+            }
+        }
+        self.metrics.cpus_offlined += change.offline.len() as u64;
+        self.metrics.cpus_onlined += change.online.len() as u64;
+        self.metrics.online_cpus = online.len() as u64;
+        self.parts.topology = change.topology;
+        if change.policy.is_some() {
+            self.parts.policy = change.policy;
+        }
+        self.structural = true;
+        self.bump();
+        true
     }
 
     /// The model's change counter, shared with the reconcile thread.
@@ -406,6 +479,7 @@ impl Controller {
                         cpus: cpus.clone(),
                         container_id: id.clone(),
                         adopted: Some(Adoption::Kubelet),
+                        wanted: None,
                     };
                     match self.parts.assignments.insert(key, assignment) {
                         Ok(()) => adopted += 1,
@@ -547,7 +621,7 @@ impl Controller {
     /// settle, no empty cpuset left to its runtime, no container waiting for its settings.
     /// Returns the pass run, if any.
     pub fn reconcile(&mut self, reconcile: ReconcileScan, now: Instant) -> Option<PassOutcome> {
-        let changed = self.merge_scan(reconcile) | self.limits_moved();
+        let changed = self.merge_scan(reconcile) | self.limits_moved() | self.online_cpus_changed();
         let settled = !changed
             && self.drifted.is_empty()
             && self.last_pass_settled
@@ -960,13 +1034,21 @@ impl Controller {
         let limits = NodeLimits { cpus, mems };
         if self.last_limits.as_ref() != Some(&limits) {
             if let Some(cpus) = &limits.cpus {
-                let missing = self.parts.topology.all_cpus().difference(cpus);
+                let all = self.parts.topology.all_cpus();
+                let missing = all.difference(cpus);
+                // Against today's topology: cpus the parent lost by going offline were not
+                // given back when the topology lost them too.
+                let missed = self
+                    .last_limits
+                    .as_ref()
+                    .and_then(|l| l.cpus.as_ref())
+                    .is_some_and(|last| !all.is_subset(last));
                 if !missing.is_empty() {
                     log::warn!(
                         "the parent of the kubepods cgroup gives pods only cpus {cpus} now: cpus \
                          {missing} (offline, or held back by the parent) are not planned"
                     );
-                } else if self.last_limits.is_some() {
+                } else if missed {
                     log::info!("the parent of the kubepods cgroup gives pods every cpu again");
                 }
             }
@@ -1066,10 +1148,19 @@ impl Controller {
         };
         let planned = plan(&scan, &classes, &self.parts.assignments, &config);
         self.log_events(&planned.events);
+        // Containers entitled to exclusive cpus, and short ones (which may not know their
+        // entitlement but remember it).
         let asking: HashSet<AssignmentKey> = classes
             .iter()
             .filter(|c| c.exclusive_cpus() > 0)
             .filter_map(Classification::assignment_key)
+            .chain(
+                planned
+                    .assignments
+                    .iter()
+                    .filter(|(_, a)| a.wanted.is_some())
+                    .map(|(k, _)| k.clone()),
+            )
             .collect();
         self.metrics.retain_pin_failures(|k| asking.contains(k));
 
@@ -1241,7 +1332,7 @@ impl Controller {
             && !planned
                 .events
                 .iter()
-                .any(|e| matches!(e, AssignEvent::Failed { .. }));
+                .any(|e| matches!(e, AssignEvent::Failed { .. } | AssignEvent::Short { .. }));
         let outcome = PassOutcome {
             assignments_changed: changed,
             writes: report.applied,
@@ -1451,11 +1542,54 @@ impl Controller {
                         ReleaseReason::NowShared => "now shared",
                         ReleaseReason::Resized => "resized",
                         ReleaseReason::Reused => "reused by its pod",
+                        ReleaseReason::OutOfReach => "offline or out of reach: allocated afresh",
+                        ReleaseReason::SharedPoolEmpty => {
+                            "the shared pool would be empty: its reserved cpus are offline"
+                        }
                     };
                     self.metrics.pin_succeeded(key);
                     log::info!("{}: released cpus={cpus} ({why})", self.label(key));
                     if pod_gone {
                         self.pod_names.remove(key.pod_uid());
+                    }
+                }
+                AssignEvent::Replaced {
+                    key,
+                    lost,
+                    added,
+                    cpus,
+                } => {
+                    self.metrics.pin_succeeded(key);
+                    let lost = if lost.is_empty() {
+                        String::new()
+                    } else {
+                        format!("lost cpus {lost} (offline or out of reach), ")
+                    };
+                    log::info!(
+                        "{}: {lost}replacement cpus {added}: cpus={cpus}",
+                        self.label(key)
+                    );
+                }
+                AssignEvent::Short {
+                    key,
+                    lost,
+                    cpus,
+                    wanted,
+                    error,
+                } => {
+                    // Once until it has its count again or goes (every pass asks again).
+                    if self.metrics.first_pin_failure(key) {
+                        let lost = if lost.is_empty() {
+                            String::new()
+                        } else {
+                            format!("lost cpus {lost} (offline or out of reach) and ")
+                        };
+                        log::warn!(
+                            "{}: {lost}no replacement can be given: keeps cpus={cpus} ({} of \
+                             {wanted}) and asks again every pass: {error}",
+                            self.label(key),
+                            cpus.len()
+                        );
                     }
                 }
                 AssignEvent::Failed {

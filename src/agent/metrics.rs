@@ -89,6 +89,13 @@ pub struct Metrics {
     pub shared_pool_millicores: u64,
     pub exclusive_cpus: u64,
     pub containers: u64,
+    /// Cpus seen going offline, and coming online, while the agent ran (hotplug).
+    pub cpus_offlined: u64,
+    pub cpus_onlined: u64,
+    /// Cpus online as the topology the agent plans on says.
+    pub online_cpus: u64,
+    /// Exclusive cpus containers are short of: theirs went offline and no replacement was free.
+    pub exclusive_cpus_missing: u64,
     /// The agent could not set up inotify (a per-user limit) and scans every period instead.
     pub without_inotify: bool,
     // Log-once bookkeeping: failures already reported.
@@ -105,6 +112,11 @@ impl Metrics {
             self.shared_pool_millicores = pools.shared.len() as u64 * 1000;
         }
         self.exclusive_cpus = plan.assignments.exclusive_cpus().len() as u64;
+        self.exclusive_cpus_missing = plan
+            .assignments
+            .iter()
+            .map(|(_, a)| a.entitled().saturating_sub(a.cpus.len()) as u64)
+            .sum();
         if report.is_clean() {
             // A write that succeeds again may fail again later and deserves a new report.
             self.reported_writes.clear();
@@ -165,6 +177,33 @@ impl Metrics {
             "gauge",
             "CPUs held exclusively by containers.",
             &plain(self.exclusive_cpus),
+        );
+        metric(
+            "cpusetd_exclusive_cpus_missing",
+            "gauge",
+            "Exclusive CPUs containers are short of: theirs went offline and no replacement was free.",
+            &plain(self.exclusive_cpus_missing),
+        );
+        metric(
+            "cpusetd_online_cpus",
+            "gauge",
+            "CPUs online in the topology the agent plans on (read again on CPU hotplug).",
+            &plain(self.online_cpus),
+        );
+        metric(
+            "cpusetd_cpu_hotplug_events_total",
+            "counter",
+            "CPUs seen going offline or coming online while the agent ran.",
+            &[
+                (
+                    "{direction=\"offline\"}".to_string(),
+                    self.cpus_offlined.to_string(),
+                ),
+                (
+                    "{direction=\"online\"}".to_string(),
+                    self.cpus_onlined.to_string(),
+                ),
+            ],
         );
         metric(
             "cpusetd_containers",

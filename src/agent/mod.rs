@@ -18,11 +18,13 @@
 //! pass, write the checkpoint (the persist thread is joined), exit 0. SIGHUP: reconcile now.
 
 mod controller;
+mod hotplug;
 pub mod metrics;
 mod notify;
 mod wait;
 
 pub use controller::{Controller, ControllerParts, PassOutcome, ReconcileScan};
+pub use hotplug::Hotplug;
 pub use notify::Notifier;
 pub use wait::{wait_for_change, Waited};
 
@@ -71,6 +73,8 @@ pub struct AgentConfig {
     pub kubelet_state: Option<PathBuf>,
     /// Where procfs is (`/proc/irq` for interrupt affinities).
     pub proc_root: PathBuf,
+    /// Where the topology is read again when cpus go offline or come online.
+    pub hotplug: Hotplug,
     /// sd_notify, already used while waiting for kubepods.
     pub notifier: Notifier,
 }
@@ -108,6 +112,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         metrics_file,
         kubelet_state,
         proc_root,
+        hotplug,
         mut notifier,
     } = config;
 
@@ -148,6 +153,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
 
     let mut controller = Controller::new(parts);
     controller.manage_irqs(IrqAffinity::new(&proc_root, restored.irq));
+    controller.follow_hotplug(hotplug);
     controller.metrics.without_inotify = degraded;
     if let Some(watcher) = &watcher {
         controller.watch_arrivals(watcher.arrivals());
@@ -221,9 +227,10 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
                     notify_status(&mut notifier, &controller);
                 }
                 Ok(ReconcileTick::Unchanged { started }) => {
-                    if controller.limits_moved() {
-                        let outcome = controller.pass(Instant::now());
-                        persist.save(&controller, outcome.assignments_changed);
+                    if controller.online_cpus_changed() | controller.limits_moved() {
+                        // The pools changed with them: the checkpoint says so (for `status`).
+                        controller.pass(Instant::now());
+                        persist.save(&controller, true);
                     }
                     controller.metrics.reconcile_duration = Some(started.elapsed());
                     controller.metrics.last_reconcile = Some(SystemTime::now());
@@ -408,7 +415,8 @@ fn restore(
             let gone = cp.cpus_outside(parts.topology.all_cpus());
             if !gone.is_empty() {
                 log::warn!(
-                    "cpus {gone} of the checkpoint are no longer online: their pins are re-planned"
+                    "cpus {gone} of the checkpoint are no longer online: the pins that held them \
+                     keep the rest and get replacements"
                 );
             }
             let quota_lifted = cp

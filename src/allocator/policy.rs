@@ -165,6 +165,8 @@ pub struct StaticPolicy {
     /// The best-fit tables when `--placement best-fit` chose cpusetd's own placement; `None`
     /// for kubelet's.
     best_fit: Option<BestFit>,
+    /// Built with `respect_isolcpus` (kept for [`Self::for_topology`]).
+    respect_isolcpus: bool,
 }
 
 impl StaticPolicy {
@@ -187,6 +189,7 @@ impl StaticPolicy {
             excluded: CpuSet::new(),
             unavailable_physical: CpuSet::new(),
             best_fit: None,
+            respect_isolcpus,
         };
         let (explicit, count) = match reserved {
             ReservedCpus::List(cpus) => {
@@ -229,6 +232,32 @@ impl StaticPolicy {
             });
         }
         Ok(policy)
+    }
+
+    /// The same policy on the node's topology after CPUs went offline or came online: the
+    /// same options and isolcpus rule, and of `reserved` (the reserved cpus chosen at start)
+    /// those that are online. None is chosen anew, so no pin ever sits on a newly reserved cpu;
+    /// with none online the policy has no reserved cpu (the planner keeps the shared pool from
+    /// emptying).
+    pub fn for_topology(
+        &self,
+        topology: &Topology,
+        reserved: &CpuSet,
+    ) -> Result<StaticPolicy, PolicyError> {
+        let policy = StaticPolicy::new(
+            topology,
+            self.options,
+            ReservedCpus::List(reserved.intersection(topology.all_cpus())),
+            self.respect_isolcpus,
+        )?;
+        // The same placement, its tables built for the new topology (the options were
+        // accepted with it once already).
+        Ok(match self.best_fit {
+            Some(_) => policy
+                .with_placement(Placement::BestFit)
+                .expect("best fit was accepted with these options"),
+            None => policy,
+        })
     }
 
     pub fn options(&self) -> &PolicyOptions {
@@ -482,6 +511,21 @@ impl StaticPolicy {
             }
         }
         best.map(|(_, _, _, nodes)| nodes)
+    }
+
+    /// The NUMA nodes holding any of `cpus`.
+    pub fn numa_nodes_of(&self, cpus: &CpuSet) -> CpuSet {
+        self.index
+            .numa_node_ids()
+            .iter()
+            .copied()
+            .filter(|&id| {
+                !self
+                    .index
+                    .numa_node_cpus(&CpuSet::from_iter([id]))
+                    .is_disjoint(cpus)
+            })
+            .collect()
     }
 
     /// Whether `align-by-socket` is on (then the planner asks for [`Self::socket_aligned_hint`]).

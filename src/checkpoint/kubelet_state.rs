@@ -133,6 +133,7 @@ impl KubeletState {
                 cpus: cpus.clone(),
                 container_id: None,
                 adopted: Some(Adoption::Kubelet),
+                wanted: None,
             };
             if let Err(e) = adopted.assignments.insert(key.clone(), assignment) {
                 adopted.refused.push(e);

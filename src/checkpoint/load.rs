@@ -198,6 +198,8 @@ impl Document {
                 return Err(UnusableReason::DuplicateAssignment { key: entry.key });
             }
             let assignment = ExclusiveAssignment {
+                // Only a count above what it holds means it is short.
+                wanted: entry.wanted.filter(|&n| n > cpus.len()),
                 cpus,
                 container_id: entry.container_id,
                 adopted: entry.adopted,

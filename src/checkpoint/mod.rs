@@ -18,7 +18,8 @@
 //!   "reserved": "0",
 //!   "online": "0-7",
 //!   "shared_pool": "0-1,4-7",
-//!   "assignments": [{"named": {"pod_uid": "…", "container": "app"}, "cpus": "2-3"}],
+//!   "assignments": [{"named": {"pod_uid": "…", "container": "app"}, "cpus": "2-3"},
+//!                   {"named": {"pod_uid": "…", "container": "db"}, "cpus": "5", "wanted": 2}],
 //!   "quota_lifted": [{"cgroup": "kubepods/pod…/…", "original": "200000 100000"}],
 //!   "last_reconcile_unix_ms": 1700000000000,
 //!   "checksum": "9f1c0a6d3b2e4f58"
@@ -26,7 +27,8 @@
 //! ```
 //!
 //! `options` is [`PolicyOptions`]' display form; CPU sets are list strings; `assignments` is
-//! [`Assignments`]' JSON list; `last_reconcile_unix_ms` is left out until the first reconcile.
+//! [`Assignments`]' JSON list (an assignment whose cpus went offline with no replacement free
+//! has `wanted`, the count it is entitled to, and omits it otherwise); `last_reconcile_unix_ms` is left out until the first reconcile.
 //! Unknown members are refused: a file of version 1 has exactly these.
 //!
 //! # Checksum
@@ -181,6 +183,8 @@ struct DocumentAssignment {
     container_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     adopted: Option<crate::state::Adoption>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    wanted: Option<usize>,
 }
 
 impl From<&Checkpoint> for Document {
@@ -200,6 +204,7 @@ impl From<&Checkpoint> for Document {
                     cpus: a.cpus.to_string(),
                     container_id: a.container_id.clone(),
                     adopted: a.adopted,
+                    wanted: a.wanted,
                 })
                 .collect(),
             quota_lifted: c.quota_lifted.clone(),

@@ -24,6 +24,7 @@ fn sample() -> Checkpoint {
                 cpus: set("2-3"),
                 container_id: Some("abc".into()),
                 adopted: None,
+                wanted: None,
             },
         )
         .unwrap();
@@ -37,6 +38,8 @@ fn sample() -> Checkpoint {
                 cpus: set("6"),
                 container_id: None,
                 adopted: None,
+                // Short of a cpu that went offline.
+                wanted: Some(2),
             },
         )
         .unwrap();

@@ -379,6 +379,15 @@ fn detect_layout_quietly(config: &LayoutConfig) -> Result<CgroupLayout, LayoutEr
 }
 
 impl PolicyArgs {
+    /// The reserved cpus as configured: `--reserved-cpus`, or those `policy` chose for
+    /// `--reserved-cpu-count` (what CPU hotplug keeps reserved while online).
+    pub fn configured_reserved(&self, policy: Option<&StaticPolicy>) -> CpuSet {
+        match &self.reserved_cpus {
+            Some(cpus) if !cpus.is_empty() => cpus.clone(),
+            _ => policy.map(|p| p.reserved().clone()).unwrap_or_default(),
+        }
+    }
+
     /// The static policy, or `None` for `--cpu-manager-policy none`. The static policy needs
     /// reserved CPUs, as kubelet's does.
     pub fn policy(&self, topology: &Topology) -> Result<Option<StaticPolicy>, CommandError> {
@@ -389,14 +398,23 @@ impl PolicyArgs {
             .map_err(|e| CommandError::usage(format!("--cpu-manager-policy-options: {e}")))?;
         let reserved = match (&self.reserved_cpus, self.reserved_cpu_count) {
             (Some(cpus), _) if !cpus.is_empty() => {
-                let unknown = cpus.difference(topology.all_cpus());
+                // Present but offline (hotplug): reserved again when they come online.
+                let offline = cpus.intersection(topology.offline());
+                let unknown = cpus.difference(topology.all_cpus()).difference(&offline);
                 if !unknown.is_empty() {
                     return Err(CommandError::usage(format!(
                         "--reserved-cpus: cpus {unknown} are not online (online: {})",
                         topology.all_cpus()
                     )));
                 }
-                ReservedCpus::List(cpus.clone())
+                if !offline.is_empty() {
+                    log::warn!(
+                        "--reserved-cpus: cpus {offline} are offline: reserved are {} until they \
+                         come online",
+                        cpus.difference(&offline)
+                    );
+                }
+                ReservedCpus::List(cpus.difference(&offline))
             }
             (None, Some(count)) => ReservedCpus::Count(count as usize),
             _ => {

@@ -103,13 +103,28 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
     };
     let planned = plan(&scan, &classes, &previous, &config);
     for event in &planned.events {
-        if let AssignEvent::Failed {
-            key,
-            requested,
-            error,
-        } = event
-        {
-            log::warn!("{key}: {requested} exclusive cpus cannot be given, stays shared: {error}");
+        match event {
+            AssignEvent::Failed {
+                key,
+                requested,
+                error,
+            } => {
+                log::warn!(
+                    "{key}: {requested} exclusive cpus cannot be given, stays shared: {error}"
+                );
+            }
+            AssignEvent::Short {
+                key,
+                cpus,
+                wanted,
+                error,
+                ..
+            } => log::warn!(
+                "{key}: no replacement for the cpus it lost can be given: keeps cpus={cpus} ({} \
+                 of {wanted}): {error}",
+                cpus.len()
+            ),
+            _ => {}
         }
     }
     let table = rows(&scan, &classes, &planned, &CpuSet::new());

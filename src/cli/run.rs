@@ -5,7 +5,7 @@ use clap::Args;
 
 use super::node::{AgentArgs, NodeView};
 use super::CommandError;
-use crate::agent::{self, AgentConfig, ControllerParts, Notifier, Waited};
+use crate::agent::{self, AgentConfig, ControllerParts, Hotplug, Notifier, Waited};
 use crate::allocator::PolicyOptions;
 use crate::logging::error_chain;
 use crate::state::Assignments;
@@ -40,6 +40,11 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         )))
     })?;
     let scanner = node.scanner();
+    let hotplug = Hotplug::new(
+        args.tree.sysfs_root.clone(),
+        args.tree.proc_root.clone(),
+        args.policy.configured_reserved(policy.as_ref()),
+    );
     let config = AgentConfig {
         parts: ControllerParts {
             hierarchy: node.hierarchy,
@@ -60,6 +65,7 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         metrics_file: args.metrics_file.clone(),
         kubelet_state: args.kubelet_state_path(),
         proc_root: args.tree.proc_root.clone(),
+        hotplug,
         notifier,
     };
     agent::run(config).map_err(|e| CommandError {

@@ -184,7 +184,13 @@ pub fn collect(
             crate::planner::plan(&scan, &classes, &cp.assignments, &config)
                 .events
                 .into_iter()
-                .filter(|e| matches!(e, crate::planner::AssignEvent::Failed { .. }))
+                .filter(|e| {
+                    matches!(
+                        e,
+                        crate::planner::AssignEvent::Failed { .. }
+                            | crate::planner::AssignEvent::Short { .. }
+                    )
+                })
                 .collect()
         }
         None => Vec::new(),

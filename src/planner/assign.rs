@@ -3,7 +3,11 @@
 //! Input: the containers found in the tree with what they are entitled to, the pods that still
 //! exist, and the assignments so far (from memory or the checkpoint). Rules, in order:
 //!
-//! 1. Assignments of pods that no longer exist are released.
+//! 1. Assignments of pods that no longer exist are released. An assignment some of whose CPUs
+//!    are out of reach now (offline, held back by kubepods' parent, newly reserved) keeps the
+//!    rest and is *short* (it remembers the count it is `wanted` for); one left with none is
+//!    released. The shared pool is never empty: when the CPUs no one holds went (reserved CPUs
+//!    offline), the smallest assignments are released until one is free.
 //! 2. A container that keeps its entitlement keeps its CPUs (matched by key: (pod UID, name), or
 //!    (pod UID, id)); one whose entitlement changed size or went to shared is released and
 //!    re-planned. One whose entitlement is *unknown* (e.g. cgroup v2 after the quota was lifted)
@@ -11,16 +15,19 @@
 //! 3. **The live tree wins**: a container without an assignment whose current `cpuset.cpus` has
 //!    exactly its entitlement, lies within the allocatable CPUs and overlaps no other assignment
 //!    is adopted as it is (so planning twice writes nothing, and a restarted agent keeps pins).
-//! 4. Assignments of containers that are gone while their pod lives are *idle*: a container
+//! 4. A short assignment gets replacements from the shared pool, near the CPUs it kept (see
+//!    [`replacements`]), before anything new is allocated; when none can be given it keeps what
+//!    it has, asks again every pass, and the error says why in kubelet's words.
+//! 5. Assignments of containers that are gone while their pod lives are *idle*: a container
 //!    restarting under the same key gets them back (rule 2); an unnamed container of the same pod
 //!    asking for exactly that many CPUs takes one over (a restart seen only through a new id);
 //!    otherwise their CPUs are offered to the pod's next container (kubelet's init-container
 //!    reuse) and released when the pod goes.
-//! 5. Everything else is allocated with the static policy from the shared pool, in tree order.
+//! 6. Everything else is allocated with the static policy from the shared pool, in tree order.
 //!
 //! Pure: no I/O. The result is overlap-free by construction ([`Assignments::insert`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::allocator::{AllocationError, StaticPolicy};
 use crate::cpuset::CpuSet;
@@ -77,6 +84,23 @@ pub enum AssignEvent {
         from: CpuSet,
         cpus: CpuSet,
     },
+    /// Some of its cpus went out of reach (offline …) and others replace them: it holds its
+    /// count again. `lost` is empty when they went in an earlier pass.
+    Replaced {
+        key: AssignmentKey,
+        lost: CpuSet,
+        added: CpuSet,
+        cpus: CpuSet,
+    },
+    /// Some of its cpus went out of reach and no replacement can be given: it keeps `cpus`,
+    /// fewer than the `wanted` it is entitled to, and asks again next pass.
+    Short {
+        key: AssignmentKey,
+        lost: CpuSet,
+        cpus: CpuSet,
+        wanted: usize,
+        error: AllocationError,
+    },
     /// The request cannot be met: the container stays in the shared pool.
     Failed {
         key: AssignmentKey,
@@ -93,6 +117,11 @@ pub enum ReleaseReason {
     Resized,
     /// An idle assignment whose CPUs another container of the pod took in part.
     Reused,
+    /// Every cpu it held went out of reach (offline, held back by kubepods' parent, newly
+    /// reserved): allocated afresh.
+    OutOfReach,
+    /// The shared pool would have been empty (its reserved cpus went offline).
+    SharedPoolEmpty,
 }
 
 /// The `n` cpus a container holding `cpus` keeps when it shrinks in place: the policy's pick
@@ -120,37 +149,71 @@ pub fn assign(
     let mut assignments = previous.clone();
     let allocatable = policy.allocatable(pool_cpus);
 
-    // 1. Pods gone; assignments that no longer fit the node (CPUs offline, newly reserved).
-    assignments.retain(|key, a| {
+    // 1. Pods gone. CPUs out of reach (offline, held back by kubepods' parent, newly reserved)
+    // leave their assignment: it keeps the rest and is short until replacements are found
+    // (step 4); one left with none is released and allocated afresh.
+    let mut lost: BTreeMap<AssignmentKey, CpuSet> = BTreeMap::new();
+    let held_before: Vec<(AssignmentKey, ExclusiveAssignment)> = assignments
+        .iter()
+        .map(|(k, a)| (k.clone(), a.clone()))
+        .collect();
+    for (key, a) in held_before {
         if !live_pods.contains(key.pod_uid()) {
+            assignments.remove(&key);
             events.push(AssignEvent::Released {
-                key: key.clone(),
-                cpus: a.cpus.clone(),
+                key,
+                cpus: a.cpus,
                 why: ReleaseReason::PodGone,
             });
-            return false;
+            continue;
         }
-        if !a.cpus.is_subset(&allocatable) {
+        if a.cpus.is_subset(&allocatable) {
+            continue;
+        }
+        let kept = a.cpus.intersection(&allocatable);
+        if kept.is_empty() {
+            assignments.remove(&key);
             events.push(AssignEvent::Released {
-                key: key.clone(),
-                cpus: a.cpus.clone(),
-                why: ReleaseReason::Resized,
+                key,
+                cpus: a.cpus,
+                why: ReleaseReason::OutOfReach,
             });
-            return false;
+            continue;
         }
-        true
-    });
+        lost.insert(key.clone(), a.cpus.difference(&allocatable));
+        let short = ExclusiveAssignment {
+            wanted: Some(a.entitled()),
+            cpus: kept,
+            ..a
+        };
+        // A subset of its own cpus overlaps no one else's.
+        let _ = assignments.insert(key, short);
+    }
+    release_for_shared_pool(pool_cpus, &mut assignments, &mut events);
 
     // 2. Keep, or release what changed.
     let mut pending: Vec<&ContainerDemand> = Vec::new();
+    let mut short: Vec<(&ContainerDemand, usize)> = Vec::new();
     for demand in demands {
-        let held = assignments.get(&demand.key).map(|a| a.cpus.clone());
-        match (demand.entitlement, held) {
+        let held = assignments.get(&demand.key).cloned();
+        let wanted = held.as_ref().and_then(|a| a.wanted);
+        match (demand.entitlement, held.map(|a| a.cpus)) {
             (Entitlement::Exclusive(n), Some(cpus)) if cpus.len() == n => {
                 refresh_container_id(&mut assignments, demand);
+                if wanted.is_some() {
+                    set_wanted(&mut assignments, &demand.key, None);
+                }
+            }
+            // Short of cpus that went out of reach: replacements are looked for (step 4).
+            (Entitlement::Exclusive(n), Some(_)) if wanted == Some(n) => {
+                refresh_container_id(&mut assignments, demand);
+                short.push((demand, n));
             }
             (Entitlement::Unknown { .. }, Some(_)) => {
-                refresh_container_id(&mut assignments, demand)
+                refresh_container_id(&mut assignments, demand);
+                if let Some(n) = wanted {
+                    short.push((demand, n));
+                }
             }
             // An in-place shrink keeps cpus it has: the policy picks the `n` it would pick
             // from them (whole cores first, the same NUMA node and socket), so the container
@@ -166,6 +229,7 @@ pub fn assign(
                         cpus: kept.clone(),
                         container_id: demand.container_id.clone(),
                         adopted: None,
+                        wanted: None,
                     },
                 );
                 events.push(AssignEvent::Shrunk {
@@ -223,6 +287,7 @@ pub fn assign(
                     cpus: cpus.clone(),
                     container_id: demand.container_id.clone(),
                     adopted: Some(Adoption::LiveTree),
+                    wanted: None,
                 };
                 if assignments.insert(demand.key.clone(), assignment).is_ok() {
                     events.push(AssignEvent::Adopted {
@@ -241,7 +306,45 @@ pub fn assign(
         }
     }
 
-    // 4 and 5. Reuse idle assignments of the pod, else allocate.
+    // 4. Replacements for cpus short assignments lost, before anything new is allocated: a
+    // running container comes first.
+    for (demand, n) in short {
+        let Some(held) = assignments.get(&demand.key).cloned() else {
+            continue;
+        };
+        let lost = lost.remove(&demand.key).unwrap_or_default();
+        let shared_pool = pool_cpus.difference(&assignments.exclusive_cpus());
+        match replacements(policy, &held.cpus, n, &shared_pool) {
+            Ok(cpus) => {
+                let added = cpus.difference(&held.cpus);
+                // Moved in part: the agent's choice now, no longer an adopted pin.
+                let whole = ExclusiveAssignment {
+                    cpus: cpus.clone(),
+                    wanted: None,
+                    adopted: None,
+                    ..held
+                };
+                // Its own cpus and some of the shared pool's: no one else's.
+                if assignments.insert(demand.key.clone(), whole).is_ok() {
+                    events.push(AssignEvent::Replaced {
+                        key: demand.key.clone(),
+                        lost,
+                        added,
+                        cpus,
+                    });
+                }
+            }
+            Err(error) => events.push(AssignEvent::Short {
+                key: demand.key.clone(),
+                lost,
+                cpus: held.cpus,
+                wanted: n,
+                error,
+            }),
+        }
+    }
+
+    // 5 and 6. Reuse idle assignments of the pod, else allocate.
     let present: BTreeSet<&AssignmentKey> = demands.iter().map(|d| &d.key).collect();
     for demand in to_allocate {
         let Entitlement::Exclusive(n) = demand.entitlement else {
@@ -264,6 +367,7 @@ pub fn assign(
                     cpus: cpus.clone(),
                     container_id: demand.container_id.clone(),
                     adopted: None,
+                    wanted: None,
                 };
                 if assignments.insert(demand.key.clone(), assignment).is_ok() {
                     events.push(AssignEvent::Reused {
@@ -311,6 +415,7 @@ pub fn assign(
                     cpus: cpus.clone(),
                     container_id: demand.container_id.clone(),
                     adopted: None,
+                    wanted: None,
                 };
                 match assignments.insert(demand.key.clone(), assignment) {
                     Ok(()) => events.push(AssignEvent::Allocated {
@@ -332,6 +437,63 @@ pub fn assign(
     (assignments, events)
 }
 
+/// The cpus a short assignment holding `held` should hold to have `n` again: `n - held` more
+/// from the shared pool, the policy's pick with the NUMA nodes of the held cpus as its hint (so
+/// the container neither moves nor leaves its node where it can be helped); when that cannot
+/// be given (`full-pcpus-only` asks for whole cores), all `n` afresh from the shared pool and
+/// the held cpus (kubelet's reusable cpus), which may move it. The error is the last
+/// allocation's, in kubelet's words.
+fn replacements(
+    policy: &StaticPolicy,
+    held: &CpuSet,
+    n: usize,
+    shared_pool: &CpuSet,
+) -> Result<CpuSet, AllocationError> {
+    let missing = n.saturating_sub(held.len());
+    let hint = policy.numa_nodes_of(held);
+    let hint = (!hint.is_empty()).then_some(hint);
+    policy
+        .allocate(missing, shared_pool, hint.as_ref(), &CpuSet::new())
+        .map(|added| held.union(&added))
+        .or_else(|_| policy.allocate(n, shared_pool, hint.as_ref(), held))
+}
+
+/// The shared pool is never empty (it is where every other container runs): when the cpus out
+/// of reach were the ones no container holds (the reserved cpus went offline), the smallest
+/// assignments (the last key among equals) give theirs back until one is free.
+fn release_for_shared_pool(
+    pool_cpus: &CpuSet,
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+) {
+    while !pool_cpus.is_empty() && pool_cpus.is_subset(&assignments.exclusive_cpus()) {
+        let Some((key, cpus)) = assignments
+            .iter()
+            .min_by(|(ka, a), (kb, b)| a.cpus.len().cmp(&b.cpus.len()).then(kb.cmp(ka)))
+            .map(|(k, a)| (k.clone(), a.cpus.clone()))
+        else {
+            return;
+        };
+        assignments.remove(&key);
+        events.push(AssignEvent::Released {
+            key,
+            cpus,
+            why: ReleaseReason::SharedPoolEmpty,
+        });
+    }
+}
+
+fn set_wanted(assignments: &mut Assignments, key: &AssignmentKey, wanted: Option<usize>) {
+    if let Some(held) = assignments.get(key) {
+        let updated = ExclusiveAssignment {
+            wanted,
+            ..held.clone()
+        };
+        // Same key, same CPUs: cannot overlap anything new.
+        let _ = assignments.insert(key.clone(), updated);
+    }
+}
+
 fn refresh_container_id(assignments: &mut Assignments, demand: &ContainerDemand) {
     let Some(held) = assignments.get(&demand.key) else {
         return;
@@ -341,6 +503,7 @@ fn refresh_container_id(assignments: &mut Assignments, demand: &ContainerDemand)
             cpus: held.cpus.clone(),
             container_id: demand.container_id.clone(),
             adopted: held.adopted,
+            wanted: None,
         };
         // Same key, same CPUs: cannot overlap anything new.
         let _ = assignments.insert(demand.key.clone(), updated);
@@ -354,7 +517,7 @@ mod tests {
     use crate::topology::{CpuInfo, Topology};
 
     /// 1 socket, 4 cores, HT: core n = cpus n and n+4.
-    fn policy(reserved: &str) -> (StaticPolicy, CpuSet) {
+    fn one_socket_four_cores() -> Topology {
         let cpus = (0..8)
             .map(|id| CpuInfo {
                 id,
@@ -366,9 +529,12 @@ mod tests {
                 cluster: None,
             })
             .collect();
-        let topo = Topology::new(cpus, CpuSet::new(), CpuSet::new(), CpuSet::range(0, 0)).unwrap();
+        Topology::new(cpus, CpuSet::new(), CpuSet::new(), CpuSet::range(0, 0)).unwrap()
+    }
+
+    fn policy(reserved: &str) -> (StaticPolicy, CpuSet) {
         let p = StaticPolicy::new(
-            &topo,
+            &one_socket_four_cores(),
             PolicyOptions::default(),
             ReservedCpus::List(CpuSet::parse(reserved).unwrap()),
             false,
@@ -487,6 +653,7 @@ mod tests {
                         cpus: CpuSet::range(4, 7),
                         container_id: None,
                         adopted: None,
+                        wanted: None,
                     },
                 )
                 .unwrap();
@@ -548,6 +715,7 @@ mod tests {
                     cpus: CpuSet::range(6, 7),
                     container_id: None,
                     adopted: None,
+                    wanted: None,
                 },
             )
             .unwrap();
@@ -571,6 +739,7 @@ mod tests {
                     cpus: CpuSet::parse("1-2").unwrap(),
                     container_id: None,
                     adopted: None,
+                    wanted: None,
                 },
             )
             .unwrap();
@@ -627,6 +796,7 @@ mod tests {
                     cpus: CpuSet::parse("1-3,5-7").unwrap(),
                     container_id: None,
                     adopted: None,
+                    wanted: None,
                 },
             )
             .unwrap();
@@ -811,6 +981,7 @@ mod tests {
                     cpus: CpuSet::parse("3,7,2,6").unwrap(),
                     container_id: None,
                     adopted: None,
+                    wanted: None,
                 },
             )
             .unwrap();
@@ -895,5 +1066,179 @@ mod tests {
             error.to_string(),
             "not enough cpus available to satisfy request: requested=8, available=7"
         );
+    }
+
+    /// CPU hotplug: the cpus pods may use lose 5 (offline). The container on 1,5 keeps 1 and
+    /// gets one replacement near it; with nothing free it keeps 1, says why, and gets its
+    /// second cpu once one is free again.
+    #[test]
+    fn a_container_that_lost_a_cpu_gets_a_replacement_or_keeps_the_rest() {
+        let (p, all) = policy("0");
+        let key = named("a", "app");
+        let d = vec![demand(key.clone(), Entitlement::Exclusive(2), None)];
+        let (a, _) = assign(&p, &all, &d, &pods(&["a"]), &Assignments::new());
+        assert_eq!(held(&a, &key), "1,5");
+
+        let without_5 = CpuSet::parse("0-4,6-7").unwrap();
+        let (replaced, ev) = assign(&p, &without_5, &d, &pods(&["a"]), &a);
+        let now = CpuSet::parse(&held(&replaced, &key)).unwrap();
+        assert_eq!(now.len(), 2);
+        assert!(now.contains(1) && !now.contains(5), "{now}");
+        assert!(replaced.get(&key).unwrap().wanted.is_none());
+        let AssignEvent::Replaced {
+            lost, added, cpus, ..
+        } = &ev[0]
+        else {
+            panic!("{ev:?}")
+        };
+        assert_eq!((lost.to_string(), cpus), ("5".to_string(), &now));
+        assert_eq!(added.len(), 1);
+        // Planned again: kept as it is.
+        let (again, ev) = assign(&p, &without_5, &d, &pods(&["a"]), &replaced);
+        assert_eq!(again, replaced);
+        assert!(ev.is_empty(), "{ev:?}");
+
+        // Nothing free: cpus 2-4,6-7 are b's, 0 is reserved.
+        let mut full = a.clone();
+        full.insert(
+            named("b", "big"),
+            ExclusiveAssignment {
+                cpus: CpuSet::parse("2-4,6-7").unwrap(),
+                container_id: None,
+                adopted: None,
+                wanted: None,
+            },
+        )
+        .unwrap();
+        let both = vec![
+            d[0].clone(),
+            demand(named("b", "big"), Entitlement::Exclusive(5), None),
+        ];
+        let (short, ev) = assign(&p, &without_5, &both, &pods(&["a", "b"]), &full);
+        assert_eq!(held(&short, &key), "1");
+        assert_eq!(short.get(&key).unwrap().wanted, Some(2));
+        let AssignEvent::Short {
+            lost,
+            wanted,
+            error,
+            ..
+        } = &ev[0]
+        else {
+            panic!("{ev:?}")
+        };
+        assert_eq!((lost.to_string(), *wanted), ("5".to_string(), 2));
+        assert_eq!(
+            error.to_string(),
+            "not enough cpus available to satisfy request: requested=1, available=0"
+        );
+        // Still nothing: it keeps its one cpu, asks again.
+        let (still, ev) = assign(&p, &without_5, &both, &pods(&["a", "b"]), &short);
+        assert_eq!(still, short);
+        assert!(matches!(&ev[0], AssignEvent::Short { lost, .. } if lost.is_empty()));
+        // Cpu 5 comes back: it is its replacement.
+        let (whole, ev) = assign(&p, &all, &both, &pods(&["a", "b"]), &still);
+        assert_eq!(held(&whole, &key), "1,5");
+        assert!(whole.get(&key).unwrap().wanted.is_none());
+        assert!(
+            matches!(&ev[0], AssignEvent::Replaced { added, .. } if added.to_string() == "5"),
+            "{ev:?}"
+        );
+    }
+
+    /// A container whose request cannot be told any more (v2 after the quota lift) still gets
+    /// the count it held back; one that lost every cpu is allocated afresh.
+    #[test]
+    fn replacements_for_an_unknown_request_and_for_a_container_that_lost_all() {
+        let (p, all) = policy("0");
+        let key = named("a", "app");
+        let one = named("a", "one");
+        let d = vec![
+            demand(key.clone(), Entitlement::Exclusive(2), None),
+            demand(one.clone(), Entitlement::Exclusive(1), None),
+        ];
+        let (a, _) = assign(&p, &all, &d, &pods(&["a"]), &Assignments::new());
+        assert_eq!((held(&a, &key), held(&a, &one)), ("1,5".into(), "4".into()));
+        let unknown = vec![
+            demand(
+                key.clone(),
+                Entitlement::Unknown {
+                    request_range: None,
+                },
+                None,
+            ),
+            d[1].clone(),
+        ];
+        // 5 and 4 go offline.
+        let pool = CpuSet::parse("0-3,6-7").unwrap();
+        let (b, ev) = assign(&p, &pool, &unknown, &pods(&["a"]), &a);
+        let kept = CpuSet::parse(&held(&b, &key)).unwrap();
+        assert!(
+            kept.len() == 2 && kept.contains(1) && kept.is_subset(&pool),
+            "{kept}"
+        );
+        assert!(ev.iter().any(|e| matches!(
+            e,
+            AssignEvent::Released {
+                why: ReleaseReason::OutOfReach,
+                ..
+            }
+        )));
+        let fresh = CpuSet::parse(&held(&b, &one)).unwrap();
+        assert!(fresh.len() == 1 && fresh.is_subset(&pool) && fresh.is_disjoint(&kept));
+    }
+
+    /// Reserved cpus offline: the shared pool would be empty, so the smallest assignment gives
+    /// its cpus back and stays shared with the allocator's reason.
+    #[test]
+    fn the_shared_pool_is_never_emptied_by_reserved_cpus_going_offline() {
+        let (p, all) = policy("0");
+        let big = named("a", "big");
+        let small = named("b", "small");
+        let d = vec![
+            demand(big.clone(), Entitlement::Exclusive(6), None),
+            demand(small.clone(), Entitlement::Exclusive(1), None),
+        ];
+        let (a, _) = assign(&p, &all, &d, &pods(&["a", "b"]), &Assignments::new());
+        assert_eq!(a.exclusive_cpus().len(), 7);
+        // Cpu 0 (reserved, the last shared cpu) goes offline.
+        let online = CpuSet::parse("1-7").unwrap();
+        let (b, ev) = assign(&p, &online, &d, &pods(&["a", "b"]), &a);
+        assert_eq!(held(&b, &small), "");
+        assert_eq!(b.exclusive_cpus().len(), 6);
+        assert!(ev.iter().any(|e| matches!(
+            e,
+            AssignEvent::Released {
+                why: ReleaseReason::SharedPoolEmpty,
+                ..
+            }
+        )));
+        assert!(
+            ev.iter()
+                .any(|e| matches!(e, AssignEvent::Failed { error, .. }
+                if matches!(error, AllocationError::WouldEmptySharedPool { .. }))),
+            "{ev:?}"
+        );
+    }
+
+    /// `full-pcpus-only`: a single replacement cpu is not a whole core, so the container gets
+    /// a whole free core afresh.
+    #[test]
+    fn full_pcpus_only_replaces_a_broken_core_with_a_whole_one() {
+        let p = StaticPolicy::new(
+            &one_socket_four_cores(),
+            PolicyOptions::parse("full-pcpus-only=true").unwrap(),
+            ReservedCpus::List(CpuSet::parse("0,4").unwrap()),
+            false,
+        )
+        .unwrap();
+        let key = named("a", "app");
+        let d = vec![demand(key.clone(), Entitlement::Exclusive(2), None)];
+        let all = CpuSet::range(0, 7);
+        let (a, _) = assign(&p, &all, &d, &pods(&["a"]), &Assignments::new());
+        assert_eq!(held(&a, &key), "1,5");
+        let without_5 = CpuSet::parse("0-4,6-7").unwrap();
+        let (b, ev) = assign(&p, &without_5, &d, &pods(&["a"]), &a);
+        assert_eq!(held(&b, &key), "2,6");
+        assert!(matches!(&ev[0], AssignEvent::Replaced { .. }), "{ev:?}");
     }
 }

@@ -234,7 +234,14 @@ pub fn plan(
         config.align_memory,
     );
 
-    let mut writes = cpuset_writes(scan, &parents, &desired);
+    // The cpus that exist for pods now: a cgroup's current set may still name cpus that went
+    // offline (v1 took them out of every cpuset already; the model has not read that yet), and
+    // a widening must not write them back.
+    let mut reachable = config.topology.all_cpus().clone();
+    if let Some(cpus) = config.limits.and_then(|l| l.cpus.as_ref()) {
+        reachable = reachable.intersection(cpus);
+    }
+    let mut writes = cpuset_writes(scan, &parents, &desired, &reachable);
     writes.extend(quota_lifts(
         scan,
         classes,
@@ -252,8 +259,15 @@ pub fn plan(
     }
 }
 
-/// Widen top-down then narrow bottom-up, for `cpuset.cpus` and `cpuset.mems`.
-fn cpuset_writes(scan: &Scan, parents: &[Option<usize>], desired: &[DesiredCgroup]) -> WritePlan {
+/// Widen top-down then narrow bottom-up, for `cpuset.cpus` and `cpuset.mems`. A widening of
+/// `cpuset.cpus` writes `old ∪ new` without the cpus outside `reachable` (offline ones, which
+/// the kernel refuses).
+fn cpuset_writes(
+    scan: &Scan,
+    parents: &[Option<usize>],
+    desired: &[DesiredCgroup],
+    reachable: &CpuSet,
+) -> WritePlan {
     let current = |v: &FileValue<CpuSet>| v.value().cloned().unwrap_or_default();
     let nodes = |pick: fn(&DesiredCgroup) -> &Option<CpuSet>,
                  now: fn(&crate::cgroupfs::ScannedCgroup) -> &FileValue<CpuSet>| {
@@ -268,7 +282,16 @@ fn cpuset_writes(scan: &Scan, parents: &[Option<usize>], desired: &[DesiredCgrou
             })
             .collect::<Vec<_>>()
     };
-    let cpus = order_writes(&nodes(|d| &d.cpus, |c| &c.cpus));
+    let mut cpus = order_writes(&nodes(|d| &d.cpus, |c| &c.cpus));
+    for w in cpus.iter_mut().filter(|w| w.phase == Phase::Widen) {
+        if !w.value.is_subset(reachable) {
+            let mut value = w.value.intersection(reachable);
+            if let Some(d) = &desired[w.node].cpus {
+                value.extend_from(d);
+            }
+            w.value = value;
+        }
+    }
     let mems = order_writes(&nodes(|d| &d.mems, |c| &c.mems));
     let to_write = |w: &SetWrite, file| PlannedWrite {
         cgroup: w.node,
