@@ -33,6 +33,7 @@ use std::fmt;
 use crate::cgroupfs::{
     CgroupDriver, CgroupPath, CpuSettings, FileValue, Quota, Scan, ScannedCgroup,
 };
+use crate::devices::ContainerDevice;
 use crate::runtime::{OciCpu, RuntimeInfo};
 use crate::state::AssignmentKey;
 
@@ -393,6 +394,9 @@ pub struct Classification {
     pub resources: Option<CpuResources>,
     pub exclusivity: Exclusivity,
     pub notices: Vec<Notice>,
+    /// The devices the runtime config gives a container, with their NUMA nodes when located
+    /// (a topology hint for its exclusive CPUs).
+    pub devices: Vec<ContainerDevice>,
 }
 
 impl Classification {
@@ -409,6 +413,7 @@ impl Classification {
             resources: None,
             exclusivity: Exclusivity::NotApplicable,
             notices: Vec::new(),
+            devices: Vec::new(),
         }
     }
 
@@ -1021,6 +1026,7 @@ pub fn classify(
         return classification;
     }
     let qos = path.qos.unwrap_or(QosClass::BestEffort);
+    classification.devices = runtime.map(|r| r.devices.clone()).unwrap_or_default();
     let notices = &mut classification.notices;
 
     if let (Some(from_path), Some(from_runtime)) =

@@ -47,6 +47,10 @@ pub struct ContainerSpec {
     pub name: String,
     pub request_milli: Option<u64>,
     pub limit_milli: Option<u64>,
+    /// Extra `process.env` entries of its config (`NAME=value`), as device plugins add them.
+    pub env: Vec<String>,
+    /// Device paths in `linux.devices` of its config (e.g. `/dev/vfio/42`).
+    pub devices: Vec<String>,
 }
 
 impl ContainerSpec {
@@ -56,6 +60,8 @@ impl ContainerSpec {
             name: name.into(),
             request_milli: Some(milli),
             limit_milli: Some(milli),
+            env: Vec::new(),
+            devices: Vec::new(),
         }
     }
 
@@ -64,6 +70,8 @@ impl ContainerSpec {
             name: name.into(),
             request_milli: Some(request),
             limit_milli: limit,
+            env: Vec::new(),
+            devices: Vec::new(),
         }
     }
 
@@ -72,7 +80,22 @@ impl ContainerSpec {
             name: name.into(),
             request_milli: None,
             limit_milli: None,
+            env: Vec::new(),
+            devices: Vec::new(),
         }
+    }
+
+    /// Adds an environment variable (`NAME=value`) to its config, as a device plugin's
+    /// `Allocate` response does (`PCIDEVICE_INTEL_COM_SRIOV=0000:3b:02.0`).
+    pub fn with_env(mut self, entry: &str) -> Self {
+        self.env.push(entry.to_string());
+        self
+    }
+
+    /// Adds a device node to `linux.devices` of its config (`/dev/vfio/42`).
+    pub fn with_device(mut self, path: &str) -> Self {
+        self.devices.push(path.to_string());
+        self
     }
 }
 
@@ -336,7 +359,8 @@ impl FakeNode {
         self.add_cgroup(&dir, Some(shares(Some(requests))), limits)?;
         self.inherit_cpuset(&dir)?;
         let sandbox = new_container_id("pause");
-        self.add_container_cgroup(pod, &sandbox, "POD", None, None, true)?;
+        let pause = ContainerSpec::best_effort("POD");
+        self.add_container_cgroup(pod, &sandbox, &pause, true)?;
         Ok(sandbox)
     }
 
@@ -344,14 +368,7 @@ impl FakeNode {
     /// returns its id.
     pub fn add_container(&self, pod: &PodSpec, container: &ContainerSpec) -> io::Result<String> {
         let id = new_container_id(&container.name);
-        self.add_container_cgroup(
-            pod,
-            &id,
-            &container.name,
-            container.request_milli,
-            container.limit_milli,
-            false,
-        )?;
+        self.add_container_cgroup(pod, &id, container, false)?;
         Ok(id)
     }
 
@@ -410,11 +427,14 @@ impl FakeNode {
         &self,
         pod: &PodSpec,
         id: &str,
-        name: &str,
-        request: Option<u64>,
-        limit: Option<u64>,
+        container: &ContainerSpec,
         sandbox: bool,
     ) -> io::Result<()> {
+        let (name, request, limit) = (
+            container.name.as_str(),
+            container.request_milli,
+            container.limit_milli,
+        );
         // The runtime's config first: containerd writes it before creating the task.
         let cpu_shares = if sandbox { 2 } else { shares(request) };
         let quota = limit.map(|l| (l * PERIOD_US / 1000) as i64).unwrap_or(-1);
@@ -430,14 +450,33 @@ impl FakeNode {
             annotations[k] = serde_json::Value::from(v.as_str());
         }
         drop(extra);
+        let mut env = vec![
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+            format!("HOSTNAME={}", pod.name),
+        ];
+        env.extend(container.env.iter().cloned());
+        // Device nodes as runtimes write them (type, numbers and mode are not read).
+        let devices: Vec<serde_json::Value> = container
+            .devices
+            .iter()
+            .map(|path| serde_json::json!({"path": path, "type": "c", "major": 242, "minor": 0}))
+            .collect();
         let config = serde_json::json!({
             "ociVersion": "1.0.2",
+            "process": {
+                "args": if sandbox { vec!["/pause"] } else { vec!["sleep", "infinity"] },
+                "env": env,
+                "cwd": "/",
+            },
             "annotations": annotations,
-            "linux": {"resources": {"cpu": {
-                "shares": cpu_shares,
-                "quota": quota,
-                "period": PERIOD_US,
-            }}},
+            "linux": {
+                "resources": {"cpu": {
+                    "shares": cpu_shares,
+                    "quota": quota,
+                    "period": PERIOD_US,
+                }},
+                "devices": devices,
+            },
         });
         let dir = self.runtime_dir.join(id);
         fs::create_dir_all(&dir)?;

@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod classify;
 pub mod cli;
 pub mod cpuset;
+pub mod devices;
 #[cfg(debug_assertions)]
 mod faults;
 pub mod irq;

@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::cgroupfs::Scan;
 use crate::classify::{CgroupKind, Classification, Exclusivity};
 use crate::cpuset::CpuSet;
+use crate::devices::{describe_all, ContainerDevice};
 use crate::planner::{AssignEvent, Plan};
 
 /// One cgroup as an operator sees it.
@@ -36,6 +37,31 @@ pub struct CgroupRow {
     /// (quota lifted), `irq-load-balancing` (interrupts kept off its CPUs).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub isolation: Vec<&'static str>,
+    /// The devices its runtime config gives it and their NUMA nodes (the topology hint its
+    /// exclusive CPUs were allocated with).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceRow>,
+}
+
+/// One device of a container as `status --json` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceRow {
+    /// `vfio/<group>` or a PCI address.
+    pub device: String,
+    /// The PCI functions behind it (a VFIO group's members; the address itself).
+    pub pci: Vec<String>,
+    /// Its NUMA nodes; empty when sysfs does not say (`numa_node` is -1 or missing).
+    pub numa: Vec<u32>,
+}
+
+impl DeviceRow {
+    fn of(device: &ContainerDevice) -> DeviceRow {
+        DeviceRow {
+            device: device.id.to_string(),
+            pci: device.pci.iter().map(ToString::to_string).collect(),
+            numa: device.numa.iter().collect(),
+        }
+    }
 }
 
 impl CgroupRow {
@@ -111,6 +137,11 @@ pub fn rows(
         } else {
             note
         };
+        let note = if assigned.is_some() && !class.devices.is_empty() {
+            format!("{note}; devices {}", describe_all(&class.devices))
+        } else {
+            note
+        };
         rows.push(CgroupRow {
             path: cgroup.relative.to_string(),
             kind: class.kind.to_string(),
@@ -131,6 +162,7 @@ pub fn rows(
             exclusive: assigned.is_some(),
             note,
             isolation,
+            devices: class.devices.iter().map(DeviceRow::of).collect(),
         });
     }
     rows

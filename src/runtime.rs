@@ -1,7 +1,9 @@
 //! The container runtime's view of a container: its OCI `config.json`, found through path
 //! templates (`{id}` = the container id) and reduced to what classification needs — the
-//! annotations (container name, pod UID, sandbox or not, `cpusetd.io/*` opt-outs) and
-//! `linux.resources.cpu.{shares,quota,period}`.
+//! annotations (container name, pod UID, sandbox or not, `cpusetd.io/*` opt-outs),
+//! `linux.resources.cpu.{shares,quota,period}`, and the devices it was given (VFIO groups in
+//! `linux.devices`, device plugins' PCI addresses in `process.env`; see `devices`), which a
+//! lookup with a sysfs root also locates on their NUMA nodes.
 //!
 //! The runtime's files are advisory: a config that is missing, unreadable, larger than
 //! [`MAX_CONFIG_BYTES`], not JSON or of the wrong shape is logged (once per container) and
@@ -23,6 +25,8 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::OFlag;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
+
+use crate::devices::{ContainerDevice, DeviceId, DeviceLocator, MAX_DEVICES};
 
 /// containerd's bundle config of a CRI container (namespace `k8s.io`).
 pub const CONTAINERD_CONFIG_TEMPLATE: &str =
@@ -172,6 +176,9 @@ pub struct RuntimeInfo {
     /// CRI-O's JSON-encoded `io.kubernetes.cri-o.Labels`, decoded.
     pub crio_labels: BTreeMap<String, String>,
     pub cpu: OciCpu,
+    /// The devices it was given (at most [`MAX_DEVICES`]), located on their NUMA nodes when
+    /// the lookup has a sysfs root.
+    pub devices: Vec<ContainerDevice>,
     /// Parts of the config that were ignored, for the log.
     pub ignored: Vec<String>,
 }
@@ -284,6 +291,7 @@ where
 struct SpecDocument {
     annotations: Option<BTreeMap<String, serde_json::Value>>,
     linux: Option<LinuxDocument>,
+    process: ProcessDocument,
 }
 
 /// A member read with [`lenient`].
@@ -314,6 +322,7 @@ impl<'de> Deserialize<'de> for SpecDocument {
                     match key.as_str() {
                         "annotations" => document.annotations = map.next_value::<Lenient<_>>()?.0,
                         "linux" => document.linux = map.next_value::<Lenient<_>>()?.0,
+                        "process" => document.process = map.next_value()?,
                         _ => {
                             map.next_value::<serde::de::IgnoredAny>()?;
                         }
@@ -330,6 +339,185 @@ impl<'de> Deserialize<'de> for SpecDocument {
 struct LinuxDocument {
     #[serde(default, deserialize_with = "lenient")]
     resources: Option<ResourcesDocument>,
+    /// `linux.devices`: objects with a `path`; only VFIO group paths are kept.
+    #[serde(default, deserialize_with = "lenient")]
+    devices: Option<Vec<serde_json::Value>>,
+}
+
+/// `process` of an OCI config: only `env` entries of device plugins are kept. `process` holds
+/// much the agent does not read (args, capabilities, rlimits): it is skipped without being
+/// built, as is anything of the wrong type, so it cannot fail the document or nest deep.
+#[derive(Default)]
+struct ProcessDocument {
+    /// The `PCIDEVICE_*` / `PCI_RESOURCE_*` entries of `env`, at most [`MAX_DEVICES`] of them.
+    device_env: Vec<String>,
+    /// How many such entries were dropped past the limit.
+    dropped: usize,
+}
+
+/// A JSON value of the wrong type is skipped without recursing (serde_json ignores values
+/// iteratively), and gives `T::default()`.
+macro_rules! skip_other_types {
+    ($value:ty) => {
+        fn visit_bool<E>(self, _: bool) -> Result<$value, E> {
+            Ok(Default::default())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<$value, E> {
+            Ok(Default::default())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<$value, E> {
+            Ok(Default::default())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<$value, E> {
+            Ok(Default::default())
+        }
+        fn visit_unit<E>(self) -> Result<$value, E> {
+            Ok(Default::default())
+        }
+    };
+}
+
+/// Drains a sequence or map of the wrong type without building it.
+fn skip_seq<'de, A: serde::de::SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+    while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+fn skip_map<'de, A: serde::de::MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map
+        .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+        .is_some()
+    {}
+    Ok(())
+}
+
+impl<'de> Deserialize<'de> for ProcessDocument {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = ProcessDocument;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an OCI process object")
+            }
+
+            skip_other_types!(ProcessDocument);
+
+            fn visit_str<E>(self, _: &str) -> Result<ProcessDocument, E> {
+                Ok(ProcessDocument::default())
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> Result<ProcessDocument, A::Error> {
+                skip_seq(seq).map(|()| ProcessDocument::default())
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ProcessDocument, A::Error> {
+                let mut document = ProcessDocument::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "env" {
+                        // Given twice, the last counts (as for the top level).
+                        document = map.next_value_seed(DeviceEnv)?;
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(document)
+            }
+        }
+        deserializer.deserialize_any(Members)
+    }
+}
+
+/// `process.env` read as a [`ProcessDocument`] (only its device-plugin entries).
+struct DeviceEnv;
+
+impl<'de> serde::de::DeserializeSeed<'de> for DeviceEnv {
+    type Value = ProcessDocument;
+
+    fn deserialize<D: Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<ProcessDocument, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = ProcessDocument;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of environment variables")
+            }
+
+            skip_other_types!(ProcessDocument);
+
+            fn visit_str<E>(self, _: &str) -> Result<ProcessDocument, E> {
+                Ok(ProcessDocument::default())
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<ProcessDocument, A::Error> {
+                skip_map(map).map(|()| ProcessDocument::default())
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<ProcessDocument, A::Error> {
+                let mut document = ProcessDocument::default();
+                while let Some(entry) = seq.next_element::<EnvEntry>()? {
+                    let Some(entry) = entry.0 else { continue };
+                    if document.device_env.len() < MAX_DEVICES {
+                        document.device_env.push(entry);
+                    } else {
+                        document.dropped += 1;
+                    }
+                }
+                Ok(document)
+            }
+        }
+        deserializer.deserialize_any(Entries)
+    }
+}
+
+/// One `env` entry: kept only when it is a string naming a device plugin's variable.
+#[derive(Default)]
+struct EnvEntry(Option<String>);
+
+impl<'de> Deserialize<'de> for EnvEntry {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entry;
+        impl<'de> serde::de::Visitor<'de> for Entry {
+            type Value = EnvEntry;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an environment variable")
+            }
+
+            skip_other_types!(EnvEntry);
+
+            fn visit_str<E>(self, text: &str) -> Result<EnvEntry, E> {
+                let wanted = crate::devices::PCI_ENV_PREFIXES
+                    .iter()
+                    .any(|prefix| text.starts_with(prefix));
+                Ok(EnvEntry(wanted.then(|| text.to_string())))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<EnvEntry, A::Error> {
+                skip_seq(seq).map(|()| EnvEntry(None))
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<EnvEntry, A::Error> {
+                skip_map(map).map(|()| EnvEntry(None))
+            }
+        }
+        deserializer.deserialize_any(Entry)
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -399,11 +587,13 @@ pub fn parse_config(bytes: &[u8]) -> Result<RuntimeInfo, serde_json::Error> {
         Some(map) => string_values(map, "annotation", &mut ignored),
         None => BTreeMap::new(),
     };
-    let cpu = document
-        .linux
-        .and_then(|l| l.resources)
-        .and_then(|r| r.cpu)
-        .unwrap_or_default();
+    let linux = document.linux.unwrap_or_default();
+    let devices = container_devices(
+        linux.devices.as_deref().unwrap_or_default(),
+        &document.process,
+        &mut ignored,
+    );
+    let cpu = linux.resources.and_then(|r| r.cpu).unwrap_or_default();
     let crio_annotations = decode_nested(&annotations, keys::CRIO_ANNOTATIONS, &mut ignored);
     let crio_labels = decode_nested(&annotations, keys::CRIO_LABELS, &mut ignored);
     Ok(RuntimeInfo {
@@ -415,8 +605,53 @@ pub fn parse_config(bytes: &[u8]) -> Result<RuntimeInfo, serde_json::Error> {
             quota: cpu.quota,
             period: cpu.period,
         },
+        devices,
         ignored,
     })
+}
+
+/// The VFIO groups of `linux.devices` and the PCI addresses of device plugins' variables, each
+/// once, in the config's order, at most [`MAX_DEVICES`]; what is not usable goes to `ignored`.
+fn container_devices(
+    linux_devices: &[serde_json::Value],
+    process: &ProcessDocument,
+    ignored: &mut Vec<String>,
+) -> Vec<ContainerDevice> {
+    let mut ids: Vec<DeviceId> = Vec::new();
+    let mut dropped = process.dropped;
+    let mut add = |id: DeviceId, ids: &mut Vec<DeviceId>| {
+        if ids.contains(&id) {
+            return;
+        }
+        if ids.len() < MAX_DEVICES {
+            ids.push(id);
+        } else {
+            dropped += 1;
+        }
+    };
+    for device in linux_devices {
+        let Some(path) = device.get("path").and_then(serde_json::Value::as_str) else {
+            continue;
+        };
+        if let Some(group) = crate::devices::vfio_group_of_path(path) {
+            add(DeviceId::VfioGroup(group), &mut ids);
+        }
+    }
+    for entry in &process.device_env {
+        let Some((addresses, bad)) = crate::devices::pci_addresses_of_env(entry) else {
+            continue;
+        };
+        ignored.extend(bad);
+        for address in addresses {
+            add(DeviceId::Pci(address), &mut ids);
+        }
+    }
+    if dropped > 0 {
+        ignored.push(format!(
+            "{dropped} more devices past the first {MAX_DEVICES} are not located"
+        ));
+    }
+    ids.into_iter().map(ContainerDevice::unlocated).collect()
 }
 
 /// Reads and parses one config file. `Ok(None)` when it does not exist.
@@ -472,6 +707,7 @@ struct CachedInfo {
     crio_annotations: Box<[(String, String)]>,
     crio_labels: Box<[(String, String)]>,
     cpu: OciCpu,
+    devices: Box<[ContainerDevice]>,
 }
 
 impl CachedInfo {
@@ -486,6 +722,7 @@ impl CachedInfo {
             crio_annotations: flat(&info.crio_annotations),
             crio_labels: flat(&info.crio_labels),
             cpu: info.cpu,
+            devices: info.devices.iter().cloned().collect(),
         }
     }
 
@@ -496,6 +733,7 @@ impl CachedInfo {
             crio_annotations: map(&self.crio_annotations),
             crio_labels: map(&self.crio_labels),
             cpu: self.cpu,
+            devices: self.devices.to_vec(),
             ignored: Vec::new(),
         }
     }
@@ -510,6 +748,8 @@ impl CachedInfo {
 pub struct RuntimeLookup {
     templates: Vec<ConfigTemplate>,
     cache: HashMap<String, Option<CachedInfo>>,
+    /// Where containers' devices are located; `None`: their NUMA nodes stay unknown.
+    locator: Option<DeviceLocator>,
 }
 
 impl RuntimeLookup {
@@ -517,7 +757,15 @@ impl RuntimeLookup {
         RuntimeLookup {
             templates,
             cache: HashMap::new(),
+            locator: None,
         }
+    }
+
+    /// Locates containers' devices through this sysfs root (once per container, when its
+    /// config is first read: a device does not move while the container runs).
+    pub fn with_sysfs(mut self, sysfs: &Path) -> RuntimeLookup {
+        self.locator = Some(DeviceLocator::new(sysfs));
+        self
     }
 
     pub fn templates(&self) -> &[ConfigTemplate] {
@@ -539,9 +787,20 @@ impl RuntimeLookup {
                 }
             };
             match load_config(&path) {
-                Ok(Some(info)) => {
+                Ok(Some(mut info)) => {
                     for what in &info.ignored {
                         log::warn!("{}: ignored: {what}", path.display());
+                    }
+                    if let (Some(locator), false) = (&self.locator, info.devices.is_empty()) {
+                        for problem in locator.locate(&mut info.devices) {
+                            log::warn!(
+                                "container {container_id}: device numa node unknown: {problem}"
+                            );
+                        }
+                        log::debug!(
+                            "container {container_id}: devices {}",
+                            crate::devices::describe_all(&info.devices)
+                        );
                     }
                     let info = info.trimmed();
                     self.cache
@@ -687,6 +946,128 @@ mod tests {
         assert_eq!(info.container_name(), Some("app"));
         assert_eq!(info.annotation("a"), None);
         assert_eq!(info.cpu.shares, Some(2048));
+    }
+
+    fn fixture(name: &str) -> RuntimeInfo {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/runtime")
+            .join(name);
+        load_config(&path).unwrap().unwrap()
+    }
+
+    fn device_ids(info: &RuntimeInfo) -> Vec<String> {
+        info.devices.iter().map(|d| d.id.to_string()).collect()
+    }
+
+    #[test]
+    fn a_kubevirt_launcher_gives_its_vfio_group_and_host_device() {
+        let info = fixture("kubevirt-vfio.json");
+        assert_eq!(info.container_name(), Some("compute"));
+        assert_eq!(info.cpu.shares, Some(4096));
+        // /dev/vfio/vfio, /dev/kvm and the JSON-valued `_INFO` variable are not devices.
+        assert_eq!(device_ids(&info), ["vfio/166", "0000:d8:02.1"]);
+        assert!(info.ignored.is_empty(), "{:?}", info.ignored);
+        assert!(info.devices.iter().all(|d| d.numa.is_empty()));
+    }
+
+    #[test]
+    fn an_sriov_pod_gives_the_addresses_of_its_device_plugins() {
+        let info = fixture("sriov-netdevice-crio.json");
+        assert_eq!(info.container_name(), Some("fwd"));
+        assert_eq!(info.pod_namespace(), Some("cnf"));
+        // The good address of a variable with a bad one is kept; the bad ones are said.
+        assert_eq!(
+            device_ids(&info),
+            ["0000:3b:02.0", "0000:3b:02.1", "0000:86:00.2"]
+        );
+        assert_eq!(info.ignored.len(), 2, "{:?}", info.ignored);
+        assert!(
+            info.ignored[0].contains("0000:3b:2.0"),
+            "{:?}",
+            info.ignored
+        );
+        assert!(
+            info.ignored[1].contains("not-an-address"),
+            "{:?}",
+            info.ignored
+        );
+    }
+
+    #[test]
+    fn device_fields_of_the_wrong_shape_are_dropped_not_fatal() {
+        let json = br#"{"process": {"env": ["PCIDEVICE_A=0000:3b:02.0", 7, null, ["x"], {"a": 1},
+                                            "PCIDEVICE_A=0000:3b:02.0", "PCIDEVICE_B"]},
+                        "linux": {"devices": [{"path": 5}, "x", {"path": "/dev/vfio/3"},
+                                              {"path": "/dev/vfio/3"}, {"nopath": 1}]}}"#;
+        let info = parse_config(json).unwrap();
+        assert_eq!(device_ids(&info), ["vfio/3", "0000:3b:02.0"]);
+        for json in [
+            &br#"{"process": "sh"}"#[..],
+            br#"{"process": {"env": "PCIDEVICE_A=0000:3b:02.0"}}"#,
+            br#"{"process": {"env": {"PCIDEVICE_A": "0000:3b:02.0"}}}"#,
+            br#"{"process": [1, 2]}"#,
+            br#"{"linux": {"devices": {"path": "/dev/vfio/3"}}}"#,
+        ] {
+            let info = parse_config(json).unwrap();
+            assert!(info.devices.is_empty(), "{}", String::from_utf8_lossy(json));
+        }
+        // Deep nesting in process.env is skipped like any other unread part.
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let json = format!(r#"{{"process": {{"env": ["PCIDEVICE_A=0000:3b:02.0", {deep}]}}}}"#);
+        let info = parse_config(json.as_bytes()).unwrap();
+        assert_eq!(device_ids(&info), ["0000:3b:02.0"]);
+    }
+
+    #[test]
+    fn devices_are_bounded() {
+        let env: Vec<String> = (0..200)
+            .map(|i| format!("\"PCIDEVICE_R{i}=0000:{:02x}:00.0\"", i))
+            .collect();
+        let json = format!(r#"{{"process": {{"env": [{}]}}}}"#, env.join(","));
+        let info = parse_config(json.as_bytes()).unwrap();
+        assert_eq!(info.devices.len(), MAX_DEVICES);
+        assert!(
+            info.ignored.iter().any(|i| i.contains("more devices")),
+            "{:?}",
+            info.ignored
+        );
+    }
+
+    #[test]
+    fn a_lookup_with_sysfs_locates_the_devices_once_and_caches_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let sysfs = dir.path().join("sys");
+        let node_of = |address: &str, node: &str| {
+            let device = sysfs.join("bus/pci/devices").join(address);
+            std::fs::create_dir_all(&device).unwrap();
+            std::fs::write(device.join("numa_node"), format!("{node}\n")).unwrap();
+        };
+        node_of("0000:d8:02.1", "1");
+        std::fs::create_dir_all(sysfs.join("kernel/iommu_groups/166/devices/0000:d8:02.1"))
+            .unwrap();
+        std::fs::create_dir_all(dir.path().join("c1")).unwrap();
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/runtime/kubevirt-vfio.json"),
+            dir.path().join("c1/config.json"),
+        )
+        .unwrap();
+        let template = format!("{}/{{id}}/config.json", dir.path().display());
+        let mut lookup =
+            RuntimeLookup::new(vec![ConfigTemplate::new(&template).unwrap()]).with_sysfs(&sysfs);
+        let info = lookup.lookup("c1").unwrap();
+        let shown: Vec<String> = info.devices.iter().map(|d| d.describe()).collect();
+        assert_eq!(
+            shown,
+            ["vfio/166 (0000:d8:02.1) numa 1", "0000:d8:02.1 numa 1"]
+        );
+        // Cached with the container: sysfs is not read again.
+        std::fs::remove_dir_all(&sysfs).unwrap();
+        assert_eq!(lookup.lookup("c1").unwrap().devices, info.devices);
+        // Without a sysfs root the devices are known, their nodes are not.
+        let mut plain = RuntimeLookup::new(vec![ConfigTemplate::new(&template).unwrap()]);
+        let info = plain.lookup("c1").unwrap();
+        assert_eq!(info.devices.len(), 2);
+        assert!(crate::devices::numa_nodes(&info.devices).is_empty());
     }
 
     #[test]

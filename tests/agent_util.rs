@@ -140,6 +140,16 @@ pub struct Row {
     pub note: String,
     #[serde(default)]
     pub isolation: Vec<String>,
+    #[serde(default)]
+    pub devices: Vec<DeviceRow>,
+}
+
+/// One device of a row of `status --json`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct DeviceRow {
+    pub device: String,
+    pub pci: Vec<String>,
+    pub numa: Vec<u32>,
 }
 
 impl Status {
@@ -265,6 +275,42 @@ impl TestNode {
 
     pub fn state_dir(&self) -> PathBuf {
         self.base.join("state")
+    }
+
+    /// Gives the node's sysfs a PCI function on a NUMA node (`numa` as the kernel writes it,
+    /// `-1` for none): `devices/pci<domain>:<bus>/<addr>/numa_node`, with the
+    /// `bus/pci/devices/<addr>` symlink the kernel makes, and, with `iommu_group`, its entry
+    /// in `kernel/iommu_groups/<group>/devices`. The first change copies the machine's fixture
+    /// under the node's directory (the fixture itself stays as generated). Before the agent
+    /// starts: a device never moves while containers run.
+    pub fn add_pci_device(&mut self, address: &str, numa: &str, iommu_group: Option<u32>) {
+        if self.sysfs == testdata(MACHINE) {
+            let copy = self.base.join("sys");
+            copy_tree(&self.sysfs, &copy);
+            self.sysfs = copy;
+        }
+        let bridge = format!("pci{}", &address[..7]);
+        let device = self.sysfs.join("devices").join(&bridge).join(address);
+        fs::create_dir_all(&device).unwrap();
+        fs::write(device.join("numa_node"), format!("{numa}\n")).unwrap();
+        let bus = self.sysfs.join("bus/pci/devices");
+        fs::create_dir_all(&bus).unwrap();
+        std::os::unix::fs::symlink(
+            format!("../../../devices/{bridge}/{address}"),
+            bus.join(address),
+        )
+        .unwrap();
+        if let Some(group) = iommu_group {
+            let members = self
+                .sysfs
+                .join(format!("kernel/iommu_groups/{group}/devices"));
+            fs::create_dir_all(&members).unwrap();
+            std::os::unix::fs::symlink(
+                format!("../../../../devices/{bridge}/{address}"),
+                members.join(address),
+            )
+            .unwrap();
+        }
     }
 
     pub fn checkpoint(&self) -> PathBuf {

@@ -42,6 +42,10 @@ const WRITE_SITES: &[(&str, &str)] = &[
         "src/runtime.rs",
         "none: opens config.json read-only with O_NOFOLLOW",
     ),
+    (
+        "src/devices.rs",
+        "none: opens sysfs numa_node files read-only, non-blocking, regular files only",
+    ),
     ("src/watcher.rs", "its own stop pipe"),
     (
         "src/agent/metrics.rs",

@@ -15,6 +15,7 @@ mod containerd;
 mod controller;
 mod crash;
 mod demo_cli;
+mod devices;
 mod faults;
 mod fuzz_replay;
 mod harness;

@@ -22,6 +22,7 @@ use cpusetd::classify::{
     EXCLUSIVE_ANNOTATION, EXCLUSIVE_CONTAINER_ANNOTATION_PREFIX,
 };
 use cpusetd::cpuset::{CpuSet, MAX_CPU_ID};
+use cpusetd::devices::MAX_DEVICES;
 use cpusetd::planner::{plan, NestingChecker, Plan, PlanConfig, SetNode, WriteStep};
 use cpusetd::runtime::{keys, parse_config, OciCpu, RuntimeInfo};
 use cpusetd::state::Assignments;
@@ -296,8 +297,9 @@ fn runtime_info(u: &mut Unstructured<'_>, uid: &str) -> Result<RuntimeInfo> {
     Ok(info)
 }
 
-/// OCI `config.json` parsing: never panics, keeps exactly the string-valued annotations, and
-/// accepts every JSON object (wrong-typed members are dropped, not fatal).
+/// OCI `config.json` parsing: never panics, keeps exactly the string-valued annotations and at
+/// most `MAX_DEVICES` distinct devices, and accepts every JSON object (wrong-typed members are
+/// dropped, not fatal).
 pub fn runtime_config(data: &[u8]) {
     let parsed = parse_config(data);
     let document: Option<serde_json::Value> = serde_json::from_slice(data).ok();
@@ -317,6 +319,12 @@ pub fn runtime_config(data: &[u8]) {
     };
     assert_eq!(info.annotations, expected);
     let _ = (info.container_name(), info.pod_uid(), info.is_sandbox());
+    // Devices: bounded, each once, none located by parsing alone.
+    assert!(info.devices.len() <= MAX_DEVICES, "{}", info.devices.len());
+    for (i, device) in info.devices.iter().enumerate() {
+        assert!(device.numa.is_empty());
+        assert!(!info.devices[..i].iter().any(|d| d.id == device.id));
+    }
 }
 
 /// Checkpoints: whatever loads saves and loads back to the same value, with overlap-free

@@ -1499,13 +1499,29 @@ impl Controller {
         crate::logging::printable(&text).into_owned()
     }
 
+    /// ` devices=…` with the devices of the container holding `key` and their NUMA nodes (the
+    /// hint its cpus were allocated with), or nothing when it has none.
+    fn devices_of(&self, key: &AssignmentKey) -> String {
+        let devices = self
+            .model
+            .values()
+            .filter_map(|e| e.class.as_ref())
+            .find(|c| !c.devices.is_empty() && c.assignment_key().as_ref() == Some(key))
+            .map(|c| crate::devices::describe_all(&c.devices));
+        match devices {
+            Some(text) => format!(" devices=[{text}]"),
+            None => String::new(),
+        }
+    }
+
     fn log_events(&mut self, events: &[AssignEvent]) {
         for event in events {
             match event {
                 AssignEvent::Allocated { key, cpus } => {
                     self.metrics.pinning_requests += 1;
                     self.metrics.pin_succeeded(key);
-                    log::info!("{}: allocated cpus={cpus}", self.label(key));
+                    let devices = self.devices_of(key);
+                    log::info!("{}: allocated cpus={cpus}{devices}", self.label(key));
                 }
                 AssignEvent::Adopted { key, cpus } => {
                     log::info!("{}: adopted cpus={cpus}", self.label(key))

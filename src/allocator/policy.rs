@@ -427,8 +427,16 @@ impl StaticPolicy {
         }
         let mut result = CpuSet::new();
         if let Some(nodes) = numa_hint {
-            let aligned = self.aligned_cpus(nodes, &allocatable);
-            let count = request.min(aligned.len());
+            let mut aligned = self.aligned_cpus(nodes, &allocatable);
+            let mut count = request.min(aligned.len());
+            if self.options.full_pcpus_only {
+                // Whole free cores of the hinted nodes only, and a whole number of them: a lone
+                // thread taken there (a hint with too little room, as a device's node may be)
+                // would share its core with a reserved or another container's cpu.
+                aligned = self.index.whole_core_cpus(&aligned);
+                let group_size = self.cpu_group_size.max(1);
+                count = request.min(aligned.len()) / group_size * group_size;
+            }
             result = take(&aligned, count)?;
         }
         let rest = take(

@@ -364,7 +364,7 @@ impl TreeArgs {
             hierarchy,
             naming,
             topology,
-            runtime: RuntimeLookup::new(templates),
+            runtime: RuntimeLookup::new(templates).with_sysfs(&self.sysfs_root),
         })
     }
 }

@@ -54,6 +54,9 @@ pub struct ContainerDemand {
     pub entitlement: Entitlement,
     /// Its `cpuset.cpus` now; `None` when not yet initialised or unreadable.
     pub current: Option<CpuSet>,
+    /// The NUMA nodes of its devices (empty: none, or not known): the topology hint for a new
+    /// allocation, as kubelet's Topology Manager takes it from device plugins.
+    pub device_numa: CpuSet,
 }
 
 /// What happened to one assignment in this pass.
@@ -382,13 +385,20 @@ pub fn assign(
             acc
         });
         let shared_pool = pool_cpus.difference(&assignments.exclusive_cpus());
-        // kubelet without a Topology Manager gives no hint, so `align-by-socket` would do
-        // nothing: with it, the hint a best-effort Topology Manager would give (see
-        // `socket_aligned_hint`) is computed here.
-        let hint = policy
-            .aligns_by_socket()
-            .then(|| policy.socket_aligned_hint(n, &shared_pool, &reusable))
-            .flatten();
+        // The devices' NUMA nodes are the hint when known (the device plugins' hint, which a
+        // Topology Manager merges with the CPU manager's to the devices' nodes; with
+        // `align-by-socket` the policy widens it to their sockets). Otherwise: kubelet without
+        // a Topology Manager gives no hint, so `align-by-socket` would do nothing: with it,
+        // the hint a best-effort Topology Manager would give (see `socket_aligned_hint`) is
+        // computed here.
+        let hint = if demand.device_numa.is_empty() {
+            policy
+                .aligns_by_socket()
+                .then(|| policy.socket_aligned_hint(n, &shared_pool, &reusable))
+                .flatten()
+        } else {
+            Some(demand.device_numa.clone())
+        };
         match policy.allocate(n, &shared_pool, hint.as_ref(), &reusable) {
             Ok(cpus) => {
                 for (from, idle_cpus) in &idle {
@@ -503,7 +513,7 @@ fn refresh_container_id(assignments: &mut Assignments, demand: &ContainerDemand)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::allocator::{PolicyOptions, ReservedCpus};
+    use crate::allocator::{Placement, PolicyOptions, ReservedCpus};
     use crate::topology::{CpuInfo, Topology};
 
     /// 1 socket, 4 cores, HT: core n = cpus n and n+4.
@@ -546,6 +556,7 @@ mod tests {
             container_id: None,
             entitlement: e,
             current: current.map(|c| CpuSet::parse(c).unwrap()),
+            device_numa: CpuSet::new(),
         }
     }
 
@@ -555,6 +566,187 @@ mod tests {
 
     fn held(a: &Assignments, key: &AssignmentKey) -> String {
         a.get(key).map(|x| x.cpus.to_string()).unwrap_or_default()
+    }
+
+    /// 2 sockets, each one NUMA node of 4 cores without SMT: node 0 = cpus 0-3, node 1 = 4-7.
+    fn two_node_policy(options: PolicyOptions, placement: Placement) -> StaticPolicy {
+        let cpus = (0..8)
+            .map(|id| CpuInfo {
+                id,
+                socket: id / 4,
+                die: 0,
+                numa: id / 4,
+                core: id,
+                uncore: id / 4,
+                cluster: None,
+            })
+            .collect();
+        let topo = Topology::new(cpus, CpuSet::new(), CpuSet::new(), CpuSet::range(0, 1)).unwrap();
+        StaticPolicy::new(
+            &topo,
+            options,
+            ReservedCpus::List(CpuSet::parse("0").unwrap()),
+            false,
+        )
+        .unwrap()
+        .with_placement(placement)
+        .unwrap()
+    }
+
+    fn with_devices_on(key: AssignmentKey, n: usize, nodes: &str) -> ContainerDemand {
+        ContainerDemand {
+            device_numa: CpuSet::parse(nodes).unwrap(),
+            ..demand(key, Entitlement::Exclusive(n), Some("1-7"))
+        }
+    }
+
+    #[test]
+    fn devices_pull_a_new_allocation_to_their_numa_node() {
+        let all = CpuSet::range(0, 7);
+        let socket = PolicyOptions {
+            align_by_socket: true,
+            ..PolicyOptions::default()
+        };
+        for (options, placement) in [
+            (PolicyOptions::default(), Placement::Kubelet),
+            (PolicyOptions::default(), Placement::BestFit),
+            (socket, Placement::Kubelet),
+        ] {
+            let p = two_node_policy(options, placement);
+            let what = format!("{options:?} {placement:?}");
+            // Without devices: kubelet's pick, node 0 after the reserved cpu.
+            let plain = vec![demand(
+                named("a", "app"),
+                Entitlement::Exclusive(2),
+                Some("1-7"),
+            )];
+            let (a, _) = assign(&p, &all, &plain, &pods(&["a"]), &Assignments::new());
+            assert_eq!(held(&a, &named("a", "app")), "1-2", "{what}");
+            // With a device on node 1: node 1.
+            let d = vec![with_devices_on(named("a", "app"), 2, "1")];
+            let (a, _) = assign(&p, &all, &d, &pods(&["a"]), &Assignments::new());
+            assert_eq!(held(&a, &named("a", "app")), "4-5", "{what}");
+            // More than the node has free: all of node 1, the rest from elsewhere.
+            let d = vec![with_devices_on(named("a", "app"), 5, "1")];
+            let (a, _) = assign(&p, &all, &d, &pods(&["a"]), &Assignments::new());
+            let cpus = a.get(&named("a", "app")).unwrap().cpus.clone();
+            assert_eq!(cpus.len(), 5, "{what}");
+            assert!(CpuSet::range(4, 7).is_subset(&cpus), "{what}: {cpus}");
+        }
+    }
+
+    #[test]
+    fn devices_on_a_full_or_unknown_node_change_nothing() {
+        let all = CpuSet::range(0, 7);
+        let distribute = PolicyOptions {
+            distribute_cpus_across_numa: true,
+            ..PolicyOptions::default()
+        };
+        for options in [PolicyOptions::default(), distribute] {
+            let p = two_node_policy(options, Placement::Kubelet);
+            // Node 1 is held by another pod: the hint finds nothing there.
+            let mut previous = Assignments::new();
+            previous
+                .insert(
+                    named("b", "other"),
+                    ExclusiveAssignment {
+                        cpus: CpuSet::range(4, 7),
+                        container_id: None,
+                        adopted: None,
+                        wanted: None,
+                    },
+                )
+                .unwrap();
+            let other = demand(named("b", "other"), Entitlement::Exclusive(4), Some("4-7"));
+            let plain = vec![
+                other.clone(),
+                demand(named("a", "app"), Entitlement::Exclusive(2), Some("0-3")),
+            ];
+            let (expected, _) = assign(&p, &all, &plain, &pods(&["a", "b"]), &previous);
+            for nodes in ["1", "5"] {
+                let d = vec![other.clone(), with_devices_on(named("a", "app"), 2, nodes)];
+                let (a, events) = assign(&p, &all, &d, &pods(&["a", "b"]), &previous);
+                assert_eq!(
+                    held(&a, &named("a", "app")),
+                    held(&expected, &named("a", "app")),
+                    "{options:?} devices on {nodes}: {events:?}"
+                );
+                let cpus = &a.get(&named("a", "app")).unwrap().cpus;
+                assert!(
+                    cpus.len() == 2 && cpus.is_subset(&CpuSet::range(1, 3)),
+                    "{cpus}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn devices_never_split_a_core_under_full_pcpus_only() {
+        // 2 nodes of 2 HT cores: core n = cpus 2n, 2n+1; node 0 = 0-3, node 1 = 4-7. With cpus
+        // 0 and 5 reserved and 6-7 held, node 1 has one lone thread (4) left.
+        let cpus = (0..8)
+            .map(|id| CpuInfo {
+                id,
+                socket: id / 4,
+                die: 0,
+                numa: id / 4,
+                core: id / 2,
+                uncore: id / 4,
+                cluster: None,
+            })
+            .collect();
+        let topo = Topology::new(cpus, CpuSet::new(), CpuSet::new(), CpuSet::range(0, 1)).unwrap();
+        let options = PolicyOptions {
+            full_pcpus_only: true,
+            ..PolicyOptions::default()
+        };
+        let p = StaticPolicy::new(
+            &topo,
+            options,
+            ReservedCpus::List(CpuSet::parse("0,5").unwrap()),
+            false,
+        )
+        .unwrap();
+        let mut previous = Assignments::new();
+        previous
+            .insert(
+                named("b", "other"),
+                ExclusiveAssignment {
+                    cpus: CpuSet::range(6, 7),
+                    container_id: None,
+                    adopted: None,
+                    wanted: None,
+                },
+            )
+            .unwrap();
+        let d = vec![
+            demand(named("b", "other"), Entitlement::Exclusive(2), Some("6-7")),
+            with_devices_on(named("a", "app"), 2, "1"),
+        ];
+        let (a, events) = assign(&p, &CpuSet::range(0, 7), &d, &pods(&["a", "b"]), &previous);
+        assert_eq!(held(&a, &named("a", "app")), "2-3", "{events:?}");
+    }
+
+    #[test]
+    fn devices_do_not_move_what_a_container_holds() {
+        let p = two_node_policy(PolicyOptions::default(), Placement::Kubelet);
+        let all = CpuSet::range(0, 7);
+        let mut previous = Assignments::new();
+        previous
+            .insert(
+                named("a", "app"),
+                ExclusiveAssignment {
+                    cpus: CpuSet::parse("1-2").unwrap(),
+                    container_id: None,
+                    adopted: None,
+                    wanted: None,
+                },
+            )
+            .unwrap();
+        let d = vec![with_devices_on(named("a", "app"), 2, "1")];
+        let (a, events) = assign(&p, &all, &d, &pods(&["a"]), &previous);
+        assert_eq!(held(&a, &named("a", "app")), "1-2");
+        assert!(events.is_empty(), "{events:?}");
     }
 
     #[test]

@@ -182,6 +182,7 @@ pub fn plan(
                         container_id: class.container_id.clone(),
                         entitlement: entitlement(class),
                         current: cgroup.cpus.configured().cloned(),
+                        device_numa: crate::devices::numa_nodes(&class.devices),
                     };
                     match demand_of.get(&demand.key) {
                         None => {
