@@ -434,6 +434,69 @@ else
     skip pins-kept-after-restart "no pods"
 fi
 
+# --- the opt-in irq drop-in: a pod saying irq-load-balancing.crio.io: "disable" -----------------
+# The base unit keeps /proc/irq read-only (ProtectKernelTunables=yes); systemd/cpusetd-irq.conf
+# opens that one directory. Every IRQ the kernel lets one move must leave the pod's CPU while it
+# runs and come back after; then the drop-in goes again (the checks below judge the base unit).
+phase "irq drop-in"
+if [ "$pods_ok" = yes ]; then
+    install -D -m 0644 "$REPO/systemd/cpusetd-irq.conf" /etc/systemd/system/cpusetd.service.d/irq.conf
+    systemctl daemon-reload
+    systemctl restart cpusetd.service
+    : >/root/irqs.before
+    for f in /proc/irq/[0-9]*/smp_affinity_list; do
+        list=$(cat "$f")
+        if echo "$list" >"$f" 2>/dev/null; then echo "$f $list" >>/root/irqs.before; fi
+    done
+    default_before=$(cat /proc/irq/default_smp_affinity)
+    log "movable IRQs: $(wc -l </root/irqs.before), default_smp_affinity $default_before"
+    echo '{"name":"rt","namespace":"telco","uid":"6a0e0000-0000-4000-8000-0000000000c3","annotations":{"irq-load-balancing.crio.io":"disable"},"containers":[{"name":"dp","cpu_request_milli":1000,"cpu_limit_milli":1000,"memory_request":67108864,"memory_limit":67108864}]}' >/root/pods/rt.json
+    irq_ok=yes
+    if ! "${crikubelet[@]}" run-pod /root/pods/rt.json >/root/pods/rt.state.json; then
+        irq_ok=no
+        fail irq-dropin "crikubelet run-pod rt failed"
+    fi
+    rt_pid=$(jq -r '.containers[0].pid' /root/pods/rt.state.json 2>/dev/null || echo 0)
+    rt_pinned() { [ "$(expand "$(cpus_of_pid "$rt_pid")" | wc -w)" = 1 ]; }
+    irqs_off() { # cpu
+        while read -r f list; do
+            others=$(expand "$list" | tr ' ' '\n' | grep -vx "$1" | grep -c . || true)
+            [ "$others" -gt 0 ] || continue
+            expand "$(cat "$f")" | tr ' ' '\n' | grep -qx "$1" && return 1
+        done </root/irqs.before
+        return 0
+    }
+    irqs_back() {
+        while read -r f list; do [ "$(cat "$f")" = "$list" ] || return 1; done </root/irqs.before
+        [ "$(cat /proc/irq/default_smp_affinity)" = "$default_before" ]
+    }
+    if [ "$irq_ok" = yes ] && wait_until "$CONVERGE" rt_pinned; then
+        rt_cpu=$(cpus_of_pid "$rt_pid")
+        if wait_until "$CONVERGE" irqs_off "$rt_cpu"; then
+            log "IRQs off cpu $rt_cpu, default_smp_affinity $(cat /proc/irq/default_smp_affinity)"
+        else
+            irq_ok=no
+            fail irq-dropin "IRQs still on cpu $rt_cpu: $(journalctl -u cpusetd.service --no-pager -o cat | grep -i interrupt | tail -n 2 | tr '\n' ' ')"
+        fi
+    elif [ "$irq_ok" = yes ]; then
+        irq_ok=no
+        fail irq-dropin "the rt container is on $(cpus_of_pid "$rt_pid"), not one exclusive cpu"
+    fi
+    "${crikubelet[@]}" delete-pod /root/pods/rt.state.json >/dev/null || log "delete-pod rt failed"
+    if [ "$irq_ok" = yes ]; then
+        if wait_until "$CONVERGE" irqs_back; then
+            pass irq-dropin
+        else
+            fail irq-dropin "IRQs not restored after the pod went (default $(cat /proc/irq/default_smp_affinity), was $default_before)"
+        fi
+    fi
+    rm -f /etc/systemd/system/cpusetd.service.d/irq.conf
+    systemctl daemon-reload
+    systemctl restart cpusetd.service
+else
+    skip irq-dropin "no pods"
+fi
+
 # --- a configuration error: exit 78, no restart --------------------------------------------------
 phase "config error"
 sed -i 's|^CPUSETD_ARGS="|CPUSETD_ARGS="--no-such-flag |' /etc/default/cpusetd
