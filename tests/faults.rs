@@ -122,6 +122,36 @@ fn every_cgroup_write_errno_is_reported_once_counted_and_retried() {
     }
 }
 
+/// A repair the kernel refuses repairs nothing: `cpusetd_drift_repairs_total` counts writes
+/// made, not writes planned (found by the systemd node test, with a read-only cgroupfs).
+#[test]
+fn a_refused_repair_is_not_counted_as_one() {
+    let mut node = node_with_faults("write:cpuset.cpus:EACCES:1000000");
+    let pod = PodSpec {
+        uid: new_pod_uid(),
+        name: "web".into(),
+        qos: Qos::BestEffort,
+        containers: vec![ContainerSpec::best_effort("web")],
+    };
+    let id = node.node.start_pod(&pod).unwrap().remove(0);
+    node.settled(now_ms(), |s| rows(s).len() == 2);
+    // A foreign write: drift, which every write the agent makes fails to repair.
+    let file = node.file(&format!("{}/{id}", node.node.pod_dir(&pod)), "cpuset.cpus");
+    fs::write(&file, "1").unwrap();
+    eventually("the refused repair", &node, || {
+        metric(&node, "cpusetd_cgroup_write_errors_total{errno=\"EACCES\"}").unwrap_or(0) >= 1
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        metric(&node, "cpusetd_drift_repairs_total").unwrap_or(0),
+        0,
+        "{}",
+        node.log_text()
+    );
+    assert_eq!(fs::read_to_string(&file).unwrap().trim(), "1");
+    node.assert_running();
+}
+
 #[test]
 fn a_cgroup_gone_between_scan_and_write_is_skipped_quietly() {
     // ENOENT is what the kernel says when the container exited after the scan: not an error.

@@ -1208,20 +1208,16 @@ impl Controller {
             Schedule::default()
         };
 
-        // Drift: a cgroup whose value changed behind our back and that this plan rewrites.
-        let repaired: usize = self
-            .drifted
-            .drain()
-            .filter(|p| {
-                planned
-                    .writes
-                    .iter()
-                    .any(|w| &w.path == p && w.step != WriteStep::LiftQuota)
-            })
-            .count();
-        if repaired > 0 {
-            self.metrics.drift_repairs += repaired as u64;
-        }
+        // Drift: a cgroup whose value changed behind our back and that this plan rewrites
+        // (counted below once the write is made: a refused one repairs nothing).
+        let drifted = std::mem::take(&mut self.drifted);
+        let repairs: Vec<usize> = planned
+            .writes
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| w.step != WriteStep::LiftQuota && drifted.contains(&w.path))
+            .map(|(i, _)| i)
+            .collect();
 
         self.remember_quotas(&scan, &planned);
         let initialised = self.initialised(&scan, now);
@@ -1239,6 +1235,12 @@ impl Controller {
             schedule,
         );
         let written_at = Instant::now();
+        let repaired: HashSet<&CgroupPath> = repairs
+            .iter()
+            .filter(|i| report.applied_writes.contains(i))
+            .map(|&i| &planned.writes[i].path)
+            .collect();
+        self.metrics.drift_repairs += repaired.len() as u64;
         if report.held_back > 0 {
             let since = *self.held_since.get_or_insert(now);
             let quiet = self.last_new_cgroup.map_or(now, |t| t + COALESCE_QUIET);
