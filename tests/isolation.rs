@@ -220,3 +220,49 @@ fn reset_restores_interrupt_affinities() {
     );
     assert_eq!(irq_file(&proc, "default_smp_affinity"), "ffff");
 }
+
+/// `reset` on a node without a kubepods cgroup (kubelet gone, or never ran pods): nothing to
+/// reset in the tree, but the interrupt affinities come back and the checkpoint goes, exit 0
+/// (`scripts/uninstall.sh` runs it with `set -e`; found by the systemd node test).
+#[test]
+fn reset_without_kubepods_still_restores_and_succeeds() {
+    let node = TestNode::new(CgroupVersion::V2);
+    let proc = fake_proc(&node);
+    let mut agent = start_with_proc(&node, &proc);
+    let rt = pod(
+        "rt",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("dpdk", 1000)],
+    );
+    node.fake
+        .annotate_pod(&rt.uid, &[("irq-load-balancing.crio.io", "disable")]);
+    node.fake.start_pod(&rt).unwrap();
+    let off = poll_until(DEADLINE, || {
+        (irq_file(&proc, "24/smp_affinity_list") == "0-7,9-15").then_some(())
+    });
+    assert!(off.is_some(), "{}", agent.log());
+    assert!(agent.stop().success());
+    node.fake.remove_pod(&rt).unwrap();
+    let kubepods = node.fake.file("kubepods", "cpuset.cpus");
+    let kubepods = kubepods.parent().unwrap();
+    for dir in ["burstable", "besteffort", ""] {
+        let _ = fs::remove_dir_all(kubepods.join(dir));
+    }
+    assert!(!kubepods.exists());
+    let mut args: Vec<String> = node.tree_args();
+    let at = args.iter().position(|a| a == "--proc-root").unwrap();
+    args[at + 1] = proc.display().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+        .arg("reset")
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("no cgroup to reset"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(irq_file(&proc, "24/smp_affinity_list"), "0-15");
+    assert!(!node.checkpoint().exists());
+}

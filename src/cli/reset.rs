@@ -28,6 +28,23 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     let _lock = StateLock::acquire(&args.state_dir).map_err(|e| {
         CommandError::usage(format!("{}: stop cpusetd before reset", error_chain(&e)))
     })?;
+    // No kubepods cgroup (kubelet never ran pods here, or it is gone): no cgroup to reset,
+    // but what the agent changed elsewhere is still put back and its checkpoint removed, so
+    // uninstalling works on such a node too.
+    if let Some((kubepods, _)) = args.tree.missing_kubepods() {
+        let irq_failed = restore_irqs(args);
+        println!("no kubepods cgroup {kubepods}: no cgroup to reset");
+        remove_checkpoint(&args.state_dir);
+        return if irq_failed {
+            Err(CommandError {
+                status: EXIT_FAILURE,
+                message: "some interrupt affinities were not restored; run reset again".into(),
+                bare: false,
+            })
+        } else {
+            Ok(())
+        };
+    }
     let mut node = args.tree.open()?;
     let scan = node
         .scanner()
@@ -79,20 +96,8 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     }
     // Quotas the agent lifted, back to what they were; interrupt affinities too.
     let mut restored = 0;
-    let mut irq_failed = false;
+    let irq_failed = restore_irqs(args);
     if let LoadOutcome::Loaded(cp) = checkpoint::load(&args.state_dir) {
-        if !cp.irq.is_empty() {
-            let mut irqs = IrqAffinity::new(&args.tree.proc_root, cp.irq.clone());
-            let outcome = irqs.apply(&CpuSet::new());
-            println!(
-                "interrupt affinities restored: {} file(s) written",
-                outcome.written
-            );
-            for error in &outcome.errors {
-                eprintln!("cpusetd: cannot restore an interrupt's affinity: {error}");
-            }
-            irq_failed = !outcome.errors.is_empty();
-        }
         for lifted in &cp.quota_lifted {
             let Ok(path) = CgroupPath::new(&lifted.cgroup) else {
                 continue;
@@ -155,12 +160,37 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
             bare: false,
         });
     }
-    match std::fs::remove_file(checkpoint::state_path(&args.state_dir)) {
+    remove_checkpoint(&args.state_dir);
+    Ok(())
+}
+
+/// Puts back the interrupt affinities the checkpoint says the agent changed. Returns whether
+/// some could not be.
+fn restore_irqs(args: &AgentArgs) -> bool {
+    let LoadOutcome::Loaded(cp) = checkpoint::load(&args.state_dir) else {
+        return false;
+    };
+    if cp.irq.is_empty() {
+        return false;
+    }
+    let mut irqs = IrqAffinity::new(&args.tree.proc_root, cp.irq.clone());
+    let outcome = irqs.apply(&CpuSet::new());
+    println!(
+        "interrupt affinities restored: {} file(s) written",
+        outcome.written
+    );
+    for error in &outcome.errors {
+        eprintln!("cpusetd: cannot restore an interrupt's affinity: {error}");
+    }
+    !outcome.errors.is_empty()
+}
+
+fn remove_checkpoint(state_dir: &std::path::Path) {
+    match std::fs::remove_file(checkpoint::state_path(state_dir)) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => log::warn!("cannot remove the checkpoint: {e}"),
     }
-    Ok(())
 }
 
 /// Quotas that are unlimited now and that no checkpoint speaks for (the agent's checkpoint
