@@ -4,12 +4,12 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 use nix::sys::signal::Signal;
 
 use cpusetd::cgroupfs::CgroupVersion;
-use cpusetd::kubesim::{ContainerSpec, Qos};
+use cpusetd::kubesim::{ContainerSpec, PodSpec, Qos};
 
 use crate::agent_util::{pod, poll_until, Agent, TestNode, DEADLINE};
 use crate::util::{copy_tree, stderr, stdout, testdata};
@@ -122,24 +122,49 @@ fn start_with_proc(node: &TestNode, proc: &Path) -> Agent {
     agent
 }
 
+/// A Guaranteed pod of `milli` CPU whose pod says `irq-load-balancing.crio.io: "disable"`,
+/// started on the node; waits until IRQ 24 (on every CPU) is off the container's `cpus`.
+fn start_irq_pod(
+    node: &TestNode,
+    proc: &Path,
+    agent: &Agent,
+    milli: u64,
+    irq_24: &str,
+) -> (PodSpec, String) {
+    let rt = pod(
+        "rt",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("dpdk", milli)],
+    );
+    node.fake
+        .annotate_pod(&rt.uid, &[("irq-load-balancing.crio.io", "disable")]);
+    let id = node.fake.start_pod(&rt).unwrap().remove(0);
+    let off = poll_until(DEADLINE, || {
+        (irq_file(proc, "24/smp_affinity_list") == irq_24).then_some(())
+    });
+    assert!(off.is_some(), "{}", agent.log());
+    (rt, id)
+}
+
+/// `cpusetd reset` on the node with `proc` as its proc root.
+fn reset_with_proc(node: &TestNode, proc: &Path) -> Output {
+    let mut args: Vec<String> = node.tree_args();
+    let at = args.iter().position(|a| a == "--proc-root").unwrap();
+    args[at + 1] = proc.display().to_string();
+    Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+        .arg("reset")
+        .args(&args)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn irq_annotation_keeps_interrupts_off_the_cpus_and_gives_them_back() {
     let node = TestNode::new(CgroupVersion::V1);
     let proc = fake_proc(&node);
     let mut agent = start_with_proc(&node, &proc);
-    let rt = pod(
-        "rt",
-        Qos::Guaranteed,
-        vec![ContainerSpec::guaranteed("dpdk", 2000)],
-    );
-    node.fake
-        .annotate_pod(&rt.uid, &[("irq-load-balancing.crio.io", "disable")]);
-    let id = node.fake.start_pod(&rt).unwrap().remove(0);
+    let (rt, id) = start_irq_pod(&node, &proc, &agent, 2000, "0,2-8,10-15");
     node.wait_cpus(&id, "1,9");
-    let off = poll_until(DEADLINE, || {
-        (irq_file(&proc, "24/smp_affinity_list") == "0,2-8,10-15").then_some(())
-    });
-    assert!(off.is_some(), "{}", agent.log());
     assert_eq!(irq_file(&proc, "default_smp_affinity"), "fdfd");
     assert_eq!(irq_file(&proc, "25/smp_affinity_list"), "0,2-7");
     assert_eq!(
@@ -184,28 +209,10 @@ fn reset_restores_interrupt_affinities() {
     let node = TestNode::new(CgroupVersion::V2);
     let proc = fake_proc(&node);
     let mut agent = start_with_proc(&node, &proc);
-    let rt = pod(
-        "rt",
-        Qos::Guaranteed,
-        vec![ContainerSpec::guaranteed("dpdk", 1000)],
-    );
-    node.fake
-        .annotate_pod(&rt.uid, &[("irq-load-balancing.crio.io", "disable")]);
-    let id = node.fake.start_pod(&rt).unwrap().remove(0);
+    let (_rt, id) = start_irq_pod(&node, &proc, &agent, 1000, "0-7,9-15");
     node.wait_cpus(&id, "8");
-    let off = poll_until(DEADLINE, || {
-        (irq_file(&proc, "24/smp_affinity_list") == "0-7,9-15").then_some(())
-    });
-    assert!(off.is_some(), "{}", agent.log());
     assert!(agent.stop().success());
-    let mut args: Vec<String> = node.tree_args();
-    let at = args.iter().position(|a| a == "--proc-root").unwrap();
-    args[at + 1] = proc.display().to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_cpusetd"))
-        .arg("reset")
-        .args(&args)
-        .output()
-        .unwrap();
+    let out = reset_with_proc(&node, &proc);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
         stdout(&out).contains("interrupt affinities restored"),
@@ -229,18 +236,7 @@ fn reset_without_kubepods_still_restores_and_succeeds() {
     let node = TestNode::new(CgroupVersion::V2);
     let proc = fake_proc(&node);
     let mut agent = start_with_proc(&node, &proc);
-    let rt = pod(
-        "rt",
-        Qos::Guaranteed,
-        vec![ContainerSpec::guaranteed("dpdk", 1000)],
-    );
-    node.fake
-        .annotate_pod(&rt.uid, &[("irq-load-balancing.crio.io", "disable")]);
-    node.fake.start_pod(&rt).unwrap();
-    let off = poll_until(DEADLINE, || {
-        (irq_file(&proc, "24/smp_affinity_list") == "0-7,9-15").then_some(())
-    });
-    assert!(off.is_some(), "{}", agent.log());
+    let (rt, _) = start_irq_pod(&node, &proc, &agent, 1000, "0-7,9-15");
     assert!(agent.stop().success());
     node.fake.remove_pod(&rt).unwrap();
     let kubepods = node.fake.file("kubepods", "cpuset.cpus");
@@ -249,14 +245,7 @@ fn reset_without_kubepods_still_restores_and_succeeds() {
         let _ = fs::remove_dir_all(kubepods.join(dir));
     }
     assert!(!kubepods.exists());
-    let mut args: Vec<String> = node.tree_args();
-    let at = args.iter().position(|a| a == "--proc-root").unwrap();
-    args[at + 1] = proc.display().to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_cpusetd"))
-        .arg("reset")
-        .args(&args)
-        .output()
-        .unwrap();
+    let out = reset_with_proc(&node, &proc);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
         stdout(&out).contains("no cgroup to reset"),
