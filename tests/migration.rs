@@ -19,8 +19,7 @@ fn fnv1a32(bytes: &[u8]) -> u32 {
     })
 }
 
-/// A v2 `cpu_manager_state` as kubelet writes it: entries by pod UID and container name, the
-/// checksum over go-spew's `%#v` of the struct with the checksum zeroed.
+/// A v2 `cpu_manager_state` as kubelet writes it: entries by pod UID and container name.
 pub(crate) fn kubelet_v2(
     default: &str,
     entries: &BTreeMap<String, BTreeMap<String, String>>,
@@ -35,18 +34,7 @@ pub(crate) fn kubelet_v2(
             format!("{pod}:map[{}]", inner.join(" "))
         })
         .collect();
-    let spew = format!(
-        "(*state.CPUManagerCheckpoint){{PolicyName:(string)static DefaultCPUSet:(string){default} \
-         Entries:(map[string]map[string]string)map[{}] Checksum:(checksum.Checksum)0}}",
-        rendered.join(" ")
-    );
-    serde_json::json!({
-        "policyName": "static",
-        "defaultCpuSet": default,
-        "entries": entries,
-        "checksum": fnv1a32(spew.as_bytes()),
-    })
-    .to_string()
+    signed(default, entries, "map[string]map[string]string", &rendered)
 }
 
 /// The legacy v1 format (kubelet before 1.18): entries by container id.
@@ -55,9 +43,20 @@ fn kubelet_v1(default: &str, entries: &BTreeMap<String, String>) -> String {
         .iter()
         .map(|(id, cpus)| format!("{id}:{cpus}"))
         .collect();
+    signed(default, entries, "map[string]string", &rendered)
+}
+
+/// The file, with kubelet's checksum over go-spew's `%#v` of the struct (checksum zeroed):
+/// `entries_type` and the entries as go-spew renders them (keys sorted, space-separated).
+fn signed(
+    default: &str,
+    entries: &impl serde::Serialize,
+    entries_type: &str,
+    rendered: &[String],
+) -> String {
     let spew = format!(
         "(*state.CPUManagerCheckpoint){{PolicyName:(string)static DefaultCPUSet:(string){default} \
-         Entries:(map[string]string)map[{}] Checksum:(checksum.Checksum)0}}",
+         Entries:({entries_type})map[{}] Checksum:(checksum.Checksum)0}}",
         rendered.join(" ")
     );
     serde_json::json!({
