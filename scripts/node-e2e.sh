@@ -193,29 +193,14 @@ qemu_common=(
     -kernel "$cache/vmlinuz" -initrd "$cache/initrd.img"
 )
 
-# /dev/kvm can exist and still not run a guest (nested virtualisation): use it only if the
-# kernel starts printing within a few seconds.
-kvm_boots() {
-    [ -r /dev/kvm ] && [ -w /dev/kvm ] || return 1
-    rm -f "$work/kvm-probe.log"
-    timeout 5 qemu-system-x86_64 -accel kvm "${qemu_common[@]}" \
-        -serial "file:$work/kvm-probe.log" -append "console=ttyS0 panic=-1" \
-        </dev/null >/dev/null 2>&1 || true
-    grep -q 'Linux version' "$work/kvm-probe.log" 2>/dev/null
-}
-
+# shellcheck source=scripts/lib/qemu-accel.sh
+. "$repo/scripts/lib/qemu-accel.sh"
 step "probe kvm"
-case "${NODE_E2E_ACCEL:-auto}" in
-    kvm) accel=(-accel kvm) ;;
-    tcg) accel=(-accel tcg,thread=multi) ;;
-    auto)
-        if kvm_boots; then accel=(-accel kvm); else accel=(-accel tcg,thread=multi); fi
-        ;;
-    *)
-        echo "node-e2e: NODE_E2E_ACCEL must be kvm, tcg or auto" >&2
-        exit 2
-        ;;
-esac
+accel=()
+choose_accel "${NODE_E2E_ACCEL:-auto}" "$work/kvm-probe.log" || {
+    echo "node-e2e: NODE_E2E_ACCEL must be kvm, tcg or auto" >&2
+    exit 2
+}
 echo "node-e2e: image $cache, ${accel[1]}" >&2
 
 mapfile -t checks < <(grep -v '^#' "$repo/scripts/node-e2e/checks" | grep -v '^[[:space:]]*$')

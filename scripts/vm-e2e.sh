@@ -128,28 +128,13 @@ qemu_common=(
     -kernel "$kernel"
 )
 
-# /dev/kvm can exist and still not run a guest (nested virtualisation): use it only if a kernel
-# starts printing within a few seconds.
-kvm_boots() {
-    [ -r /dev/kvm ] && [ -w /dev/kvm ] || return 1
-    rm -f "$work/kvm-probe.log"
-    timeout 5 qemu-system-x86_64 -accel kvm "${qemu_common[@]}" \
-        -serial "file:$work/kvm-probe.log" -append "console=ttyS0 panic=-1" \
-        </dev/null >/dev/null 2>&1 || true
-    grep -q 'Linux version' "$work/kvm-probe.log" 2>/dev/null
+# shellcheck source=scripts/lib/qemu-accel.sh
+. "$repo/scripts/lib/qemu-accel.sh"
+accel=()
+choose_accel "${VM_E2E_ACCEL:-auto}" "$work/kvm-probe.log" || {
+    echo "vm-e2e: VM_E2E_ACCEL must be kvm, tcg or auto" >&2
+    exit 2
 }
-
-case "${VM_E2E_ACCEL:-auto}" in
-    kvm) accel=(-accel kvm) ;;
-    tcg) accel=(-accel tcg,thread=multi) ;;
-    auto)
-        if kvm_boots; then accel=(-accel kvm); else accel=(-accel tcg,thread=multi); fi
-        ;;
-    *)
-        echo "vm-e2e: VM_E2E_ACCEL must be kvm, tcg or auto" >&2
-        exit 2
-        ;;
-esac
 echo "vm-e2e: kernel $kernel, ${accel[1]}, initramfs $(du -h "$work/initramfs.gz" | cut -f1)" >&2
 
 failed=0
