@@ -5,8 +5,9 @@
 //! fake tree (256-CPU topology, with a background of other pods) and on the real cgroup v1
 //! hierarchy (a unique subtree, removed at the end).
 //!
-//! `cargo bench --bench event_to_pin`; `SAMPLES` (default 1000) and `BACKGROUND_PODS`
-//! (default 110, kubelet's default max-pods, and 500; comma-separated) change the run.
+//! `cargo bench --bench event_to_pin`; `SAMPLES` (default 1000), `BACKGROUND_PODS`
+//! (default 110, kubelet's default max-pods, and 500; comma-separated) and `IN_PROCESS_PODS`
+//! (the controller-only rows; default 110 and 2500) change the run.
 
 mod common;
 
@@ -87,9 +88,14 @@ fn main() {
     // The agent's own work per container, without inotify or scheduling: the controller
     // handles the pod's `Created` event and runs its pass, in process, with the agent's write
     // schedule (pins first; the shared pool's rewrites held back while pods keep arriving).
-    {
+    let in_process: Vec<usize> = std::env::var("IN_PROCESS_PODS")
+        .unwrap_or_else(|_| "110,2500".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    for background in in_process {
         let machine = FakeMachine::new(TOPOLOGY_256);
-        for pod in large_node_pods(110, 0) {
+        for pod in large_node_pods(background, 0) {
             machine.node.start_pod(&pod).unwrap();
         }
         let mut controller = controller_of(&machine);
@@ -127,7 +133,10 @@ fn main() {
         let (median, p99) = median_p99(&mut samples);
         println!(
             "{:<44} {:>6} {:>10.0} {:>10.0}   (Created event + pass, in process)",
-            "tmpfs, 110 other pods, controller only", n, median, p99
+            format!("tmpfs, {background} other pods, controller only"),
+            n,
+            median,
+            p99
         );
     }
 

@@ -323,3 +323,219 @@ fn controller_leaves_a_new_cgroup_to_its_runtime_and_narrows_its_parent_once_it_
     assert_eq!(fs::read_to_string(&be_pod).unwrap().trim(), shared);
     assert_nested(&node);
 }
+
+/// What happens on the node in one step of [`incremental_passes_plan_what_a_full_plan_would`].
+#[derive(Debug, Clone)]
+enum Step {
+    /// A Guaranteed pod: its containers' whole-CPU requests.
+    Guaranteed(Vec<u64>),
+    /// A Guaranteed pod with a fractional request (shared).
+    Fractional,
+    Burstable,
+    BestEffort,
+    /// A container of the n-th live pod starts again (a new id, same name); its old cgroup
+    /// goes a step later.
+    Restart(usize),
+    /// The n-th live pod is deleted.
+    Delete(usize),
+    /// Time passes: whatever the controller scheduled is due.
+    Wait,
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => proptest::collection::vec(1u64..=3, 1..=2).prop_map(Step::Guaranteed),
+        1 => Just(Step::Fractional),
+        2 => Just(Step::Burstable),
+        1 => Just(Step::BestEffort),
+        2 => (0usize..8).prop_map(Step::Restart),
+        2 => (0usize..8).prop_map(Step::Delete),
+        2 => Just(Step::Wait),
+    ]
+}
+
+/// Every exclusive set is held by one container and the tree nests, always; once nothing is
+/// owed (`settled`: no shared rewrites held back), no other container runs on it either.
+fn assert_exclusive_sets_alone(
+    node: &FakeNode,
+    pods: &[(PodSpec, Vec<(String, u64)>)],
+    settled: bool,
+) {
+    assert_nested(node);
+    let mut owners: Vec<(String, CpuSet)> = Vec::new();
+    let mut others: Vec<(String, CpuSet)> = Vec::new();
+    for (p, containers) in pods {
+        for (id, whole) in containers {
+            let cpus = CpuSet::parse(&node.container_cpus(p, id).unwrap()).unwrap();
+            if *whole > 0 {
+                assert_eq!(cpus.len() as u64, *whole, "{id} holds {cpus}");
+                owners.push((id.clone(), cpus));
+            } else {
+                others.push((id.clone(), cpus));
+            }
+        }
+    }
+    for (i, (a, x)) in owners.iter().enumerate() {
+        let others = others.iter().filter(|_| settled);
+        for (b, y) in owners.iter().skip(i + 1).chain(others) {
+            assert!(x.is_disjoint(y), "{a} holds {x}, {b} runs on {y}");
+        }
+    }
+}
+
+/// The incremental controller against its reference. Random sequences of pods starting,
+/// containers restarting, pods going and time passing, each step handed to the controller as
+/// the watcher would (its event, then a pass). Debug builds check every incremental pass
+/// against a full plan of the same model (`assert_chain_is_full_plan`: same assignments,
+/// pools, events, desired sets and writes in the new pods); this test checks the node after
+/// every step (exclusive sets alone, the tree nested) and, once everything due has run, that a
+/// full pass finds nothing left to write.
+#[test]
+fn incremental_passes_plan_what_a_full_plan_would() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let mut runner = TestRunner::new(Config {
+        cases: 32,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let incremental = std::cell::Cell::new(0u64);
+    runner
+        .run(
+            &(any::<bool>(), proptest::collection::vec(step(), 1..30)),
+            |(agent, steps)| {
+                let dir = tempfile::tempdir().unwrap();
+                let node = fake_node(dir.path());
+                let mut controller = controller(&node);
+                if agent {
+                    // As the agent runs it: the shared pool's rewrites wait while pods arrive.
+                    let arrivals = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+                    controller.watch_arrivals(arrivals);
+                }
+                let mut pods: Vec<(PodSpec, Vec<(String, u64)>)> = Vec::new();
+                let mut old: Vec<(PodSpec, String)> = Vec::new();
+                let pod_dir = |p: &PodSpec| CgroupPath::new(&node.pod_dir(p)).unwrap();
+                for step in steps {
+                    let now = Instant::now();
+                    // A restarted container's old cgroup goes one step after its successor came.
+                    for (p, id) in old.drain(..) {
+                        node.remove_container(&p, &id).unwrap();
+                        let cgroup =
+                            CgroupPath::new(&format!("{}/{id}", node.pod_dir(&p))).unwrap();
+                        controller
+                            .apply_event(TreeEvent::Removed { cgroup }, now)
+                            .unwrap();
+                    }
+                    let event = match step {
+                        Step::Guaranteed(cpus) if held(&pods) + cpus.iter().sum::<u64>() > 12 => {
+                            // The node is full (15 allocatable cpus, the shared pool keeps some).
+                            None
+                        }
+                        Step::Guaranteed(cpus) => {
+                            let specs = cpus
+                                .iter()
+                                .enumerate()
+                                .map(|(i, n)| ContainerSpec::guaranteed(&format!("c{i}"), n * 1000))
+                                .collect();
+                            Some(start(&node, &mut pods, pod("g", Qos::Guaranteed, specs)))
+                        }
+                        Step::Fractional => {
+                            let specs = vec![ContainerSpec::guaranteed("f", 1500)];
+                            Some(start(&node, &mut pods, pod("f", Qos::Guaranteed, specs)))
+                        }
+                        Step::Burstable => {
+                            let specs = vec![ContainerSpec::burstable("b", 250, Some(1000))];
+                            Some(start(&node, &mut pods, pod("b", Qos::Burstable, specs)))
+                        }
+                        Step::BestEffort => {
+                            let specs = vec![ContainerSpec::best_effort("e")];
+                            Some(start(&node, &mut pods, pod("e", Qos::BestEffort, specs)))
+                        }
+                        Step::Restart(n) if !pods.is_empty() => {
+                            let live = pods.len();
+                            let (p, containers) = &mut pods[n % live];
+                            let spec = p.containers[0].clone();
+                            let id = node.add_container(p, &spec).unwrap();
+                            let whole = containers[0].1;
+                            let (gone, _) =
+                                std::mem::replace(&mut containers[0], (id.clone(), whole));
+                            old.push((p.clone(), gone));
+                            Some(TreeEvent::Created {
+                                cgroup: CgroupPath::new(&format!("{}/{id}", node.pod_dir(p)))
+                                    .unwrap(),
+                            })
+                        }
+                        Step::Delete(n) if !pods.is_empty() => {
+                            let (p, _) = pods.remove(n % pods.len());
+                            node.remove_pod(&p).unwrap();
+                            Some(TreeEvent::Removed {
+                                cgroup: pod_dir(&p),
+                            })
+                        }
+                        Step::Wait => {
+                            if let Some(due) = controller.next_retry() {
+                                if controller.retry_settings(due) {
+                                    controller.pass(due);
+                                }
+                            }
+                            None
+                        }
+                        Step::Restart(_) | Step::Delete(_) => None,
+                    };
+                    if let Some(event) = event {
+                        controller.apply_event(event, now).unwrap();
+                    }
+                    controller.pass(now);
+                    assert_exclusive_sets_alone(&node, &pods, controller.next_retry().is_none());
+                }
+                // Everything due, then a full pass: nothing left to write.
+                while let Some(due) = controller.next_retry() {
+                    if !controller.retry_settings(due) {
+                        break;
+                    }
+                    controller.pass(due);
+                }
+                controller.full_scan().unwrap();
+                let outcome = controller.pass(Instant::now());
+                prop_assert_eq!(outcome.writes, 0, "a full pass after the steps still wrote");
+                assert_exclusive_sets_alone(&node, &pods, true);
+                incremental.set(incremental.get() + controller.metrics.incremental_passes);
+                Ok(())
+            },
+        )
+        .unwrap();
+    // The property is about incremental passes: the sequences made many.
+    assert!(
+        incremental.get() >= 32,
+        "{} incremental passes",
+        incremental.get()
+    );
+}
+
+/// Exclusive CPUs the live pods' containers hold.
+fn held(pods: &[(PodSpec, Vec<(String, u64)>)]) -> u64 {
+    pods.iter()
+        .flat_map(|(_, containers)| containers.iter().map(|(_, n)| n))
+        .sum()
+}
+
+/// Starts a pod; records its app containers with their whole-CPU entitlement (0: shared).
+fn start(node: &FakeNode, pods: &mut Vec<(PodSpec, Vec<(String, u64)>)>, p: PodSpec) -> TreeEvent {
+    let ids = node.start_pod(&p).unwrap();
+    let guaranteed = matches!(p.qos, Qos::Guaranteed);
+    let whole = |c: &ContainerSpec| match c.request_milli {
+        Some(m) if guaranteed && m % 1000 == 0 => m / 1000,
+        _ => 0,
+    };
+    let containers = ids
+        .into_iter()
+        .zip(&p.containers)
+        .map(|(id, c)| (id, whole(c)))
+        .collect();
+    let event = TreeEvent::Created {
+        cgroup: CgroupPath::new(&node.pod_dir(&p)).unwrap(),
+    };
+    pods.push((p, containers));
+    event
+}

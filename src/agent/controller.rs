@@ -26,12 +26,15 @@ use crate::cgroupfs::{
 use crate::checkpoint::kubelet_state::KubeletState;
 use crate::classify::{
     classify, classify_scan_one, config_matches_cgroup, CgroupKind, CgroupNaming, Classification,
-    Notice,
+    Isolation, Notice,
 };
 use crate::cpuset::CpuSet;
 use crate::irq::{IrqAffinity, IrqSaved};
 use crate::logging::error_chain;
-use crate::planner::{plan, AssignEvent, NodeLimits, Plan, PlanConfig, ReleaseReason, WriteStep};
+use crate::planner::{
+    entitlement, plan, AssignEvent, Entitlement, NodeLimits, Plan, PlanConfig, Pools,
+    ReleaseReason, WriteStep,
+};
 use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
 use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment};
 use crate::topology::Topology;
@@ -40,6 +43,9 @@ use crate::writer::{apply_scheduled, NewChildren, Schedule};
 
 use super::hotplug::Hotplug;
 use super::metrics::Metrics;
+use incremental::{Mode, SincePass};
+
+mod incremental;
 
 /// A full scan made by the reconcile thread, and when it started.
 #[derive(Debug)]
@@ -220,8 +226,22 @@ pub struct Controller {
     /// Since when planned writes are held back, and when to make them.
     held_since: Option<Instant>,
     flush_at: Option<Instant>,
-    last_plan: Option<Plan>,
-    last_classes: Vec<Classification>,
+    /// Whether a pass has run (cgroups new to the model after it are tracked for their pin).
+    planned: bool,
+    /// The pools of the last pass (`None` under the `none` policy).
+    pools: Option<Pools>,
+    /// The isolation annotations of the containers that hold exclusive cpus or ask for them.
+    isolated: HashMap<AssignmentKey, Isolation>,
+    /// What changed since the last pass, and whether an incremental pass may plan it (see
+    /// [`incremental`]).
+    since_pass: SincePass,
+    /// The last full pass left every container's demand met: an incremental pass may plan
+    /// new pods alone.
+    steady: bool,
+    /// After incremental passes that changed the shared pool: when its members' rewrites
+    /// (a full pass) are due, and since when they are owed.
+    full_due: Option<Instant>,
+    full_owed_since: Option<Instant>,
     /// Bumped whenever the model changes (read or written values, cgroups coming and going):
     /// the reconcile thread does a full scan only when it moved, or every few ticks.
     generation: Arc<AtomicU64>,
@@ -282,8 +302,13 @@ impl Controller {
             structural: true,
             held_since: None,
             flush_at: None,
-            last_plan: None,
-            last_classes: Vec::new(),
+            planned: false,
+            pools: None,
+            isolated: HashMap::new(),
+            since_pass: SincePass::default(),
+            steady: false,
+            full_due: None,
+            full_owed_since: None,
             generation: Arc::new(AtomicU64::new(0)),
             metrics,
         }
@@ -397,20 +422,15 @@ impl Controller {
 
     /// The shared pool after the last pass.
     pub fn shared_pool(&self) -> Option<&CpuSet> {
-        self.last_plan
-            .as_ref()
-            .and_then(|p| p.pools.as_ref())
-            .map(|p| &p.shared)
+        self.pools.as_ref().map(|p| &p.shared)
     }
 
     /// (containers, exclusive containers) after the last pass.
     pub fn counts(&self) -> (usize, usize) {
-        let containers = self
-            .last_classes
-            .iter()
-            .filter(|c| c.kind == CgroupKind::Container)
-            .count();
-        (containers, self.parts.assignments.len())
+        (
+            self.metrics.containers as usize,
+            self.parts.assignments.len(),
+        )
     }
 
     /// When the controller wants to re-read containers still waiting for CPU settings, or
@@ -422,10 +442,16 @@ impl Controller {
             .filter(|f| f.pending)
             .filter_map(|f| f.until)
             .min();
-        [self.next_retry, self.settle_at, self.flush_at, fight]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.next_retry,
+            self.settle_at,
+            self.flush_at,
+            self.full_due,
+            fight,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Migration from kubelet's static policy (before the first pass): each pin kubelet's
@@ -512,11 +538,8 @@ impl Controller {
     /// The CPUs of exclusive containers whose pod asks for no interrupts.
     fn irq_isolated_cpus(&self) -> CpuSet {
         let mut cpus = CpuSet::new();
-        for class in self.last_classes.iter().filter(|c| c.isolation.no_irqs) {
-            if let Some(held) = class
-                .assignment_key()
-                .and_then(|k| self.parts.assignments.get(&k))
-            {
+        for (key, _) in self.isolated.iter().filter(|(_, i)| i.no_irqs) {
+            if let Some(held) = self.parts.assignments.get(key) {
                 cpus.extend_from(&held.cpus);
             }
         }
@@ -625,6 +648,7 @@ impl Controller {
         let settled = !changed
             && self.drifted.is_empty()
             && self.last_pass_settled
+            && self.full_due.is_none()
             && self.settling.is_empty()
             && self.empty_since.is_empty()
             && self.settings_wait.is_empty()
@@ -698,6 +722,11 @@ impl Controller {
             self.flush_at = None;
             changed = true;
         }
+        if self.full_due.is_some_and(|t| t <= now) {
+            // The shared pool's members, after incremental passes: a full pass.
+            self.since_pass.other = true;
+            changed = true;
+        }
         if self.settle_at.is_some_and(|t| t <= now) {
             // Only retries that find the tree still unsettled wait longer next time.
             self.settle_at = None;
@@ -757,7 +786,7 @@ impl Controller {
                 return false;
             }
             Some(_) => {}
-            None if self.last_plan.is_some() => {
+            None if self.planned => {
                 self.pending_pins.entry(path.clone()).or_insert(now);
                 self.last_new_cgroup = Some(now);
             }
@@ -767,6 +796,11 @@ impl Controller {
             if desired != now_cpus {
                 self.drifted.insert(path.clone());
             }
+        }
+        if self.model.contains_key(&path) {
+            self.since_pass.other = true;
+        } else {
+            self.since_pass.new.insert(path.clone());
         }
         self.set_entry(path, cgroup, now);
         true
@@ -822,19 +856,23 @@ impl Controller {
     }
 
     fn remove_subtree(&mut self, root: &CgroupPath) -> bool {
-        // Paths order bytewise, so a sibling such as `…/sub-2` sorts between `…/sub` and
-        // `…/sub/x`: walk every path that starts with the root's bytes, keep the descendants.
-        let doomed: Vec<CgroupPath> = self
-            .model
-            .range(root.clone()..)
-            .take_while(|(p, _)| p.as_bytes().starts_with(root.as_bytes()))
-            .filter(|(p, _)| p.strip_prefix(root).is_some())
-            .map(|(p, _)| p.clone())
-            .collect();
+        let doomed = self.subtree(root);
         for path in &doomed {
             self.forget(path);
         }
         !doomed.is_empty()
+    }
+
+    /// `root` and every model path below it, in model order.
+    fn subtree(&self, root: &CgroupPath) -> Vec<CgroupPath> {
+        // Paths order bytewise, so a sibling such as `…/sub-2` sorts between `…/sub` and
+        // `…/sub/x`: walk every path that starts with the root's bytes, keep the descendants.
+        self.model
+            .range(root.clone()..)
+            .take_while(|(p, _)| p.as_bytes().starts_with(root.as_bytes()))
+            .filter(|(p, _)| p.strip_prefix(root).is_some())
+            .map(|(p, _)| p.clone())
+            .collect()
     }
 
     /// Per scanned cgroup: whether an empty cpuset there is drift rather than a runtime still
@@ -868,6 +906,8 @@ impl Controller {
     fn forget(&mut self, path: &CgroupPath) {
         self.bump();
         self.structural = true;
+        self.since_pass.other = true;
+        self.since_pass.new.remove(path);
         if let Some(id) = self
             .model
             .remove(path)
@@ -900,7 +940,13 @@ impl Controller {
         if let Some(outcome) = self.repair_drift() {
             return outcome;
         }
+        if let Some(outcome) = self.incremental_pass(now) {
+            return outcome;
+        }
         self.structural = false;
+        self.since_pass = SincePass::default();
+        self.full_due = None;
+        self.full_owed_since = None;
         let mut outcome = PassOutcome::default();
         for replan in 1..=MAX_REPLANS {
             let (this, follow_up) = self.pass_once(now);
@@ -946,6 +992,7 @@ impl Controller {
             || self.drifted.is_empty()
             || !self.last_pass_settled
             || self.held_since.is_some()
+            || self.full_due.is_some()
             || !self.settling.is_empty()
         {
             return None;
@@ -1019,7 +1066,7 @@ impl Controller {
     /// Whether what kubepods' parent gives pods changed since the last pass (the parent is
     /// not watched: every reconcile tick looks).
     pub fn limits_moved(&self) -> bool {
-        if self.last_plan.is_none() {
+        if !self.planned {
             return false;
         }
         let (cpus, mems) = self.parts.scanner.kubepods_parent_limits();
@@ -1139,6 +1186,20 @@ impl Controller {
         let scan = self.model_scan();
         let classes = self.classify_model(&scan);
         let limits = self.node_limits();
+        self.plan_and_write(now, scan, classes, limits, Mode::Full)
+    }
+
+    /// Plans `scan` (the whole model, or an incremental pass's chain) and makes its writes.
+    fn plan_and_write(
+        &mut self,
+        now: Instant,
+        scan: Scan,
+        classes: Vec<Classification>,
+        limits: NodeLimits,
+        mode: Mode,
+    ) -> (PassOutcome, FollowUp) {
+        #[cfg(debug_assertions)]
+        let before = self.parts.assignments.clone();
         let config = PlanConfig {
             topology: &self.parts.topology,
             policy: self.parts.policy.as_ref(),
@@ -1146,7 +1207,20 @@ impl Controller {
             keep_cfs_quota: self.parts.keep_cfs_quota,
             limits: Some(&limits),
         };
-        let planned = plan(&scan, &classes, &self.parts.assignments, &config);
+        let mut planned = plan(&scan, &classes, &self.parts.assignments, &config);
+        // An incremental pass writes only in its new pods: their ancestors' rewrites (the
+        // shared pool's) wait for the full pass, with the rest of the pool's members.
+        if let Mode::Chain { roots } = &mode {
+            let all = planned.writes.len();
+            planned
+                .writes
+                .retain(|w| roots.iter().any(|r| w.path.strip_prefix(r).is_some()));
+            self.metrics.writes_held_back += (all - planned.writes.len()) as u64;
+        }
+        #[cfg(debug_assertions)]
+        if let Mode::Chain { roots } = &mode {
+            self.assert_chain_is_full_plan(&before, &scan, &planned, &limits, roots);
+        }
         self.log_events(&planned.events);
         // Containers entitled to exclusive cpus, and short ones (which may not know their
         // entitlement but remember it).
@@ -1162,7 +1236,9 @@ impl Controller {
                     .map(|(k, _)| k.clone()),
             )
             .collect();
-        self.metrics.retain_pin_failures(|k| asking.contains(k));
+        if mode.is_full() {
+            self.metrics.retain_pin_failures(|k| asking.contains(k));
+        }
 
         // Urgent writes: a cgroup's that gets exclusive cpus (a pin), and drift repairs; the
         // others (the shared pool's rewrites) may be held back while new cgroups arrive.
@@ -1197,7 +1273,7 @@ impl Controller {
                 .as_ref()
                 .is_some_and(|a| Some(a.load(Ordering::Acquire)) != seen)
         };
-        let schedule = if self.arrivals.is_some() {
+        let schedule = if self.arrivals.is_some() && mode.is_full() {
             Schedule {
                 urgent: Some(&urgent),
                 urgent_only: bursting && !overdue,
@@ -1314,7 +1390,9 @@ impl Controller {
                 written_at
             }
         });
-        self.track_settings_wait(&scan, &classes, now);
+        if mode.is_full() {
+            self.track_settings_wait(&scan, &classes, now);
+        }
 
         let changed = planned.assignments != self.parts.assignments
             || planned
@@ -1323,10 +1401,25 @@ impl Controller {
                 .any(|w| w.step == WriteStep::LiftQuota);
         self.parts.assignments = planned.assignments.clone();
         self.metrics.record_pass(&planned, &report);
-        self.metrics.containers = classes
+        let containers = classes
             .iter()
-            .filter(|c| c.kind == CgroupKind::Container)
+            .zip(&scan.cgroups)
+            .filter(|(c, g)| {
+                c.kind == CgroupKind::Container
+                    && (mode.is_full() || self.since_pass.new.contains(&g.path))
+            })
             .count() as u64;
+        if mode.is_full() {
+            self.metrics.containers = containers;
+            self.isolated.clear();
+        } else {
+            self.metrics.containers += containers;
+        }
+        for class in classes.iter().filter(|c| c.isolation.any()) {
+            if let Some(key) = class.assignment_key() {
+                self.isolated.insert(key, class.isolation);
+            }
+        }
         self.last_pass_settled = report.is_clean()
             && report.held_back == 0
             && report.skipped == 0
@@ -1351,11 +1444,19 @@ impl Controller {
             settling: paths(&report.settling),
             vanished,
         };
-        // Kept for `status` (pools, desired sets, events); its writes are done with.
-        let mut planned = planned;
-        planned.writes = Vec::new();
-        self.last_plan = Some(planned);
-        self.last_classes = classes;
+        if mode.is_full() {
+            self.steady = self.complete
+                && !planned
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, AssignEvent::Failed { .. } | AssignEvent::Short { .. }))
+                && classes.iter().all(|c| {
+                    c.kind != CgroupKind::Container
+                        || !matches!(entitlement(c), Entitlement::Unknown { .. })
+                });
+        }
+        self.pools = planned.pools;
+        self.planned = true;
         (outcome, follow_up)
     }
 
@@ -1367,15 +1468,22 @@ impl Controller {
     /// agent started), a cgroup that differs from the config was resized in place, and its own
     /// settings are the truth (the config still names the container).
     fn classify_model(&mut self, scan: &Scan) -> Vec<Classification> {
+        scan.cgroups.iter().map(|c| self.class_of(c)).collect()
+    }
+
+    /// The classification of `cgroup`: the cached one of its model entry, or a new one
+    /// (cached unless it waits for its runtime config).
+    fn class_of(&mut self, cgroup: &ScannedCgroup) -> Classification {
         use crate::classify::{Exclusivity, SharedReason};
         let naming = &self.parts.naming;
         let runtime = &mut self.parts.runtime;
-        let starting = self.last_plan.is_none();
-        let mut classes = Vec::with_capacity(scan.cgroups.len());
-        for (entry, cgroup) in self.model.values_mut().zip(&scan.cgroups) {
+        let starting = !self.planned;
+        let Some(entry) = self.model.get_mut(&cgroup.path) else {
+            return classify_scan_one(naming, cgroup, |id| runtime.lookup(id));
+        };
+        {
             if let Some(class) = &entry.class {
-                classes.push(class.clone());
-                continue;
+                return class.clone();
             }
             let mut found: Option<RuntimeInfo> = None;
             let mut class = classify_scan_one(naming, cgroup, |id| {
@@ -1419,9 +1527,8 @@ impl Controller {
                 entry.class = Some(class.clone());
                 say_notices(&cgroup.path, &class, &mut entry.said);
             }
-            classes.push(class);
+            class
         }
-        classes
     }
 
     /// Records the value each quota lift overwrites, so `reset` can put it back.
@@ -1681,19 +1788,6 @@ impl Controller {
             .map(|&tries| now + SETTINGS_RETRY[tries - 1])
             .min();
         self.settings_wait = still;
-    }
-
-    /// The rows of `status` as the controller sees them now.
-    pub fn last_rows(&self) -> Vec<crate::report::CgroupRow> {
-        match &self.last_plan {
-            Some(plan) => crate::report::rows(
-                &self.model_scan(),
-                &self.last_classes,
-                plan,
-                &self.irq_saved().banned,
-            ),
-            None => Vec::new(),
-        }
     }
 }
 
@@ -1994,8 +2088,9 @@ mod tests {
         assert!(changed.unwrap());
         controller.pass(Instant::now());
         let class = controller
-            .last_classes
-            .iter()
+            .model
+            .values()
+            .filter_map(|e| e.class.as_ref())
             .find(|c| c.container_id.as_deref() == Some(id.as_str()))
             .unwrap();
         assert!(

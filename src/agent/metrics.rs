@@ -72,6 +72,8 @@ pub struct Metrics {
     pub passes: u64,
     /// Reconciles that found nothing to do and ran no pass.
     pub skipped_passes: u64,
+    /// Passes that planned only new pods' chains (see `controller::incremental`).
+    pub incremental_passes: u64,
     /// Planned writes a pass held back while new cgroups arrived (made by a later pass).
     pub writes_held_back: u64,
     /// Reconcile ticks that only compared each cgroup's `cpuset.cpus` (a quiet node).
@@ -258,6 +260,12 @@ impl Metrics {
             "counter",
             "Passes (classify, plan, write) run by the controller.",
             &plain(self.passes),
+        );
+        metric(
+            "cpusetd_incremental_passes_total",
+            "counter",
+            "Passes that planned only the cgroups of new pods and their ancestors (included in cpusetd_passes_total).",
+            &plain(self.incremental_passes),
         );
         metric(
             "cpusetd_reconciles_without_pass_total",

@@ -1,0 +1,222 @@
+//! Incremental passes: when the only change since the last pass is new cgroups inside pods
+//! (a pod starting, a container restarting), the pass plans just those pods' chains — each
+//! pod's whole subtree and its ancestors up to kubepods — instead of the whole tree, and
+//! writes only inside the pods. Their pins land after work proportional to the pods, not to
+//! the node.
+//!
+//! A chain plans the same as a full plan would, given what a full pass checks first (see
+//! [`Controller::chain`]): the assignments of every other pod are kept (the chain's scan is
+//! marked incomplete, so the planner releases nothing it did not see), the allocator sees the
+//! same free CPUs, and every desired set is local (a container's set, its pod's union, a
+//! parent's clamp). Debug builds and tests check it after every incremental pass against a
+//! full plan of the same model ([`Controller::assert_chain_is_full_plan`]).
+//!
+//! What a chain leaves undone: the ancestors' and the other shared members' rewrites when the
+//! shared pool changed. A full pass makes them, coalesced: [`COALESCE_QUIET`] after the last
+//! incremental pass, at most [`COALESCE_LIMIT`] after the first.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use super::{
+    entitlement, CgroupKind, CgroupPath, Controller, Entitlement, PassOutcome, Scan,
+    COALESCE_LIMIT, COALESCE_QUIET,
+};
+
+/// What a pass plans.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// The whole model.
+    Full,
+    /// New pods: their subtrees (`roots`) and the roots' ancestors.
+    Chain { roots: Vec<CgroupPath> },
+}
+
+impl Mode {
+    pub(super) fn is_full(&self) -> bool {
+        matches!(self, Mode::Full)
+    }
+}
+
+/// What changed in the model since the last pass.
+#[derive(Debug, Default)]
+pub(super) struct SincePass {
+    /// Cgroups new to the model.
+    pub(super) new: BTreeSet<CgroupPath>,
+    /// Anything else: a cgroup gone, re-read with other values, drift. Only a full plan will do.
+    pub(super) other: bool,
+}
+
+impl Controller {
+    /// Plans and writes only the chains of new pods, when that is all that changed (see the
+    /// module's documentation). `None`: a full pass is needed.
+    pub(super) fn incremental_pass(&mut self, now: Instant) -> Option<PassOutcome> {
+        let roots = self.chain()?;
+        let mut paths: BTreeSet<CgroupPath> = BTreeSet::new();
+        for root in &roots {
+            let mut up = root.parent();
+            while let Some(parent) = up.filter(|p| self.model.contains_key(p)) {
+                up = parent.parent();
+                paths.insert(parent);
+            }
+            paths.extend(self.subtree(root));
+        }
+        let scan = Scan {
+            version: self.parts.hierarchy.version,
+            kubepods: self.parts.scanner.kubepods().clone(),
+            cgroups: paths
+                .iter()
+                .filter_map(|p| self.model.get(p).map(|e| e.cgroup.clone()))
+                .collect(),
+            skipped: Vec::new(),
+            // Nothing outside the chain is released.
+            complete: false,
+        };
+        let classes: Vec<_> = scan.cgroups.iter().map(|c| self.class_of(c)).collect();
+        let undecided = classes.iter().any(|c| {
+            c.kind == CgroupKind::Container && matches!(entitlement(c), Entitlement::Unknown { .. })
+        });
+        let known_limits = self.last_limits.clone();
+        let limits = self.node_limits();
+        if undecided || known_limits.as_ref() != Some(&limits) {
+            self.since_pass.other = true;
+            return None;
+        }
+        let shared_before = self.shared_pool().cloned();
+        let (outcome, follow_up) =
+            self.plan_and_write(now, scan, classes, limits, Mode::Chain { roots });
+        self.metrics.incremental_passes += 1;
+        self.structural = false;
+        self.since_pass.new.clear();
+        let clean = follow_up.stale.is_empty()
+            && follow_up.settling.is_empty()
+            && !follow_up.vanished
+            && outcome.failed_writes == 0;
+        let pool_changed = self.shared_pool() != shared_before.as_ref();
+        // Writing showed the model out of date, or a write failed: a full pass sorts it out
+        // now (it re-reads what it must and plans again). Without a watcher's arrivals to
+        // coalesce (the library's default), every pass makes all its writes: the shared
+        // pool's members are rewritten now, after the pins.
+        if !clean || (pool_changed && self.arrivals.is_none()) {
+            self.since_pass.other = true;
+            let full = self.pass(now);
+            return Some(PassOutcome {
+                assignments_changed: outcome.assignments_changed | full.assignments_changed,
+                writes: outcome.writes + full.writes,
+                failed_writes: full.failed_writes,
+            });
+        }
+        if pool_changed {
+            // The pool's members outside the chain (their rewrites wait for the full pass).
+            let owed = self
+                .model
+                .iter()
+                .filter(|(path, entry)| {
+                    entry.desired.is_some()
+                        && entry.desired == shared_before
+                        && !paths.contains(*path)
+                })
+                .count();
+            self.metrics.writes_held_back += owed as u64;
+            let since = *self.full_owed_since.get_or_insert(now);
+            self.full_due = Some((now + COALESCE_QUIET).min(since + COALESCE_LIMIT));
+        }
+        self.update_irqs(false);
+        Some(outcome)
+    }
+
+    /// The pods whose chains an incremental pass plans, when it may: every change since the
+    /// last pass is a cgroup new to the model inside a pod, and the last full pass left
+    /// nothing waiting (every demand met, nothing held back, settling or drifted), so that a
+    /// full plan would decide nothing about any other pod.
+    fn chain(&mut self) -> Option<Vec<CgroupPath>> {
+        let eligible = self.planned
+            && self.steady
+            && !self.since_pass.other
+            && !self.since_pass.new.is_empty()
+            && self.parts.policy.is_some()
+            && self.held_since.is_none()
+            && self.settling.is_empty()
+            && self.drifted.is_empty()
+            && self.settings_wait.is_empty();
+        if !eligible {
+            return None;
+        }
+        let mut roots: BTreeSet<CgroupPath> = BTreeSet::new();
+        for path in self.since_pass.new.clone() {
+            roots.insert(self.pod_of(&path)?);
+        }
+        Some(roots.into_iter().collect())
+    }
+
+    /// The pod `path` belongs to (itself, or its nearest pod ancestor in the model).
+    fn pod_of(&mut self, path: &CgroupPath) -> Option<CgroupPath> {
+        let mut at = Some(path.clone());
+        while let Some(path) = at {
+            let cgroup = self.model.get(&path)?.cgroup.clone();
+            if self.class_of(&cgroup).kind == CgroupKind::Pod {
+                return Some(path);
+            }
+            at = path.parent();
+        }
+        None
+    }
+
+    /// The reference an incremental pass is held to: a full plan of the same model, from the
+    /// same assignments (`before`), decides the same assignments, pools and events, and the
+    /// same desired sets and writes for every cgroup of the chain.
+    #[cfg(debug_assertions)]
+    pub(super) fn assert_chain_is_full_plan(
+        &mut self,
+        before: &crate::state::Assignments,
+        chain: &Scan,
+        planned: &crate::planner::Plan,
+        limits: &crate::planner::NodeLimits,
+        roots: &[CgroupPath],
+    ) {
+        use std::collections::HashMap;
+        let scan = self.model_scan();
+        let classes = self.classify_model(&scan);
+        let config = crate::planner::PlanConfig {
+            topology: &self.parts.topology,
+            policy: self.parts.policy.as_ref(),
+            align_memory: self.parts.align_memory,
+            keep_cfs_quota: self.parts.keep_cfs_quota,
+            limits: Some(limits),
+        };
+        let full = crate::planner::plan(&scan, &classes, before, &config);
+        assert_eq!(
+            planned.assignments, full.assignments,
+            "an incremental pass assigned what a full plan would not"
+        );
+        assert_eq!(planned.pools, full.pools, "an incremental pass's pools");
+        assert_eq!(planned.events, full.events, "an incremental pass's events");
+        let index: HashMap<&CgroupPath, usize> = scan
+            .cgroups
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (&c.path, i))
+            .collect();
+        for (cgroup, desired) in chain.cgroups.iter().zip(&planned.desired) {
+            assert_eq!(
+                Some(desired),
+                index.get(&cgroup.path).map(|&i| &full.desired[i]),
+                "an incremental pass's desired sets of {}",
+                cgroup.path
+            );
+        }
+        let in_chain = |path: &CgroupPath| roots.iter().any(|r| path.strip_prefix(r).is_some());
+        let key =
+            |w: &crate::planner::PlannedWrite| (w.path.clone(), w.file, w.value.clone(), w.step);
+        let mut mine: Vec<_> = planned.writes.iter().map(key).collect();
+        let mut theirs: Vec<_> = full
+            .writes
+            .iter()
+            .filter(|w| in_chain(&w.path))
+            .map(key)
+            .collect();
+        mine.sort();
+        theirs.sort();
+        assert_eq!(mine, theirs, "an incremental pass's writes in its pods");
+    }
+}
