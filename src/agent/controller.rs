@@ -242,6 +242,8 @@ pub struct Controller {
     /// (a full pass) are due, and since when they are owed.
     full_due: Option<Instant>,
     full_owed_since: Option<Instant>,
+    /// Cgroups on the shared pool after the last full pass: what a change of the pool rewrites.
+    shared_members: usize,
     /// Bumped whenever the model changes (read or written values, cgroups coming and going):
     /// the reconcile thread does a full scan only when it moved, or every few ticks.
     generation: Arc<AtomicU64>,
@@ -309,6 +311,7 @@ impl Controller {
             steady: false,
             full_due: None,
             full_owed_since: None,
+            shared_members: 0,
             generation: Arc::new(AtomicU64::new(0)),
             metrics,
         }
@@ -1221,7 +1224,7 @@ impl Controller {
         if let Mode::Chain { roots } = &mode {
             self.assert_chain_is_full_plan(&before, &scan, &planned, &limits, roots);
         }
-        self.log_events(&planned.events);
+        self.log_events(&planned.events, &classes);
         // Containers entitled to exclusive cpus, and short ones (which may not know their
         // entitlement but remember it).
         let asking: HashSet<AssignmentKey> = classes
@@ -1445,6 +1448,12 @@ impl Controller {
             vanished,
         };
         if mode.is_full() {
+            let shared = planned.pools.as_ref().map(|p| &p.shared);
+            self.shared_members = planned
+                .desired
+                .iter()
+                .filter(|d| d.cpus.is_some() && d.cpus.as_ref() == shared)
+                .count();
             self.steady = self.complete
                 && !planned
                     .events
@@ -1581,23 +1590,8 @@ impl Controller {
 
     /// How the log names a container: `namespace/pod/container (pod<uid>/…)` once the runtime
     /// has named its pod, else the key alone.
-    fn label(&mut self, key: &AssignmentKey) -> String {
+    fn label(&self, key: &AssignmentKey) -> String {
         let uid = key.pod_uid();
-        if !self.pod_names.contains_key(uid) {
-            let found = self
-                .model
-                .values()
-                .filter_map(|e| e.class.as_ref())
-                .find(|c| c.pod_uid.as_deref() == Some(uid) && c.pod_name.is_some());
-            if let Some(class) = found {
-                let name = format!(
-                    "{}/{}",
-                    class.pod_namespace.as_deref().unwrap_or("-"),
-                    class.pod_name.as_deref().unwrap_or("-")
-                );
-                self.pod_names.insert(uid.to_string(), name);
-            }
-        }
         let Some(pod) = self.pod_names.get(uid) else {
             return key.to_string();
         };
@@ -1610,11 +1604,9 @@ impl Controller {
 
     /// ` devices=…` with the devices of the container holding `key` and their NUMA nodes (the
     /// hint its cpus were allocated with), or nothing when it has none.
-    fn devices_of(&self, key: &AssignmentKey) -> String {
-        let devices = self
-            .model
-            .values()
-            .filter_map(|e| e.class.as_ref())
+    fn devices_of(key: &AssignmentKey, classes: &[Classification]) -> String {
+        let devices = classes
+            .iter()
             .find(|c| !c.devices.is_empty() && c.assignment_key().as_ref() == Some(key))
             .map(|c| crate::devices::describe_all(&c.devices));
         match devices {
@@ -1623,13 +1615,34 @@ impl Controller {
         }
     }
 
-    fn log_events(&mut self, events: &[AssignEvent]) {
+    /// `namespace/pod` of the pods `events` name, from the pass's `classes`, for the log
+    /// (kept until their CPUs are released, when the pod may be gone).
+    fn learn_pod_names(&mut self, events: &[AssignEvent], classes: &[Classification]) {
+        for event in events {
+            let uid = event.key().pod_uid();
+            if self.pod_names.contains_key(uid) {
+                continue;
+            }
+            let named = classes
+                .iter()
+                .find(|c| c.pod_uid.as_deref() == Some(uid) && c.pod_name.is_some());
+            if let Some(class) = named {
+                let namespace = class.pod_namespace.as_deref().unwrap_or("-");
+                let name = class.pod_name.as_deref().unwrap_or("-");
+                self.pod_names
+                    .insert(uid.to_string(), format!("{namespace}/{name}"));
+            }
+        }
+    }
+
+    fn log_events(&mut self, events: &[AssignEvent], classes: &[Classification]) {
+        self.learn_pod_names(events, classes);
         for event in events {
             match event {
                 AssignEvent::Allocated { key, cpus } => {
                     self.metrics.pinning_requests += 1;
                     self.metrics.pin_succeeded(key);
-                    let devices = self.devices_of(key);
+                    let devices = Self::devices_of(key, classes);
                     log::info!("{}: allocated cpus={cpus}{devices}", self.label(key));
                 }
                 AssignEvent::Adopted { key, cpus } => {

@@ -109,6 +109,22 @@ pub enum AssignEvent {
     },
 }
 
+impl AssignEvent {
+    /// The assignment the event is about.
+    pub fn key(&self) -> &AssignmentKey {
+        match self {
+            AssignEvent::Allocated { key, .. }
+            | AssignEvent::Adopted { key, .. }
+            | AssignEvent::Reused { key, .. }
+            | AssignEvent::Released { key, .. }
+            | AssignEvent::Shrunk { key, .. }
+            | AssignEvent::Replaced { key, .. }
+            | AssignEvent::Short { key, .. }
+            | AssignEvent::Failed { key, .. } => key,
+        }
+    }
+}
+
 /// Why CPUs went back to the shared pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReleaseReason {

@@ -107,17 +107,8 @@ impl Controller {
             });
         }
         if pool_changed {
-            // The pool's members outside the chain (their rewrites wait for the full pass).
-            let owed = self
-                .model
-                .iter()
-                .filter(|(path, entry)| {
-                    entry.desired.is_some()
-                        && entry.desired == shared_before
-                        && !paths.contains(*path)
-                })
-                .count();
-            self.metrics.writes_held_back += owed as u64;
+            // The pool's members (as the last full pass counted them) wait for the full pass.
+            self.metrics.writes_held_back += self.shared_members as u64;
             let since = *self.full_owed_since.get_or_insert(now);
             self.full_due = Some((now + COALESCE_QUIET).min(since + COALESCE_LIMIT));
         }
