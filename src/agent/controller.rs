@@ -436,6 +436,18 @@ impl Controller {
         )
     }
 
+    /// Makes the writes a later pass owes (the shared pool's rewrites after incremental passes,
+    /// writes held back during a burst) now: before the agent stops, so the tree it leaves is
+    /// the tree its checkpoint describes.
+    pub fn finish_owed(&mut self, now: Instant) -> Option<PassOutcome> {
+        if self.full_due.is_none() && self.flush_at.is_none() {
+            return None;
+        }
+        self.flush_at = None;
+        self.since_pass.other = true;
+        Some(self.pass(now))
+    }
+
     /// When the controller wants to re-read containers still waiting for CPU settings, or
     /// cgroups whose narrowing waits for new children to be set up.
     pub fn next_retry(&self) -> Option<Instant> {
@@ -496,6 +508,7 @@ impl Controller {
                 ),
             }
         }
+        self.learn_pod_names(wanted.iter().map(|(k, _)| k), &classes);
         let mut adopted = 0;
         for (key, cpus) in wanted {
             let label = self.label(&key);
@@ -624,6 +637,7 @@ impl Controller {
             .map(|(p, _)| p.clone())
             .collect();
         let mut changed = !gone.is_empty();
+        self.since_pass.other |= changed;
         for path in &gone {
             self.forget(path);
         }
@@ -677,7 +691,7 @@ impl Controller {
                 }
                 Ok(changed)
             }
-            TreeEvent::Removed { cgroup } => Ok(self.remove_subtree(&cgroup)),
+            TreeEvent::Removed { cgroup } => Ok(self.removed(&cgroup)),
             // Only the named file's group is re-read (see `Scanner::refresh`).
             TreeEvent::Modified { cgroup, file } => {
                 let known = self.model.get(&cgroup).map(|e| e.cgroup.clone());
@@ -858,7 +872,14 @@ impl Controller {
         false
     }
 
+    /// Forgets `root` and its subtree; the next pass is a full one.
     fn remove_subtree(&mut self, root: &CgroupPath) -> bool {
+        let removed = self.forget_subtree(root);
+        self.since_pass.other |= removed;
+        removed
+    }
+
+    fn forget_subtree(&mut self, root: &CgroupPath) -> bool {
         let doomed = self.subtree(root);
         for path in &doomed {
             self.forget(path);
@@ -909,14 +930,16 @@ impl Controller {
     fn forget(&mut self, path: &CgroupPath) {
         self.bump();
         self.structural = true;
-        self.since_pass.other = true;
         self.since_pass.new.remove(path);
-        if let Some(id) = self
-            .model
-            .remove(path)
-            .and_then(|e| e.class)
-            .and_then(|c| c.container_id)
+        self.since_pass.touched.remove(path);
+        let class = self.model.remove(path).and_then(|e| e.class);
+        if class
+            .as_ref()
+            .is_some_and(|c| c.kind == CgroupKind::Container)
         {
+            self.metrics.containers = self.metrics.containers.saturating_sub(1);
+        }
+        if let Some(id) = class.and_then(|c| c.container_id) {
             self.parts.runtime.forget(&id);
             self.settled.remove(&id);
             self.resized.remove(&id);
@@ -1211,13 +1234,15 @@ impl Controller {
             limits: Some(&limits),
         };
         let mut planned = plan(&scan, &classes, &self.parts.assignments, &config);
-        // An incremental pass writes only in its new pods: their ancestors' rewrites (the
-        // shared pool's) wait for the full pass, with the rest of the pool's members.
+        // An incremental pass writes in its pods, and widens their ancestors (top-down, before
+        // the pods: a pool that grew reaches a new pod through them); the ancestors'
+        // narrowings (the shared pool's) wait for the full pass, with the rest of the pool's
+        // members, whose sets hold them up.
         if let Mode::Chain { roots } = &mode {
             let all = planned.writes.len();
-            planned
-                .writes
-                .retain(|w| roots.iter().any(|r| w.path.strip_prefix(r).is_some()));
+            planned.writes.retain(|w| {
+                w.step == WriteStep::Widen || roots.iter().any(|r| w.path.strip_prefix(r).is_some())
+            });
             self.metrics.writes_held_back += (all - planned.writes.len()) as u64;
         }
         #[cfg(debug_assertions)]
@@ -1385,6 +1410,18 @@ impl Controller {
                 entry.updated = now;
             }
         }
+        if let Mode::Chain { roots } = &mode {
+            // The ancestors' narrowings wait for the full pass: until then what they hold is
+            // what is wanted there, not drift.
+            for cgroup in scan.cgroups.iter() {
+                if roots.iter().any(|r| cgroup.path.strip_prefix(r).is_some()) {
+                    continue;
+                }
+                if let Some(entry) = self.model.get_mut(&cgroup.path) {
+                    entry.desired = entry.cgroup.cpus.configured().cloned();
+                }
+            }
+        }
         let urgent_done = report.urgent_done.unwrap_or(written_at);
         self.track_pins(&scan, &classes, |i| {
             if urgent_cgroup[i] {
@@ -1447,6 +1484,14 @@ impl Controller {
             settling: paths(&report.settling),
             vanished,
         };
+        let unmet = planned
+            .events
+            .iter()
+            .any(|e| matches!(e, AssignEvent::Failed { .. } | AssignEvent::Short { .. }));
+        if unmet {
+            // Someone waits for CPUs: only a full pass plans for them.
+            self.steady = false;
+        }
         if mode.is_full() {
             let shared = planned.pools.as_ref().map(|p| &p.shared);
             self.shared_members = planned
@@ -1455,10 +1500,7 @@ impl Controller {
                 .filter(|d| d.cpus.is_some() && d.cpus.as_ref() == shared)
                 .count();
             self.steady = self.complete
-                && !planned
-                    .events
-                    .iter()
-                    .any(|e| matches!(e, AssignEvent::Failed { .. } | AssignEvent::Short { .. }))
+                && !unmet
                 && classes.iter().all(|c| {
                     c.kind != CgroupKind::Container
                         || !matches!(entitlement(c), Entitlement::Unknown { .. })
@@ -1585,6 +1627,7 @@ impl Controller {
             cgroups: self.model.values().map(|e| e.cgroup.clone()).collect(),
             skipped: Vec::new(),
             complete: self.complete,
+            gone_pods: Default::default(),
         }
     }
 
@@ -1615,11 +1658,15 @@ impl Controller {
         }
     }
 
-    /// `namespace/pod` of the pods `events` name, from the pass's `classes`, for the log
-    /// (kept until their CPUs are released, when the pod may be gone).
-    fn learn_pod_names(&mut self, events: &[AssignEvent], classes: &[Classification]) {
-        for event in events {
-            let uid = event.key().pod_uid();
+    /// `namespace/pod` of the pods of `keys`, from `classes`, for the log (kept until their
+    /// CPUs are released, when the pod may be gone).
+    fn learn_pod_names<'k>(
+        &mut self,
+        keys: impl Iterator<Item = &'k AssignmentKey>,
+        classes: &[Classification],
+    ) {
+        for key in keys {
+            let uid = key.pod_uid();
             if self.pod_names.contains_key(uid) {
                 continue;
             }
@@ -1636,7 +1683,7 @@ impl Controller {
     }
 
     fn log_events(&mut self, events: &[AssignEvent], classes: &[Classification]) {
-        self.learn_pod_names(events, classes);
+        self.learn_pod_names(events.iter().map(AssignEvent::key), classes);
         for event in events {
             match event {
                 AssignEvent::Allocated { key, cpus } => {

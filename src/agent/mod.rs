@@ -243,6 +243,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
                 Ok(Control::Stop(signal)) => {
                     log::info!("{signal}: writing the checkpoint and stopping");
                     notifier.send(&[sd_notify::NotifyState::Stopping]);
+                    controller.finish_owed(Instant::now());
                     persist.save(&controller, true);
                     break Ok(());
                 }

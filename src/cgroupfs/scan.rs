@@ -10,6 +10,7 @@
 //! and special files are never followed, directories that vanish mid-scan are skipped, and depth
 //! and size are bounded.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::os::fd::OwnedFd;
 
@@ -138,8 +139,12 @@ pub struct Scan {
     pub kubepods: CgroupPath,
     pub cgroups: Vec<ScannedCgroup>,
     pub skipped: Vec<SkippedEntry>,
-    /// False when [`MAX_SCAN_CGROUPS`] was reached and the rest of the tree was not scanned.
+    /// False when [`MAX_SCAN_CGROUPS`] was reached and the rest of the tree was not scanned
+    /// (or when the scan is an incremental pass's part of the model).
     pub complete: bool,
+    /// Pods the scan did not cover but that are known to be gone (an incremental pass's scan):
+    /// their assignments are released even when the scan is not complete.
+    pub gone_pods: BTreeSet<String>,
 }
 
 impl ScannedCgroup {
@@ -458,6 +463,7 @@ impl Scanner {
             cgroups: Vec::new(),
             skipped: Vec::new(),
             complete: true,
+            gone_pods: BTreeSet::new(),
         }
     }
 

@@ -209,8 +209,15 @@ pub fn plan(
         }
     }
     if !scan.complete {
-        // Pods beyond the scan limit were not seen: keep their assignments.
-        live_pods.extend(previous.iter().map(|(k, _)| k.pod_uid().to_string()));
+        // Pods beyond the scan limit (or outside an incremental pass's part of the tree) were
+        // not seen: keep their assignments, unless they are known to be gone.
+        live_pods.extend(
+            previous
+                .iter()
+                .map(|(k, _)| k.pod_uid())
+                .filter(|uid| !scan.gone_pods.contains(*uid))
+                .map(str::to_string),
+        );
     }
     let (assignments, events) = assign(policy, &pod_cpus, &demands, &live_pods, previous);
 

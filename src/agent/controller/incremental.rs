@@ -43,6 +43,10 @@ impl Mode {
 pub(super) struct SincePass {
     /// Cgroups new to the model.
     pub(super) new: BTreeSet<CgroupPath>,
+    /// Pods that lost a container (its cgroup went).
+    pub(super) touched: BTreeSet<CgroupPath>,
+    /// Pods whose cgroup went (by uid).
+    pub(super) gone_pods: BTreeSet<String>,
     /// Anything else: a cgroup gone, re-read with other values, drift. Only a full plan will do.
     pub(super) other: bool,
 }
@@ -69,8 +73,9 @@ impl Controller {
                 .filter_map(|p| self.model.get(p).map(|e| e.cgroup.clone()))
                 .collect(),
             skipped: Vec::new(),
-            // Nothing outside the chain is released.
+            // Nothing outside the chain is released but what went.
             complete: false,
+            gone_pods: std::mem::take(&mut self.since_pass.gone_pods),
         };
         let classes: Vec<_> = scan.cgroups.iter().map(|c| self.class_of(c)).collect();
         let undecided = classes.iter().any(|c| {
@@ -88,6 +93,7 @@ impl Controller {
         self.metrics.incremental_passes += 1;
         self.structural = false;
         self.since_pass.new.clear();
+        self.since_pass.touched.clear();
         let clean = follow_up.stale.is_empty()
             && follow_up.settling.is_empty()
             && !follow_up.vanished
@@ -121,10 +127,13 @@ impl Controller {
     /// nothing waiting (every demand met, nothing held back, settling or drifted), so that a
     /// full plan would decide nothing about any other pod.
     fn chain(&mut self) -> Option<Vec<CgroupPath>> {
+        let changed = !self.since_pass.new.is_empty()
+            || !self.since_pass.touched.is_empty()
+            || !self.since_pass.gone_pods.is_empty();
         let eligible = self.planned
             && self.steady
             && !self.since_pass.other
-            && !self.since_pass.new.is_empty()
+            && changed
             && self.parts.policy.is_some()
             && self.held_since.is_none()
             && self.settling.is_empty()
@@ -134,10 +143,47 @@ impl Controller {
             return None;
         }
         let mut roots: BTreeSet<CgroupPath> = BTreeSet::new();
-        for path in self.since_pass.new.clone() {
+        let touched = self.since_pass.touched.iter();
+        for path in self
+            .since_pass
+            .new
+            .iter()
+            .chain(touched)
+            .cloned()
+            .collect::<Vec<_>>()
+        {
             roots.insert(self.pod_of(&path)?);
         }
         Some(roots.into_iter().collect())
+    }
+
+    /// A cgroup the watcher saw go. A pod that went, or a container that went from a pod that
+    /// stays, leaves the next pass incremental (the pod's assignments released; the pod's
+    /// chain planned again); anything else makes it a full one. Returns whether the model
+    /// changed.
+    pub(super) fn removed(&mut self, root: &CgroupPath) -> bool {
+        let kind = self
+            .model
+            .get(root)
+            .and_then(|e| e.class.as_ref())
+            .map(|c| (c.kind.clone(), c.pod_uid.clone()));
+        let parent = root.parent().filter(|p| self.model.contains_key(p));
+        if !self.forget_subtree(root) {
+            return false;
+        }
+        match (kind, parent) {
+            (Some((CgroupKind::Pod, Some(uid))), _) => {
+                self.since_pass.gone_pods.insert(uid);
+            }
+            (
+                Some((CgroupKind::Container | CgroupKind::Sandbox | CgroupKind::ContainerChild, _)),
+                Some(parent),
+            ) => {
+                self.since_pass.touched.insert(parent);
+            }
+            _ => self.since_pass.other = true,
+        }
+        true
     }
 
     /// The pod `path` belongs to (itself, or its nearest pod ancestor in the model).
@@ -196,18 +242,27 @@ impl Controller {
                 cgroup.path
             );
         }
-        let in_chain = |path: &CgroupPath| roots.iter().any(|r| path.strip_prefix(r).is_some());
+        let in_pods = |path: &CgroupPath| roots.iter().any(|r| path.strip_prefix(r).is_some());
+        let chain_paths: std::collections::HashSet<&CgroupPath> =
+            chain.cgroups.iter().map(|c| &c.path).collect();
+        let in_chain = |w: &crate::planner::PlannedWrite| {
+            in_pods(&w.path)
+                || (w.step == crate::planner::WriteStep::Widen && chain_paths.contains(&w.path))
+        };
         let key =
             |w: &crate::planner::PlannedWrite| (w.path.clone(), w.file, w.value.clone(), w.step);
         let mut mine: Vec<_> = planned.writes.iter().map(key).collect();
         let mut theirs: Vec<_> = full
             .writes
             .iter()
-            .filter(|w| in_chain(&w.path))
+            .filter(|w| in_chain(w))
             .map(key)
             .collect();
         mine.sort();
         theirs.sort();
-        assert_eq!(mine, theirs, "an incremental pass's writes in its pods");
+        assert_eq!(
+            mine, theirs,
+            "an incremental pass's writes (in its pods, and its ancestors' widenings)"
+        );
     }
 }
