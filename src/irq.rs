@@ -390,6 +390,8 @@ mod tests {
         fs::create_dir_all(proc.path().join("77")).unwrap();
         fs::write(proc.path().join("77/comm"), "irqbalance\n").unwrap();
         let mut irqs = IrqAffinity::new(proc.path(), IrqSaved::default());
+        // The first look may catch it starting: not said yet.
+        assert_eq!(irqs.apply(&set("1")).irqbalance_news, None);
         let first = irqs.apply(&set("1"));
         assert_eq!(first.irqbalance, IrqbalanceOutcome::NoSocket { pid: 77 });
         let (warning, line) = first.irqbalance_news.unwrap();

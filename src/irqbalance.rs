@@ -54,8 +54,11 @@ pub enum IrqbalanceOutcome {
     Idle,
     /// No irqbalance process runs: nothing to tell.
     NotRunning,
+    /// irqbalance runs without a socket, seen for the first time: it may be starting (it
+    /// makes its socket after reading the topology). Not said; the next call decides.
+    NoSocketYet { pid: u32 },
     /// irqbalance runs, but without a socket the agent can reach (built without its UI, an
-    /// abstract socket only, or `/run/irqbalance` not visible here).
+    /// abstract socket only, or `/run/irqbalance` not visible here), twice in a row.
     NoSocket { pid: u32 },
     /// The daemon already bans what it should.
     Unchanged { pid: u32, banned: CpuSet },
@@ -77,7 +80,9 @@ impl IrqbalanceOutcome {
     /// A line for the log, or `None` when there is nothing to say.
     pub fn describe(&self) -> Option<String> {
         Some(match self {
-            IrqbalanceOutcome::Idle | IrqbalanceOutcome::Unchanged { .. } => return None,
+            IrqbalanceOutcome::Idle
+            | IrqbalanceOutcome::Unchanged { .. }
+            | IrqbalanceOutcome::NoSocketYet { .. } => return None,
             IrqbalanceOutcome::NotRunning => {
                 "irqbalance is not running: nothing to tell it".to_string()
             }
@@ -133,6 +138,8 @@ pub struct Irqbalance {
     socket_dir: PathBuf,
     /// An exchange that did not finish in time (a stuck daemon): no other starts meanwhile.
     stuck: Option<JoinHandle<()>>,
+    /// The daemon last found running without a socket.
+    without_socket: Option<u32>,
 }
 
 impl Irqbalance {
@@ -141,6 +148,7 @@ impl Irqbalance {
             proc_root: proc_root.to_path_buf(),
             socket_dir: socket_dir(proc_root),
             stuck: None,
+            without_socket: None,
         }
     }
 
@@ -165,11 +173,16 @@ impl Irqbalance {
             }
         }
         let Some(daemon) = daemon else {
-            return match running_pid(&self.proc_root) {
-                Some(pid) => IrqbalanceOutcome::NoSocket { pid },
+            let running = running_pid(&self.proc_root);
+            let seen_before = running.is_some() && self.without_socket == running;
+            self.without_socket = running;
+            return match running {
+                Some(pid) if seen_before => IrqbalanceOutcome::NoSocket { pid },
+                Some(pid) => IrqbalanceOutcome::NoSocketYet { pid },
                 None => IrqbalanceOutcome::NotRunning,
             };
         };
+        self.without_socket = None;
         let pid = daemon.pid;
         if keep_free.is_empty() {
             let original = saved
@@ -605,6 +618,10 @@ mod tests {
         assert_eq!(outcome, IrqbalanceOutcome::NotRunning);
         assert!(!outcome.is_warning());
         run_process(root.path(), 31);
+        // Once: it may be starting. Twice: it has none.
+        let outcome = irqbalance.apply(&set("1"), &mut saved);
+        assert_eq!(outcome, IrqbalanceOutcome::NoSocketYet { pid: 31 });
+        assert_eq!(outcome.describe(), None);
         let outcome = irqbalance.apply(&set("1"), &mut saved);
         assert_eq!(outcome, IrqbalanceOutcome::NoSocket { pid: 31 });
         assert!(outcome.is_warning());

@@ -126,7 +126,9 @@ fn irqbalance_is_told_while_the_pod_runs_across_an_agent_kill_and_given_its_own_
     assert!(agent.wait_exit(DEADLINE).is_some());
     let mut agent = start_with_proc(&node, &proc);
     let reconciles = || {
-        node.metric("cpusetd_passes_total") + node.metric("cpusetd_reconciles_without_pass_total")
+        node.metric("cpusetd_passes_total")
+            + node.metric("cpusetd_reconciles_without_pass_total")
+            + node.metric("cpusetd_quiet_reconciles_total")
     };
     let later = poll_until(DEADLINE, || (reconciles() >= 3.0).then_some(()));
     assert!(later.is_some(), "{:?}", node.metrics());
@@ -149,6 +151,51 @@ fn irqbalance_is_told_while_the_pod_runs_across_an_agent_kill_and_given_its_own_
     assert!(agent.stop().success());
     assert_eq!(daemon.commands().len(), 3, "nothing more once restored");
     node.assert_clean();
+}
+
+/// irqbalance restarted (a new pid, which forgot) while nothing else changes on the node: the
+/// agent's next reconcile tick tells the new one, and the checkpoint (read by `status`) names it.
+#[test]
+fn a_restarted_irqbalance_is_told_again_on_a_quiet_node() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let proc = fake_proc(&node);
+    let old = FakeIrqbalance::start(&proc, 4242, "");
+    let mut agent = start_with_proc(&node, &proc);
+    let (_rt, id) = start_irq_pod(&node, &proc, &agent, 2000, "0,2-8,10-15");
+    node.wait_cpus(&id, "1,9");
+    assert_eq!(old.wait_commands(2), ["setup", "settings cpus 1,9"]);
+    // A quiet node: reconcile ticks that only compare cpusets (every sixth scans in full).
+    let quiet = || node.metric("cpusetd_quiet_reconciles_total");
+    let settled = poll_until(DEADLINE, || (quiet() >= 1.0).then_some(()));
+    assert!(settled.is_some(), "{:?}", node.metrics());
+    let ticks = || {
+        quiet()
+            + node.metric("cpusetd_passes_total")
+            + node.metric("cpusetd_reconciles_without_pass_total")
+    };
+    fs::remove_dir_all(proc.join("4242")).unwrap();
+    let new = FakeIrqbalance::start(&proc, 4343, "3");
+    let before = ticks();
+    assert_eq!(
+        new.wait_commands(2),
+        ["setup", "settings cpus 1,3,9"],
+        "{}",
+        agent.log()
+    );
+    // Told on the next tick or the one after, quiet or not (not only on a full scan).
+    assert!(ticks() - before <= 2.0, "{} ticks", ticks() - before);
+    let noted = poll_until(DEADLINE, || {
+        status_with_proc(&node, &proc)
+            .contains("irqbalance (pid 4343) told to keep interrupts off cpus 1,3,9")
+            .then_some(())
+    });
+    assert!(noted.is_some(), "{}", status_with_proc(&node, &proc));
+    assert_eq!(
+        old.commands().len(),
+        2,
+        "the old one is gone: nothing more to it"
+    );
+    assert!(agent.stop().success());
 }
 
 #[test]
@@ -192,7 +239,9 @@ fn irqbalance_without_a_socket_is_warned_about_once() {
     assert!(warned.is_some(), "{}", agent.log());
     // Several full reconciles later (one a second, each looks again), still once.
     let reconciles = || {
-        node.metric("cpusetd_passes_total") + node.metric("cpusetd_reconciles_without_pass_total")
+        node.metric("cpusetd_passes_total")
+            + node.metric("cpusetd_reconciles_without_pass_total")
+            + node.metric("cpusetd_quiet_reconciles_total")
     };
     let before = reconciles();
     let later = poll_until(DEADLINE, || (reconciles() >= before + 3.0).then_some(()));

@@ -528,6 +528,16 @@ impl Controller {
         cpus
     }
 
+    /// Re-applies the interrupt settings on a reconcile tick that found the tree unchanged
+    /// (IRQs registered since, moved back by someone else, a restarted irqbalance). Nothing to
+    /// do, and nothing read, while no pod asks for it. Returns whether what is to be restored
+    /// changed (the checkpoint must say so).
+    pub fn refresh_irqs(&mut self) -> bool {
+        let before = self.irq.as_ref().map(|i| i.saved().clone());
+        self.update_irqs(true);
+        self.irq.as_ref().map(|i| i.saved().clone()) != before
+    }
+
     /// Keeps interrupts off the CPUs that ask for it: after a pass when that set changed,
     /// and on every full reconcile (`always`: IRQs registered since, or moved back by
     /// someone else).
