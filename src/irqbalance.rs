@@ -162,9 +162,10 @@ impl Irqbalance {
         if keep_free.is_empty() && saved.is_none() {
             return IrqbalanceOutcome::Idle;
         }
-        let daemon = find_daemon(&self.proc_root, &self.socket_dir);
+        // The daemon that was told forgot only when its process is gone (a socket not found
+        // for a moment is no reason to take its ban for its own later).
         if let Some(told) = saved.as_ref() {
-            if daemon.as_ref().map(|d| d.pid) != Some(told.pid) {
+            if !is_daemon(&self.proc_root, told.pid) {
                 let pid = told.pid;
                 *saved = None;
                 if keep_free.is_empty() {
@@ -172,6 +173,16 @@ impl Irqbalance {
                 }
             }
         }
+        let daemon = match saved.as_ref() {
+            Some(told) => {
+                let socket = self.socket_dir.join(format!("{DAEMON}{}.sock", told.pid));
+                socket.exists().then_some(Daemon {
+                    pid: told.pid,
+                    socket,
+                })
+            }
+            None => find_daemon(&self.proc_root, &self.socket_dir),
+        };
         let Some(daemon) = daemon else {
             let running = running_pid(&self.proc_root);
             let seen_before = running.is_some() && self.without_socket == running;
@@ -606,6 +617,31 @@ mod tests {
         );
         assert_eq!(saved, None);
         assert_eq!(old.commands().len() + new.commands().len(), 4);
+    }
+
+    #[test]
+    fn a_told_daemon_whose_socket_is_missing_for_a_while_is_not_forgotten() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = proc_of(&root);
+        let daemon = FakeDaemon::start(root.path(), 50, "0", true);
+        let mut irqbalance = Irqbalance::new(&proc);
+        let mut saved = None;
+        irqbalance.apply(&set("2"), &mut saved);
+        let socket = root.path().join("run/irqbalance/irqbalance50.sock");
+        let aside = root.path().join("run/aside.sock");
+        fs::rename(&socket, &aside).unwrap();
+        assert!(matches!(
+            irqbalance.apply(&set("2"), &mut saved),
+            IrqbalanceOutcome::NoSocketYet { pid: 50 }
+        ));
+        assert!(saved.is_some(), "still told");
+        fs::rename(&aside, &socket).unwrap();
+        // Back: its own set is still the recorded one, not what it bans now (0,2).
+        irqbalance.apply(&CpuSet::new(), &mut saved);
+        assert_eq!(
+            daemon.commands(),
+            ["setup", "settings cpus 0,2", "settings cpus 0"]
+        );
     }
 
     #[test]
