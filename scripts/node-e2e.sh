@@ -98,9 +98,10 @@ build_image() {
         "$root/etc/systemd/system/node-e2e.service"
     ln -sf /etc/systemd/system/node-e2e.service \
         "$root/etc/systemd/system/multi-user.target.wants/node-e2e.service"
-    # The test starts containerd itself, with its own configuration; nothing else is wanted.
+    # The test starts containerd (and irqbalance, for its own check) itself; nothing else is
+    # wanted.
     local unit
-    for unit in containerd.service apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer \
+    for unit in containerd.service irqbalance.service apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer \
         fstrim.timer; do
         rm -f "$root/etc/systemd/system/"*.wants/"$unit"
     done

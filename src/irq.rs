@@ -7,7 +7,8 @@
 //! `cpusetd reset`) restores each IRQ to what it was before the first change. An IRQ whose
 //! every CPU is to be kept free keeps its affinity (an IRQ with no CPU would be lost), and one
 //! the kernel will not move (per-CPU and managed interrupts refuse with EIO) is left alone and
-//! counted. Everything is under the injected proc root.
+//! counted. A running irqbalance is told the same CPUs ([`crate::irqbalance`]), so it does not
+//! move interrupts back. Everything is under the injected proc root.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -20,6 +21,7 @@ use nix::fcntl::OFlag;
 use serde::{Deserialize, Serialize};
 
 use crate::cpuset::CpuSet;
+use crate::irqbalance::{Irqbalance, IrqbalanceOutcome, IrqbalanceSaved};
 
 /// What to restore: the CPUs kept free now and each changed affinity as it was before.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,12 +35,18 @@ pub struct IrqSaved {
     /// Each changed IRQ's `smp_affinity_list` before the first change.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub irqs: BTreeMap<u32, CpuSet>,
+    /// What irqbalance was told, to give it back its own banned CPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub irqbalance: Option<IrqbalanceSaved>,
 }
 
 impl IrqSaved {
     /// Nothing changed, nothing to restore.
     pub fn is_empty(&self) -> bool {
-        self.banned.is_empty() && self.default_affinity.is_none() && self.irqs.is_empty()
+        self.banned.is_empty()
+            && self.default_affinity.is_none()
+            && self.irqs.is_empty()
+            && self.irqbalance.is_none()
     }
 }
 
@@ -53,6 +61,10 @@ pub struct IrqOutcome {
     pub no_other_cpu: usize,
     /// Failures other than the kernel's refusals (the first few), for the log.
     pub errors: Vec<String>,
+    /// What irqbalance was told, or why not.
+    pub irqbalance: IrqbalanceOutcome,
+    /// A line about irqbalance to log (`true`: a warning), when it says something new.
+    pub irqbalance_news: Option<(bool, String)>,
 }
 
 /// The interrupt affinities under `<proc root>/irq`.
@@ -60,6 +72,9 @@ pub struct IrqOutcome {
 pub struct IrqAffinity {
     dir: PathBuf,
     saved: IrqSaved,
+    irqbalance: Irqbalance,
+    /// The last irqbalance line said (each is said once).
+    irqbalance_said: Option<String>,
 }
 
 impl IrqAffinity {
@@ -68,6 +83,8 @@ impl IrqAffinity {
         IrqAffinity {
             dir: proc_root.join("irq"),
             saved,
+            irqbalance: Irqbalance::new(proc_root),
+            irqbalance_said: None,
         }
     }
 
@@ -78,11 +95,19 @@ impl IrqAffinity {
     /// Keeps interrupts off `banned` (empty: restores everything recorded). Each IRQ's
     /// affinity becomes its original minus `banned` (or the original where that is empty), the
     /// default mask likewise; IRQs registered since are taken in too. Idempotent: a second
-    /// call with the same set writes only what someone changed meanwhile.
+    /// call with the same set writes only what someone changed meanwhile. A running
+    /// irqbalance is told first, so it does not undo the writes.
     pub fn apply(&mut self, banned: &CpuSet) -> IrqOutcome {
         let mut outcome = IrqOutcome::default();
         if banned.is_empty() && self.saved.is_empty() {
             return outcome;
+        }
+        outcome.irqbalance = self.irqbalance.apply(banned, &mut self.saved.irqbalance);
+        if let Some(line) = outcome.irqbalance.describe() {
+            if self.irqbalance_said.as_ref() != Some(&line) {
+                self.irqbalance_said = Some(line.clone());
+                outcome.irqbalance_news = Some((outcome.irqbalance.is_warning(), line));
+            }
         }
         self.apply_default(banned, &mut outcome);
         let mut seen = Vec::new();
@@ -351,6 +376,30 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut irqs = IrqAffinity::new(dir.path(), IrqSaved::default());
         let outcome = irqs.apply(&set("1"));
-        assert_eq!(outcome, IrqOutcome::default());
+        assert_eq!(
+            (outcome.written, outcome.unchangeable, outcome.errors.len()),
+            (0, 0, 0)
+        );
+        assert_eq!(outcome.irqbalance, IrqbalanceOutcome::NotRunning);
+    }
+
+    #[test]
+    fn what_irqbalance_was_not_told_is_said_once_and_recorded_nowhere() {
+        let proc = fake_proc("0f", &[(10, "0-3")]);
+        // irqbalance runs, but no socket of its is to be found.
+        fs::create_dir_all(proc.path().join("77")).unwrap();
+        fs::write(proc.path().join("77/comm"), "irqbalance\n").unwrap();
+        let mut irqs = IrqAffinity::new(proc.path(), IrqSaved::default());
+        // The first look may catch it starting: not said yet.
+        assert_eq!(irqs.apply(&set("1")).irqbalance_news, None);
+        let first = irqs.apply(&set("1"));
+        assert_eq!(first.irqbalance, IrqbalanceOutcome::NoSocket { pid: 77 });
+        let (warning, line) = first.irqbalance_news.unwrap();
+        assert!(warning && line.contains("pid 77"), "{line}");
+        // The affinities are still changed.
+        assert_eq!(read(proc.path(), "10/smp_affinity_list"), "0,2-3");
+        // Said once, not on every reconcile.
+        assert_eq!(irqs.apply(&set("1")).irqbalance_news, None);
+        assert_eq!(irqs.saved().irqbalance, None);
     }
 }

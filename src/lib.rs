@@ -16,6 +16,7 @@ pub mod devices;
 #[cfg(debug_assertions)]
 mod faults;
 pub mod irq;
+pub mod irqbalance;
 pub mod kubesim;
 pub mod logging;
 pub mod planner;

@@ -68,7 +68,7 @@ fn cpu_quota_annotation_lifts_the_quota_even_with_keep_cfs_quota() {
 
 /// A fake `/proc` for the node: kubelet's command line from the fixture, and an `irq`
 /// directory with a default mask and three IRQs (one of them on a single CPU).
-fn fake_proc(node: &TestNode) -> PathBuf {
+pub(crate) fn fake_proc(node: &TestNode) -> PathBuf {
     let proc = node.base.join("proc");
     copy_tree(&testdata("sysfs/2s-8c-ht-2numa/proc"), &proc);
     let irq = proc.join("irq");
@@ -85,7 +85,7 @@ fn fake_proc(node: &TestNode) -> PathBuf {
     proc
 }
 
-fn irq_file(proc: &Path, file: &str) -> String {
+pub(crate) fn irq_file(proc: &Path, file: &str) -> String {
     fs::read_to_string(proc.join("irq").join(file))
         .unwrap()
         .trim()
@@ -93,7 +93,7 @@ fn irq_file(proc: &Path, file: &str) -> String {
 }
 
 /// `cpusetd run` on the node with `proc` as its proc root.
-fn start_with_proc(node: &TestNode, proc: &Path) -> Agent {
+pub(crate) fn start_with_proc(node: &TestNode, proc: &Path) -> Agent {
     let mut args = node.tree_args();
     let at = args.iter().position(|a| a == "--proc-root").unwrap();
     args[at + 1] = proc.display().to_string();
@@ -124,7 +124,7 @@ fn start_with_proc(node: &TestNode, proc: &Path) -> Agent {
 
 /// A Guaranteed pod of `milli` CPU whose pod says `irq-load-balancing.crio.io: "disable"`,
 /// started on the node; waits until IRQ 24 (on every CPU) is off the container's `cpus`.
-fn start_irq_pod(
+pub(crate) fn start_irq_pod(
     node: &TestNode,
     proc: &Path,
     agent: &Agent,
@@ -147,7 +147,7 @@ fn start_irq_pod(
 }
 
 /// `cpusetd reset` on the node with `proc` as its proc root.
-fn reset_with_proc(node: &TestNode, proc: &Path) -> Output {
+pub(crate) fn reset_with_proc(node: &TestNode, proc: &Path) -> Output {
     let mut args: Vec<String> = node.tree_args();
     let at = args.iter().position(|a| a == "--proc-root").unwrap();
     args[at + 1] = proc.display().to_string();

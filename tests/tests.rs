@@ -22,6 +22,7 @@ mod harness;
 mod hostile;
 mod hostile_agent;
 mod hotplug;
+mod irqbalance;
 mod isolation;
 mod kubelet_vectors;
 mod migration;

@@ -497,6 +497,82 @@ else
     skip irq-dropin "no pods"
 fi
 
+# --- irqbalance told over its socket, by the confined agent ------------------------------------
+# Debian's irqbalance (1.9, started by its own unit: /run/irqbalance/irqbalance<pid>.sock) must
+# get the rt pod's CPU in its banned set while the pod runs (read back from the daemon itself
+# with `setup`, after its next rescan) and only its own banned CPUs after. The agent runs as the
+# shipped unit plus the irq drop-in. irqbalance moves IRQs itself, so this comes after the
+# irq-dropin check, which compares affinities exactly.
+phase "irqbalance"
+if [ "$pods_ok" = yes ] && systemctl start irqbalance.service; then
+    install -D -m 0644 "$REPO/systemd/cpusetd-irq.conf" /etc/systemd/system/cpusetd.service.d/irq.conf
+    systemctl daemon-reload
+    systemctl restart cpusetd.service
+    irqb_socket() { find /run/irqbalance -maxdepth 1 -name 'irqbalance*.sock' 2>/dev/null | head -n 1; }
+    irqb_banned() { # the daemon's banned CPUs now, as a list
+        local socket mask
+        socket=$(irqb_socket)
+        [ -n "$socket" ] || return 1
+        mask=$(printf setup | socat -t 5 - "UNIX-CONNECT:$socket" 2>/dev/null |
+            sed -n 's/.*BANNED \([0-9a-f,]*\).*/\1/p') || return 1
+        [ -n "$mask" ] || return 1
+        local hex=${mask//,/} cpus=() i
+        for ((i = 0; i < ${#hex} * 4; i++)); do
+            (((16#${hex:$((${#hex} - 1 - i / 4)):1} >> (i % 4)) & 1)) && cpus+=("$i")
+        done
+        compress "${cpus[*]:-}"
+    }
+    irqb_bans() { [ "$(irqb_banned)" = "$1" ]; }
+    irqb_ok=yes
+    if ! wait_until "$CONVERGE" irqb_banned >/dev/null; then
+        irqb_ok=no
+        fail irqbalance-told "irqbalance answers no setup on $(irqb_socket || true): $(systemctl status irqbalance.service --no-pager 2>&1 | tail -n 3 | tr '\n' ' ')"
+    fi
+    own=$(irqb_banned || true)
+    log "irqbalance $(irqb_socket) bans '${own}' of its own"
+    if [ "$irqb_ok" = yes ] && ! "${crikubelet[@]}" run-pod /root/pods/rt.json >/root/pods/rt.state.json; then
+        irqb_ok=no
+        fail irqbalance-told "crikubelet run-pod rt failed"
+    fi
+    rt_pid=$(jq -r '.containers[0].pid' /root/pods/rt.state.json 2>/dev/null || echo 0)
+    if [ "$irqb_ok" = yes ] && wait_until "$CONVERGE" rt_pinned; then
+        rt_cpu=$(cpus_of_pid "$rt_pid")
+        want=$(compress "$(expand "$own,$rt_cpu" | tr ' ' '\n' | sort -nu | tr '\n' ' ')")
+        if wait_until "$CONVERGE" irqb_bans "$want"; then
+            log "irqbalance bans $want while the rt pod runs on cpu $rt_cpu"
+            # A restarted irqbalance (a new pid, a new /run/irqbalance) forgot: the agent's
+            # next full reconcile tells it again.
+            systemctl restart irqbalance.service
+            if wait_until $((CONVERGE * 2)) irqb_bans "$want"; then
+                log "the restarted irqbalance $(irqb_socket) bans $want again"
+            else
+                irqb_ok=no
+                fail irqbalance-told "the restarted irqbalance bans '$(irqb_banned || true)', not $want: $(journalctl -u cpusetd.service --no-pager -o cat | grep -i irqbalance | tail -n 2 | tr '\n' ' ')"
+            fi
+        else
+            irqb_ok=no
+            fail irqbalance-told "irqbalance bans '$(irqb_banned || true)', not $want: $(journalctl -u cpusetd.service --no-pager -o cat | grep -i irqbalance | tail -n 2 | tr '\n' ' ')"
+        fi
+    elif [ "$irqb_ok" = yes ]; then
+        irqb_ok=no
+        fail irqbalance-told "the rt container is on $(cpus_of_pid "$rt_pid"), not one exclusive cpu"
+    fi
+    "${crikubelet[@]}" delete-pod /root/pods/rt.state.json >/dev/null || log "delete-pod rt failed"
+    if [ "$irqb_ok" = yes ]; then
+        if wait_until "$CONVERGE" irqb_bans "$own"; then
+            pass irqbalance-told
+        else
+            fail irqbalance-told "irqbalance still bans '$(irqb_banned || true)' after the pod went (its own: '$own')"
+        fi
+    fi
+    systemctl stop irqbalance.service || true
+    rm -f /etc/systemd/system/cpusetd.service.d/irq.conf
+    systemctl daemon-reload
+    systemctl restart cpusetd.service
+else
+    skip irqbalance-told "no pods, or irqbalance.service does not start"
+fi
+
 # --- a configuration error: exit 78, no restart --------------------------------------------------
 phase "config error"
 sed -i 's|^CPUSETD_ARGS="|CPUSETD_ARGS="--no-such-flag |' /etc/default/cpusetd

@@ -540,6 +540,11 @@ impl Controller {
     /// Manages interrupt affinities from now on (`saved`: what an earlier run changed).
     pub fn manage_irqs(&mut self, irq: IrqAffinity) {
         self.metrics.irq_isolated_cpus = irq.saved().banned.len() as u64;
+        self.metrics.irqbalance_banned_cpus = irq
+            .saved()
+            .irqbalance
+            .as_ref()
+            .map_or(0, |told| told.banned.len() as u64);
         self.irq = Some(irq);
     }
 
@@ -560,6 +565,16 @@ impl Controller {
             }
         }
         cpus
+    }
+
+    /// Re-applies the interrupt settings on a reconcile tick that found the tree unchanged
+    /// (IRQs registered since, moved back by someone else, a restarted irqbalance). Nothing to
+    /// do, and nothing read, while no pod asks for it. Returns whether what is to be restored
+    /// changed (the checkpoint must say so).
+    pub fn refresh_irqs(&mut self) -> bool {
+        let before = self.irq.as_ref().map(|i| i.saved().clone());
+        self.update_irqs(true);
+        self.irq.as_ref().map(|i| i.saved().clone()) != before
     }
 
     /// Keeps interrupts off the CPUs that ask for it: after a pass when that set changed,
@@ -584,6 +599,11 @@ impl Controller {
                 outcome.no_other_cpu
             );
         }
+        match &outcome.irqbalance_news {
+            Some((true, line)) => log::warn!("{line}"),
+            Some((false, line)) => log::info!("{line}"),
+            None => {}
+        }
         for error in &outcome.errors {
             if self.unreadable_said_irq.insert(error.clone()) {
                 log::warn!("cannot change an interrupt's affinity: {error} (with the systemd unit, install its irq drop-in)");
@@ -592,6 +612,11 @@ impl Controller {
         self.metrics.irq_isolated_cpus = banned.len() as u64;
         self.metrics.irq_affinity_writes += outcome.written as u64;
         self.metrics.irq_unchangeable = outcome.unchangeable as u64;
+        self.metrics.irqbalance_banned_cpus = irq
+            .saved()
+            .irqbalance
+            .as_ref()
+            .map_or(0, |told| told.banned.len() as u64);
     }
 
     /// Reads the whole tree into the model (at start, and after a watcher overflow).

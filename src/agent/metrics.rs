@@ -68,6 +68,9 @@ pub struct Metrics {
     pub irq_affinity_writes: u64,
     /// IRQs the kernel would not move, at the last change.
     pub irq_unchangeable: u64,
+    /// CPUs irqbalance was told to keep interrupts off (its own banned CPUs included), 0 when
+    /// it was told nothing.
+    pub irqbalance_banned_cpus: u64,
     pub rescans: u64,
     pub passes: u64,
     /// Reconciles that found nothing to do and ran no pass.
@@ -248,6 +251,12 @@ impl Metrics {
             "gauge",
             "IRQs the kernel refused to move at the last change (per-CPU or managed interrupts).",
             &plain(self.irq_unchangeable),
+        );
+        metric(
+            "cpusetd_irqbalance_banned_cpus",
+            "gauge",
+            "CPUs irqbalance was told to keep interrupts off (its own banned CPUs included); 0 when it was told nothing.",
+            &plain(self.irqbalance_banned_cpus),
         );
         metric(
             "cpusetd_drift_fights_total",

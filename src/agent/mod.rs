@@ -232,10 +232,11 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
                         controller.pass(Instant::now());
                         persist.save(&controller, true);
                     }
+                    let irqs_changed = controller.refresh_irqs();
                     controller.metrics.reconcile_duration = Some(started.elapsed());
                     controller.metrics.last_reconcile = Some(SystemTime::now());
                     controller.metrics.quiet_reconciles += 1;
-                    persist.save(&controller, false);
+                    persist.save(&controller, irqs_changed);
                 }
                 Err(_) => break Err(AgentError::ThreadGone("reconcile")),
             },

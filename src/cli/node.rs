@@ -35,7 +35,8 @@ pub struct TreeArgs {
     /// Where sysfs is mounted.
     #[arg(long, value_name = "DIR", default_value = "/sys")]
     pub sysfs_root: PathBuf,
-    /// Where procfs is mounted (mountinfo, cmdline).
+    /// Where procfs is mounted (mountinfo, cmdline, irq). irqbalance's socket is looked for in
+    /// `run/irqbalance` beside it (`/run/irqbalance` for `/proc`).
     #[arg(long, value_name = "DIR", default_value = "/proc")]
     pub proc_root: PathBuf,
     /// Where a container's OCI config.json is; `{id}` is the container id. Repeatable.

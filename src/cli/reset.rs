@@ -11,6 +11,7 @@ use crate::cgroupfs::{CgroupPath, InterfaceFile};
 use crate::checkpoint::{self, LoadOutcome, StateLock};
 use crate::cpuset::CpuSet;
 use crate::irq::IrqAffinity;
+use crate::irqbalance::IrqbalanceOutcome;
 use crate::logging::error_chain;
 use crate::planner::{order_writes, parent_indexes, PlannedWrite, SetNode, WriteStep};
 use crate::writer::{apply, NewChildren};
@@ -179,10 +180,18 @@ fn restore_irqs(args: &AgentArgs) -> bool {
         "interrupt affinities restored: {} file(s) written",
         outcome.written
     );
+    match &outcome.irqbalance_news {
+        Some((true, line)) => {
+            eprintln!("cpusetd: {line} (restarting irqbalance also drops what it was told)")
+        }
+        Some((false, line)) => println!("{line}"),
+        None => {}
+    }
     for error in &outcome.errors {
         eprintln!("cpusetd: cannot restore an interrupt's affinity: {error}");
     }
-    !outcome.errors.is_empty()
+    let irqbalance_failed = matches!(outcome.irqbalance, IrqbalanceOutcome::Failed { .. });
+    !outcome.errors.is_empty() || irqbalance_failed
 }
 
 fn remove_checkpoint(state_dir: &std::path::Path) {

@@ -48,6 +48,9 @@ struct StatusDoc {
     containers: Vec<CgroupRow>,
     /// Rows whose current set is not the desired one.
     differing: usize,
+    /// What irqbalance was told (or why not), while device interrupts are kept off cpus.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    irqbalance: Option<String>,
 }
 
 /// What `status` shows: the checkpoint's pools and every container's desired and actual set.
@@ -56,11 +59,21 @@ pub struct StatusView {
     doc: StatusDoc,
     topology: Topology,
     reserved: CpuSet,
+    irq: crate::irq::IrqSaved,
 }
 
 impl StatusView {
     pub fn rows(&self) -> &[CgroupRow] {
         &self.doc.containers
+    }
+
+    /// Adds what irqbalance was told, or why it was not (looked up under `proc_root`).
+    pub fn note_irqbalance(&mut self, proc_root: &Path) {
+        self.doc.irqbalance = crate::irqbalance::status_note(
+            proc_root,
+            &self.irq.banned,
+            self.irq.irqbalance.as_ref(),
+        );
     }
 
     /// The node as a grid (`status --map`): each exclusive container gets a key (in the order
@@ -123,6 +136,9 @@ impl StatusView {
                 "\n{} cgroup(s) marked * differ from what the agent wants (a write still to come, or drift the next pass repairs)\n",
                 d.differing
             ));
+        }
+        if let Some(note) = &d.irqbalance {
+            out.push_str(&format!("\n{note}\n"));
         }
         out
     }
@@ -208,6 +224,7 @@ pub fn collect(
     Ok(StatusView {
         topology: node.topology.clone(),
         reserved: cp.reserved.clone(),
+        irq: cp.irq.clone(),
         doc: StatusDoc {
             policy: cp.policy.to_string(),
             reserved: cp.reserved.to_string(),
@@ -222,6 +239,7 @@ pub fn collect(
             last_reconcile_unix_ms: cp.last_reconcile_unix_ms,
             containers: table,
             differing,
+            irqbalance: None,
         },
     })
 }
@@ -232,7 +250,8 @@ pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
     // The policy only explains; flags that do not make one (no reserved cpus given) leave
     // the reasons out.
     let policy = args.agent.policy.policy(&node.topology).ok().flatten();
-    let view = collect(&mut node, &args.agent.state_dir, policy.as_ref())?;
+    let mut view = collect(&mut node, &args.agent.state_dir, policy.as_ref())?;
+    view.note_irqbalance(&args.agent.tree.proc_root);
     if args.json {
         let text =
             serde_json::to_string_pretty(&view.doc).map_err(|e| CommandError::failure(&e))?;

@@ -1,0 +1,706 @@
+//! irqbalance, kept from moving device interrupts back onto the CPUs [`crate::irq`] keeps
+//! free. irqbalance (1.2 and newer, built with its UI socket, as Debian, Ubuntu, Fedora and
+//! RHEL ship it) listens on `/run/irqbalance/irqbalance<pid>.sock` and takes, from root,
+//! `setup` (answered with `... BANNED <mask>`: the CPUs it keeps interrupts off now) and
+//! `settings cpus <list>|NULL` (replaces that set until it restarts; `NULL` goes back to its
+//! own configuration: `IRQBALANCE_BANNED_CPULIST`, else `isolcpus=`/`nohz_full=`). So the
+//! agent reads the daemon's own banned set once, tells it that set plus the kept-free CPUs,
+//! and tells it the original set again when no pod needs it, without restarting it and
+//! without editing host configuration (docs/DECISIONS.md says why).
+//!
+//! What was told to which daemon is recorded ([`IrqbalanceSaved`], in the checkpoint with the
+//! affinities), so a restarted agent or `cpusetd reset` restores it; a daemon that restarted
+//! since forgot it by itself. The socket directory is `<parent of the proc root>/run/irqbalance`
+//! (`/run/irqbalance` for `/proc`), so a fake tree holds both; a daemon counts as running when
+//! `<proc root>/<pid>/comm` says `irqbalance`.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cpuset::CpuSet;
+
+/// The daemon's process name (`/proc/<pid>/comm`) and its socket's name prefix.
+const DAEMON: &str = "irqbalance";
+/// irqbalance reads one message into a 500-byte buffer: a longer command would be cut.
+const MAX_COMMAND: usize = 499;
+/// How long one exchange with the daemon may take.
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the agent told irqbalance, to undo it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IrqbalanceSaved {
+    /// The daemon that was told (a restarted one forgot it).
+    pub pid: u32,
+    /// Its banned CPUs before the first change, as its `setup` answer said.
+    #[serde(default)]
+    pub original: CpuSet,
+    /// The banned CPUs it was told.
+    #[serde(default)]
+    pub banned: CpuSet,
+}
+
+/// What one [`Irqbalance::apply`] found or did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum IrqbalanceOutcome {
+    /// No CPUs to keep free and nothing told: not looked at.
+    #[default]
+    Idle,
+    /// No irqbalance process runs: nothing to tell.
+    NotRunning,
+    /// irqbalance runs without a socket, seen for the first time: it may be starting (it
+    /// makes its socket after reading the topology). Not said; the next call decides.
+    NoSocketYet { pid: u32 },
+    /// irqbalance runs, but without a socket the agent can reach (built without its UI, an
+    /// abstract socket only, or `/run/irqbalance` not visible here), twice in a row.
+    NoSocket { pid: u32 },
+    /// The daemon already bans what it should.
+    Unchanged { pid: u32, banned: CpuSet },
+    /// Told to ban `banned` (its own set is `original`).
+    Banned {
+        pid: u32,
+        banned: CpuSet,
+        original: CpuSet,
+    },
+    /// Given its own banned set back.
+    Restored { pid: u32, original: CpuSet },
+    /// The daemon that was told is gone: nothing left to undo.
+    Forgotten { pid: u32 },
+    /// An exchange failed (what was recorded stays, to retry).
+    Failed { pid: u32, error: String },
+}
+
+impl IrqbalanceOutcome {
+    /// A line for the log, or `None` when there is nothing to say.
+    pub fn describe(&self) -> Option<String> {
+        Some(match self {
+            IrqbalanceOutcome::Idle
+            | IrqbalanceOutcome::Unchanged { .. }
+            | IrqbalanceOutcome::NoSocketYet { .. } => return None,
+            IrqbalanceOutcome::NotRunning => {
+                "irqbalance is not running: nothing to tell it".to_string()
+            }
+            IrqbalanceOutcome::NoSocket { pid } => format!(
+                "irqbalance (pid {pid}) runs without a socket the agent can reach: it may move \
+                 interrupts back onto kept-free cpus; list them in IRQBALANCE_BANNED_CPULIST \
+                 (/etc/default/irqbalance or /etc/sysconfig/irqbalance) and restart it, or run \
+                 irqbalance 1.2 or newer with /run/irqbalance visible to cpusetd"
+            ),
+            IrqbalanceOutcome::Banned {
+                pid,
+                banned,
+                original,
+            } => format!(
+                "irqbalance (pid {pid}) told to keep interrupts off cpus {banned} (its own \
+                 banned cpus: {})",
+                or_none(original)
+            ),
+            IrqbalanceOutcome::Restored { pid, original } => format!(
+                "irqbalance (pid {pid}) given its own banned cpus back: {}",
+                or_none(original)
+            ),
+            IrqbalanceOutcome::Forgotten { pid } => {
+                format!("irqbalance (pid {pid}) that was told is gone: nothing to restore")
+            }
+            IrqbalanceOutcome::Failed { pid, error } => {
+                format!("cannot tell irqbalance (pid {pid}) which cpus to keep free: {error}")
+            }
+        })
+    }
+
+    /// Whether the log line is a warning (the operator has something to do).
+    pub fn is_warning(&self) -> bool {
+        matches!(
+            self,
+            IrqbalanceOutcome::NoSocket { .. } | IrqbalanceOutcome::Failed { .. }
+        )
+    }
+}
+
+fn or_none(cpus: &CpuSet) -> String {
+    if cpus.is_empty() {
+        "none".to_string()
+    } else {
+        cpus.to_string()
+    }
+}
+
+/// The irqbalance daemon of a node, found under the injected roots.
+#[derive(Debug)]
+pub struct Irqbalance {
+    proc_root: PathBuf,
+    socket_dir: PathBuf,
+    /// An exchange that did not finish in time (a stuck daemon): no other starts meanwhile.
+    stuck: Option<JoinHandle<()>>,
+    /// The daemon last found running without a socket.
+    without_socket: Option<u32>,
+}
+
+impl Irqbalance {
+    pub fn new(proc_root: &Path) -> Irqbalance {
+        Irqbalance {
+            proc_root: proc_root.to_path_buf(),
+            socket_dir: socket_dir(proc_root),
+            stuck: None,
+            without_socket: None,
+        }
+    }
+
+    /// Makes the daemon ban its own CPUs plus `keep_free` (empty: only its own, and only if
+    /// the agent told it something). `saved` is what was told before; updated.
+    pub fn apply(
+        &mut self,
+        keep_free: &CpuSet,
+        saved: &mut Option<IrqbalanceSaved>,
+    ) -> IrqbalanceOutcome {
+        if keep_free.is_empty() && saved.is_none() {
+            return IrqbalanceOutcome::Idle;
+        }
+        // The daemon that was told forgot only when its process is gone (a socket not found
+        // for a moment is no reason to take its ban for its own later).
+        if let Some(told) = saved.as_ref() {
+            if !is_daemon(&self.proc_root, told.pid) {
+                let pid = told.pid;
+                *saved = None;
+                if keep_free.is_empty() {
+                    return IrqbalanceOutcome::Forgotten { pid };
+                }
+            }
+        }
+        let daemon = match saved.as_ref() {
+            Some(told) => {
+                let socket = self.socket_dir.join(format!("{DAEMON}{}.sock", told.pid));
+                socket.exists().then_some(Daemon {
+                    pid: told.pid,
+                    socket,
+                })
+            }
+            None => find_daemon(&self.proc_root, &self.socket_dir),
+        };
+        let Some(daemon) = daemon else {
+            let running = running_pid(&self.proc_root);
+            let seen_before = running.is_some() && self.without_socket == running;
+            self.without_socket = running;
+            return match running {
+                Some(pid) if seen_before => IrqbalanceOutcome::NoSocket { pid },
+                Some(pid) => IrqbalanceOutcome::NoSocketYet { pid },
+                None => IrqbalanceOutcome::NotRunning,
+            };
+        };
+        self.without_socket = None;
+        let pid = daemon.pid;
+        if keep_free.is_empty() {
+            let original = saved
+                .as_ref()
+                .map(|s| s.original.clone())
+                .unwrap_or_default();
+            return match self.exchange(&daemon.socket, ban_command(&original)) {
+                Ok(_) => {
+                    *saved = None;
+                    IrqbalanceOutcome::Restored { pid, original }
+                }
+                Err(error) => IrqbalanceOutcome::Failed { pid, error },
+            };
+        }
+        let original = match saved.as_ref() {
+            Some(told) => told.original.clone(),
+            None => match self
+                .exchange(&daemon.socket, "setup".to_string())
+                .and_then(|answer| parse_setup(&answer))
+            {
+                Ok(original) => original,
+                Err(error) => return IrqbalanceOutcome::Failed { pid, error },
+            },
+        };
+        let banned = original.union(keep_free);
+        if saved.as_ref().is_some_and(|told| told.banned == banned) {
+            return IrqbalanceOutcome::Unchanged { pid, banned };
+        }
+        let command = ban_command(&banned);
+        if command.len() > MAX_COMMAND {
+            return IrqbalanceOutcome::Failed {
+                pid,
+                error: format!(
+                    "the cpu list is longer than the {MAX_COMMAND} bytes irqbalance reads"
+                ),
+            };
+        }
+        match self.exchange(&daemon.socket, command) {
+            Ok(_) => {
+                *saved = Some(IrqbalanceSaved {
+                    pid,
+                    original: original.clone(),
+                    banned: banned.clone(),
+                });
+                IrqbalanceOutcome::Banned {
+                    pid,
+                    banned,
+                    original,
+                }
+            }
+            Err(error) => IrqbalanceOutcome::Failed { pid, error },
+        }
+    }
+
+    /// Sends one command and reads the answer until the daemon closes the connection (it
+    /// closes after each command, so a `settings` command returns once it was taken). Runs on
+    /// its own thread: `connect` to a daemon that stopped accepting would block for ever.
+    fn exchange(&mut self, socket: &Path, command: String) -> Result<String, String> {
+        if let Some(stuck) = self.stuck.take() {
+            if !stuck.is_finished() {
+                self.stuck = Some(stuck);
+                return Err("an earlier request is still unanswered".to_string());
+            }
+        }
+        let (tx, rx) = mpsc::sync_channel(1);
+        let socket = socket.to_path_buf();
+        let thread = thread::Builder::new()
+            .name("irqbalance".into())
+            .spawn(move || {
+                let _ = tx.send(talk(&socket, &command));
+            })
+            .map_err(|e| format!("cannot start a thread: {e}"))?;
+        match rx.recv_timeout(TIMEOUT + Duration::from_millis(500)) {
+            Ok(answer) => {
+                let _ = thread.join();
+                answer.map_err(|e| e.to_string())
+            }
+            Err(_) => {
+                self.stuck = Some(thread);
+                Err(format!("no answer within {}s", TIMEOUT.as_secs()))
+            }
+        }
+    }
+}
+
+fn talk(socket: &Path, command: &str) -> io::Result<String> {
+    let mut stream = UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    stream.set_write_timeout(Some(TIMEOUT))?;
+    // One write: the daemon takes what one recvmsg returns.
+    stream.write_all(command.as_bytes())?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok(answer)
+}
+
+/// `settings cpus <list>`, or `NULL` for none (the daemon's own configuration again).
+fn ban_command(cpus: &CpuSet) -> String {
+    if cpus.is_empty() {
+        "settings cpus NULL".to_string()
+    } else {
+        format!("settings cpus {cpus}")
+    }
+}
+
+/// The banned CPUs of a `setup` answer: `SLEEP 10 [IRQ …] BANNED 00000000,00000003`.
+fn parse_setup(answer: &str) -> Result<CpuSet, String> {
+    let mut words = answer.split_whitespace();
+    words
+        .find(|w| *w == "BANNED")
+        .and_then(|_| words.next())
+        .and_then(crate::irq::parse_mask)
+        .ok_or_else(|| {
+            if answer.is_empty() {
+                "it closed the connection without an answer (it answers root only)".to_string()
+            } else {
+                format!(
+                    "no banned cpu mask in its answer {:?}",
+                    answer.chars().take(80).collect::<String>()
+                )
+            }
+        })
+}
+
+/// `/run/irqbalance` for `/proc`; `<dir>/run/irqbalance` for `<dir>/proc`.
+pub fn socket_dir(proc_root: &Path) -> PathBuf {
+    proc_root
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .join("run")
+        .join(DAEMON)
+}
+
+/// A running daemon and its socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Daemon {
+    pid: u32,
+    socket: PathBuf,
+}
+
+/// The daemon whose socket is in `socket_dir` and whose process runs (a socket left by one
+/// killed with SIGKILL does not count). The lowest pid when several do.
+fn find_daemon(proc_root: &Path, socket_dir: &Path) -> Option<Daemon> {
+    let mut found: Vec<Daemon> = fs::read_dir(socket_dir)
+        .ok()?
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            let pid = name
+                .to_str()?
+                .strip_prefix(DAEMON)?
+                .strip_suffix(".sock")?
+                .parse::<u32>()
+                .ok()?;
+            is_daemon(proc_root, pid).then(|| Daemon {
+                pid,
+                socket: entry.path(),
+            })
+        })
+        .collect();
+    found.sort_by_key(|d| d.pid);
+    found.into_iter().next()
+}
+
+fn is_daemon(proc_root: &Path, pid: u32) -> bool {
+    fs::read_to_string(proc_root.join(pid.to_string()).join("comm"))
+        .is_ok_and(|comm| comm.trim_end() == DAEMON)
+}
+
+/// The pid of a running irqbalance process, socket or not.
+fn running_pid(proc_root: &Path) -> Option<u32> {
+    fs::read_dir(proc_root)
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| is_daemon(proc_root, *pid))
+        .min()
+}
+
+/// What `status` says about irqbalance: what was told (`saved`, from the checkpoint) and, when
+/// CPUs are kept free and nothing was told, why (looked up now, read-only).
+pub fn status_note(
+    proc_root: &Path,
+    keep_free: &CpuSet,
+    saved: Option<&IrqbalanceSaved>,
+) -> Option<String> {
+    if let Some(told) = saved {
+        return Some(format!(
+            "irqbalance (pid {}) told to keep interrupts off cpus {} (its own banned cpus: {})",
+            told.pid,
+            told.banned,
+            or_none(&told.original)
+        ));
+    }
+    if keep_free.is_empty() {
+        return None;
+    }
+    let socket_dir = socket_dir(proc_root);
+    Some(
+        match (find_daemon(proc_root, &socket_dir), running_pid(proc_root)) {
+            (Some(d), _) => format!(
+                "irqbalance (pid {}) not told yet (see the agent log)",
+                d.pid
+            ),
+            (None, Some(pid)) => format!(
+            "irqbalance (pid {pid}) runs without a socket under {}: not told (see the agent log)",
+            socket_dir.display()
+        ),
+            (None, None) => "irqbalance is not running".to_string(),
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+    use std::sync::{Arc, Mutex};
+
+    fn set(text: &str) -> CpuSet {
+        CpuSet::parse(text).unwrap()
+    }
+
+    /// An irqbalance stand-in under `<root>/proc` and `<root>/run/irqbalance`: answers `setup`
+    /// with its banned mask, takes `settings cpus`, records every command, closes after each.
+    struct FakeDaemon {
+        commands: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl FakeDaemon {
+        fn start(root: &Path, pid: u32, own: &str, answers: bool) -> FakeDaemon {
+            run_process(root, pid);
+            let dir = root.join("run/irqbalance");
+            fs::create_dir_all(&dir).unwrap();
+            let listener = UnixListener::bind(dir.join(format!("irqbalance{pid}.sock"))).unwrap();
+            let commands = Arc::new(Mutex::new(Vec::new()));
+            let seen = commands.clone();
+            let own = set(own);
+            thread::spawn(move || {
+                let mut banned = own.clone();
+                for stream in listener.incoming() {
+                    let mut stream = stream.unwrap();
+                    let mut buf = [0u8; 500];
+                    let n = stream.read(&mut buf).unwrap();
+                    let command = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    if !answers {
+                        continue;
+                    }
+                    if command == "setup" {
+                        let mask = crate::irq::format_mask(&banned, "00000000");
+                        let _ = stream.write_all(format!("SLEEP 10 BANNED {mask}").as_bytes());
+                    } else if let Some(list) = command.strip_prefix("settings cpus ") {
+                        banned = if list == "NULL" {
+                            own.clone()
+                        } else {
+                            set(list)
+                        };
+                    }
+                    seen.lock().unwrap().push(command);
+                }
+            });
+            FakeDaemon { commands }
+        }
+
+        fn commands(&self) -> Vec<String> {
+            self.commands.lock().unwrap().clone()
+        }
+    }
+
+    fn run_process(root: &Path, pid: u32) {
+        let dir = root.join(format!("proc/{pid}"));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("comm"), "irqbalance\n").unwrap();
+    }
+
+    fn proc_of(root: &tempfile::TempDir) -> PathBuf {
+        let proc = root.path().join("proc");
+        fs::create_dir_all(&proc).unwrap();
+        proc
+    }
+
+    #[test]
+    fn the_socket_directory_sits_beside_the_proc_root() {
+        assert_eq!(socket_dir(Path::new("/proc")), Path::new("/run/irqbalance"));
+        assert_eq!(
+            socket_dir(Path::new("/host/proc")),
+            Path::new("/host/run/irqbalance")
+        );
+    }
+
+    #[test]
+    fn setup_answers_give_the_banned_cpus() {
+        assert_eq!(parse_setup("SLEEP 10 BANNED 00000000"), Ok(CpuSet::new()));
+        assert_eq!(
+            parse_setup("SLEEP 10 IRQ 24 LOAD 0 DIFF 0 CLASS 0 BANNED 00000000,0000000c"),
+            Ok(set("2-3"))
+        );
+        assert!(parse_setup("").unwrap_err().contains("root only"));
+        assert!(parse_setup("SLEEP 10").unwrap_err().contains("no banned"));
+    }
+
+    #[test]
+    fn the_daemon_bans_its_own_cpus_plus_the_kept_free_ones_and_gets_its_own_back() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = proc_of(&root);
+        let daemon = FakeDaemon::start(root.path(), 4242, "0", true);
+        let mut irqbalance = Irqbalance::new(&proc);
+        let mut saved = None;
+
+        let outcome = irqbalance.apply(&set("2-3"), &mut saved);
+        assert_eq!(
+            outcome,
+            IrqbalanceOutcome::Banned {
+                pid: 4242,
+                banned: set("0,2-3"),
+                original: set("0")
+            }
+        );
+        assert_eq!(daemon.commands(), ["setup", "settings cpus 0,2-3"]);
+        // Nothing new: nothing sent.
+        assert_eq!(
+            irqbalance.apply(&set("2-3"), &mut saved),
+            IrqbalanceOutcome::Unchanged {
+                pid: 4242,
+                banned: set("0,2-3")
+            }
+        );
+        assert_eq!(daemon.commands().len(), 2);
+        // A narrower set, then none: its own banned cpu stays banned throughout.
+        irqbalance.apply(&set("3"), &mut saved);
+        let outcome = irqbalance.apply(&CpuSet::new(), &mut saved);
+        assert_eq!(
+            outcome,
+            IrqbalanceOutcome::Restored {
+                pid: 4242,
+                original: set("0")
+            }
+        );
+        assert_eq!(
+            daemon.commands(),
+            [
+                "setup",
+                "settings cpus 0,2-3",
+                "settings cpus 0,3",
+                "settings cpus 0"
+            ]
+        );
+        assert_eq!(saved, None);
+        // Nothing kept free, nothing told: the daemon is not even asked.
+        assert_eq!(
+            irqbalance.apply(&CpuSet::new(), &mut saved),
+            IrqbalanceOutcome::Idle
+        );
+        assert_eq!(daemon.commands().len(), 4);
+    }
+
+    #[test]
+    fn a_daemon_with_no_banned_cpus_of_its_own_goes_back_to_its_configuration() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = proc_of(&root);
+        let daemon = FakeDaemon::start(root.path(), 7, "", true);
+        let mut irqbalance = Irqbalance::new(&proc);
+        let mut saved = None;
+        irqbalance.apply(&set("1"), &mut saved);
+        irqbalance.apply(&CpuSet::new(), &mut saved);
+        assert_eq!(
+            daemon.commands(),
+            ["setup", "settings cpus 1", "settings cpus NULL"]
+        );
+    }
+
+    #[test]
+    fn a_restarted_agent_keeps_the_daemons_own_set_from_the_checkpoint() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = proc_of(&root);
+        let daemon = FakeDaemon::start(root.path(), 4242, "5", true);
+        let mut saved = None;
+        Irqbalance::new(&proc).apply(&set("2"), &mut saved);
+        let json = serde_json::to_string(&saved).unwrap();
+
+        // The daemon now bans 2,5; a new agent must not take that for its own set.
+        let mut saved: Option<IrqbalanceSaved> = serde_json::from_str(&json).unwrap();
+        let mut irqbalance = Irqbalance::new(&proc);
+        assert!(matches!(
+            irqbalance.apply(&set("2"), &mut saved),
+            IrqbalanceOutcome::Unchanged { .. }
+        ));
+        irqbalance.apply(&CpuSet::new(), &mut saved);
+        assert_eq!(
+            daemon.commands(),
+            ["setup", "settings cpus 2,5", "settings cpus 5"]
+        );
+    }
+
+    #[test]
+    fn a_restarted_daemon_forgot_and_is_told_afresh() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = proc_of(&root);
+        let old = FakeDaemon::start(root.path(), 100, "", true);
+        let mut irqbalance = Irqbalance::new(&proc);
+        let mut saved = None;
+        irqbalance.apply(&set("1"), &mut saved);
+        assert_eq!(old.commands(), ["setup", "settings cpus 1"]);
+        // Killed with SIGKILL: its socket file stays, its process does not.
+        fs::remove_dir_all(proc.join("100")).unwrap();
+        let new = FakeDaemon::start(root.path(), 200, "3", true);
+        assert_eq!(
+            irqbalance.apply(&set("1"), &mut saved),
+            IrqbalanceOutcome::Banned {
+                pid: 200,
+                banned: set("1,3"),
+                original: set("3")
+            }
+        );
+        assert_eq!(new.commands(), ["setup", "settings cpus 1,3"]);
+        // And gone too: nothing to restore, nothing sent anywhere.
+        fs::remove_dir_all(proc.join("200")).unwrap();
+        assert_eq!(
+            irqbalance.apply(&CpuSet::new(), &mut saved),
+            IrqbalanceOutcome::Forgotten { pid: 200 }
+        );
+        assert_eq!(saved, None);
+        assert_eq!(old.commands().len() + new.commands().len(), 4);
+    }
+
+    #[test]
+    fn a_told_daemon_whose_socket_is_missing_for_a_while_is_not_forgotten() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = proc_of(&root);
+        let daemon = FakeDaemon::start(root.path(), 50, "0", true);
+        let mut irqbalance = Irqbalance::new(&proc);
+        let mut saved = None;
+        irqbalance.apply(&set("2"), &mut saved);
+        let socket = root.path().join("run/irqbalance/irqbalance50.sock");
+        let aside = root.path().join("run/aside.sock");
+        fs::rename(&socket, &aside).unwrap();
+        assert!(matches!(
+            irqbalance.apply(&set("2"), &mut saved),
+            IrqbalanceOutcome::NoSocketYet { pid: 50 }
+        ));
+        assert!(saved.is_some(), "still told");
+        fs::rename(&aside, &socket).unwrap();
+        // Back: its own set is still the recorded one, not what it bans now (0,2).
+        irqbalance.apply(&CpuSet::new(), &mut saved);
+        assert_eq!(
+            daemon.commands(),
+            ["setup", "settings cpus 0,2", "settings cpus 0"]
+        );
+    }
+
+    #[test]
+    fn no_daemon_or_no_socket_is_said_and_nothing_recorded() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = proc_of(&root);
+        let mut irqbalance = Irqbalance::new(&proc);
+        let mut saved = None;
+        let outcome = irqbalance.apply(&set("1"), &mut saved);
+        assert_eq!(outcome, IrqbalanceOutcome::NotRunning);
+        assert!(!outcome.is_warning());
+        run_process(root.path(), 31);
+        // Once: it may be starting. Twice: it has none.
+        let outcome = irqbalance.apply(&set("1"), &mut saved);
+        assert_eq!(outcome, IrqbalanceOutcome::NoSocketYet { pid: 31 });
+        assert_eq!(outcome.describe(), None);
+        let outcome = irqbalance.apply(&set("1"), &mut saved);
+        assert_eq!(outcome, IrqbalanceOutcome::NoSocket { pid: 31 });
+        assert!(outcome.is_warning());
+        assert!(outcome
+            .describe()
+            .unwrap()
+            .contains("IRQBALANCE_BANNED_CPULIST"));
+        assert_eq!(saved, None);
+    }
+
+    #[test]
+    fn a_daemon_that_refuses_leaves_nothing_recorded() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = proc_of(&root);
+        // Closes without an answer, as irqbalance does for a caller that is not root.
+        let _daemon = FakeDaemon::start(root.path(), 9, "", false);
+        let mut saved = None;
+        let outcome = Irqbalance::new(&proc).apply(&set("1"), &mut saved);
+        assert!(
+            matches!(&outcome, IrqbalanceOutcome::Failed { pid: 9, error } if error.contains("root only")),
+            "{outcome:?}"
+        );
+        assert_eq!(saved, None);
+    }
+
+    #[test]
+    fn a_daemon_that_never_answers_does_not_block_the_caller() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = proc_of(&root);
+        run_process(root.path(), 11);
+        let dir = root.path().join("run/irqbalance");
+        fs::create_dir_all(&dir).unwrap();
+        // Bound and listening, never accepting, never answering.
+        let _listener = UnixListener::bind(dir.join("irqbalance11.sock")).unwrap();
+        let mut irqbalance = Irqbalance::new(&proc);
+        let mut saved = None;
+        let started = std::time::Instant::now();
+        let outcome = irqbalance.apply(&set("1"), &mut saved);
+        assert!(
+            matches!(&outcome, IrqbalanceOutcome::Failed { pid: 11, .. }),
+            "{outcome:?}"
+        );
+        assert!(started.elapsed() < TIMEOUT * 2, "{:?}", started.elapsed());
+        assert_eq!(saved, None);
+    }
+}
