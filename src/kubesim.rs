@@ -205,6 +205,7 @@ impl FakeNode {
                     ("cpuset/cpuset.mems", mems.as_str()),
                     ("cpuset/cpuset.effective_cpus", cpus.as_str()),
                     ("cpuset/cpuset.effective_mems", mems.as_str()),
+                    ("cpuset/cpuset.sched_load_balance", "1"),
                     ("cpuset/cgroup.procs", ""),
                     ("cpu,cpuacct/cpu.shares", "1024"),
                     ("cpu,cpuacct/cpu.cfs_quota_us", "-1"),
@@ -500,6 +501,8 @@ impl FakeNode {
                         ("cpuset.mems", ""),
                         ("cpuset.effective_cpus", ""),
                         ("cpuset.effective_mems", ""),
+                        // The kernel gives every new cpuset 1, whatever its parent's.
+                        ("cpuset.sched_load_balance", "1"),
                         ("cgroup.procs", ""),
                     ],
                 )?;
@@ -536,6 +539,8 @@ impl FakeNode {
                         ("cpuset.mems", ""),
                         ("cpuset.cpus.effective", &self.cpus.to_string()),
                         ("cpuset.mems.effective", &self.mems.to_string()),
+                        // Linux 5.13 to 6.6: partitions, but no cpuset.cpus.exclusive.
+                        ("cpuset.cpus.partition", "member"),
                         ("cpu.max", "max 100000"),
                         ("cpu.weight", "100"),
                     ],

@@ -7,7 +7,11 @@
 //! Rules, for `cpuset.cpus` and `cpuset.mems`: an empty value is refused (EINVAL; cpusetd never
 //! writes one), a value not within the parent's is refused (EACCES), and a value that drops
 //! what a child holds is refused (EBUSY). Empty (uninitialised) parents and children do not
-//! constrain, as on a real v1 tree. The check and the write happen under a lock on the
+//! constrain, as on a real v1 tree. The root cpuset's `cpuset.cpus` and `cpuset.mems` are the
+//! kernel's: a write is refused (EACCES). `cpuset.sched_load_balance` takes a decimal number
+//! (the kernel's `kstrtoull`: one trailing newline at most, no sign, no spaces) and refuses
+//! anything else (EINVAL); as on the real kernel (6.1, checked in the VM), any order of writes
+//! is taken. The check and the write happen under a lock on the
 //! hierarchy's root ([`lock`]), as the kernel's checks happen under `cgroup_mutex`.
 
 use std::fs::File;
@@ -76,7 +80,12 @@ fn rules(
     value: &str,
     log: Option<&std::ffi::OsStr>,
 ) -> Result<(), io::Error> {
-    if !matches!(file, InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems) {
+    if !matches!(
+        file,
+        InterfaceFile::CpusetCpus
+            | InterfaceFile::CpusetMems
+            | InterfaceFile::CpusetSchedLoadBalance
+    ) {
         return Ok(());
     }
     let refuse = |errno: Errno, why: String| {
@@ -91,6 +100,19 @@ fn rules(
         }
         Err(io::Error::from(errno))
     };
+    if file == InterfaceFile::CpusetSchedLoadBalance {
+        let digits = value.strip_suffix('\n').unwrap_or(value);
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return refuse(Errno::EINVAL, "not a number".into());
+        }
+        return Ok(());
+    }
+    if cgroup.is_root() {
+        return refuse(
+            Errno::EACCES,
+            "the root cpuset's sets are the kernel's".into(),
+        );
+    }
     let Ok(new) = CpuSet::parse(value) else {
         return refuse(Errno::EINVAL, "not a cpu list".into());
     };
@@ -176,6 +198,23 @@ mod tests {
         rules(&fs, &path("kp/pod"), cpus, "0-3", None).unwrap();
         rules(&fs, &path("kp/new"), cpus, "1", None).unwrap();
         rules(&fs, &path("kp/pod"), InterfaceFile::CpuShares, "2", None).unwrap();
+        // The root's sets are the kernel's: EACCES.
+        assert_eq!(
+            errno(rules(&fs, &CgroupPath::root(), cpus, "0-1", None)),
+            Some(Errno::EACCES as i32)
+        );
+        // The load balancing flag takes a number, and nothing else: EINVAL (as 6.1 does).
+        let flag = InterfaceFile::CpusetSchedLoadBalance;
+        for good in ["0", "1", "2", "0\n"] {
+            rules(&fs, &path("kp/pod"), flag, good, None).unwrap();
+        }
+        for bad in ["x", "-1", "", " 1", "1 "] {
+            assert_eq!(
+                errno(rules(&fs, &path("kp/pod"), flag, bad, None)),
+                Some(Errno::EINVAL as i32),
+                "{bad:?}"
+            );
+        }
         let logged = std::fs::read_to_string(&log).unwrap();
         assert!(
             logged.contains("kp/pod/cpuset.cpus = \"0-1\": EBUSY"),

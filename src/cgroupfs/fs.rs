@@ -64,10 +64,16 @@ pub enum InterfaceFile {
     /// `cgroup.clone_children` (v1): `1` makes the kernel give a new child its parent's
     /// `cpuset.cpus`/`cpuset.mems` at `mkdir` (and the flag), instead of empty sets.
     CgroupCloneChildren,
+    /// `cpuset.sched_load_balance` (v1): `1` makes the kernel build scheduler domains over the
+    /// cpuset's CPUs (see [`crate::sched_balance`]).
+    CpusetSchedLoadBalance,
+    /// `cpuset.cpus.exclusive` (v2, Linux 6.7 or newer): read only to tell whether the kernel
+    /// has remote partitions.
+    CpusetCpusExclusive,
 }
 
 impl InterfaceFile {
-    pub const ALL: [InterfaceFile; 15] = [
+    pub const ALL: [InterfaceFile; 17] = [
         InterfaceFile::CpusetCpus,
         InterfaceFile::CpusetMems,
         InterfaceFile::CpusetCpusEffective,
@@ -83,6 +89,8 @@ impl InterfaceFile {
         InterfaceFile::CgroupControllers,
         InterfaceFile::CgroupSubtreeControl,
         InterfaceFile::CgroupCloneChildren,
+        InterfaceFile::CpusetSchedLoadBalance,
+        InterfaceFile::CpusetCpusExclusive,
     ];
 
     /// The file name in the cgroup directory.
@@ -103,6 +111,8 @@ impl InterfaceFile {
             InterfaceFile::CgroupControllers => "cgroup.controllers",
             InterfaceFile::CgroupSubtreeControl => "cgroup.subtree_control",
             InterfaceFile::CgroupCloneChildren => "cgroup.clone_children",
+            InterfaceFile::CpusetSchedLoadBalance => "cpuset.sched_load_balance",
+            InterfaceFile::CpusetCpusExclusive => "cpuset.cpus.exclusive",
         }
     }
 
