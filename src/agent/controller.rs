@@ -33,6 +33,7 @@ use crate::irq::{IrqAffinity, IrqSaved};
 use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, NodeLimits, Plan, PlanConfig, ReleaseReason, WriteStep};
 use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
+use crate::sched_balance::{SchedBalance, SchedSaved};
 use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment};
 use crate::topology::Topology;
 use crate::watcher::TreeEvent;
@@ -244,6 +245,8 @@ pub struct Controller {
     pod_names: HashMap<String, String>,
     /// Interrupt affinities, kept off the CPUs of `irq-load-balancing.crio.io` pods.
     irq: Option<IrqAffinity>,
+    /// Scheduler load balancing, kept off the CPUs of `cpu-load-balancing.crio.io` pods.
+    sched: Option<SchedBalance>,
     /// Where the online cpus are read from while the agent runs (see [`Controller::follow_hotplug`]).
     hotplug: Option<Hotplug>,
     pub metrics: Metrics,
@@ -263,6 +266,7 @@ impl Controller {
             rescans_unsaid: 0,
             pod_names: HashMap::new(),
             irq: None,
+            sched: None,
             hotplug: None,
             fights: HashMap::new(),
             last_limits: None,
@@ -555,6 +559,51 @@ impl Controller {
         self.metrics.irq_unchangeable = outcome.unchangeable as u64;
     }
 
+    /// Manages scheduler load balancing from now on (`sched`: with what an earlier run changed).
+    pub fn manage_sched_balance(&mut self, sched: SchedBalance) {
+        self.metrics.sched_isolated_cpus = sched.saved().isolated.len() as u64;
+        self.sched = Some(sched);
+    }
+
+    /// What the scheduler load balancing changes need to be restored (for the checkpoint).
+    pub fn sched_saved(&self) -> SchedSaved {
+        self.sched
+            .as_ref()
+            .map(|s| s.saved().clone())
+            .unwrap_or_default()
+    }
+
+    /// Keeps load balancing off the CPUs of exclusive containers whose pod asks for it (see
+    /// [`SchedBalance::update`]): after a pass when they changed, and on every full reconcile.
+    fn update_sched_balance(&mut self, always: bool) {
+        if self.sched.is_none() {
+            return;
+        }
+        let mut wanted = Vec::new();
+        for entry in self.model.values() {
+            let Some(class) = entry
+                .class
+                .as_ref()
+                .filter(|c| c.isolation.no_load_balancing)
+            else {
+                continue;
+            };
+            if let Some(held) = class
+                .assignment_key()
+                .and_then(|k| self.parts.assignments.get(&k))
+            {
+                wanted.push((entry.cgroup.path.clone(), held.cpus.clone()));
+            }
+        }
+        let Some(sched) = self.sched.as_mut() else {
+            return;
+        };
+        if let Some(outcome) = sched.update(&wanted, always) {
+            self.metrics.sched_balance_writes += outcome.written as u64;
+        }
+        self.metrics.sched_isolated_cpus = sched.saved().isolated.len() as u64;
+    }
+
     /// Reads the whole tree into the model (at start, and after a watcher overflow).
     pub fn full_scan(&mut self) -> Result<(), CgroupError> {
         let started = Instant::now();
@@ -632,10 +681,12 @@ impl Controller {
         if settled {
             self.metrics.skipped_passes += 1;
             self.update_irqs(true);
+            self.update_sched_balance(true);
             return None;
         }
         let outcome = self.pass(now);
         self.update_irqs(true);
+        self.update_sched_balance(true);
         Some(outcome)
     }
 
@@ -933,6 +984,7 @@ impl Controller {
         }
         // After the pins: interrupts are the second step of isolating a CPU.
         self.update_irqs(false);
+        self.update_sched_balance(false);
         outcome
     }
 
@@ -1685,13 +1737,16 @@ impl Controller {
 
     /// The rows of `status` as the controller sees them now.
     pub fn last_rows(&self) -> Vec<crate::report::CgroupRow> {
+        let (irq, sched) = (self.irq_saved(), self.sched_saved());
+        let in_force = crate::report::InForce {
+            irq: &irq.banned,
+            sched: &sched.isolated,
+            sched_not_in_force: sched.not_in_force.as_deref(),
+        };
         match &self.last_plan {
-            Some(plan) => crate::report::rows(
-                &self.model_scan(),
-                &self.last_classes,
-                plan,
-                &self.irq_saved().banned,
-            ),
+            Some(plan) => {
+                crate::report::rows(&self.model_scan(), &self.last_classes, plan, &in_force)
+            }
             None => Vec::new(),
         }
     }

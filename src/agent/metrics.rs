@@ -68,6 +68,10 @@ pub struct Metrics {
     pub irq_affinity_writes: u64,
     /// IRQs the kernel would not move, at the last change.
     pub irq_unchangeable: u64,
+    /// CPUs out of scheduler load balancing now (`cpu-load-balancing.crio.io`).
+    pub sched_isolated_cpus: u64,
+    /// `cpuset.sched_load_balance` and host `cpuset.cpus` files written for it.
+    pub sched_balance_writes: u64,
     pub rescans: u64,
     pub passes: u64,
     /// Reconciles that found nothing to do and ran no pass.
@@ -234,6 +238,18 @@ impl Metrics {
             "gauge",
             "CPUs device interrupts are kept off (pods with irq-load-balancing.crio.io: disable).",
             &plain(self.irq_isolated_cpus),
+        );
+        metric(
+            "cpusetd_sched_isolated_cpus",
+            "gauge",
+            "CPUs in no scheduler domain (pods with cpu-load-balancing.crio.io: disable), as the cpuset tree read back says.",
+            &plain(self.sched_isolated_cpus),
+        );
+        metric(
+            "cpusetd_sched_balance_writes_total",
+            "counter",
+            "Writes of cpuset.sched_load_balance, and of host cpusets confined by --isolate-host.",
+            &plain(self.sched_balance_writes),
         );
         metric(
             "cpusetd_irq_affinity_writes_total",
