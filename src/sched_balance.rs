@@ -199,7 +199,8 @@ impl SchedBalance {
         }
         let before = self.saved.clone();
         let outcome = self.apply(wanted);
-        if changed || before.isolated != self.saved.isolated || outcome.written > 0 {
+        let moved = changed || before.isolated != self.saved.isolated || outcome.written > 0;
+        if moved && self.support == Support::V1 {
             log::info!(
                 "scheduler load balancing off cpus {}: {} file(s) written{}",
                 if self.saved.isolated.is_empty() {
