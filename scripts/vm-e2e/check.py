@@ -166,7 +166,16 @@ def main():
             check_status(status, problems)
             if scenario.startswith("hotplug"):
                 check_hotplug(status, problems)
-        if scenario in ("v1", "hotplug-v1"):
+            g = next((r for r in status.get("containers", [])
+                      if r.get("container_id") == GUARANTEED_ID), {})
+            if scenario == "sched" and "cpu-load-balancing" not in g.get("isolation", []):
+                problems.append(f"status: cpu-load-balancing not in force for the guaranteed "
+                                f"container: {g.get('note')!r}")
+            if scenario == "sched-v2" and ("Linux 6.7 or newer" not in g.get("note", "")
+                                           or g.get("isolation")):
+                problems.append(f"status: no clear refusal for the guaranteed container: "
+                                f"{g.get('note')!r} {g.get('isolation')}")
+        if scenario in ("v1", "hotplug-v1", "sched"):
             plan = load(blocks, "apply", problems)
             if plan is not None:
                 check_apply(plan, problems)
