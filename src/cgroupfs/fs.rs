@@ -67,13 +67,16 @@ pub enum InterfaceFile {
     /// `cpuset.sched_load_balance` (v1): `1` makes the kernel build scheduler domains over the
     /// cpuset's CPUs (see [`crate::sched_balance`]).
     CpusetSchedLoadBalance,
-    /// `cpuset.cpus.exclusive` (v2, Linux 6.7 or newer): read only to tell whether the kernel
-    /// has remote partitions.
+    /// `cpuset.cpus.exclusive` (v2, Linux 6.7 or newer): the CPUs a cgroup may hand down to a
+    /// partition below it (remote partitions).
     CpusetCpusExclusive,
+    /// `cpuset.cpus.partition` (v2): `member`, `root` or `isolated`; the kernel shows an
+    /// invalid one as e.g. `isolated invalid (<reason>)`.
+    CpusetCpusPartition,
 }
 
 impl InterfaceFile {
-    pub const ALL: [InterfaceFile; 17] = [
+    pub const ALL: [InterfaceFile; 18] = [
         InterfaceFile::CpusetCpus,
         InterfaceFile::CpusetMems,
         InterfaceFile::CpusetCpusEffective,
@@ -91,6 +94,7 @@ impl InterfaceFile {
         InterfaceFile::CgroupCloneChildren,
         InterfaceFile::CpusetSchedLoadBalance,
         InterfaceFile::CpusetCpusExclusive,
+        InterfaceFile::CpusetCpusPartition,
     ];
 
     /// The file name in the cgroup directory.
@@ -113,6 +117,7 @@ impl InterfaceFile {
             InterfaceFile::CgroupCloneChildren => "cgroup.clone_children",
             InterfaceFile::CpusetSchedLoadBalance => "cpuset.sched_load_balance",
             InterfaceFile::CpusetCpusExclusive => "cpuset.cpus.exclusive",
+            InterfaceFile::CpusetCpusPartition => "cpuset.cpus.partition",
         }
     }
 
