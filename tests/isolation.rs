@@ -523,3 +523,87 @@ fn cgroup_v2_without_remote_partitions_refuses_clearly() {
     assert!(agent.stop().success());
     node.assert_clean();
 }
+
+/// cgroup v2 with remote partitions (Linux 6.7 or newer; proven only on this fake tree): the
+/// exclusive cpus down the chain, the container isolated, read back (an invalid partition is
+/// said as the kernel says it), all undone when the pod goes, and by `reset`.
+#[test]
+fn cgroup_v2_remote_partitions_on_the_fake_tree() {
+    let mut node = TestNode::new(CgroupVersion::V2);
+    node.fake.with_remote_partitions().unwrap();
+    let mut agent = node.start_agent(&[]);
+    assert!(agent
+        .log_lines("cpu-load-balancing.crio.io cannot be honoured here")
+        .is_empty());
+    let (rt, id) = start_lb_pod(&node, "disable");
+    node.wait_cpus(&id, "1,9");
+    node.wait_status("in force", |s| {
+        s.by_id(&id)
+            .is_some_and(|r| r.isolation == ["cpu-load-balancing"])
+    });
+    let pod_dir = node.fake.pod_dir(&rt);
+    let container = format!("{pod_dir}/{id}");
+    for rel in ["kubepods", pod_dir.as_str(), container.as_str()] {
+        assert_eq!(
+            cpuset_file(&node, rel, "cpuset.cpus.exclusive"),
+            "1,9",
+            "{rel}"
+        );
+    }
+    assert_eq!(
+        cpuset_file(&node, &container, "cpuset.cpus.partition"),
+        "isolated"
+    );
+    assert_eq!(
+        cpuset_file(&node, "kubepods/besteffort", "cpuset.cpus.exclusive"),
+        ""
+    );
+    // The kernel invalidates it (a hotplug, a conflict): status says what the kernel says.
+    fs::write(
+        node.fake.file(&container, "cpuset.cpus.partition"),
+        "isolated invalid (Cpu list in cpuset.cpus.exclusive not exclusive)\n",
+    )
+    .unwrap();
+    let status = node.wait_status("invalid said", |s| {
+        s.by_id(&id)
+            .is_some_and(|r| r.note.contains("isolated invalid (Cpu list"))
+    });
+    assert!(status.by_id(&id).unwrap().isolation.is_empty());
+    fs::write(
+        node.fake.file(&container, "cpuset.cpus.partition"),
+        "isolated\n",
+    )
+    .unwrap();
+    node.wait_status("valid again", |s| {
+        s.by_id(&id)
+            .is_some_and(|r| r.isolation == ["cpu-load-balancing"])
+    });
+    // The pod goes: kubepods hands down nothing again.
+    node.fake.remove_pod(&rt).unwrap();
+    let back = poll_until(DEADLINE, || {
+        (cpuset_file(&node, "kubepods", "cpuset.cpus.exclusive").is_empty()).then_some(())
+    });
+    assert!(back.is_some(), "{}", agent.log());
+    // Another, then the agent stops and `reset` undoes it.
+    let (rt, id) = start_lb_pod(&node, "disable");
+    node.wait_status("in force", |s| {
+        s.by_id(&id)
+            .is_some_and(|r| r.isolation == ["cpu-load-balancing"])
+    });
+    assert!(agent.stop().success());
+    node.assert_clean();
+    let out = node.cpusetd("reset", &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let container = format!("{}/{id}", node.fake.pod_dir(&rt));
+    assert_eq!(
+        cpuset_file(&node, &container, "cpuset.cpus.partition"),
+        "member"
+    );
+    for rel in ["kubepods", container.as_str()] {
+        assert_eq!(
+            cpuset_file(&node, rel, "cpuset.cpus.exclusive"),
+            "",
+            "{rel}"
+        );
+    }
+}

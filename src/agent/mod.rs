@@ -447,7 +447,7 @@ fn restore(
                 assignments: cp.assignments,
                 quota_lifted,
                 irq: cp.irq,
-                sched: cp.sched,
+                sched: *cp.sched,
                 first_start: false,
             }
         }
@@ -536,7 +536,7 @@ impl Persist {
                 })
                 .collect(),
             irq: controller.irq_saved(),
-            sched: controller.sched_saved(),
+            sched: Box::new(controller.sched_saved()),
             last_reconcile_unix_ms: controller
                 .metrics
                 .last_reconcile

@@ -130,7 +130,8 @@ pub struct Checkpoint {
     /// Interrupt affinities the agent changed, to restore.
     pub irq: IrqSaved,
     /// Scheduler load balancing the agent turned off (and host cpusets it confined), to restore.
-    pub sched: SchedSaved,
+    /// Boxed: most checkpoints have none, and [`LoadOutcome`] stays small.
+    pub sched: Box<SchedSaved>,
     pub last_reconcile_unix_ms: Option<u64>,
 }
 
@@ -214,7 +215,7 @@ impl From<&Checkpoint> for Document {
                 .collect(),
             quota_lifted: c.quota_lifted.clone(),
             irq: c.irq.clone(),
-            sched: c.sched.clone(),
+            sched: (*c.sched).clone(),
             last_reconcile_unix_ms: c.last_reconcile_unix_ms,
             checksum: None,
         }

@@ -206,15 +206,19 @@ fn restore_sched(args: &AgentArgs, fs: CgroupFs, version: CgroupVersion) -> bool
     let LoadOutcome::Loaded(cp) = checkpoint::load(&args.state_dir) else {
         return false;
     };
-    if cp.sched.flags.is_empty() && cp.sched.host.is_empty() {
+    if !cp.sched.has_changes() {
         return false;
     }
-    let (flags, host) = (cp.sched.flags.len(), cp.sched.host.len());
+    let (flags, host, partitions) = (
+        cp.sched.flags.len(),
+        cp.sched.host.len(),
+        cp.sched.partitions.len(),
+    );
     // What kubepods is does not matter to a restore: only what was recorded is written.
-    let mut sched = SchedBalance::new(fs, version, CgroupPath::root(), None, cp.sched);
+    let mut sched = SchedBalance::new(fs, version, CgroupPath::root(), None, *cp.sched);
     let outcome = sched.apply(&[]);
     println!(
-        "scheduler load balancing restored: {flags} cpuset(s) balance again, {host} host cgroup(s) get their cpus back; {} file(s) written",
+        "scheduler load balancing restored: {flags} cpuset(s) balance again, {host} host cgroup(s) get their cpus back, {partitions} partition(s) are members again; {} file(s) written",
         outcome.written
     );
     for error in &outcome.errors {
