@@ -8,8 +8,9 @@ The guest sends `@@BEGIN <name>` / `@@END <name>` blocks (JSON that cpusetd prin
 and what the guest cannot check without a JSON parser: the topology document equals the
 expected one, `status` shows every container where the agent wants it with exactly one 2-CPU
 exclusive container, (hotplug) every cpu is shared or exclusive again once the cpu that went
-offline is back, and (v1) `plan --apply` applied every write, narrowing bottom-up and
-widening top-down. Prints nothing and exits 0 on success; prints the reasons and exits 1.
+offline is back, (v1, sched) `plan --apply` applied every write, narrowing bottom-up and
+widening top-down, (sched) status has cpu-load-balancing in force for the Guaranteed container,
+and (sched-v2) its note refuses clearly with nothing in force. Prints nothing and exits 0 on success; prints the reasons and exits 1.
 """
 
 import json
