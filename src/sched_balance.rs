@@ -277,6 +277,14 @@ impl SchedBalance {
             return outcome;
         }
         let mut tree = self.read_tree();
+        // A container whose cgroup is gone (its pod removed while the agent's model still
+        // held it) asks for nothing: never a flag or a host cpuset changed for it.
+        let wanted: Vec<(CgroupPath, CpuSet)> = wanted
+            .iter()
+            .filter(|(path, _)| tree.contains_key(path))
+            .cloned()
+            .collect();
+        let wanted = wanted.as_slice();
         let needed: BTreeSet<CgroupPath> =
             wanted.iter().flat_map(|(path, _)| chain(path)).collect();
         // Flags no longer needed go back first (the root's first of all: every CPU balanced
@@ -359,6 +367,13 @@ impl SchedBalance {
         let read = |path: &CgroupPath, file: InterfaceFile| {
             self.fs.read(path, file).ok().map(|t| t.trim().to_string())
         };
+        // A container whose cgroup is gone asks for nothing (see `apply`).
+        let wanted: Vec<(CgroupPath, CpuSet)> = wanted
+            .iter()
+            .filter(|(path, _)| read(path, partition).is_some())
+            .cloned()
+            .collect();
+        let wanted = wanted.as_slice();
         // What each cgroup below the root must hand down: the CPUs of the partitions below it
         // (the containers' own included).
         let mut target: BTreeMap<CgroupPath, CpuSet> = BTreeMap::new();

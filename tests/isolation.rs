@@ -354,7 +354,11 @@ fn cpu_load_balancing_annotation_takes_the_cpus_out_of_every_sched_domain_and_gi
     let mut agent = node.start_agent(&["--isolate-host"]);
     assert_eq!(flag(&node, "kubepods"), "0");
     node.fake.remove_pod(&rt).unwrap();
-    let back = poll_until(DEADLINE, || (flag(&node, "") == "1").then_some(()));
+    let back = poll_until(DEADLINE, || {
+        (flag(&node, "") == "1"
+            && cpuset_file(&node, "system.slice/ssh.service", "cpuset.cpus") == "0-15")
+            .then_some(())
+    });
     assert!(back.is_some(), "{}", agent.log());
     assert_eq!(flag(&node, "kubepods"), "1");
     assert_eq!(cpuset_file(&node, "system.slice", "cpuset.cpus"), "0-15");
