@@ -611,3 +611,35 @@ fn cgroup_v2_remote_partitions_on_the_fake_tree() {
         );
     }
 }
+
+/// A container that loses its exclusive cpus (an in-place resize to 1.5 cpus) gives load
+/// balancing back at once, though its pod still says `disable`.
+#[test]
+fn losing_the_exclusive_cpus_gives_load_balancing_back() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let (rt, id) = start_lb_pod(&node, "disable");
+    node.wait_status("in force", |s| {
+        s.by_id(&id)
+            .is_some_and(|r| r.isolation == ["cpu-load-balancing"])
+    });
+    let container = format!("{}/{id}", node.fake.pod_dir(&rt));
+    assert_eq!(flag(&node, &container), "0");
+    crate::agent::resize(&node, &rt, &id, 1500);
+    node.wait_status("shared", |s| {
+        s.converged() && s.by_id(&id).is_some_and(|r| !r.exclusive)
+    });
+    let back = poll_until(DEADLINE, || (flag(&node, "") == "1").then_some(()));
+    assert!(back.is_some(), "{}", agent.log());
+    for rel in ["kubepods", container.as_str()] {
+        assert_eq!(flag(&node, rel), "1", "{rel}");
+    }
+    let row = node.status().unwrap();
+    let row = row.by_id(&id).unwrap();
+    assert!(
+        row.isolation.is_empty() && !row.note.contains("cpu-load-balancing"),
+        "{row:?}"
+    );
+    assert!(agent.stop().success());
+    node.assert_clean();
+}
