@@ -4,6 +4,9 @@
 #   v2  cgroup v2 (cpuset + cpu): topology, then the agent on a kubepods tree with real processes
 #   v1  cgroup v1 (cpuset, cpu,cpuacct): plan --apply with a write order the kernel checks, run
 #   irq v2 with a pod that says irq-load-balancing.crio.io: "disable": IRQs off its CPUs, back after
+#   sched v1 with --isolate-host and a pod that says cpu-load-balancing.crio.io: "disable": its
+#         CPUs in no scheduler domain while it runs, every other CPU balanced, all back after
+#   sched-v2  the same pod on v2 (Linux 6.1: no remote partitions): refused clearly, nothing written
 #   hotplug  v2, then a cpu of the pinned container goes offline and comes back (CPU hotplug)
 #   hotplug-v1  the same after v1 (not in the default set: v1's rewrites are covered by the
 #               fake-node tests, and every boot costs CI time)
@@ -11,7 +14,7 @@
 # against testdata/vm/expected-topology.json. Prints `PASS <scenario>` or `FAIL <scenario>: <why>`
 # per scenario and exits 1 if any failed.
 #
-# Usage: scripts/vm-e2e.sh [SCENARIO...]        (default: v2 v1 irq hotplug)
+# Usage: scripts/vm-e2e.sh [SCENARIO...]        (default: v2 v1 irq sched sched-v2 hotplug)
 # Environment:
 #   CPUSETD_BIN        use this binary instead of `cargo build --release`
 #   VM_E2E_KERNEL      kernel image (default: the newest /boot/vmlinuz-*)
@@ -25,12 +28,12 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 
 scenarios=("$@")
-[ "${#scenarios[@]}" -gt 0 ] || scenarios=(v2 v1 irq hotplug)
+[ "${#scenarios[@]}" -gt 0 ] || scenarios=(v2 v1 irq sched sched-v2 hotplug)
 for s in "${scenarios[@]}"; do
     case "$s" in
-        v1 | v2 | irq | hotplug | hotplug-v1) ;;
+        v1 | v2 | irq | sched | sched-v2 | hotplug | hotplug-v1) ;;
         *)
-            echo "vm-e2e: unknown scenario '$s' (known: v1 v2 irq hotplug hotplug-v1)" >&2
+            echo "vm-e2e: unknown scenario '$s' (known: v1 v2 irq sched sched-v2 hotplug hotplug-v1)" >&2
             exit 2
             ;;
     esac

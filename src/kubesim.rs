@@ -125,6 +125,8 @@ pub struct FakeNode {
     /// Pod annotations (by pod UID) the runtime copies into each container's config, as
     /// containerd's `pod_annotations` does.
     annotations: Mutex<BTreeMap<String, BTreeMap<String, String>>>,
+    /// v2: cgroups have `cpuset.cpus.exclusive`, as on Linux 6.7 or newer (remote partitions).
+    remote_partitions: bool,
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -185,6 +187,7 @@ impl FakeNode {
             cpuset_root,
             cpu_root,
             kernel: false,
+            remote_partitions: false,
             version,
             cpus,
             mems,
@@ -205,6 +208,7 @@ impl FakeNode {
                     ("cpuset/cpuset.mems", mems.as_str()),
                     ("cpuset/cpuset.effective_cpus", cpus.as_str()),
                     ("cpuset/cpuset.effective_mems", mems.as_str()),
+                    ("cpuset/cpuset.sched_load_balance", "1"),
                     ("cpuset/cgroup.procs", ""),
                     ("cpu,cpuacct/cpu.shares", "1024"),
                     ("cpu,cpuacct/cpu.cfs_quota_us", "-1"),
@@ -233,6 +237,16 @@ impl FakeNode {
         Ok(node)
     }
 
+    /// v2: the node's kernel has remote partitions (Linux 6.7 or newer): every cgroup, those
+    /// that exist and those made from now on, has `cpuset.cpus.exclusive` (empty).
+    pub fn with_remote_partitions(&mut self) -> io::Result<()> {
+        self.remote_partitions = true;
+        for dir in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
+            write(&self.root.join(dir).join("cpuset.cpus.exclusive"), "")?;
+        }
+        Ok(())
+    }
+
     /// The same node on a real cgroup v1 hierarchy: `cpuset_top` and `cpu_top` are one new,
     /// uniquely named cgroup directory under the cpuset and the cpu controller mounts (created
     /// here, cpuset copied from the mount's root); `kubepods` and its QoS cgroups go below them.
@@ -253,6 +267,7 @@ impl FakeNode {
             cpuset_root: cpuset_top.to_path_buf(),
             cpu_root: cpu_top.to_path_buf(),
             kernel: true,
+            remote_partitions: false,
             version: CgroupVersion::V1,
             cpus: read("cpuset.cpus")?,
             mems: read("cpuset.mems")?,
@@ -500,6 +515,8 @@ impl FakeNode {
                         ("cpuset.mems", ""),
                         ("cpuset.effective_cpus", ""),
                         ("cpuset.effective_mems", ""),
+                        // The kernel gives every new cpuset 1, whatever its parent's.
+                        ("cpuset.sched_load_balance", "1"),
                         ("cgroup.procs", ""),
                     ],
                 )?;
@@ -525,21 +542,25 @@ impl FakeNode {
                 }
             }
             CgroupVersion::V2 => {
-                self.appear(
-                    &self.root,
-                    rel,
-                    &[
-                        ("cgroup.controllers", "cpuset cpu"),
-                        ("cgroup.subtree_control", "cpuset cpu"),
-                        ("cgroup.procs", ""),
-                        ("cpuset.cpus", ""),
-                        ("cpuset.mems", ""),
-                        ("cpuset.cpus.effective", &self.cpus.to_string()),
-                        ("cpuset.mems.effective", &self.mems.to_string()),
-                        ("cpu.max", "max 100000"),
-                        ("cpu.weight", "100"),
-                    ],
-                )?;
+                let cpus = self.cpus.to_string();
+                let mems = self.mems.to_string();
+                let mut files = vec![
+                    ("cgroup.controllers", "cpuset cpu"),
+                    ("cgroup.subtree_control", "cpuset cpu"),
+                    ("cgroup.procs", ""),
+                    ("cpuset.cpus", ""),
+                    ("cpuset.mems", ""),
+                    ("cpuset.cpus.effective", &cpus),
+                    ("cpuset.mems.effective", &mems),
+                    // Partitions since 5.13; cpuset.cpus.exclusive since 6.7.
+                    ("cpuset.cpus.partition", "member"),
+                    ("cpu.max", "max 100000"),
+                    ("cpu.weight", "100"),
+                ];
+                if self.remote_partitions {
+                    files.push(("cpuset.cpus.exclusive", ""));
+                }
+                self.appear(&self.root, rel, &files)?;
                 let dir = self.root.join(rel);
                 if let Some(s) = cpu_shares {
                     write(&dir.join("cpu.weight"), &weight(s).to_string())?;

@@ -22,6 +22,7 @@ pub mod logging;
 pub mod planner;
 pub mod report;
 pub mod runtime;
+pub mod sched_balance;
 pub mod state;
 pub mod topology;
 pub mod watcher;

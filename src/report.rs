@@ -34,7 +34,8 @@ pub struct CgroupRow {
     /// Why the row is what it is: exclusive, or why shared.
     pub note: String,
     /// The high-performance annotations in force for an exclusive container: `cpu-quota`
-    /// (quota lifted), `irq-load-balancing` (interrupts kept off its CPUs).
+    /// (quota lifted), `cpu-load-balancing` (its CPUs in no scheduler domain),
+    /// `irq-load-balancing` (interrupts kept off its CPUs).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub isolation: Vec<&'static str>,
     /// The devices its runtime config gives it and their NUMA nodes (the topology hint its
@@ -71,13 +72,37 @@ impl CgroupRow {
     }
 }
 
-/// Rows for every cgroup that is not the root, a QoS directory or a pod. `irq_isolated`: the
-/// CPUs interrupts are kept off now.
+/// What is in force of the high-performance annotations that the checkpoint (or the agent)
+/// knows node-wide.
+#[derive(Debug, Clone, Copy)]
+pub struct InForce<'a> {
+    /// The CPUs interrupts are kept off now.
+    pub irq: &'a CpuSet,
+    /// The CPUs out of scheduler load balancing now.
+    pub sched: &'a CpuSet,
+    /// Why `cpu-load-balancing.crio.io` is not (wholly) in force, when it is not.
+    pub sched_not_in_force: Option<&'a str>,
+}
+
+impl InForce<'static> {
+    /// Nothing in force (`plan`).
+    pub fn none() -> InForce<'static> {
+        static EMPTY: std::sync::OnceLock<CpuSet> = std::sync::OnceLock::new();
+        let empty = EMPTY.get_or_init(CpuSet::new);
+        InForce {
+            irq: empty,
+            sched: empty,
+            sched_not_in_force: None,
+        }
+    }
+}
+
+/// Rows for every cgroup that is not the root, a QoS directory or a pod.
 pub fn rows(
     scan: &Scan,
     classes: &[Classification],
     plan: &Plan,
-    irq_isolated: &CpuSet,
+    in_force: &InForce<'_>,
 ) -> Vec<CgroupRow> {
     let mut rows = Vec::new();
     for (i, (cgroup, class)) in scan.cgroups.iter().zip(classes).enumerate() {
@@ -128,14 +153,23 @@ pub fn rows(
             if class.isolation.no_cpu_quota {
                 isolation.push("cpu-quota");
             }
-            if class.isolation.no_irqs && held.cpus.is_subset(irq_isolated) {
+            if class.isolation.no_load_balancing && held.cpus.is_subset(in_force.sched) {
+                isolation.push("cpu-load-balancing");
+            }
+            if class.isolation.no_irqs && held.cpus.is_subset(in_force.irq) {
                 isolation.push("irq-load-balancing");
             }
         }
-        let note = if class.isolation.no_load_balancing && assigned.is_some() {
-            format!("{note}; cpu-load-balancing.crio.io not applied (not supported yet)")
-        } else {
-            note
+        let note = match assigned {
+            Some(held)
+                if class.isolation.no_load_balancing && !held.cpus.is_subset(in_force.sched) =>
+            {
+                format!(
+                    "{note}; cpu-load-balancing.crio.io not in force: {}",
+                    in_force.sched_not_in_force.unwrap_or("not applied yet")
+                )
+            }
+            _ => note,
         };
         let note = if assigned.is_some() && !class.devices.is_empty() {
             format!("{note}; devices {}", describe_all(&class.devices))

@@ -278,7 +278,7 @@ fn agent_repairs_a_foreign_write_at_once() {
 
 /// What kubelet's in-place resize has the runtime write: the container's and the pod's shares
 /// and quota.
-fn resize(node: &TestNode, p: &PodSpec, id: &str, milli: u64) {
+pub(crate) fn resize(node: &TestNode, p: &PodSpec, id: &str, milli: u64) {
     let shares = (milli * 1024 / 1000).to_string();
     let quota = (milli * 100).to_string();
     match node.fake.version() {

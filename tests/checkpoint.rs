@@ -62,6 +62,7 @@ fn checkpoint(n: u32) -> Checkpoint {
             original: "max 100000".into(),
         }],
         irq: Default::default(),
+        sched: Default::default(),
         last_reconcile_unix_ms: Some(1_700_000_000_000),
     }
 }

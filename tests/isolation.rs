@@ -255,3 +255,391 @@ fn reset_without_kubepods_still_restores_and_succeeds() {
     assert_eq!(irq_file(&proc, "24/smp_affinity_list"), "0-15");
     assert!(!node.checkpoint().exists());
 }
+
+/// Host cgroups in the cpuset hierarchy, outside kubepods, as systemd would make them on v1:
+/// `system.slice` on every CPU with a service below it, `user.slice` not set up (empty).
+fn add_host_cgroups(node: &TestNode) {
+    let root = node.fake.file("", "cpuset.cpus");
+    let root = root.parent().unwrap();
+    for (rel, cpus) in [
+        ("system.slice", "0-15"),
+        ("system.slice/ssh.service", "0-15"),
+        ("user.slice", ""),
+    ] {
+        fs::create_dir_all(root.join(rel)).unwrap();
+        fs::write(root.join(rel).join("cpuset.cpus"), format!("{cpus}\n")).unwrap();
+        fs::write(root.join(rel).join("cpuset.mems"), "0-1\n").unwrap();
+        fs::write(root.join(rel).join("cpuset.sched_load_balance"), "1\n").unwrap();
+    }
+}
+
+/// A cpuset file of the fake tree (`rel` relative to the cpuset root; "" the root).
+fn cpuset_file(node: &TestNode, rel: &str, file: &str) -> String {
+    fs::read_to_string(node.fake.file(rel, file))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+fn flag(node: &TestNode, rel: &str) -> String {
+    cpuset_file(node, rel, "cpuset.sched_load_balance")
+}
+
+/// A Guaranteed 2-CPU pod whose pod says `cpu-load-balancing.crio.io: value`, started.
+fn start_lb_pod(node: &TestNode, value: &str) -> (PodSpec, String) {
+    let rt = pod(
+        "rt",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("dpdk", 2000)],
+    );
+    node.fake
+        .annotate_pod(&rt.uid, &[("cpu-load-balancing.crio.io", value)]);
+    let id = node.fake.start_pod(&rt).unwrap().remove(0);
+    (rt, id)
+}
+
+/// The fake kernel refused no write to a host cgroup (the narrowing of a parent before its
+/// child would be EBUSY, which `assert_clean` lets pass as a runtime's race).
+fn assert_no_host_refusal(node: &TestNode) {
+    let refused = fs::read_to_string(node.refusal_log()).unwrap_or_default();
+    assert!(
+        !refused.contains("system.slice") && !refused.contains("sched_load_balance"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn cpu_load_balancing_annotation_takes_the_cpus_out_of_every_sched_domain_and_gives_them_back() {
+    let node = TestNode::new(CgroupVersion::V1);
+    add_host_cgroups(&node);
+    let mut agent = node.start_agent(&["--isolate-host"]);
+    // Nothing changes while no pod asks.
+    assert_eq!(flag(&node, ""), "1");
+    assert_eq!(cpuset_file(&node, "system.slice", "cpuset.cpus"), "0-15");
+    let (rt, id) = start_lb_pod(&node, "disable");
+    node.wait_cpus(&id, "1,9");
+    let status = node.wait_status("in force", |s| {
+        s.by_id(&id)
+            .is_some_and(|r| r.isolation == ["cpu-load-balancing"])
+    });
+    assert!(status.by_id(&id).unwrap().exclusive);
+    let pod_dir = node.fake.pod_dir(&rt);
+    let container = format!("{pod_dir}/{id}");
+    for rel in ["", "kubepods", pod_dir.as_str(), container.as_str()] {
+        assert_eq!(flag(&node, rel), "0", "{rel}");
+    }
+    // Every other cpuset keeps balancing: the shared pool's, and the host's on the reserved cpu.
+    for rel in ["kubepods/besteffort", "kubepods/burstable", "system.slice"] {
+        assert_eq!(flag(&node, rel), "1", "{rel}");
+    }
+    assert_eq!(cpuset_file(&node, "system.slice", "cpuset.cpus"), "0");
+    assert_eq!(
+        cpuset_file(&node, "system.slice/ssh.service", "cpuset.cpus"),
+        "0"
+    );
+    assert_eq!(cpuset_file(&node, "user.slice", "cpuset.cpus"), "");
+    let table = stdout(&node.cpusetd("status", &[]));
+    assert!(
+        table.contains("exclusive (no cpu-load-balancing)"),
+        "{table}"
+    );
+    let counted = poll_until(DEADLINE, || {
+        (node.metric("cpusetd_sched_isolated_cpus") == 2.0).then_some(())
+    });
+    assert!(counted.is_some(), "{:?}", node.metrics());
+
+    // kill -9, then a new agent: everything stays; the pod goes: everything comes back.
+    agent.signal(Signal::SIGKILL);
+    assert!(agent.wait_exit(DEADLINE).is_some());
+    let mut agent = node.start_agent(&["--isolate-host"]);
+    assert_eq!(flag(&node, "kubepods"), "0");
+    node.fake.remove_pod(&rt).unwrap();
+    let back = poll_until(DEADLINE, || {
+        (flag(&node, "") == "1"
+            && cpuset_file(&node, "system.slice/ssh.service", "cpuset.cpus") == "0-15")
+            .then_some(())
+    });
+    assert!(back.is_some(), "{}", agent.log());
+    assert_eq!(flag(&node, "kubepods"), "1");
+    assert_eq!(cpuset_file(&node, "system.slice", "cpuset.cpus"), "0-15");
+    assert_eq!(
+        cpuset_file(&node, "system.slice/ssh.service", "cpuset.cpus"),
+        "0-15"
+    );
+    let cleared = poll_until(DEADLINE, || {
+        (node.metric("cpusetd_sched_isolated_cpus") == 0.0).then_some(())
+    });
+    assert!(cleared.is_some(), "{:?}", node.metrics());
+    assert!(agent.stop().success());
+    assert_no_host_refusal(&node);
+    node.assert_clean();
+    let saved = fs::read_to_string(node.checkpoint()).unwrap();
+    assert!(!saved.contains("\"sched\""), "{saved}");
+}
+
+/// Without `--isolate-host` a host cgroup on every CPU keeps them balanced: the chain is set,
+/// the host left alone, and status says why it is not in force and what would fix it.
+#[test]
+fn without_isolate_host_status_says_what_still_balances_the_cpus() {
+    let node = TestNode::new(CgroupVersion::V1);
+    add_host_cgroups(&node);
+    let mut agent = node.start_agent(&[]);
+    let (_rt, id) = start_lb_pod(&node, "disable");
+    node.wait_cpus(&id, "1,9");
+    let status = node.wait_status("said", |s| {
+        s.by_id(&id)
+            .is_some_and(|r| r.note.contains("cpu-load-balancing.crio.io not in force"))
+    });
+    let row = status.by_id(&id).unwrap();
+    assert!(row.isolation.is_empty(), "{row:?}");
+    assert!(
+        row.note.contains("system.slice (0-15)") && row.note.contains("--isolate-host"),
+        "{}",
+        row.note
+    );
+    assert_eq!(cpuset_file(&node, "system.slice", "cpuset.cpus"), "0-15");
+    assert_eq!(
+        agent
+            .log_lines("cpu-load-balancing.crio.io not in force")
+            .len(),
+        1,
+        "{}",
+        agent.log()
+    );
+    assert!(agent.stop().success());
+    node.assert_clean();
+}
+
+/// Values CRI-O does not take, and a pod without exclusive cpus, change nothing.
+#[test]
+fn hostile_cpu_load_balancing_values_change_nothing() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&["--isolate-host"]);
+    let mut ids = Vec::new();
+    for (name, value) in [
+        ("upper", "DISABLE"),
+        ("space", "disable "),
+        ("zero", "0"),
+        ("nul", "disable\u{0}"),
+        ("long", &"d".repeat(4096)),
+    ] {
+        let p = pod(
+            name,
+            Qos::Guaranteed,
+            vec![ContainerSpec::guaranteed("app", 1000)],
+        );
+        node.fake
+            .annotate_pod(&p.uid, &[("cpu-load-balancing.crio.io", value)]);
+        ids.push(node.fake.start_pod(&p).unwrap().remove(0));
+    }
+    let shared = pod(
+        "shared",
+        Qos::Burstable,
+        vec![ContainerSpec::burstable("app", 500, Some(1000))],
+    );
+    node.fake
+        .annotate_pod(&shared.uid, &[("cpu-load-balancing.crio.io", "disable")]);
+    node.fake.start_pod(&shared).unwrap();
+    node.wait_status("pinned", |s| s.exclusive_cpu_count == 5 && s.converged());
+    // A reconcile tick later still nothing.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert_eq!(flag(&node, ""), "1");
+    assert_eq!(flag(&node, "kubepods"), "1");
+    assert_eq!(node.metric("cpusetd_sched_balance_writes_total"), 0.0);
+    let status = node.status().unwrap();
+    for id in &ids {
+        let row = status.by_id(id).unwrap();
+        assert!(row.isolation.is_empty(), "{row:?}");
+        assert!(!row.note.contains("cpu-load-balancing"), "{row:?}");
+    }
+    assert!(
+        agent
+            .log_lines("annotation cpu-load-balancing.crio.io")
+            .len()
+            >= 4,
+        "{}",
+        agent.log()
+    );
+    assert!(agent.stop().success());
+    node.assert_clean();
+}
+
+/// `reset` puts the flags and the host cpusets back, from the checkpoint.
+#[test]
+fn reset_restores_load_balancing_and_the_host_cpusets() {
+    let node = TestNode::new(CgroupVersion::V1);
+    add_host_cgroups(&node);
+    let mut agent = node.start_agent(&["--isolate-host"]);
+    let (_rt, id) = start_lb_pod(&node, "disable");
+    node.wait_status("in force", |s| {
+        s.by_id(&id)
+            .is_some_and(|r| r.isolation == ["cpu-load-balancing"])
+    });
+    assert!(agent.stop().success());
+    assert_eq!(
+        flag(&node, ""),
+        "0",
+        "the pod still runs: the agent's stop changes nothing"
+    );
+    let out = node.cpusetd("reset", &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("scheduler load balancing restored"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(flag(&node, ""), "1");
+    assert_eq!(flag(&node, "kubepods"), "1");
+    assert_eq!(cpuset_file(&node, "system.slice", "cpuset.cpus"), "0-15");
+    assert_eq!(
+        cpuset_file(&node, "system.slice/ssh.service", "cpuset.cpus"),
+        "0-15"
+    );
+    assert!(!node.checkpoint().exists());
+}
+
+/// cgroup v2 before Linux 6.7 (no `cpuset.cpus.exclusive`): said at start-up and in status,
+/// nothing written.
+#[test]
+fn cgroup_v2_without_remote_partitions_refuses_clearly() {
+    let node = TestNode::new(CgroupVersion::V2);
+    let mut agent = node.start_agent(&[]);
+    assert_eq!(
+        agent
+            .log_lines("cpu-load-balancing.crio.io cannot be honoured here")
+            .len(),
+        1,
+        "{}",
+        agent.log()
+    );
+    let (rt, id) = start_lb_pod(&node, "disable");
+    node.wait_cpus(&id, "1,9");
+    let status = node.wait_status("refused", |s| {
+        s.by_id(&id)
+            .is_some_and(|r| r.note.contains("Linux 6.7 or newer"))
+    });
+    assert!(status.by_id(&id).unwrap().isolation.is_empty());
+    let container = format!("{}/{id}", node.fake.pod_dir(&rt));
+    for rel in ["kubepods", container.as_str()] {
+        assert_eq!(cpuset_file(&node, rel, "cpuset.cpus.partition"), "member");
+    }
+    assert_eq!(node.metric("cpusetd_sched_balance_writes_total"), 0.0);
+    assert!(agent.stop().success());
+    node.assert_clean();
+}
+
+/// cgroup v2 with remote partitions (Linux 6.7 or newer; proven only on this fake tree): the
+/// exclusive cpus down the chain, the container isolated, read back (an invalid partition is
+/// said as the kernel says it), all undone when the pod goes, and by `reset`.
+#[test]
+fn cgroup_v2_remote_partitions_on_the_fake_tree() {
+    let mut node = TestNode::new(CgroupVersion::V2);
+    node.fake.with_remote_partitions().unwrap();
+    let mut agent = node.start_agent(&[]);
+    assert!(agent
+        .log_lines("cpu-load-balancing.crio.io cannot be honoured here")
+        .is_empty());
+    let (rt, id) = start_lb_pod(&node, "disable");
+    node.wait_cpus(&id, "1,9");
+    node.wait_status("in force", |s| {
+        s.by_id(&id)
+            .is_some_and(|r| r.isolation == ["cpu-load-balancing"])
+    });
+    let pod_dir = node.fake.pod_dir(&rt);
+    let container = format!("{pod_dir}/{id}");
+    for rel in ["kubepods", pod_dir.as_str(), container.as_str()] {
+        assert_eq!(
+            cpuset_file(&node, rel, "cpuset.cpus.exclusive"),
+            "1,9",
+            "{rel}"
+        );
+    }
+    assert_eq!(
+        cpuset_file(&node, &container, "cpuset.cpus.partition"),
+        "isolated"
+    );
+    assert_eq!(
+        cpuset_file(&node, "kubepods/besteffort", "cpuset.cpus.exclusive"),
+        ""
+    );
+    // The kernel invalidates it (a hotplug, a conflict): status says what the kernel says.
+    fs::write(
+        node.fake.file(&container, "cpuset.cpus.partition"),
+        "isolated invalid (Cpu list in cpuset.cpus.exclusive not exclusive)\n",
+    )
+    .unwrap();
+    let status = node.wait_status("invalid said", |s| {
+        s.by_id(&id)
+            .is_some_and(|r| r.note.contains("isolated invalid (Cpu list"))
+    });
+    assert!(status.by_id(&id).unwrap().isolation.is_empty());
+    fs::write(
+        node.fake.file(&container, "cpuset.cpus.partition"),
+        "isolated\n",
+    )
+    .unwrap();
+    node.wait_status("valid again", |s| {
+        s.by_id(&id)
+            .is_some_and(|r| r.isolation == ["cpu-load-balancing"])
+    });
+    // The pod goes: kubepods hands down nothing again.
+    node.fake.remove_pod(&rt).unwrap();
+    let back = poll_until(DEADLINE, || {
+        (cpuset_file(&node, "kubepods", "cpuset.cpus.exclusive").is_empty()).then_some(())
+    });
+    assert!(back.is_some(), "{}", agent.log());
+    // Another, then the agent stops and `reset` undoes it.
+    let (rt, id) = start_lb_pod(&node, "disable");
+    node.wait_status("in force", |s| {
+        s.by_id(&id)
+            .is_some_and(|r| r.isolation == ["cpu-load-balancing"])
+    });
+    assert!(agent.stop().success());
+    node.assert_clean();
+    let out = node.cpusetd("reset", &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let container = format!("{}/{id}", node.fake.pod_dir(&rt));
+    assert_eq!(
+        cpuset_file(&node, &container, "cpuset.cpus.partition"),
+        "member"
+    );
+    for rel in ["kubepods", container.as_str()] {
+        assert_eq!(
+            cpuset_file(&node, rel, "cpuset.cpus.exclusive"),
+            "",
+            "{rel}"
+        );
+    }
+}
+
+/// A container that loses its exclusive cpus (an in-place resize to 1.5 cpus) gives load
+/// balancing back at once, though its pod still says `disable`.
+#[test]
+fn losing_the_exclusive_cpus_gives_load_balancing_back() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let (rt, id) = start_lb_pod(&node, "disable");
+    node.wait_status("in force", |s| {
+        s.by_id(&id)
+            .is_some_and(|r| r.isolation == ["cpu-load-balancing"])
+    });
+    let container = format!("{}/{id}", node.fake.pod_dir(&rt));
+    assert_eq!(flag(&node, &container), "0");
+    crate::agent::resize(&node, &rt, &id, 1500);
+    node.wait_status("shared", |s| {
+        s.converged() && s.by_id(&id).is_some_and(|r| !r.exclusive)
+    });
+    let back = poll_until(DEADLINE, || (flag(&node, "") == "1").then_some(()));
+    assert!(back.is_some(), "{}", agent.log());
+    for rel in ["kubepods", container.as_str()] {
+        assert_eq!(flag(&node, rel), "1", "{rel}");
+    }
+    let row = node.status().unwrap();
+    let row = row.by_id(&id).unwrap();
+    assert!(
+        row.isolation.is_empty() && !row.note.contains("cpu-load-balancing"),
+        "{row:?}"
+    );
+    assert!(agent.stop().success());
+    node.assert_clean();
+}

@@ -8,8 +8,9 @@ The guest sends `@@BEGIN <name>` / `@@END <name>` blocks (JSON that cpusetd prin
 and what the guest cannot check without a JSON parser: the topology document equals the
 expected one, `status` shows every container where the agent wants it with exactly one 2-CPU
 exclusive container, (hotplug) every cpu is shared or exclusive again once the cpu that went
-offline is back, and (v1) `plan --apply` applied every write, narrowing bottom-up and
-widening top-down. Prints nothing and exits 0 on success; prints the reasons and exits 1.
+offline is back, (v1, sched) `plan --apply` applied every write, narrowing bottom-up and
+widening top-down, (sched) status has cpu-load-balancing in force for the Guaranteed container,
+and (sched-v2) its note refuses clearly with nothing in force. Prints nothing and exits 0 on success; prints the reasons and exits 1.
 """
 
 import json
@@ -166,7 +167,16 @@ def main():
             check_status(status, problems)
             if scenario.startswith("hotplug"):
                 check_hotplug(status, problems)
-        if scenario in ("v1", "hotplug-v1"):
+            g = next((r for r in status.get("containers", [])
+                      if r.get("container_id") == GUARANTEED_ID), {})
+            if scenario == "sched" and "cpu-load-balancing" not in g.get("isolation", []):
+                problems.append(f"status: cpu-load-balancing not in force for the guaranteed "
+                                f"container: {g.get('note')!r}")
+            if scenario == "sched-v2" and ("Linux 6.7 or newer" not in g.get("note", "")
+                                           or g.get("isolation")):
+                problems.append(f"status: no clear refusal for the guaranteed container: "
+                                f"{g.get('note')!r} {g.get('isolation')}")
+        if scenario in ("v1", "hotplug-v1", "sched"):
             plan = load(blocks, "apply", problems)
             if plan is not None:
                 check_apply(plan, problems)

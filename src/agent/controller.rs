@@ -36,6 +36,7 @@ use crate::planner::{
     ReleaseReason, WriteStep,
 };
 use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
+use crate::sched_balance::{SchedBalance, SchedSaved};
 use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment};
 use crate::topology::Topology;
 use crate::watcher::TreeEvent;
@@ -231,7 +232,8 @@ pub struct Controller {
     /// The pools of the last pass (`None` under the `none` policy).
     pools: Option<Pools>,
     /// The isolation annotations of the containers that hold exclusive cpus or ask for them.
-    isolated: HashMap<AssignmentKey, Isolation>,
+    /// (What they ask for, and the container's cgroup.)
+    isolated: HashMap<AssignmentKey, (Isolation, CgroupPath)>,
     /// What changed since the last pass, and whether an incremental pass may plan it (see
     /// [`incremental`]).
     since_pass: SincePass,
@@ -266,6 +268,8 @@ pub struct Controller {
     pod_names: HashMap<String, String>,
     /// Interrupt affinities, kept off the CPUs of `irq-load-balancing.crio.io` pods.
     irq: Option<IrqAffinity>,
+    /// Scheduler load balancing, kept off the CPUs of `cpu-load-balancing.crio.io` pods.
+    sched: Option<SchedBalance>,
     /// Where the online cpus are read from while the agent runs (see [`Controller::follow_hotplug`]).
     hotplug: Option<Hotplug>,
     pub metrics: Metrics,
@@ -285,6 +289,7 @@ impl Controller {
             rescans_unsaid: 0,
             pod_names: HashMap::new(),
             irq: None,
+            sched: None,
             hotplug: None,
             fights: HashMap::new(),
             last_limits: None,
@@ -559,7 +564,7 @@ impl Controller {
     /// The CPUs of exclusive containers whose pod asks for no interrupts.
     fn irq_isolated_cpus(&self) -> CpuSet {
         let mut cpus = CpuSet::new();
-        for (key, _) in self.isolated.iter().filter(|(_, i)| i.no_irqs) {
+        for (key, _) in self.isolated.iter().filter(|(_, (i, _))| i.no_irqs) {
             if let Some(held) = self.parts.assignments.get(key) {
                 cpus.extend_from(&held.cpus);
             }
@@ -617,6 +622,46 @@ impl Controller {
             .irqbalance
             .as_ref()
             .map_or(0, |told| told.banned.len() as u64);
+    }
+
+    /// Manages scheduler load balancing from now on (`sched`: with what an earlier run changed).
+    pub fn manage_sched_balance(&mut self, sched: SchedBalance) {
+        self.metrics.sched_isolated_cpus = sched.saved().isolated.len() as u64;
+        self.sched = Some(sched);
+    }
+
+    /// What the scheduler load balancing changes need to be restored (for the checkpoint).
+    pub fn sched_saved(&self) -> SchedSaved {
+        self.sched
+            .as_ref()
+            .map(|s| s.saved().clone())
+            .unwrap_or_default()
+    }
+
+    /// Keeps load balancing off the CPUs of exclusive containers whose pod asks for it (see
+    /// [`SchedBalance::update`]): after a pass when they changed, and on every full reconcile.
+    fn update_sched_balance(&mut self, always: bool) {
+        if self.sched.is_none() {
+            return;
+        }
+        let mut wanted = Vec::new();
+        for (key, (_, path)) in self
+            .isolated
+            .iter()
+            .filter(|(_, (i, _))| i.no_load_balancing)
+        {
+            if let Some(held) = self.parts.assignments.get(key) {
+                wanted.push((path.clone(), held.cpus.clone()));
+            }
+        }
+        wanted.sort();
+        let Some(sched) = self.sched.as_mut() else {
+            return;
+        };
+        if let Some(outcome) = sched.update(&wanted, always) {
+            self.metrics.sched_balance_writes += outcome.written as u64;
+        }
+        self.metrics.sched_isolated_cpus = sched.saved().isolated.len() as u64;
     }
 
     /// Reads the whole tree into the model (at start, and after a watcher overflow).
@@ -698,10 +743,12 @@ impl Controller {
         if settled {
             self.metrics.skipped_passes += 1;
             self.update_irqs(true);
+            self.update_sched_balance(true);
             return None;
         }
         let outcome = self.pass(now);
         self.update_irqs(true);
+        self.update_sched_balance(true);
         Some(outcome)
     }
 
@@ -957,6 +1004,8 @@ impl Controller {
         self.structural = true;
         self.since_pass.new.remove(path);
         self.since_pass.touched.remove(path);
+        // A container whose cgroup is gone asks for no isolation.
+        self.isolated.retain(|_, (_, p)| p != path);
         let class = self.model.remove(path).and_then(|e| e.class);
         if class
             .as_ref()
@@ -1030,6 +1079,7 @@ impl Controller {
         }
         // After the pins: interrupts are the second step of isolating a CPU.
         self.update_irqs(false);
+        self.update_sched_balance(false);
         outcome
     }
 
@@ -1480,9 +1530,13 @@ impl Controller {
         } else {
             self.metrics.containers += containers;
         }
-        for class in classes.iter().filter(|c| c.isolation.any()) {
+        for (class, cgroup) in classes.iter().zip(&scan.cgroups) {
+            if class.kind != CgroupKind::Container || !class.isolation.any() {
+                continue;
+            }
             if let Some(key) = class.assignment_key() {
-                self.isolated.insert(key, class.isolation);
+                self.isolated
+                    .insert(key, (class.isolation, cgroup.path.clone()));
             }
         }
         self.last_pass_settled = report.is_clean()

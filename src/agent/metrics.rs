@@ -71,6 +71,10 @@ pub struct Metrics {
     /// CPUs irqbalance was told to keep interrupts off (its own banned CPUs included), 0 when
     /// it was told nothing.
     pub irqbalance_banned_cpus: u64,
+    /// CPUs out of scheduler load balancing now (`cpu-load-balancing.crio.io`).
+    pub sched_isolated_cpus: u64,
+    /// `cpuset.sched_load_balance` and host `cpuset.cpus` files written for it.
+    pub sched_balance_writes: u64,
     pub rescans: u64,
     pub passes: u64,
     /// Reconciles that found nothing to do and ran no pass.
@@ -239,6 +243,18 @@ impl Metrics {
             "gauge",
             "CPUs device interrupts are kept off (pods with irq-load-balancing.crio.io: disable).",
             &plain(self.irq_isolated_cpus),
+        );
+        metric(
+            "cpusetd_sched_isolated_cpus",
+            "gauge",
+            "CPUs in no scheduler domain (pods with cpu-load-balancing.crio.io: disable), as the cpuset tree read back says.",
+            &plain(self.sched_isolated_cpus),
+        );
+        metric(
+            "cpusetd_sched_balance_writes_total",
+            "counter",
+            "Writes of cpuset.sched_load_balance, and of host cpusets confined by --isolate-host.",
+            &plain(self.sched_balance_writes),
         );
         metric(
             "cpusetd_irq_affinity_writes_total",

@@ -42,6 +42,7 @@ use crate::cgroupfs::{CgroupLayout, CpusetSnapshot, Scanner};
 use crate::checkpoint::{self, Checkpoint, LoadOutcome, Policy, QuotaLift, StateLock};
 use crate::irq::IrqAffinity;
 use crate::logging::error_chain;
+use crate::sched_balance::SchedBalance;
 use crate::watcher::{TreeEvent, WatchRoot, Watcher};
 
 /// What the reconcile thread sends each tick.
@@ -73,6 +74,9 @@ pub struct AgentConfig {
     pub kubelet_state: Option<PathBuf>,
     /// Where procfs is (`/proc/irq` for interrupt affinities).
     pub proc_root: PathBuf,
+    /// `--isolate-host`: the CPUs host cgroups are confined to while a pod asks for
+    /// `cpu-load-balancing.crio.io` (the reserved ones); `None`: they are left alone.
+    pub isolate_host: Option<crate::cpuset::CpuSet>,
     /// Where the topology is read again when cpus go offline or come online.
     pub hotplug: Hotplug,
     /// sd_notify, already used while waiting for kubepods.
@@ -112,6 +116,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         metrics_file,
         kubelet_state,
         proc_root,
+        isolate_host,
         hotplug,
         mut notifier,
     } = config;
@@ -153,6 +158,15 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
 
     let mut controller = Controller::new(parts);
     controller.manage_irqs(IrqAffinity::new(&proc_root, restored.irq));
+    let sched = SchedBalance::new(
+        hierarchy.cpuset.clone(),
+        hierarchy.version,
+        kubepods.clone(),
+        isolate_host,
+        restored.sched,
+    );
+    sched.say_support();
+    controller.manage_sched_balance(sched);
     controller.follow_hotplug(hotplug);
     controller.metrics.without_inotify = degraded;
     if let Some(watcher) = &watcher {
@@ -360,6 +374,7 @@ struct Restored {
     assignments: crate::state::Assignments,
     quota_lifted: std::collections::BTreeMap<crate::cgroupfs::CgroupPath, String>,
     irq: crate::irq::IrqSaved,
+    sched: crate::sched_balance::SchedSaved,
     /// There was no checkpoint: a first start.
     first_start: bool,
 }
@@ -434,6 +449,7 @@ fn restore(
                 assignments: cp.assignments,
                 quota_lifted,
                 irq: cp.irq,
+                sched: *cp.sched,
                 first_start: false,
             }
         }
@@ -522,6 +538,7 @@ impl Persist {
                 })
                 .collect(),
             irq: controller.irq_saved(),
+            sched: Box::new(controller.sched_saved()),
             last_reconcile_unix_ms: controller
                 .metrics
                 .last_reconcile

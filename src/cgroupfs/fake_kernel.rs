@@ -7,8 +7,17 @@
 //! Rules, for `cpuset.cpus` and `cpuset.mems`: an empty value is refused (EINVAL; cpusetd never
 //! writes one), a value not within the parent's is refused (EACCES), and a value that drops
 //! what a child holds is refused (EBUSY). Empty (uninitialised) parents and children do not
-//! constrain, as on a real v1 tree. The check and the write happen under a lock on the
-//! hierarchy's root ([`lock`]), as the kernel's checks happen under `cgroup_mutex`.
+//! constrain, as on a real v1 tree. The root cpuset's `cpuset.cpus` and `cpuset.mems` are the
+//! kernel's: a write is refused (EACCES). `cpuset.sched_load_balance` takes a decimal number
+//! (the kernel's `kstrtoull`: one trailing newline at most, no sign, no spaces) and refuses
+//! anything else (EINVAL); as on the real kernel (6.1, checked in the VM), any order of writes
+//! is taken. cgroup v2's remote partitions (Linux 6.7 or newer, which the VM's 6.1 does not
+//! have: these rules follow the kernel's documentation and are not checked on a real kernel):
+//! `cpuset.cpus.exclusive` may be empty, must be within the parent's (below the root), must
+//! keep every child's (EBUSY) and must not overlap a sibling's (EINVAL);
+//! `cpuset.cpus.partition` takes `member`, `root` or `isolated` (EINVAL otherwise). The check
+//! and the write happen under a lock on the hierarchy's root ([`lock`]), as the kernel's checks
+//! happen under `cgroup_mutex`.
 
 use std::fs::File;
 use std::io::{self, Write as _};
@@ -76,7 +85,14 @@ fn rules(
     value: &str,
     log: Option<&std::ffi::OsStr>,
 ) -> Result<(), io::Error> {
-    if !matches!(file, InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems) {
+    if !matches!(
+        file,
+        InterfaceFile::CpusetCpus
+            | InterfaceFile::CpusetMems
+            | InterfaceFile::CpusetSchedLoadBalance
+            | InterfaceFile::CpusetCpusExclusive
+            | InterfaceFile::CpusetCpusPartition
+    ) {
         return Ok(());
     }
     let refuse = |errno: Errno, why: String| {
@@ -91,6 +107,71 @@ fn rules(
         }
         Err(io::Error::from(errno))
     };
+    if file == InterfaceFile::CpusetSchedLoadBalance {
+        let digits = value.strip_suffix('\n').unwrap_or(value);
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return refuse(Errno::EINVAL, "not a number".into());
+        }
+        return Ok(());
+    }
+    if file == InterfaceFile::CpusetCpusPartition {
+        return match value.strip_suffix('\n').unwrap_or(value) {
+            "member" | "root" | "isolated" => Ok(()),
+            _ => refuse(Errno::EINVAL, "not a partition type".into()),
+        };
+    }
+    if cgroup.is_root() {
+        return refuse(
+            Errno::EACCES,
+            "the root cpuset's sets are the kernel's".into(),
+        );
+    }
+    if file == InterfaceFile::CpusetCpusExclusive {
+        let Ok(new) = CpuSet::parse(value.trim()) else {
+            return refuse(Errno::EINVAL, "not a cpu list".into());
+        };
+        let read = |path: &CgroupPath| {
+            fs.read(path, file)
+                .ok()
+                .and_then(|text| CpuSet::parse(text.trim()).ok())
+        };
+        let children = |of: &CgroupPath| -> Vec<CgroupPath> {
+            fs.list(of)
+                .map(|entries| {
+                    entries
+                        .iter()
+                        .filter(|e| e.kind == FileKind::Directory)
+                        .filter_map(|e| of.join(&e.name).ok())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        if let Some(parent) = cgroup.parent().filter(|p| !p.is_root()) {
+            if let Some(held) = read(&parent) {
+                if !new.is_subset(&held) {
+                    return refuse(Errno::EINVAL, format!("not within the parent's {held}"));
+                }
+            }
+            for sibling in children(&parent).iter().filter(|s| *s != cgroup) {
+                if let Some(theirs) = read(sibling) {
+                    if !theirs.intersection(&new).is_empty() {
+                        return refuse(
+                            Errno::EINVAL,
+                            format!("sibling {sibling} holds {theirs} exclusively"),
+                        );
+                    }
+                }
+            }
+        }
+        for child in children(cgroup) {
+            if let Some(held) = read(&child) {
+                if !held.is_subset(&new) {
+                    return refuse(Errno::EBUSY, format!("child {child} holds {held}"));
+                }
+            }
+        }
+        return Ok(());
+    }
     let Ok(new) = CpuSet::parse(value) else {
         return refuse(Errno::EINVAL, "not a cpu list".into());
     };
@@ -176,6 +257,54 @@ mod tests {
         rules(&fs, &path("kp/pod"), cpus, "0-3", None).unwrap();
         rules(&fs, &path("kp/new"), cpus, "1", None).unwrap();
         rules(&fs, &path("kp/pod"), InterfaceFile::CpuShares, "2", None).unwrap();
+        // The root's sets are the kernel's: EACCES.
+        assert_eq!(
+            errno(rules(&fs, &CgroupPath::root(), cpus, "0-1", None)),
+            Some(Errno::EACCES as i32)
+        );
+        // The load balancing flag takes a number, and nothing else: EINVAL (as 6.1 does).
+        let flag = InterfaceFile::CpusetSchedLoadBalance;
+        for good in ["0", "1", "2", "0\n"] {
+            rules(&fs, &path("kp/pod"), flag, good, None).unwrap();
+        }
+        for bad in ["x", "-1", "", " 1", "1 "] {
+            assert_eq!(
+                errno(rules(&fs, &path("kp/pod"), flag, bad, None)),
+                Some(Errno::EINVAL as i32),
+                "{bad:?}"
+            );
+        }
+        // Remote partitions (v2, 6.7+): within the parent's exclusive cpus, keeping the
+        // children's, never a sibling's; three partition types.
+        let excl = InterfaceFile::CpusetCpusExclusive;
+        for (rel, cpus) in [("kp", "2-3"), ("kp/pod", "2"), ("kp/new", "")] {
+            std::fs::write(dir.path().join(rel).join(excl.name()), format!("{cpus}\n")).unwrap();
+        }
+        rules(&fs, &path("kp/pod/c"), excl, "2", None).unwrap();
+        rules(&fs, &path("kp/pod"), excl, "", None).unwrap();
+        assert_eq!(
+            errno(rules(&fs, &path("kp"), excl, "3", None)),
+            Some(Errno::EBUSY as i32),
+            "a child's"
+        );
+        assert_eq!(
+            errno(rules(&fs, &path("kp/pod/c"), excl, "3", None)),
+            Some(Errno::EINVAL as i32),
+            "outside the parent's"
+        );
+        assert_eq!(
+            errno(rules(&fs, &path("kp/new"), excl, "2", None)),
+            Some(Errno::EINVAL as i32),
+            "a sibling's"
+        );
+        let part = InterfaceFile::CpusetCpusPartition;
+        for good in ["member", "root", "isolated\n"] {
+            rules(&fs, &path("kp/pod"), part, good, None).unwrap();
+        }
+        assert_eq!(
+            errno(rules(&fs, &path("kp/pod"), part, "isolated invalid", None)),
+            Some(Errno::EINVAL as i32)
+        );
         let logged = std::fs::read_to_string(&log).unwrap();
         assert!(
             logged.contains("kp/pod/cpuset.cpus = \"0-1\": EBUSY"),

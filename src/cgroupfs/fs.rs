@@ -64,10 +64,19 @@ pub enum InterfaceFile {
     /// `cgroup.clone_children` (v1): `1` makes the kernel give a new child its parent's
     /// `cpuset.cpus`/`cpuset.mems` at `mkdir` (and the flag), instead of empty sets.
     CgroupCloneChildren,
+    /// `cpuset.sched_load_balance` (v1): `1` makes the kernel build scheduler domains over the
+    /// cpuset's CPUs (see [`crate::sched_balance`]).
+    CpusetSchedLoadBalance,
+    /// `cpuset.cpus.exclusive` (v2, Linux 6.7 or newer): the CPUs a cgroup may hand down to a
+    /// partition below it (remote partitions).
+    CpusetCpusExclusive,
+    /// `cpuset.cpus.partition` (v2): `member`, `root` or `isolated`; the kernel shows an
+    /// invalid one as e.g. `isolated invalid (<reason>)`.
+    CpusetCpusPartition,
 }
 
 impl InterfaceFile {
-    pub const ALL: [InterfaceFile; 15] = [
+    pub const ALL: [InterfaceFile; 18] = [
         InterfaceFile::CpusetCpus,
         InterfaceFile::CpusetMems,
         InterfaceFile::CpusetCpusEffective,
@@ -83,6 +92,9 @@ impl InterfaceFile {
         InterfaceFile::CgroupControllers,
         InterfaceFile::CgroupSubtreeControl,
         InterfaceFile::CgroupCloneChildren,
+        InterfaceFile::CpusetSchedLoadBalance,
+        InterfaceFile::CpusetCpusExclusive,
+        InterfaceFile::CpusetCpusPartition,
     ];
 
     /// The file name in the cgroup directory.
@@ -103,6 +115,9 @@ impl InterfaceFile {
             InterfaceFile::CgroupControllers => "cgroup.controllers",
             InterfaceFile::CgroupSubtreeControl => "cgroup.subtree_control",
             InterfaceFile::CgroupCloneChildren => "cgroup.clone_children",
+            InterfaceFile::CpusetSchedLoadBalance => "cpuset.sched_load_balance",
+            InterfaceFile::CpusetCpusExclusive => "cpuset.cpus.exclusive",
+            InterfaceFile::CpusetCpusPartition => "cpuset.cpus.partition",
         }
     }
 

@@ -217,6 +217,7 @@ impl Document {
             assignments,
             quota_lifted: self.quota_lifted,
             irq: self.irq,
+            sched: Box::new(self.sched),
             last_reconcile_unix_ms: self.last_reconcile_unix_ms,
         })
     }

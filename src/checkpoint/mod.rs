@@ -74,6 +74,7 @@ use serde_json::Value;
 use crate::allocator::PolicyOptions;
 use crate::cpuset::CpuSet;
 use crate::irq::IrqSaved;
+use crate::sched_balance::SchedSaved;
 use crate::state::{AssignmentKey, Assignments};
 
 /// The format version this build writes and the newest it reads.
@@ -128,6 +129,9 @@ pub struct Checkpoint {
     pub quota_lifted: Vec<QuotaLift>,
     /// Interrupt affinities the agent changed, to restore.
     pub irq: IrqSaved,
+    /// Scheduler load balancing the agent turned off (and host cpusets it confined), to restore.
+    /// Boxed: most checkpoints have none, and [`LoadOutcome`] stays small.
+    pub sched: Box<SchedSaved>,
     pub last_reconcile_unix_ms: Option<u64>,
 }
 
@@ -166,6 +170,8 @@ struct Document {
     quota_lifted: Vec<QuotaLift>,
     #[serde(default, skip_serializing_if = "IrqSaved::is_empty")]
     irq: IrqSaved,
+    #[serde(default, skip_serializing_if = "SchedSaved::is_empty")]
+    sched: SchedSaved,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last_reconcile_unix_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -209,6 +215,7 @@ impl From<&Checkpoint> for Document {
                 .collect(),
             quota_lifted: c.quota_lifted.clone(),
             irq: c.irq.clone(),
+            sched: (*c.sched).clone(),
             last_reconcile_unix_ms: c.last_reconcile_unix_ms,
             checksum: None,
         }

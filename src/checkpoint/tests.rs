@@ -55,6 +55,7 @@ fn sample() -> Checkpoint {
             original: "200000 100000".into(),
         }],
         irq: Default::default(),
+        sched: Default::default(),
         last_reconcile_unix_ms: Some(1_700_000_000_123),
     }
 }
@@ -91,6 +92,7 @@ fn round_trip_keeps_every_field() {
         assignments: Assignments::new(),
         quota_lifted: Vec::new(),
         irq: Default::default(),
+        sched: Default::default(),
         last_reconcile_unix_ms: None,
     };
     let bytes = none.to_json().unwrap();

@@ -132,6 +132,12 @@ pub struct AgentArgs {
     /// How often `run` does a full read-only scan that repairs drift and catches anything missed.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub cpu_manager_reconcile_period: std::time::Duration,
+    /// For pods that say `cpu-load-balancing.crio.io: "disable"` on cgroup v1: while one holds
+    /// exclusive cpus, confine every cgroup outside kubepods (system.slice, user.slice …) to the
+    /// reserved cpus, so none balances load over the pod's; given back when the last such pod
+    /// goes, and by `reset`.
+    #[arg(long)]
+    pub isolate_host: bool,
     /// `run` writes Prometheus metrics here after each pass (node_exporter textfile collector).
     #[arg(long, value_name = "PATH")]
     pub metrics_file: Option<PathBuf>,
@@ -269,6 +275,29 @@ impl TreeArgs {
     /// when the rest of the layout is fine but the kubepods cgroup is not there (yet: kubelet
     /// makes it when it starts, after the agent at boot). `None` when it exists or the layout
     /// fails for another reason.
+    /// The cpuset hierarchy's root and version, also when kubepods does not exist (`reset` on
+    /// a node without it still puts back what the agent changed there).
+    pub fn cpuset_hierarchy(&self) -> Option<(PathBuf, crate::cgroupfs::CgroupVersion)> {
+        use crate::cgroupfs::CgroupVersion;
+        let config = LayoutConfig {
+            proc_root: self.proc_root.clone(),
+            cgroup_root: self.cgroup_root.clone(),
+            driver: None,
+            kubepods: None,
+        };
+        let root = match detect_layout_quietly(&config) {
+            Ok(layout) => return Some((layout.cpuset_root, layout.version)),
+            Err(LayoutError::KubepodsNotFound { root, .. }) => root,
+            Err(_) => return None,
+        };
+        let version = if root.join("cgroup.controllers").exists() {
+            CgroupVersion::V2
+        } else {
+            CgroupVersion::V1
+        };
+        Some((root, version))
+    }
+
     pub fn missing_kubepods(&self) -> Option<(String, PathBuf)> {
         let kubepods = match &self.kubepods_path {
             Some(p) => Some(CgroupPath::new(p.trim_matches('/')).ok()?),

@@ -7,10 +7,9 @@ use serde::Serialize;
 
 use super::node::AgentArgs;
 use super::{CommandError, EXIT_FAILURE};
-use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, PlanConfig, WriteStep};
-use crate::report::{render_table, rows, CgroupRow};
+use crate::report::{render_table, rows, CgroupRow, InForce};
 use crate::state::Assignments;
 use crate::writer::{apply, NewChildren};
 
@@ -127,7 +126,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
             _ => {}
         }
     }
-    let table = rows(&scan, &classes, &planned, &CpuSet::new());
+    let table = rows(&scan, &classes, &planned, &InForce::none());
     let report = apply_writes.then(|| {
         apply(
             &node.hierarchy,

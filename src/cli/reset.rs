@@ -1,19 +1,21 @@
 //! `cpusetd reset`: the way out. Widens every cgroup under the kubepods root back to every
 //! online CPU and memory node (top-down, so the kernel accepts every write), restores the CFS
-//! quotas the agent lifted (recorded in its checkpoint), and removes the checkpoint. Refuses to
+//! quotas the agent lifted (recorded in its checkpoint), puts back the interrupt affinities,
+//! scheduler load balancing flags and host cpusets it changed (also recorded there), and removes the checkpoint. Refuses to
 //! run while the agent holds the state lock, since the agent would pin everything again.
 
 use clap::Args;
 
 use super::node::AgentArgs;
 use super::{CommandError, EXIT_FAILURE};
-use crate::cgroupfs::{CgroupPath, InterfaceFile};
+use crate::cgroupfs::{CgroupFs, CgroupPath, CgroupVersion, InterfaceFile};
 use crate::checkpoint::{self, LoadOutcome, StateLock};
 use crate::cpuset::CpuSet;
 use crate::irq::IrqAffinity;
 use crate::irqbalance::IrqbalanceOutcome;
 use crate::logging::error_chain;
 use crate::planner::{order_writes, parent_indexes, PlannedWrite, SetNode, WriteStep};
+use crate::sched_balance::SchedBalance;
 use crate::writer::{apply, NewChildren};
 
 #[derive(Debug, Args)]
@@ -34,12 +36,24 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     // uninstalling works on such a node too.
     if let Some((kubepods, _)) = args.tree.missing_kubepods() {
         let irq_failed = restore_irqs(args);
+        let sched_failed = match args.tree.cpuset_hierarchy() {
+            Some((root, version)) => match CgroupFs::open(root) {
+                Ok(fs) => restore_sched(args, fs, version),
+                Err(e) => {
+                    eprintln!("cpusetd: {}", error_chain(&e));
+                    true
+                }
+            },
+            None => false,
+        };
+        let irq_failed = irq_failed || sched_failed;
         println!("no kubepods cgroup {kubepods}: no cgroup to reset");
         remove_checkpoint(&args.state_dir);
         return if irq_failed {
             Err(CommandError {
                 status: EXIT_FAILURE,
-                message: "some interrupt affinities were not restored; run reset again".into(),
+                message: "some interrupt affinities or cpusets were not restored; run reset again"
+                    .into(),
                 bare: false,
             })
         } else {
@@ -97,7 +111,8 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     }
     // Quotas the agent lifted, back to what they were; interrupt affinities too.
     let mut restored = 0;
-    let irq_failed = restore_irqs(args);
+    let irq_failed = restore_irqs(args)
+        | restore_sched(args, node.hierarchy.cpuset.clone(), node.layout.version);
     if let LoadOutcome::Loaded(cp) = checkpoint::load(&args.state_dir) {
         for lifted in &cp.quota_lifted {
             let Ok(path) = CgroupPath::new(&lifted.cgroup) else {
@@ -107,8 +122,8 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
                 continue;
             };
             let file = match node.layout.version {
-                crate::cgroupfs::CgroupVersion::V1 => InterfaceFile::CpuCfsQuotaUs,
-                crate::cgroupfs::CgroupVersion::V2 => InterfaceFile::CpuMax,
+                CgroupVersion::V1 => InterfaceFile::CpuCfsQuotaUs,
+                CgroupVersion::V2 => InterfaceFile::CpuMax,
             };
             writes.push(PlannedWrite {
                 cgroup: index,
@@ -123,7 +138,7 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     restored += quotas_from_runtime_configs(&mut node, &scan, &parents, &mut writes);
     // The kernel's default back: new cgroups start with empty cpusets again (the agent sets
     // `cgroup.clone_children` on v1; runtimes copy the parent's cpuset themselves).
-    if node.layout.version == crate::cgroupfs::CgroupVersion::V1 {
+    if node.layout.version == CgroupVersion::V1 {
         for cgroup in &scan.cgroups {
             if cgroup.relative.depth() <= 2 {
                 let _ = node.hierarchy.cpuset.write(
@@ -192,6 +207,33 @@ fn restore_irqs(args: &AgentArgs) -> bool {
     }
     let irqbalance_failed = matches!(outcome.irqbalance, IrqbalanceOutcome::Failed { .. });
     !outcome.errors.is_empty() || irqbalance_failed
+}
+
+/// Puts back the scheduler load balancing flags and the host cpusets the checkpoint says the
+/// agent changed (on `fs`, the cpuset hierarchy). Returns whether some could not be.
+fn restore_sched(args: &AgentArgs, fs: CgroupFs, version: CgroupVersion) -> bool {
+    let LoadOutcome::Loaded(cp) = checkpoint::load(&args.state_dir) else {
+        return false;
+    };
+    if !cp.sched.has_changes() {
+        return false;
+    }
+    let (flags, host, partitions) = (
+        cp.sched.flags.len(),
+        cp.sched.host.len(),
+        cp.sched.partitions.len(),
+    );
+    // What kubepods is does not matter to a restore: only what was recorded is written.
+    let mut sched = SchedBalance::new(fs, version, CgroupPath::root(), None, *cp.sched);
+    let outcome = sched.apply(&[]);
+    println!(
+        "scheduler load balancing restored: {flags} cpuset(s) balance again, {host} host cgroup(s) get their cpus back, {partitions} partition(s) are members again; {} file(s) written",
+        outcome.written
+    );
+    for error in &outcome.errors {
+        eprintln!("cpusetd: cannot restore scheduler load balancing: {error}");
+    }
+    !outcome.errors.is_empty()
 }
 
 fn remove_checkpoint(state_dir: &std::path::Path) {

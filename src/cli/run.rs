@@ -40,6 +40,7 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         )))
     })?;
     let scanner = node.scanner();
+    let policy_reserved = policy.as_ref().map(|p| p.reserved().clone());
     let hotplug = Hotplug::new(
         args.tree.sysfs_root.clone(),
         args.tree.proc_root.clone(),
@@ -65,6 +66,7 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         metrics_file: args.metrics_file.clone(),
         kubelet_state: args.kubelet_state_path(),
         proc_root: args.tree.proc_root.clone(),
+        isolate_host: args.isolate_host.then(|| policy_reserved.clone()).flatten(),
         hotplug,
         notifier,
     };

@@ -219,7 +219,20 @@ pub fn collect(
         events,
         writes: Vec::new(),
     };
-    let table = rows(&scan, &classes, &view, &cp.irq.banned);
+    // cgroup v2 without remote partitions: said whatever the checkpoint holds (an agent that
+    // never saw such a pod says nothing in it).
+    let refusal = crate::sched_balance::Support::detect(
+        &node.hierarchy.cpuset,
+        node.layout.version,
+        &node.layout.kubepods,
+    )
+    .refusal();
+    let in_force = crate::report::InForce {
+        irq: &cp.irq.banned,
+        sched: &cp.sched.isolated,
+        sched_not_in_force: refusal.or(cp.sched.not_in_force.as_deref()),
+    };
+    let table = rows(&scan, &classes, &view, &in_force);
     let differing = table.iter().filter(|r| r.differs()).count();
     Ok(StatusView {
         topology: node.topology.clone(),

@@ -119,6 +119,7 @@ impl Controller {
             self.full_due = Some((now + COALESCE_QUIET).min(since + COALESCE_LIMIT));
         }
         self.update_irqs(false);
+        self.update_sched_balance(false);
         Some(outcome)
     }
 

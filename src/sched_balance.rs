@@ -1,0 +1,1029 @@
+//! Scheduler load balancing kept off the CPUs of containers whose pod says
+//! `cpu-load-balancing.crio.io: "disable"`.
+//!
+//! **cgroup v1.** The kernel builds its scheduler domains from the cpusets (kernel
+//! `Documentation/admin-guide/cgroup-v1/cpusets.rst` §1.7, `generate_sched_domains`): when the
+//! root cpuset balances, every CPU is in one domain; otherwise each topmost cpuset with
+//! `cpuset.sched_load_balance` = 1 (and CPUs) makes a domain of its CPUs, and a CPU that no such
+//! cpuset covers is in no domain: nothing is ever moved onto or off it. So while such a
+//! container holds exclusive CPUs, the flag is 0 on the container's cpuset and on every cpuset
+//! above it (its pod, kubepods, the hierarchy's root); every other cpuset keeps its own
+//! (the kernel gives each new cpuset 1), so the shared pool, other pods' CPUs and the host's
+//! CPUs stay balanced. Host cgroups outside kubepods that span every CPU (`system.slice` …)
+//! still balance over the container's CPUs: with `--isolate-host` they are confined to the
+//! reserved CPUs (children before parents, as the kernel requires) and given their own CPUs
+//! back afterwards (parents first). Nothing is changed while no such container exists.
+//!
+//! What the agent changed is recorded ([`SchedSaved`], kept in the checkpoint), so a restart or
+//! `cpusetd reset` puts each flag and each host cpuset back. After every change the cpuset tree
+//! is read back and the kernel's rule applied to it: a container's CPUs count as out of load
+//! balancing ([`SchedSaved::isolated`]) only when no load-balanced cpuset covers them, and what
+//! still does is said ([`SchedSaved::not_in_force`]).
+//!
+//! Found on the real kernel (Debian's 6.1, the `sched` scenario of `scripts/vm-e2e.sh`): the
+//! flag takes a decimal number (`0`; any other number is 1) and refuses anything else with
+//! EINVAL; it may be written in any order, but the domains change only once the whole chain up
+//! to the root is 0 and no balanced cpuset covers the CPUs; the root's `cpuset.cpus` cannot be
+//! written (EACCES); a host cpuset is narrowed bottom-up (EBUSY otherwise) and widened top-down
+//! (EACCES otherwise). `src/cgroupfs/fake_kernel.rs` refuses the same.
+//!
+//! **cgroup v2** has no such flag: a container's CPUs leave load balancing in a remote isolated
+//! partition (`cpuset.cpus.exclusive` on each ancestor, `cpuset.cpus.partition = isolated` on
+//! the container), which needs Linux 6.7. Without `cpuset.cpus.exclusive` in kubepods nothing is
+//! written (6.1 takes `isolated` and leaves it "isolated invalid"): the start-up log and
+//! `status` say that load balancing cannot be disabled here. With it, each cgroup from kubepods'
+//! top down to the container gets the container's CPUs in `cpuset.cpus.exclusive` (parents
+//! first; narrowed children first), then the container `isolated`; the partition is read back
+//! and only `isolated` counts, an invalid one (`isolated invalid (<why>)`) is surfaced as the
+//! kernel says it. **This path is proven only on the fake tree** (no 6.7 kernel in the VM).
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::cgroupfs::{
+    CgroupFs, CgroupPath, CgroupVersion, FileKind, InterfaceFile, MAX_SCAN_CGROUPS, MAX_SCAN_DEPTH,
+};
+use crate::cpuset::CpuSet;
+use crate::logging::error_chain;
+
+/// What to restore, and what is in force now.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchedSaved {
+    /// The CPUs out of scheduler load balancing now (as the cpuset tree read back says).
+    #[serde(default)]
+    pub isolated: CpuSet,
+    /// Why some CPUs of such containers are not out of it, when they are not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_in_force: Option<String>,
+    /// Each cpuset whose `cpuset.sched_load_balance` the agent set to 0 (relative to the
+    /// cpuset root, `""` the root), with its value before.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub flags: BTreeMap<String, String>,
+    /// Each host cpuset confined to the reserved CPUs (`--isolate-host`), with its
+    /// `cpuset.cpus` before.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub host: BTreeMap<String, String>,
+    /// cgroup v2: each container made an isolated partition, with its `cpuset.cpus.partition`
+    /// before.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub partitions: BTreeMap<String, String>,
+    /// cgroup v2: each cgroup whose `cpuset.cpus.exclusive` the agent set, with its value before.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub exclusive: BTreeMap<String, String>,
+}
+
+impl SchedSaved {
+    /// Nothing changed, nothing to restore.
+    pub fn is_empty(&self) -> bool {
+        self.isolated.is_empty()
+            && self.not_in_force.is_none()
+            && self.flags.is_empty()
+            && self.host.is_empty()
+            && self.partitions.is_empty()
+            && self.exclusive.is_empty()
+    }
+
+    /// Something to put back (flags, host cpusets, partitions, exclusive cpus).
+    pub fn has_changes(&self) -> bool {
+        !self.flags.is_empty() || !self.host.is_empty() || self.has_v2_changes()
+    }
+
+    /// Something to put back in cgroup v2 (partitions, exclusive cpus).
+    fn has_v2_changes(&self) -> bool {
+        !self.partitions.is_empty() || !self.exclusive.is_empty()
+    }
+}
+
+/// Whether this hierarchy can take CPUs out of load balancing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Support {
+    /// cgroup v1: `cpuset.sched_load_balance`.
+    V1,
+    /// cgroup v2 without `cpuset.cpus.exclusive` (Linux before 6.7): it cannot.
+    V2WithoutExclusive,
+    /// cgroup v2 with `cpuset.cpus.exclusive`: remote isolated partitions (Linux 6.7 or newer).
+    V2RemotePartitions,
+}
+
+/// What `cpu-load-balancing.crio.io` does on a cgroup v2 kernel that cannot.
+pub const V2_REFUSAL: &str = "cgroup v2 takes cpus out of scheduler load balancing only in remote isolated partitions (cpuset.cpus.exclusive, Linux 6.7 or newer), which this kernel does not have";
+
+impl Support {
+    /// Why load balancing cannot be disabled here (`None`: it can).
+    pub fn refusal(self) -> Option<&'static str> {
+        match self {
+            Support::V1 | Support::V2RemotePartitions => None,
+            Support::V2WithoutExclusive => Some(V2_REFUSAL),
+        }
+    }
+
+    /// What the hierarchy at `fs` supports (`kubepods` is where v2 shows `cpuset.cpus.exclusive`).
+    pub fn detect(fs: &CgroupFs, version: CgroupVersion, kubepods: &CgroupPath) -> Support {
+        match version {
+            CgroupVersion::V1 => Support::V1,
+            CgroupVersion::V2 => match fs.read(kubepods, InterfaceFile::CpusetCpusExclusive) {
+                Ok(_) => Support::V2RemotePartitions,
+                Err(_) => Support::V2WithoutExclusive,
+            },
+        }
+    }
+}
+
+/// What one [`SchedBalance::apply`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SchedOutcome {
+    /// Files written (flags and host cpusets).
+    pub written: usize,
+    /// Failures (the first few), for the log.
+    pub errors: Vec<String>,
+}
+
+/// The scheduler's load balancing on one cpuset hierarchy.
+#[derive(Debug)]
+pub struct SchedBalance {
+    fs: CgroupFs,
+    kubepods: CgroupPath,
+    support: Support,
+    /// `--isolate-host`: the CPUs host cgroups are confined to (the reserved ones).
+    host_cpus: Option<CpuSet>,
+    saved: SchedSaved,
+    /// What the last [`SchedBalance::update`] was asked for.
+    last_wanted: Option<Vec<(CgroupPath, CpuSet)>>,
+    /// Failures and refusals said (once each).
+    said: HashSet<String>,
+}
+
+/// One cpuset as read.
+#[derive(Debug, Clone)]
+struct Node {
+    path: CgroupPath,
+    /// `cpuset.cpus` (empty: not set up, or unreadable).
+    cpus: CpuSet,
+    /// `cpuset.cpus` as the kernel printed it (what is restored).
+    cpus_text: Option<String>,
+    /// `cpuset.sched_load_balance` as printed (`None`: unreadable).
+    flag: Option<String>,
+}
+
+impl Node {
+    fn balances(&self) -> bool {
+        // Unreadable counts as balancing: never claim what cannot be seen.
+        self.flag.as_deref() != Some("0")
+    }
+}
+
+impl SchedBalance {
+    /// `saved` is what an earlier run recorded (from the checkpoint), or the default.
+    pub fn new(
+        fs: CgroupFs,
+        version: CgroupVersion,
+        kubepods: CgroupPath,
+        host_cpus: Option<CpuSet>,
+        saved: SchedSaved,
+    ) -> SchedBalance {
+        let support = Support::detect(&fs, version, &kubepods);
+        SchedBalance {
+            fs,
+            kubepods,
+            support,
+            host_cpus,
+            saved,
+            last_wanted: None,
+            said: HashSet::new(),
+        }
+    }
+
+    /// Says at start-up, once, when this kernel cannot take CPUs out of load balancing.
+    pub fn say_support(&self) {
+        if let Some(why) = self.support.refusal() {
+            log::warn!(
+                "cpu-load-balancing.crio.io cannot be honoured here: {why}; pods that ask for it get their exclusive cpus, still load-balanced"
+            );
+        }
+    }
+
+    /// [`SchedBalance::apply`] when `wanted` differs from the last call's, or `always` (a full
+    /// reconcile: host cgroups made since, flags someone set back); says what changed.
+    /// `None`: nothing to do.
+    pub fn update(
+        &mut self,
+        wanted: &[(CgroupPath, CpuSet)],
+        always: bool,
+    ) -> Option<SchedOutcome> {
+        let changed = self.last_wanted.as_deref() != Some(wanted);
+        self.last_wanted = Some(wanted.to_vec());
+        if (!always && !changed) || (wanted.is_empty() && self.saved.is_empty()) {
+            return None;
+        }
+        let before = self.saved.clone();
+        let outcome = self.apply(wanted);
+        let moved = changed || before.isolated != self.saved.isolated || outcome.written > 0;
+        if moved && self.support == Support::V1 {
+            log::info!(
+                "scheduler load balancing off cpus {}: {} file(s) written{}",
+                if self.saved.isolated.is_empty() {
+                    "none".to_string()
+                } else {
+                    self.saved.isolated.to_string()
+                },
+                outcome.written,
+                if self.saved.host.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} host cgroup(s) confined", self.saved.host.len())
+                }
+            );
+        }
+        let said = &mut self.said;
+        if let Some(why) = &self.saved.not_in_force {
+            if said.insert(why.clone()) {
+                log::warn!("cpu-load-balancing.crio.io not in force: {why}");
+            }
+        }
+        for error in &outcome.errors {
+            if said.insert(error.clone()) {
+                log::warn!("cannot change scheduler load balancing: {error}");
+            }
+        }
+        Some(outcome)
+    }
+
+    pub fn support(&self) -> Support {
+        self.support
+    }
+
+    pub fn saved(&self) -> &SchedSaved {
+        &self.saved
+    }
+
+    /// Keeps the CPUs of `wanted` (each container's cgroup, relative to the hierarchy's root,
+    /// and its exclusive CPUs) out of load balancing; with none, restores everything recorded.
+    /// Idempotent: a second call writes only what someone changed meanwhile, and confines host
+    /// cgroups made since.
+    pub fn apply(&mut self, wanted: &[(CgroupPath, CpuSet)]) -> SchedOutcome {
+        let mut outcome = SchedOutcome::default();
+        if wanted.is_empty() && self.saved.is_empty() {
+            return outcome;
+        }
+        if self.support == Support::V2RemotePartitions || self.saved.has_v2_changes() {
+            return self.apply_v2(wanted);
+        }
+        if self.support != Support::V1 {
+            // Nothing is written where the kernel cannot do it (never half of it).
+            self.saved.isolated = CpuSet::new();
+            self.saved.not_in_force = (!wanted.is_empty())
+                .then(|| self.support.refusal().unwrap_or_default().to_string());
+            return outcome;
+        }
+        let mut tree = self.read_tree();
+        // A container whose cgroup is gone (its pod removed while the agent's model still
+        // held it) asks for nothing: never a flag or a host cpuset changed for it.
+        let wanted: Vec<(CgroupPath, CpuSet)> = wanted
+            .iter()
+            .filter(|(path, _)| tree.contains_key(path))
+            .cloned()
+            .collect();
+        let wanted = wanted.as_slice();
+        let needed: BTreeSet<CgroupPath> =
+            wanted.iter().flat_map(|(path, _)| chain(path)).collect();
+        // Flags no longer needed go back first (the root's first of all: every CPU balanced
+        // again at once), then the host's cpusets, then the flags now needed, bottom-up.
+        let mut restore: Vec<(CgroupPath, String)> = self
+            .saved
+            .flags
+            .iter()
+            .filter_map(|(p, orig)| CgroupPath::new(p).ok().map(|p| (p, orig.clone())))
+            .filter(|(p, _)| !needed.contains(p))
+            .collect();
+        restore.sort_by_key(|(p, _)| p.depth());
+        for (path, original) in restore {
+            let key = key(&path);
+            if !tree.contains_key(&path) {
+                self.saved.flags.remove(&key);
+                continue;
+            }
+            match self.write(&path, InterfaceFile::CpusetSchedLoadBalance, &original) {
+                Ok(()) => {
+                    outcome.written += 1;
+                    self.saved.flags.remove(&key);
+                    set_flag(&mut tree, &path, &original);
+                }
+                Err(e) => note(&mut outcome, e),
+            }
+        }
+        match (&self.host_cpus, wanted.is_empty()) {
+            (Some(reserved), false) => {
+                let reserved = reserved.clone();
+                self.confine_host(&mut tree, &reserved, &mut outcome);
+            }
+            _ => self.restore_host(&mut tree, &mut outcome),
+        }
+        let mut needed_deepest_first: Vec<&CgroupPath> = needed.iter().collect();
+        needed_deepest_first.sort_by_key(|p| std::cmp::Reverse(p.depth()));
+        for path in needed_deepest_first {
+            let Some(node) = tree.get(path) else {
+                continue;
+            };
+            let Some(current) = node.flag.clone() else {
+                note(
+                    &mut outcome,
+                    format!(
+                        "{}: cannot read {}",
+                        self.fs.host_path(path).display(),
+                        InterfaceFile::CpusetSchedLoadBalance
+                    ),
+                );
+                continue;
+            };
+            if current == "0" {
+                continue;
+            }
+            let Some(key) = path.to_str() else {
+                note(
+                    &mut outcome,
+                    format!("{path}: not UTF-8, cannot be recorded: left alone"),
+                );
+                continue;
+            };
+            match self.write(path, InterfaceFile::CpusetSchedLoadBalance, "0") {
+                Ok(()) => {
+                    outcome.written += 1;
+                    self.saved.flags.entry(key.to_string()).or_insert(current);
+                    set_flag(&mut tree, path, "0");
+                }
+                Err(e) => note(&mut outcome, e),
+            }
+        }
+        self.judge(&tree, wanted);
+        outcome
+    }
+
+    /// cgroup v2, remote isolated partitions: see the module's documentation.
+    fn apply_v2(&mut self, wanted: &[(CgroupPath, CpuSet)]) -> SchedOutcome {
+        let mut outcome = SchedOutcome::default();
+        let exclusive = InterfaceFile::CpusetCpusExclusive;
+        let partition = InterfaceFile::CpusetCpusPartition;
+        let read = |path: &CgroupPath, file: InterfaceFile| {
+            self.fs.read(path, file).ok().map(|t| t.trim().to_string())
+        };
+        // A container whose cgroup is gone asks for nothing (see `apply`).
+        let wanted: Vec<(CgroupPath, CpuSet)> = wanted
+            .iter()
+            .filter(|(path, _)| read(path, partition).is_some())
+            .cloned()
+            .collect();
+        let wanted = wanted.as_slice();
+        // What each cgroup below the root must hand down: the CPUs of the partitions below it
+        // (the containers' own included).
+        let mut target: BTreeMap<CgroupPath, CpuSet> = BTreeMap::new();
+        for (path, cpus) in wanted {
+            for at in chain(path).into_iter().filter(|p| !p.is_root()) {
+                target.entry(at).or_default().extend_from(cpus);
+            }
+        }
+        let wanted_paths: BTreeSet<&CgroupPath> = wanted.iter().map(|(p, _)| p).collect();
+        // Partitions no longer wanted go back first: a partition root holds its exclusive CPUs.
+        for (key, original) in self.saved.partitions.clone() {
+            let Ok(path) = CgroupPath::new(&key) else {
+                self.saved.partitions.remove(&key);
+                continue;
+            };
+            if wanted_paths.contains(&path) {
+                continue;
+            }
+            if read(&path, partition).is_none() {
+                self.saved.partitions.remove(&key);
+                continue;
+            }
+            match self.write(&path, partition, &original) {
+                Ok(()) => {
+                    outcome.written += 1;
+                    self.saved.partitions.remove(&key);
+                }
+                Err(e) => note(&mut outcome, e),
+            }
+        }
+        // Exclusive CPUs: what is wanted, else what was there before.
+        let mut paths: BTreeSet<CgroupPath> = target.keys().cloned().collect();
+        paths.extend(
+            self.saved
+                .exclusive
+                .keys()
+                .filter_map(|k| CgroupPath::new(k).ok()),
+        );
+        let mut plan: Vec<(CgroupPath, String, CpuSet, CpuSet)> = Vec::new();
+        for path in paths {
+            let key = key(&path);
+            let Some(text) = read(&path, exclusive) else {
+                self.saved.exclusive.remove(&key);
+                if target.contains_key(&path) {
+                    note(
+                        &mut outcome,
+                        format!("{}: no {exclusive}", self.fs.host_path(&path).display()),
+                    );
+                }
+                continue;
+            };
+            let current = CpuSet::parse(&text).unwrap_or_default();
+            let desired = match target.get(&path) {
+                Some(cpus) => cpus.clone(),
+                None => CpuSet::parse(self.saved.exclusive.get(&key).map_or("", |s| s))
+                    .unwrap_or_default(),
+            };
+            plan.push((path, text, current, desired));
+        }
+        // Narrowing children first, then widening parents first (each within its parent's).
+        plan.sort_by_key(|(p, ..)| std::cmp::Reverse(p.depth()));
+        for (path, text, current, desired) in &mut plan {
+            let narrowed = current.intersection(desired);
+            if narrowed != *current {
+                match self.write(path, exclusive, &narrowed.to_string()) {
+                    Ok(()) => {
+                        outcome.written += 1;
+                        self.saved
+                            .exclusive
+                            .entry(key(path))
+                            .or_insert(text.clone());
+                        *current = narrowed;
+                    }
+                    Err(e) => note(&mut outcome, e),
+                }
+            }
+        }
+        plan.reverse();
+        for (path, text, current, desired) in &plan {
+            if current != desired {
+                match self.write(path, exclusive, &desired.to_string()) {
+                    Ok(()) => {
+                        outcome.written += 1;
+                        self.saved
+                            .exclusive
+                            .entry(key(path))
+                            .or_insert(text.clone());
+                    }
+                    Err(e) => {
+                        note(&mut outcome, e);
+                        continue;
+                    }
+                }
+            }
+            if !target.contains_key(path) {
+                self.saved.exclusive.remove(&key(path));
+            }
+        }
+        // Then the partitions. One the kernel shows as isolated, valid or not, is not written
+        // again (an invalid one says why; writing it again changes nothing).
+        for (path, _) in wanted {
+            let Some(current) = read(path, partition) else {
+                continue;
+            };
+            if current.starts_with("isolated") {
+                continue;
+            }
+            match self.write(path, partition, "isolated") {
+                Ok(()) => {
+                    outcome.written += 1;
+                    self.saved.partitions.entry(key(path)).or_insert(current);
+                }
+                Err(e) => note(&mut outcome, e),
+            }
+        }
+        // What the kernel says of each.
+        let mut isolated = CpuSet::new();
+        let mut problems = Vec::new();
+        for (path, cpus) in wanted {
+            match read(path, partition) {
+                Some(state) if state == "isolated" => isolated.extend_from(cpus),
+                Some(state) => problems.push(format!("{path}: cpuset.cpus.partition is {state:?}")),
+                None => problems.push(format!("{path}: cpuset.cpus.partition unreadable")),
+            }
+        }
+        self.saved.isolated = isolated;
+        self.saved.not_in_force = (!problems.is_empty()).then(|| problems.join("; "));
+        outcome
+    }
+
+    /// Every host cpuset (outside kubepods and its ancestors) that has CPUs gets the reserved
+    /// ones it had (all of them where it had none): children first.
+    fn confine_host(
+        &mut self,
+        tree: &mut BTreeMap<CgroupPath, Node>,
+        reserved: &CpuSet,
+        outcome: &mut SchedOutcome,
+    ) {
+        let mut host: Vec<CgroupPath> = tree.keys().filter(|p| self.is_host(p)).cloned().collect();
+        host.sort_by_key(|p| std::cmp::Reverse(p.depth()));
+        for path in host {
+            let node = &tree[&path];
+            if node.cpus.is_empty() {
+                continue;
+            }
+            let Some(key) = path.to_str().map(str::to_string) else {
+                note(
+                    outcome,
+                    format!("{path}: not UTF-8, cannot be recorded: left alone"),
+                );
+                continue;
+            };
+            let original_text = self
+                .saved
+                .host
+                .get(&key)
+                .cloned()
+                .or_else(|| node.cpus_text.clone())
+                .unwrap_or_default();
+            let original = CpuSet::parse(&original_text).unwrap_or_else(|_| node.cpus.clone());
+            let mut confined = original.intersection(reserved);
+            if confined.is_empty() {
+                confined = reserved.clone();
+            }
+            if confined == node.cpus {
+                continue;
+            }
+            match self.write(&path, InterfaceFile::CpusetCpus, &confined.to_string()) {
+                Ok(()) => {
+                    outcome.written += 1;
+                    self.saved.host.entry(key).or_insert(original_text);
+                    if let Some(n) = tree.get_mut(&path) {
+                        n.cpus = confined;
+                    }
+                }
+                Err(e) => note(outcome, e),
+            }
+        }
+    }
+
+    /// The host cpusets get back what they had: parents first.
+    fn restore_host(&mut self, tree: &mut BTreeMap<CgroupPath, Node>, outcome: &mut SchedOutcome) {
+        let mut saved: Vec<(CgroupPath, String)> = self
+            .saved
+            .host
+            .iter()
+            .filter_map(|(p, orig)| CgroupPath::new(p).ok().map(|p| (p, orig.clone())))
+            .collect();
+        saved.sort_by_key(|(p, _)| p.depth());
+        for (path, original) in saved {
+            let key = key(&path);
+            let Some(node) = tree.get(&path) else {
+                self.saved.host.remove(&key);
+                continue;
+            };
+            if node.cpus_text.as_deref() == Some(original.as_str()) {
+                self.saved.host.remove(&key);
+                continue;
+            }
+            match self.write(&path, InterfaceFile::CpusetCpus, &original) {
+                Ok(()) => {
+                    outcome.written += 1;
+                    self.saved.host.remove(&key);
+                    if let Some(n) = tree.get_mut(&path) {
+                        n.cpus = CpuSet::parse(&original).unwrap_or_default();
+                        n.cpus_text = Some(original);
+                    }
+                }
+                Err(e) => note(outcome, e),
+            }
+        }
+    }
+
+    /// The kernel's rule on the tree as it is now: which of `wanted`'s CPUs no load-balanced
+    /// cpuset covers (see `generate_sched_domains`), and what covers the others.
+    fn judge(&mut self, tree: &BTreeMap<CgroupPath, Node>, wanted: &[(CgroupPath, CpuSet)]) {
+        let (balanced, by) = balanced_cpus(tree);
+        let mut isolated = CpuSet::new();
+        let mut missing = CpuSet::new();
+        for (_, cpus) in wanted {
+            if cpus.intersection(&balanced).is_empty() {
+                isolated.extend_from(cpus);
+            } else {
+                missing.extend_from(cpus);
+            }
+        }
+        self.saved.isolated = isolated;
+        self.saved.not_in_force = if missing.is_empty() {
+            None
+        } else {
+            let covering: Vec<String> = by
+                .iter()
+                .filter(|(_, cpus)| !cpus.intersection(&missing).is_empty())
+                .map(|(path, cpus)| {
+                    let name = if path.is_root() {
+                        "the root cpuset".to_string()
+                    } else {
+                        path.to_string()
+                    };
+                    format!("{name} ({cpus})")
+                })
+                .take(4)
+                .collect();
+            let host = by
+                .iter()
+                .any(|(path, cpus)| self.is_host(path) && !cpus.intersection(&missing).is_empty());
+            let hint = match (host, self.host_cpus.is_some()) {
+                (true, false) => "; host cgroups balance over them: pass --isolate-host to confine them to the reserved cpus",
+                _ => "",
+            };
+            Some(format!(
+                "cpus {missing} still load-balanced by {}{hint}",
+                if covering.is_empty() {
+                    "a cpuset that could not be read".to_string()
+                } else {
+                    covering.join(", ")
+                }
+            ))
+        };
+    }
+
+    /// Outside kubepods, and neither kubepods' ancestor nor the root.
+    fn is_host(&self, path: &CgroupPath) -> bool {
+        !path.is_root()
+            && path.strip_prefix(&self.kubepods).is_none()
+            && self.kubepods.strip_prefix(path).is_none()
+    }
+
+    fn write(&self, path: &CgroupPath, file: InterfaceFile, value: &str) -> Result<(), String> {
+        self.fs
+            .write(path, file, value)
+            .map_err(|e| error_chain(&e))
+    }
+
+    /// Every cpuset of the hierarchy (bounded like the kubepods scan), with its CPUs and flag.
+    fn read_tree(&self) -> BTreeMap<CgroupPath, Node> {
+        let mut tree = BTreeMap::new();
+        let mut stack = vec![CgroupPath::root()];
+        let mut seen = HashSet::new();
+        while let Some(path) = stack.pop() {
+            if tree.len() >= MAX_SCAN_CGROUPS || !seen.insert(path.clone()) {
+                continue;
+            }
+            let cpus_text = self
+                .fs
+                .read(&path, InterfaceFile::CpusetCpus)
+                .ok()
+                .map(|t| t.trim().to_string());
+            let cpus = cpus_text
+                .as_deref()
+                .and_then(|t| CpuSet::parse(t).ok())
+                .unwrap_or_default();
+            let flag = self
+                .fs
+                .read(&path, InterfaceFile::CpusetSchedLoadBalance)
+                .ok()
+                .map(|t| t.trim().to_string());
+            if path.depth() < MAX_SCAN_DEPTH {
+                if let Ok(entries) = self.fs.list(&path) {
+                    for entry in entries.iter().filter(|e| e.kind == FileKind::Directory) {
+                        if let Ok(child) = path.join(&entry.name) {
+                            stack.push(child);
+                        }
+                    }
+                }
+            }
+            tree.insert(
+                path.clone(),
+                Node {
+                    path,
+                    cpus,
+                    cpus_text,
+                    flag,
+                },
+            );
+        }
+        tree
+    }
+}
+
+/// A recorded cgroup's key (only UTF-8 paths are recorded).
+fn key(path: &CgroupPath) -> String {
+    path.to_str().unwrap_or_default().to_string()
+}
+
+/// The cgroup and every ancestor up to the root, the root included.
+fn chain(path: &CgroupPath) -> Vec<CgroupPath> {
+    let mut out = vec![path.clone()];
+    let mut at = path.clone();
+    while let Some(parent) = at.parent() {
+        out.push(parent.clone());
+        at = parent;
+    }
+    out
+}
+
+fn set_flag(tree: &mut BTreeMap<CgroupPath, Node>, path: &CgroupPath, value: &str) {
+    if let Some(node) = tree.get_mut(path) {
+        node.flag = Some(value.to_string());
+    }
+}
+
+fn note(outcome: &mut SchedOutcome, error: String) {
+    if outcome.errors.len() < 3 {
+        outcome.errors.push(error);
+    }
+}
+
+/// The CPUs some load-balanced cpuset covers, and those cpusets, as `generate_sched_domains`
+/// finds them: every CPU when the root balances; otherwise each topmost balancing cpuset with
+/// CPUs (those that do not balance are looked into; those without CPUs, and their children, are
+/// not).
+fn balanced_cpus(tree: &BTreeMap<CgroupPath, Node>) -> (CpuSet, Vec<(CgroupPath, CpuSet)>) {
+    let Some(root) = tree.get(&CgroupPath::root()) else {
+        return (CpuSet::new(), Vec::new());
+    };
+    if root.balances() {
+        let all: CpuSet = tree.values().fold(root.cpus.clone(), |mut all, n| {
+            all.extend_from(&n.cpus);
+            all
+        });
+        return (all.clone(), vec![(CgroupPath::root(), all)]);
+    }
+    let mut balanced = CpuSet::new();
+    let mut by = Vec::new();
+    // Pre-order: a path sorts right before its descendants.
+    let mut skip: Option<CgroupPath> = None;
+    for (path, node) in tree.iter().filter(|(p, _)| !p.is_root()) {
+        if let Some(top) = &skip {
+            if path.strip_prefix(top).is_some() {
+                continue;
+            }
+            skip = None;
+        }
+        if node.cpus.is_empty() {
+            skip = Some(path.clone());
+            continue;
+        }
+        if node.balances() {
+            balanced.extend_from(&node.cpus);
+            by.push((node.path.clone(), node.cpus.clone()));
+            skip = Some(path.clone());
+        }
+    }
+    (balanced, by)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::path::Path;
+
+    fn set(text: &str) -> CpuSet {
+        CpuSet::parse(text).unwrap()
+    }
+
+    /// A v1 cpuset tree: (path, cpus, flag).
+    fn tree(dir: &Path, cgroups: &[(&str, &str, &str)]) {
+        for (rel, cpus, flag) in cgroups {
+            let d = dir.join(rel);
+            fs::create_dir_all(&d).unwrap();
+            fs::write(d.join("cpuset.cpus"), format!("{cpus}\n")).unwrap();
+            fs::write(d.join("cpuset.sched_load_balance"), format!("{flag}\n")).unwrap();
+        }
+    }
+
+    fn read(dir: &Path, rel: &str, file: &str) -> String {
+        fs::read_to_string(dir.join(rel).join(file))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    fn path(p: &str) -> CgroupPath {
+        CgroupPath::new(p).unwrap()
+    }
+
+    #[test]
+    fn the_kernels_rule_on_balanced_cpusets() {
+        let node = |p: &str, cpus: &str, flag: &str| {
+            (
+                path(p),
+                Node {
+                    path: path(p),
+                    cpus: set(cpus),
+                    cpus_text: Some(cpus.into()),
+                    flag: Some(flag.into()),
+                },
+            )
+        };
+        let mut t: BTreeMap<CgroupPath, Node> = [
+            node("", "0-7", "1"),
+            node("kp", "0-7", "0"),
+            node("kp/pod", "2-3", "0"),
+            node("kp/pod/c", "2-3", "0"),
+            node("kp/be", "1,4-6", "1"),
+            node("kp/be/x", "4", "0"),
+            node("host", "0-7", "1"),
+        ]
+        .into_iter()
+        .collect();
+        // The root balances: every CPU.
+        assert_eq!(balanced_cpus(&t).0, set("0-7"));
+        t.get_mut(&path("")).unwrap().flag = Some("0".into());
+        // The host spans everything.
+        assert_eq!(balanced_cpus(&t).0, set("0-7"));
+        t.get_mut(&path("host")).unwrap().cpus = set("0");
+        let (balanced, by) = balanced_cpus(&t);
+        assert_eq!(balanced, set("0-1,4-6"));
+        assert_eq!(by.len(), 2, "{by:?}");
+        // An empty cpuset hides its children.
+        t.get_mut(&path("kp/pod")).unwrap().cpus = CpuSet::new();
+        t.get_mut(&path("kp/pod/c")).unwrap().flag = Some("1".into());
+        assert_eq!(balanced_cpus(&t).0, set("0-1,4-6"));
+    }
+
+    #[test]
+    fn flags_and_host_cpusets_are_changed_and_put_back() {
+        let dir = tempfile::tempdir().unwrap();
+        tree(
+            dir.path(),
+            &[
+                ("", "0-7", "1"),
+                ("kp", "0-7", "1"),
+                ("kp/pod", "0-7", "1"),
+                ("kp/pod/c", "2-3", "1"),
+                ("kp/be", "0-1,4-7", "1"),
+                ("system.slice", "0-7", "1"),
+                ("system.slice/a.service", "4-7", "1"),
+                ("user.slice", "", "1"),
+            ],
+        );
+        let fs = CgroupFs::open(dir.path()).unwrap();
+        let mut sched = SchedBalance::new(
+            fs.clone(),
+            CgroupVersion::V1,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        );
+        let wanted = [(path("kp/pod/c"), set("2-3"))];
+        let outcome = sched.apply(&wanted);
+        assert!(outcome.errors.is_empty(), "{outcome:?}");
+        for rel in ["", "kp", "kp/pod", "kp/pod/c"] {
+            assert_eq!(read(dir.path(), rel, "cpuset.sched_load_balance"), "0");
+        }
+        assert_eq!(read(dir.path(), "kp/be", "cpuset.sched_load_balance"), "1");
+        assert_eq!(read(dir.path(), "system.slice", "cpuset.cpus"), "0-1");
+        assert_eq!(
+            read(dir.path(), "system.slice/a.service", "cpuset.cpus"),
+            "0-1",
+            "no reserved cpu of its own: all of them"
+        );
+        assert_eq!(read(dir.path(), "user.slice", "cpuset.cpus"), "");
+        assert_eq!(sched.saved().isolated, set("2-3"));
+        assert_eq!(sched.saved().not_in_force, None);
+        // Idempotent.
+        assert_eq!(sched.apply(&wanted).written, 0);
+
+        // A restart (the checkpoint's record) and the container gone: everything back.
+        let json = serde_json::to_string(sched.saved()).unwrap();
+        let mut again = SchedBalance::new(
+            fs,
+            CgroupVersion::V1,
+            path("kp"),
+            Some(set("0-1")),
+            serde_json::from_str(&json).unwrap(),
+        );
+        again.apply(&[]);
+        for rel in ["", "kp", "kp/pod", "kp/pod/c", "kp/be"] {
+            assert_eq!(read(dir.path(), rel, "cpuset.sched_load_balance"), "1");
+        }
+        assert_eq!(read(dir.path(), "system.slice", "cpuset.cpus"), "0-7");
+        assert_eq!(
+            read(dir.path(), "system.slice/a.service", "cpuset.cpus"),
+            "4-7"
+        );
+        assert!(again.saved().is_empty(), "{:?}", again.saved());
+    }
+
+    #[test]
+    fn without_isolate_host_the_host_defeats_it_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        tree(
+            dir.path(),
+            &[
+                ("", "0-7", "1"),
+                ("kp", "0-7", "1"),
+                ("kp/c", "2-3", "1"),
+                ("system.slice", "0-7", "1"),
+            ],
+        );
+        let fs = CgroupFs::open(dir.path()).unwrap();
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V1,
+            path("kp"),
+            None,
+            SchedSaved::default(),
+        );
+        sched.apply(&[(path("kp/c"), set("2-3"))]);
+        assert_eq!(read(dir.path(), "system.slice", "cpuset.cpus"), "0-7");
+        assert!(sched.saved().isolated.is_empty());
+        let why = sched.saved().not_in_force.clone().unwrap();
+        assert!(
+            why.contains("system.slice (0-7)") && why.contains("--isolate-host"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn cgroup_v2_without_exclusive_cpus_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("kp/c")).unwrap();
+        fs::write(dir.path().join("kp/c/cpuset.cpus.partition"), "member\n").unwrap();
+        let fs = CgroupFs::open(dir.path()).unwrap();
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V2,
+            path("kp"),
+            None,
+            SchedSaved::default(),
+        );
+        assert_eq!(sched.support(), Support::V2WithoutExclusive);
+        let outcome = sched.apply(&[(path("kp/c"), set("2-3"))]);
+        assert_eq!(outcome, SchedOutcome::default());
+        assert_eq!(read(dir.path(), "kp/c", "cpuset.cpus.partition"), "member");
+        assert_eq!(sched.saved().not_in_force.as_deref(), Some(V2_REFUSAL));
+        sched.apply(&[]);
+        assert!(sched.saved().is_empty());
+    }
+
+    #[test]
+    fn remote_partitions_are_set_up_parents_first_read_back_and_undone() {
+        let dir = tempfile::tempdir().unwrap();
+        for rel in ["kp", "kp/pod", "kp/pod/c", "kp/pod/d"] {
+            let d = dir.path().join(rel);
+            fs::create_dir_all(&d).unwrap();
+            fs::write(d.join("cpuset.cpus.exclusive"), "\n").unwrap();
+            fs::write(d.join("cpuset.cpus.partition"), "member\n").unwrap();
+        }
+        let fs = CgroupFs::open(dir.path()).unwrap();
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V2,
+            path("kp"),
+            None,
+            SchedSaved::default(),
+        );
+        assert_eq!(sched.support(), Support::V2RemotePartitions);
+        let c = (path("kp/pod/c"), set("2-3"));
+        let d = (path("kp/pod/d"), set("4"));
+        let outcome = sched.apply(std::slice::from_ref(&c));
+        assert!(outcome.errors.is_empty(), "{outcome:?}");
+        for rel in ["kp", "kp/pod", "kp/pod/c"] {
+            assert_eq!(
+                read(dir.path(), rel, "cpuset.cpus.exclusive"),
+                "2-3",
+                "{rel}"
+            );
+        }
+        assert_eq!(
+            read(dir.path(), "kp/pod/c", "cpuset.cpus.partition"),
+            "isolated"
+        );
+        assert_eq!(
+            read(dir.path(), "kp/pod/d", "cpuset.cpus.partition"),
+            "member"
+        );
+        assert_eq!(sched.saved().isolated, set("2-3"));
+        sched.apply(&[c.clone(), d.clone()]);
+        assert_eq!(read(dir.path(), "kp", "cpuset.cpus.exclusive"), "2-4");
+        assert_eq!(read(dir.path(), "kp/pod/d", "cpuset.cpus.exclusive"), "4");
+        // The kernel invalidates one (hotplug, a conflict): said as the kernel says it, not
+        // written again.
+        fs::write(
+            dir.path().join("kp/pod/c/cpuset.cpus.partition"),
+            "isolated invalid (Parent is not a partition root)\n",
+        )
+        .unwrap();
+        assert_eq!(sched.apply(&[c.clone(), d.clone()]).written, 0);
+        assert_eq!(sched.saved().isolated, set("4"));
+        let why = sched.saved().not_in_force.clone().unwrap();
+        assert!(
+            why.contains("isolated invalid (Parent is not a partition root)"),
+            "{why}"
+        );
+        // One goes: its partition first, then the exclusive cpus narrowed children first.
+        sched.apply(std::slice::from_ref(&d));
+        assert_eq!(
+            read(dir.path(), "kp/pod/c", "cpuset.cpus.partition"),
+            "member"
+        );
+        assert_eq!(read(dir.path(), "kp/pod/c", "cpuset.cpus.exclusive"), "");
+        assert_eq!(read(dir.path(), "kp", "cpuset.cpus.exclusive"), "4");
+        // A restart and the last goes: everything back.
+        let json = serde_json::to_string(sched.saved()).unwrap();
+        let mut again = SchedBalance::new(
+            CgroupFs::open(dir.path()).unwrap(),
+            CgroupVersion::V2,
+            path("kp"),
+            None,
+            serde_json::from_str(&json).unwrap(),
+        );
+        again.apply(&[]);
+        for rel in ["kp", "kp/pod", "kp/pod/c", "kp/pod/d"] {
+            assert_eq!(read(dir.path(), rel, "cpuset.cpus.exclusive"), "", "{rel}");
+            assert_eq!(read(dir.path(), rel, "cpuset.cpus.partition"), "member");
+        }
+        assert!(again.saved().is_empty(), "{:?}", again.saved());
+    }
+}
