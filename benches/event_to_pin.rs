@@ -47,8 +47,12 @@ fn report(what: &str, samples: &mut [Duration], missed: usize, agent: &Agent) {
         .metric("cpusetd_event_to_pin_seconds{quantile=\"0.99\"}")
         .map_or("-".into(), |s| format!("{:.0}", s * 1e6));
     let writes = agent.metric("cpusetd_cgroup_writes_total").unwrap_or(0.0);
+    let passes = agent.metric("cpusetd_passes_total").unwrap_or(0.0);
+    let incremental = agent
+        .metric("cpusetd_incremental_passes_total")
+        .unwrap_or(0.0);
     println!(
-        "{what:<44} {:>6} {:>10.0} {:>10.0} {:>8} {:>16} {:>14.0}",
+        "{what:<44} {:>6} {:>10.0} {:>10.0} {:>8} {:>16} {:>14.0}   ({incremental} of {passes} passes incremental)",
         samples.len(),
         median,
         p99,

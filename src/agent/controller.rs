@@ -9,6 +9,10 @@
 //! model already holds, so it causes no further pass (no repair loops), or a value someone else
 //! wrote after the agent, which is drift and is repaired by the next pass.
 //!
+//! A pass plans the whole model, or — when only pods came, went or changed their containers
+//! and nothing else waits — just those pods' chains (see [`incremental`]), with the rest of
+//! the shared pool's rewrites following in a coalesced full pass.
+//!
 //! Reconcile merge rule: a full scan started at time T replaces every model entry last updated
 //! before T; entries updated after T (by events that raced the scan) are newer and kept. A
 //! reconcile that changes nothing runs no pass (see [`Controller::reconcile`]).
@@ -886,10 +890,13 @@ impl Controller {
                 self.drifted.insert(path.clone());
             }
         }
-        if self.model.contains_key(&path) {
-            self.since_pass.other = true;
-        } else {
+        if !self.model.contains_key(&path) {
             self.since_pass.new.insert(path.clone());
+        } else if !self.since_pass.new.contains(&path) {
+            // Re-read with other values (a runtime writing a container's CPU settings after
+            // making its cgroup, a resize): its pod's chain is planned again (a cgroup outside
+            // any pod makes the pass a full one; drift is repaired on its own).
+            self.since_pass.touched.insert(path.clone());
         }
         self.set_entry(path, cgroup, now);
         true
@@ -933,7 +940,7 @@ impl Controller {
     /// be read again or is gone.
     fn remove_if_gone(&mut self, root: &CgroupPath) -> bool {
         if self.parts.hierarchy.cpuset.is_gone(root) {
-            return self.remove_subtree(root);
+            return self.removed(root);
         }
         if self.unreadable_said.insert(root.clone()) {
             log::warn!(
@@ -1425,7 +1432,9 @@ impl Controller {
             let quiet = self.last_new_cgroup.map_or(now, |t| t + COALESCE_QUIET);
             self.flush_at = Some(quiet.min(since + COALESCE_LIMIT));
             self.metrics.writes_held_back += report.held_back as u64;
-        } else {
+        } else if mode.is_full() {
+            // (An incremental pass holds nothing back, and leaves what a full one held back
+            // to that one's flush.)
             self.held_since = None;
             self.flush_at = None;
         }

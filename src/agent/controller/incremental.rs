@@ -1,8 +1,8 @@
-//! Incremental passes: when the only change since the last pass is new cgroups inside pods
-//! (a pod starting, a container restarting), the pass plans just those pods' chains — each
-//! pod's whole subtree and its ancestors up to kubepods — instead of the whole tree, and
-//! writes only inside the pods. Their pins land after work proportional to the pods, not to
-//! the node.
+//! Incremental passes: when the only change since the last pass is pods starting, containers
+//! starting or going in pods that stay, or pods going, the pass plans just those pods' chains
+//! — each pod's whole subtree and its ancestors up to kubepods — instead of the whole tree,
+//! and writes only inside the pods (and the ancestors' widenings). Their pins land after work
+//! proportional to the pods, not to the node.
 //!
 //! A chain plans the same as a full plan would, given what a full pass checks first (see
 //! [`Controller::chain`]): the assignments of every other pod are kept (the chain's scan is
@@ -52,8 +52,8 @@ pub(super) struct SincePass {
 }
 
 impl Controller {
-    /// Plans and writes only the chains of new pods, when that is all that changed (see the
-    /// module's documentation). `None`: a full pass is needed.
+    /// Plans and writes only the chains of the pods that changed, when that is all that
+    /// changed (see the module's documentation). `None`: a full pass is needed.
     pub(super) fn incremental_pass(&mut self, now: Instant) -> Option<PassOutcome> {
         let roots = self.chain()?;
         let mut paths: BTreeSet<CgroupPath> = BTreeSet::new();
@@ -124,9 +124,11 @@ impl Controller {
     }
 
     /// The pods whose chains an incremental pass plans, when it may: every change since the
-    /// last pass is a cgroup new to the model inside a pod, and the last full pass left
-    /// nothing waiting (every demand met, nothing held back, settling or drifted), so that a
-    /// full plan would decide nothing about any other pod.
+    /// last pass is a cgroup new to the model inside a pod, a container gone from a pod that
+    /// stays, or a pod gone, and the last full pass left nothing waiting (every demand met,
+    /// nothing settling or drifted), so that a full plan would decide nothing about any other
+    /// pod. Writes a full pass held back during a burst do not stop it: they are the shared
+    /// pool's, which its flush makes, and the chain widens its own ancestors.
     fn chain(&mut self) -> Option<Vec<CgroupPath>> {
         let changed = !self.since_pass.new.is_empty()
             || !self.since_pass.touched.is_empty()
@@ -136,7 +138,6 @@ impl Controller {
             && !self.since_pass.other
             && changed
             && self.parts.policy.is_some()
-            && self.held_since.is_none()
             && self.settling.is_empty()
             && self.drifted.is_empty()
             && self.settings_wait.is_empty();
