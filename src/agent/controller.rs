@@ -816,8 +816,8 @@ impl Controller {
             changed = true;
         }
         if self.full_due.is_some_and(|t| t <= now) {
-            // The shared pool's members, after incremental passes: a full pass.
-            self.since_pass.other = true;
+            // The shared pool's members, after incremental passes: a full pass (after the
+            // pins of pods that arrived meanwhile, see `pass`).
             changed = true;
         }
         if self.settle_at.is_some_and(|t| t <= now) {
@@ -1047,9 +1047,23 @@ impl Controller {
         if let Some(outcome) = self.repair_drift() {
             return outcome;
         }
+        // New pods' pins first, also when the shared pool's rewrites are due now.
         if let Some(outcome) = self.incremental_pass(now) {
-            return outcome;
+            if self.full_due.is_none_or(|t| t > now) {
+                return outcome;
+            }
+            let full = self.full_pass(now);
+            return PassOutcome {
+                assignments_changed: outcome.assignments_changed | full.assignments_changed,
+                writes: outcome.writes + full.writes,
+                failed_writes: outcome.failed_writes + full.failed_writes,
+            };
         }
+        self.full_pass(now)
+    }
+
+    /// A pass over the whole model (see [`Controller::pass`]).
+    fn full_pass(&mut self, now: Instant) -> PassOutcome {
         self.structural = false;
         self.since_pass = SincePass::default();
         self.full_due = None;

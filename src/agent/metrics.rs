@@ -42,13 +42,22 @@ impl LatencySummary {
 
     /// The `q` quantile of the recent samples (nearest rank).
     pub fn quantile(&self, q: f64) -> Option<Duration> {
+        self.quantiles(&[q]).pop().flatten()
+    }
+
+    /// Several quantiles from one sort of the recent samples (`render` runs after every pass).
+    pub fn quantiles(&self, qs: &[f64]) -> Vec<Option<Duration>> {
         if self.recent.is_empty() {
-            return None;
+            return vec![None; qs.len()];
         }
         let mut sorted: Vec<Duration> = self.recent.iter().copied().collect();
         sorted.sort_unstable();
-        let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-        Some(sorted[rank - 1])
+        qs.iter()
+            .map(|q| {
+                let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+                sorted.get(rank - 1).copied()
+            })
+            .collect()
     }
 }
 
@@ -357,8 +366,9 @@ impl Metrics {
             );
         }
         let mut lines = Vec::new();
-        for q in [0.5, 0.9, 0.99] {
-            if let Some(v) = self.event_to_pin.quantile(q) {
+        let qs = [0.5, 0.9, 0.99];
+        for (q, v) in qs.iter().zip(self.event_to_pin.quantiles(&qs)) {
+            if let Some(v) = v {
                 lines.push((
                     format!("{{quantile=\"{q}\"}}"),
                     format!("{:.6}", v.as_secs_f64()),

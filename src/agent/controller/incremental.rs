@@ -105,7 +105,7 @@ impl Controller {
         // pool's members are rewritten now, after the pins.
         if !clean || (pool_changed && self.arrivals.is_none()) {
             self.since_pass.other = true;
-            let full = self.pass(now);
+            let full = self.full_pass(now);
             return Some(PassOutcome {
                 assignments_changed: outcome.assignments_changed | full.assignments_changed,
                 writes: outcome.writes + full.writes,
