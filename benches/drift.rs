@@ -5,8 +5,8 @@
 //! unique subtree, removed at the end).
 //!
 //! `cargo bench --bench drift`; `SAMPLES` (default 1000, on tmpfs) and `KERNEL_SAMPLES`
-//! (default 300, on the real hierarchy) change the run. No cgroup gets more than one foreign
-//! write per 110 ms: faster is a fight with another writer, which the agent answers with
+//! (default 100, on the real hierarchy) change the run. No cgroup gets more than one foreign
+//! write per 500 ms: faster is a fight with another writer, which the agent answers with
 //! backed-off repairs (issue 17).
 
 mod common;
@@ -40,10 +40,11 @@ fn pinned(node: &FakeNode, count: usize) -> Vec<(PathBuf, String)> {
         .collect()
 }
 
-/// One cgroup gets at most one foreign write per this: more than 10 within a second is a
-/// fight with another writer, which the agent answers with backed-off repairs (issue 17), not
-/// what this figure measures.
-const SAME_CGROUP_GAP: Duration = Duration::from_millis(110);
+/// One cgroup gets at most one foreign write per this: more than 10 changes within a second
+/// is a fight with another writer, which the agent answers with backed-off repairs (issue 17),
+/// not what this figure measures (one foreign write can be seen as two or three changes: its
+/// truncation and its content raise an `IN_MODIFY` each).
+const SAME_CGROUP_GAP: Duration = Duration::from_millis(500);
 
 fn sample(containers: &[(PathBuf, String)], foreign: &str, n: usize) -> (Vec<Duration>, usize) {
     let mut waiter = FileWaiter::default();
@@ -69,8 +70,11 @@ fn sample(containers: &[(PathBuf, String)], foreign: &str, n: usize) -> (Vec<Dur
 fn report(what: &str, samples: &mut [Duration], missed: usize, agent: &Agent) {
     let (median, p99) = median_p99(samples);
     let repairs = agent.metric("cpusetd_drift_repairs_total").unwrap_or(0.0);
+    // A fight (another writer faster than 10 changes a second) is answered with backoff,
+    // which this figure does not measure: it should stay 0.
+    let fights = agent.metric("cpusetd_drift_fights_total").unwrap_or(0.0);
     println!(
-        "{what:<44} {:>6} {:>10.0} {:>10.0} {:>8} {:>8}",
+        "{what:<44} {:>6} {:>10.0} {:>10.0} {:>8} {:>8}   ({fights} fights)",
         samples.len(),
         median,
         p99,
@@ -104,8 +108,8 @@ fn main() {
     let agent = Agent::start(&machine.agent_args());
     let containers = pinned(&machine.node, 1);
     let whole = fs::read_to_string(machine.cpuset_dir("cpuset.cpus")).unwrap();
-    // One pinned container here: a foreign write every 110 ms at most.
-    let n = env_usize("KERNEL_SAMPLES", 300);
+    // One pinned container here: a foreign write every 500 ms at most.
+    let n = env_usize("KERNEL_SAMPLES", 100);
     let (mut samples, missed) = sample(&containers, whole.trim(), n);
     report("real cgroup v1, this machine", &mut samples, missed, &agent);
     drop(agent);
