@@ -454,7 +454,11 @@ impl Controller {
         }
         self.flush_at = None;
         self.since_pass.other = true;
-        Some(self.pass(now))
+        // Every write, in plan order: nothing held back for arrivals now.
+        let arrivals = self.arrivals.take();
+        let outcome = self.pass(now);
+        self.arrivals = arrivals;
+        Some(outcome)
     }
 
     /// When the controller wants to re-read containers still waiting for CPU settings, or
@@ -1562,7 +1566,7 @@ impl Controller {
                     .insert(key, (class.isolation, cgroup.path.clone()));
             }
         }
-        self.last_pass_settled = report.is_clean()
+        let settled = report.is_clean()
             && report.held_back == 0
             && report.skipped == 0
             && report.gone == 0
@@ -1570,6 +1574,9 @@ impl Controller {
                 .events
                 .iter()
                 .any(|e| matches!(e, AssignEvent::Failed { .. } | AssignEvent::Short { .. }));
+        // Only a full pass says the whole tree is settled; an incremental one can only say it
+        // is not (a write a full pass could not make is retried by the next reconcile).
+        self.last_pass_settled = settled && (mode.is_full() || self.last_pass_settled);
         let outcome = PassOutcome {
             assignments_changed: changed,
             writes: report.applied,
