@@ -156,6 +156,17 @@ pub struct PassOutcome {
     pub failed_writes: usize,
 }
 
+impl PassOutcome {
+    /// This pass followed by `later` (which planned again: its failures are the ones left).
+    fn then(self, later: PassOutcome) -> PassOutcome {
+        PassOutcome {
+            assignments_changed: self.assignments_changed | later.assignments_changed,
+            writes: self.writes + later.writes,
+            failed_writes: later.failed_writes,
+        }
+    }
+}
+
 /// More foreign changes of one cgroup's cpuset than this within [`FIGHT_WINDOW`] is a fight.
 const FIGHT_DRIFTS: u32 = 10;
 const FIGHT_WINDOW: Duration = Duration::from_secs(1);
@@ -1056,12 +1067,7 @@ impl Controller {
             if self.full_due.is_none_or(|t| t > now) {
                 return outcome;
             }
-            let full = self.full_pass(now);
-            return PassOutcome {
-                assignments_changed: outcome.assignments_changed | full.assignments_changed,
-                writes: outcome.writes + full.writes,
-                failed_writes: outcome.failed_writes + full.failed_writes,
-            };
+            return outcome.then(self.full_pass(now));
         }
         self.full_pass(now)
     }
@@ -1315,6 +1321,17 @@ impl Controller {
         self.plan_and_write(now, scan, classes, limits, Mode::Full)
     }
 
+    /// What the planner is given besides the tree.
+    fn plan_config<'a>(&'a self, limits: &'a NodeLimits) -> PlanConfig<'a> {
+        PlanConfig {
+            topology: &self.parts.topology,
+            policy: self.parts.policy.as_ref(),
+            align_memory: self.parts.align_memory,
+            keep_cfs_quota: self.parts.keep_cfs_quota,
+            limits: Some(limits),
+        }
+    }
+
     /// Plans `scan` (the whole model, or an incremental pass's chain) and makes its writes.
     fn plan_and_write(
         &mut self,
@@ -1326,28 +1343,24 @@ impl Controller {
     ) -> (PassOutcome, FollowUp) {
         #[cfg(debug_assertions)]
         let before = self.parts.assignments.clone();
-        let config = PlanConfig {
-            topology: &self.parts.topology,
-            policy: self.parts.policy.as_ref(),
-            align_memory: self.parts.align_memory,
-            keep_cfs_quota: self.parts.keep_cfs_quota,
-            limits: Some(&limits),
-        };
-        let mut planned = plan(&scan, &classes, &self.parts.assignments, &config);
+        let mut planned = plan(
+            &scan,
+            &classes,
+            &self.parts.assignments,
+            &self.plan_config(&limits),
+        );
         // An incremental pass writes in its pods, and widens their ancestors (top-down, before
         // the pods: a pool that grew reaches a new pod through them); the ancestors'
         // narrowings (the shared pool's) wait for the full pass, with the rest of the pool's
         // members, whose sets hold them up.
-        if let Mode::Chain { roots } = &mode {
+        if !mode.is_full() {
             let all = planned.writes.len();
-            planned.writes.retain(|w| {
-                w.step == WriteStep::Widen || roots.iter().any(|r| w.path.strip_prefix(r).is_some())
-            });
+            planned
+                .writes
+                .retain(|w| w.step == WriteStep::Widen || mode.owns(&w.path));
             self.metrics.writes_held_back += (all - planned.writes.len()) as u64;
-        }
-        #[cfg(debug_assertions)]
-        if let Mode::Chain { roots } = &mode {
-            self.assert_chain_is_full_plan(&before, &scan, &planned, &limits, roots);
+            #[cfg(debug_assertions)]
+            self.assert_chain_is_full_plan(&before, &scan, &planned, &limits, &mode);
         }
         self.log_events(&planned.events, &classes);
         // Containers entitled to exclusive cpus, and short ones (which may not know their
@@ -1512,16 +1525,11 @@ impl Controller {
                 entry.updated = now;
             }
         }
-        if let Mode::Chain { roots } = &mode {
-            // The ancestors' narrowings wait for the full pass: until then what they hold is
-            // what is wanted there, not drift.
-            for cgroup in scan.cgroups.iter() {
-                if roots.iter().any(|r| cgroup.path.strip_prefix(r).is_some()) {
-                    continue;
-                }
-                if let Some(entry) = self.model.get_mut(&cgroup.path) {
-                    entry.desired = entry.cgroup.cpus.configured().cloned();
-                }
+        // A chain's ancestors' narrowings wait for the full pass: until then what they hold
+        // is what is wanted there, not drift.
+        for cgroup in scan.cgroups.iter().filter(|c| !mode.owns(&c.path)) {
+            if let Some(entry) = self.model.get_mut(&cgroup.path) {
+                entry.desired = entry.cgroup.cpus.configured().cloned();
             }
         }
         let urgent_done = report.urgent_done.unwrap_or(written_at);

@@ -36,6 +36,15 @@ impl Mode {
     pub(super) fn is_full(&self) -> bool {
         matches!(self, Mode::Full)
     }
+
+    /// Whether the pass plans `path`'s own values (and writes them): in a chain, only the
+    /// pods' subtrees, not their ancestors.
+    pub(super) fn owns(&self, path: &CgroupPath) -> bool {
+        match self {
+            Mode::Full => true,
+            Mode::Chain { roots } => roots.iter().any(|r| path.strip_prefix(r).is_some()),
+        }
+    }
 }
 
 /// What changed in the model since the last pass.
@@ -106,11 +115,7 @@ impl Controller {
         if !clean || (pool_changed && self.arrivals.is_none()) {
             self.since_pass.other = true;
             let full = self.full_pass(now);
-            return Some(PassOutcome {
-                assignments_changed: outcome.assignments_changed | full.assignments_changed,
-                writes: outcome.writes + full.writes,
-                failed_writes: full.failed_writes,
-            });
+            return Some(outcome.then(full));
         }
         if pool_changed {
             // The pool's members (as the last full pass counted them) wait for the full pass.
@@ -211,19 +216,12 @@ impl Controller {
         chain: &Scan,
         planned: &crate::planner::Plan,
         limits: &crate::planner::NodeLimits,
-        roots: &[CgroupPath],
+        mode: &Mode,
     ) {
         use std::collections::HashMap;
         let scan = self.model_scan();
         let classes = self.classify_model(&scan);
-        let config = crate::planner::PlanConfig {
-            topology: &self.parts.topology,
-            policy: self.parts.policy.as_ref(),
-            align_memory: self.parts.align_memory,
-            keep_cfs_quota: self.parts.keep_cfs_quota,
-            limits: Some(limits),
-        };
-        let full = crate::planner::plan(&scan, &classes, before, &config);
+        let full = crate::planner::plan(&scan, &classes, before, &self.plan_config(limits));
         assert_eq!(
             planned.assignments, full.assignments,
             "an incremental pass assigned what a full plan would not"
@@ -244,11 +242,10 @@ impl Controller {
                 cgroup.path
             );
         }
-        let in_pods = |path: &CgroupPath| roots.iter().any(|r| path.strip_prefix(r).is_some());
         let chain_paths: std::collections::HashSet<&CgroupPath> =
             chain.cgroups.iter().map(|c| &c.path).collect();
         let in_chain = |w: &crate::planner::PlannedWrite| {
-            in_pods(&w.path)
+            mode.owns(&w.path)
                 || (w.step == crate::planner::WriteStep::Widen && chain_paths.contains(&w.path))
         };
         let key =
