@@ -1,0 +1,130 @@
+//! Classification of the model's cgroups, cached per cgroup, and the containers that wait for
+//! their CPU settings.
+
+use super::*;
+
+/// How long a new container may wait for its CPU settings before the controller stops
+/// re-reading it on its own (events still wake it).
+pub(super) const SETTINGS_RETRY: [Duration; 4] = [
+    Duration::from_millis(5),
+    Duration::from_millis(25),
+    Duration::from_millis(100),
+    Duration::from_millis(500),
+];
+
+/// What classification noticed about a cgroup (an ignored annotation value, a pod uid in the
+/// runtime config that differs from the path, a limit that differs from the request …), said
+/// once: when its classification is cached, which is again only when its CPU settings change.
+/// Logs what classification noticed about a cgroup, each notice once while it lasts.
+pub(super) fn say_notices(path: &CgroupPath, class: &Classification, said: &mut Vec<Notice>) {
+    for notice in &class.notices {
+        if !said.contains(notice) {
+            log::warn!("cg={path}: {notice}");
+        }
+    }
+    said.clone_from(&class.notices);
+}
+
+impl Controller {
+    /// Classifies the model, reusing each cgroup's cached classification (kept while its path
+    /// and CPU settings stay the same, see [`Controller::set_entry`]).
+    ///
+    /// The runtime's config gives a container's CPU request while its cgroup still holds the
+    /// kernel's defaults; once the cgroup has held the config's request (or was there when the
+    /// agent started), a cgroup that differs from the config was resized in place, and its own
+    /// settings are the truth (the config still names the container).
+    pub(super) fn classify_model(&mut self, scan: &Scan) -> Vec<Classification> {
+        scan.cgroups.iter().map(|c| self.class_of(c)).collect()
+    }
+
+    /// The classification of `cgroup`: the cached one of its model entry, or a new one
+    /// (cached unless it waits for its runtime config).
+    pub(super) fn class_of(&mut self, cgroup: &ScannedCgroup) -> Classification {
+        use crate::classify::{Exclusivity, SharedReason};
+        let naming = &self.parts.naming;
+        let runtime = &mut self.parts.runtime;
+        let starting = !self.planned;
+        let Some(entry) = self.model.get_mut(&cgroup.path) else {
+            return classify_scan_one(naming, cgroup, |id| runtime.lookup(id));
+        };
+        {
+            if let Some(class) = &entry.class {
+                return class.clone();
+            }
+            let mut found: Option<RuntimeInfo> = None;
+            let mut class = classify_scan_one(naming, cgroup, |id| {
+                found = runtime.lookup(id);
+                found.clone()
+            });
+            let waiting = matches!(
+                class.exclusivity,
+                Exclusivity::Shared {
+                    reason: SharedReason::CpuSettingsUnavailable
+                }
+            );
+            if let (Some(mut info), Some(id)) = (found.take(), class.container_id.clone()) {
+                match config_matches_cgroup(&cgroup.cpu, &info.cpu) {
+                    Some(true) => {
+                        self.resized.remove(&id);
+                        self.settled.insert(id);
+                    }
+                    Some(false) if starting || self.settled.contains(&id) => {
+                        info.cpu = OciCpu::default();
+                        class = classify(naming, &cgroup.relative, &cgroup.cpu, Some(&info));
+                        if self.resized.insert(id.clone()) {
+                            log::info!(
+                                "cg={} cpu settings differ from the runtime config (resized in place): request {} from the cgroup",
+                                cgroup.path,
+                                class.resources.map_or_else(
+                                    || "unknown".to_string(),
+                                    |r| r.request.to_string()
+                                )
+                            );
+                        }
+                        self.settled.insert(id);
+                    }
+                    _ => {}
+                }
+                entry.class = Some(class.clone());
+                say_notices(&cgroup.path, &class, &mut entry.said);
+            } else if class.kind != CgroupKind::Container || !waiting {
+                // Without a runtime config a container waiting for its CPU settings is looked
+                // up again next pass; one classified from its cgroup is not.
+                entry.class = Some(class.clone());
+                say_notices(&cgroup.path, &class, &mut entry.said);
+            }
+            class
+        }
+    }
+
+    /// Containers whose CPU settings are not readable yet get a few bounded re-reads.
+    pub(super) fn track_settings_wait(
+        &mut self,
+        scan: &Scan,
+        classes: &[Classification],
+        now: Instant,
+    ) {
+        use crate::classify::{Exclusivity, SharedReason};
+        let mut still = HashMap::new();
+        for (cgroup, class) in scan.cgroups.iter().zip(classes) {
+            let waiting = class.kind == CgroupKind::Container
+                && matches!(
+                    class.exclusivity,
+                    Exclusivity::Shared {
+                        reason: SharedReason::CpuSettingsUnavailable
+                    }
+                );
+            if waiting {
+                let tries = self.settings_wait.get(&cgroup.path).copied().unwrap_or(0);
+                if tries < SETTINGS_RETRY.len() {
+                    still.insert(cgroup.path.clone(), tries + 1);
+                }
+            }
+        }
+        self.next_retry = still
+            .values()
+            .map(|&tries| now + SETTINGS_RETRY[tries - 1])
+            .min();
+        self.settings_wait = still;
+    }
+}

@@ -1,0 +1,164 @@
+//! Drift: foreign changes of a cgroup's `cpuset.cpus`, repaired without planning when nothing
+//! else changed, and fights with another writer, repaired at a backed-off pace.
+
+use super::*;
+
+/// More foreign changes of one cgroup's cpuset than this within [`FIGHT_WINDOW`] is a fight.
+pub(super) const FIGHT_DRIFTS: u32 = 10;
+pub(super) const FIGHT_WINDOW: Duration = Duration::from_secs(1);
+/// The first wait before repairing a fought-over cgroup, doubling while the fight goes on.
+pub(super) const FIGHT_BACKOFF_MIN: Duration = Duration::from_millis(100);
+pub(super) const FIGHT_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// This long without a foreign change ends a fight.
+pub(super) const FIGHT_QUIET: Duration = Duration::from_secs(30);
+
+/// A cgroup whose `cpuset.cpus` someone else keeps changing.
+#[derive(Debug, Clone)]
+pub(super) struct Fight {
+    window_start: Instant,
+    drifts: u32,
+    last_drift: Instant,
+    /// The current wait between repairs, once it is a fight.
+    backoff: Option<Duration>,
+    /// No repair before this.
+    until: Option<Instant>,
+    /// A foreign value waits for its repair.
+    pending: bool,
+}
+
+impl Fight {
+    /// No fight yet: a first foreign change at `now`.
+    pub(super) fn new(now: Instant) -> Fight {
+        Fight {
+            window_start: now,
+            drifts: 0,
+            last_drift: now,
+            backoff: None,
+            until: None,
+            pending: false,
+        }
+    }
+}
+
+impl Controller {
+    /// When the first fought-over cgroup whose foreign value waits may be repaired.
+    pub(super) fn next_fight_repair(&self) -> Option<Instant> {
+        self.fights
+            .values()
+            .filter(|f| f.pending)
+            .filter_map(|f| f.until)
+            .min()
+    }
+
+    /// Drift repair without planning: when the only change since a pass that wrote all it
+    /// planned is foreign `cpuset.cpus` values in cgroups it planned, the plan is unchanged
+    /// (it does not depend on those values), and they get its values back: parents first (a
+    /// foreign narrowing of a parent took its children along). `None`: plan instead (also
+    /// when a write fails: the pass sorts it out).
+    pub(super) fn repair_drift(&mut self) -> Option<PassOutcome> {
+        if self.structural
+            || self.drifted.is_empty()
+            || !self.last_pass_settled
+            || self.held_since.is_some()
+            || self.full_due.is_some()
+            || !self.settling.is_empty()
+        {
+            return None;
+        }
+        let mut paths: Vec<CgroupPath> = self.drifted.iter().cloned().collect();
+        paths.sort_by_key(|p| p.components().count());
+        let mut outcome = PassOutcome::default();
+        for path in paths {
+            let desired = self.desired(&path)?.to_string();
+            let written =
+                self.parts
+                    .hierarchy
+                    .cpuset
+                    .write(&path, InterfaceFile::CpusetCpus, &desired);
+            self.metrics.writes_issued += 1;
+            if written.is_err() {
+                return None;
+            }
+            outcome.writes += 1;
+            self.metrics.drift_repairs += 1;
+            self.drifted.remove(&path);
+            if let Some(entry) = self.model.get_mut(&path) {
+                entry
+                    .cgroup
+                    .assume_written(InterfaceFile::CpusetCpus, &desired);
+            }
+            self.bump();
+        }
+        Some(outcome)
+    }
+
+    /// Records a foreign change of `path`'s `cpuset.cpus`; whether its repair must wait. More
+    /// than [`FIGHT_DRIFTS`] within [`FIGHT_WINDOW`] is a fight with another writer (a second
+    /// CPU manager, a tuning daemon): it is said once, counted, and from then on each repair
+    /// waits a backoff that doubles (from [`FIGHT_BACKOFF_MIN`] to [`FIGHT_BACKOFF_MAX`]) while
+    /// the writer goes on; [`FIGHT_QUIET`] without a foreign change ends the fight.
+    pub(super) fn hold_off_drift(&mut self, path: &CgroupPath, now: Instant) -> bool {
+        let fight = self
+            .fights
+            .entry(path.clone())
+            .or_insert_with(|| Fight::new(now));
+        if now.saturating_duration_since(fight.last_drift) > FIGHT_QUIET {
+            *fight = Fight::new(now);
+        }
+        fight.last_drift = now;
+        if fight.until.is_some_and(|until| now < until) {
+            fight.pending = true;
+            return true;
+        }
+        fight.until = None;
+        fight.pending = false;
+        if let Some(backoff) = fight.backoff {
+            // Still fighting: repair now, and wait longer before the next repair.
+            let next = (backoff * 2).min(FIGHT_BACKOFF_MAX);
+            fight.backoff = Some(next);
+            fight.until = Some(now + next);
+            return false;
+        }
+        if now.saturating_duration_since(fight.window_start) > FIGHT_WINDOW {
+            fight.window_start = now;
+            fight.drifts = 0;
+        }
+        fight.drifts += 1;
+        if fight.drifts > FIGHT_DRIFTS {
+            fight.backoff = Some(FIGHT_BACKOFF_MIN);
+            fight.until = Some(now + FIGHT_BACKOFF_MIN);
+            self.metrics.drift_fights += 1;
+            log::warn!(
+                "cg={path}: its cpuset.cpus was changed by someone else more than \
+                 {FIGHT_DRIFTS} times within {FIGHT_WINDOW:?} (another cpu manager or tuning \
+                 daemon?): repaired at most every {FIGHT_BACKOFF_MIN:?} to {FIGHT_BACKOFF_MAX:?} \
+                 while this goes on; find the other writer and stop it"
+            );
+        }
+        false
+    }
+
+    /// Fights whose backoff has ended with a foreign value not yet repaired: the cgroup is read
+    /// again (and so repaired); fights long quiet are forgotten. Whether the model changed.
+    pub(super) fn resume_fights(&mut self, now: Instant) -> bool {
+        self.fights
+            .retain(|_, f| f.pending || now.saturating_duration_since(f.last_drift) <= FIGHT_QUIET);
+        let due: Vec<CgroupPath> = self
+            .fights
+            .iter()
+            .filter(|(_, f)| f.pending && f.until.is_some_and(|u| u <= now))
+            .map(|(p, _)| p.clone())
+            .collect();
+        let mut changed = false;
+        for path in due {
+            if let Some(fight) = self.fights.get_mut(&path) {
+                fight.pending = false;
+            }
+            match self.parts.scanner.read_cgroup(&path) {
+                Some(c) => changed |= self.upsert(c, now),
+                None => changed |= self.remove_if_gone(&path),
+            }
+        }
+        changed
+    }
+}

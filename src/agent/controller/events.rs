@@ -1,0 +1,198 @@
+//! What a pass did, told: the log's lines for assignment events, and the event → pin latency.
+
+use super::*;
+
+impl Controller {
+    /// How the log names a container: `namespace/pod/container (pod<uid>/…)` once the runtime
+    /// has named its pod, else the key alone.
+    pub(super) fn label(&self, key: &AssignmentKey) -> String {
+        let uid = key.pod_uid();
+        let Some(pod) = self.pod_names.get(uid) else {
+            return key.to_string();
+        };
+        let text = match key {
+            AssignmentKey::Named { container, .. } => format!("{pod}/{container} ({key})"),
+            AssignmentKey::Id { .. } => format!("{pod} ({key})"),
+        };
+        crate::logging::printable(&text).into_owned()
+    }
+
+    /// ` devices=…` with the devices of the container holding `key` and their NUMA nodes (the
+    /// hint its cpus were allocated with), or nothing when it has none.
+    pub(super) fn devices_of(key: &AssignmentKey, classes: &[Classification]) -> String {
+        let devices = classes
+            .iter()
+            .find(|c| !c.devices.is_empty() && c.assignment_key().as_ref() == Some(key))
+            .map(|c| crate::devices::describe_all(&c.devices));
+        match devices {
+            Some(text) => format!(" devices=[{text}]"),
+            None => String::new(),
+        }
+    }
+
+    /// `namespace/pod` of the pods of `keys`, from `classes`, for the log (kept until their
+    /// CPUs are released, when the pod may be gone).
+    pub(super) fn learn_pod_names<'k>(
+        &mut self,
+        keys: impl Iterator<Item = &'k AssignmentKey>,
+        classes: &[Classification],
+    ) {
+        for key in keys {
+            let uid = key.pod_uid();
+            if self.pod_names.contains_key(uid) {
+                continue;
+            }
+            let named = classes
+                .iter()
+                .find(|c| c.pod_uid.as_deref() == Some(uid) && c.pod_name.is_some());
+            if let Some(class) = named {
+                let namespace = class.pod_namespace.as_deref().unwrap_or("-");
+                let name = class.pod_name.as_deref().unwrap_or("-");
+                self.pod_names
+                    .insert(uid.to_string(), format!("{namespace}/{name}"));
+            }
+        }
+    }
+
+    pub(super) fn log_events(&mut self, events: &[AssignEvent], classes: &[Classification]) {
+        self.learn_pod_names(events.iter().map(AssignEvent::key), classes);
+        for event in events {
+            match event {
+                AssignEvent::Allocated { key, cpus } => {
+                    self.metrics.pinning_requests += 1;
+                    self.metrics.pin_succeeded(key);
+                    let devices = Self::devices_of(key, classes);
+                    log::info!("{}: allocated cpus={cpus}{devices}", self.label(key));
+                }
+                AssignEvent::Adopted { key, cpus } => {
+                    log::info!("{}: adopted cpus={cpus}", self.label(key))
+                }
+                AssignEvent::Shrunk { key, from, cpus } => {
+                    log::info!(
+                        "{}: resized in place from cpus={from} to cpus={cpus}",
+                        self.label(key)
+                    )
+                }
+                AssignEvent::Reused { key, from, cpus } => {
+                    log::info!("{}: took over cpus={cpus} from {from}", self.label(key))
+                }
+                AssignEvent::Released { key, cpus, why } => {
+                    let pod_gone = matches!(why, ReleaseReason::PodGone);
+                    let why = match why {
+                        ReleaseReason::PodGone => "pod gone",
+                        ReleaseReason::NowShared => "now shared",
+                        ReleaseReason::Resized => "resized",
+                        ReleaseReason::Reused => "reused by its pod",
+                        ReleaseReason::OutOfReach => "offline or out of reach: allocated afresh",
+                        ReleaseReason::SharedPoolEmpty => {
+                            "the shared pool would be empty: its reserved cpus are offline"
+                        }
+                    };
+                    self.metrics.pin_succeeded(key);
+                    log::info!("{}: released cpus={cpus} ({why})", self.label(key));
+                    if pod_gone {
+                        self.pod_names.remove(key.pod_uid());
+                    }
+                }
+                AssignEvent::Replaced {
+                    key,
+                    lost,
+                    added,
+                    cpus,
+                } => {
+                    self.metrics.pin_succeeded(key);
+                    let lost = if lost.is_empty() {
+                        String::new()
+                    } else {
+                        format!("lost cpus {lost} (offline or out of reach), ")
+                    };
+                    log::info!(
+                        "{}: {lost}replacement cpus {added}: cpus={cpus}",
+                        self.label(key)
+                    );
+                }
+                AssignEvent::Short {
+                    key,
+                    lost,
+                    cpus,
+                    wanted,
+                    error,
+                } => {
+                    // Once until it has its count again or goes (every pass asks again).
+                    if self.metrics.first_pin_failure(key) {
+                        let lost = if lost.is_empty() {
+                            String::new()
+                        } else {
+                            format!("lost cpus {lost} (offline or out of reach) and ")
+                        };
+                        log::warn!(
+                            "{}: {lost}no replacement can be given: keeps cpus={cpus} ({} of \
+                             {wanted}) and asks again every pass: {error}",
+                            self.label(key),
+                            cpus.len()
+                        );
+                    }
+                }
+                AssignEvent::Failed {
+                    key,
+                    requested,
+                    error,
+                } => {
+                    // Once per container (key) until it is pinned or goes, not once per
+                    // pass: a pass runs for every batch of events.
+                    if self.metrics.first_pin_failure(key) {
+                        self.metrics.pinning_requests += 1;
+                        self.metrics.pinning_errors += 1;
+                        log::warn!(
+                            "{}: {requested} exclusive cpus cannot be given, stays shared: {error}",
+                            self.label(key)
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Event → pin latency: a new container counts once, when its cpuset reads back as desired
+    /// and its CPU settings were known (before, it waits in the shared pool for them).
+    /// `pinned_at(i)`: when scanned cgroup `i`'s writes were made.
+    pub(super) fn track_pins(
+        &mut self,
+        scan: &Scan,
+        classes: &[Classification],
+        pinned_at: impl Fn(usize) -> Instant,
+    ) {
+        use crate::classify::{Exclusivity, SharedReason};
+        if self.pending_pins.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        for (index, (cgroup, class)) in scan.cgroups.iter().zip(classes).enumerate() {
+            let Some(seen) = self.pending_pins.get(&cgroup.path).copied() else {
+                continue;
+            };
+            if class.kind != CgroupKind::Container {
+                self.pending_pins.remove(&cgroup.path);
+                continue;
+            }
+            if let Exclusivity::Shared {
+                reason: SharedReason::CpuSettingsUnavailable,
+            } = class.exclusivity
+            {
+                continue;
+            }
+            let current = self
+                .model
+                .get(&cgroup.path)
+                .and_then(|e| e.cgroup.cpus.configured());
+            if current.is_some() && current == self.desired(&cgroup.path) {
+                self.metrics
+                    .event_to_pin
+                    .record(pinned_at(index).saturating_duration_since(seen));
+                self.pending_pins.remove(&cgroup.path);
+            }
+        }
+        self.pending_pins
+            .retain(|_, seen| now.saturating_duration_since(*seen) < PIN_TRACKING_LIMIT);
+    }
+}

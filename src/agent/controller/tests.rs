@@ -1,0 +1,294 @@
+use std::fs;
+use std::path::Path;
+
+use super::*;
+use crate::allocator::{PolicyOptions, ReservedCpus};
+use crate::cgroupfs::{detect_layout, CgroupVersion, InterfaceFile, LayoutConfig};
+use crate::kubesim::{new_pod_uid, ContainerSpec, FakeNode, PodSpec, Qos};
+use crate::runtime::ConfigTemplate;
+
+/// A fake v1 node with the 8 cpus of `1s-4c-ht`, one Guaranteed 1-cpu pod, and a
+/// controller (cpu 0 reserved) that has run its first pass.
+fn converged() -> (tempfile::TempDir, FakeNode, CgroupPath, Controller) {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FakeNode::create(
+        &dir.path().join("cg"),
+        CgroupVersion::V1,
+        CpuSet::parse("0-7").unwrap(),
+        CpuSet::parse("0").unwrap(),
+        &dir.path().join("runtime"),
+    )
+    .unwrap();
+    let pod = PodSpec {
+        uid: new_pod_uid(),
+        name: "db".into(),
+        qos: Qos::Guaranteed,
+        containers: vec![ContainerSpec::guaranteed("app", 1000)],
+    };
+    let ids = node.start_pod(&pod).unwrap();
+    let container = CgroupPath::new(&format!("kubepods/pod{}/{}", pod.uid, ids[0])).unwrap();
+
+    let layout = detect_layout(&LayoutConfig {
+        proc_root: "/nonexistent-proc".into(),
+        cgroup_root: Some(node.cgroup_root().to_path_buf()),
+        driver: None,
+        kubepods: None,
+    })
+    .unwrap();
+    let hierarchy = Hierarchy::open(&layout).unwrap();
+    let sysfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/sysfs/1s-4c-ht");
+    let topology = crate::topology::discover(&sysfs, &sysfs.join("proc")).unwrap();
+    let policy = StaticPolicy::new(
+        &topology,
+        PolicyOptions::default(),
+        ReservedCpus::List(CpuSet::parse("0").unwrap()),
+        false,
+    )
+    .unwrap();
+    let mut controller = Controller::new(ControllerParts {
+        scanner: Scanner::new(hierarchy.clone(), layout.kubepods.clone()),
+        hierarchy,
+        naming: CgroupNaming::new(layout.driver, &layout.kubepods),
+        runtime: RuntimeLookup::new(vec![ConfigTemplate::new(&node.runtime_template()).unwrap()]),
+        topology,
+        policy: Some(policy),
+        align_memory: false,
+        keep_cfs_quota: false,
+        assignments: Assignments::new(),
+        quota_lifted: BTreeMap::new(),
+    });
+    controller.full_scan().unwrap();
+    controller.pass(Instant::now());
+    (dir, node, container, controller)
+}
+
+fn cpus(node: &FakeNode, cgroup: &CgroupPath) -> String {
+    let text = fs::read_to_string(node.file(&cgroup.to_string(), "cpuset.cpus")).unwrap();
+    text.trim().to_string()
+}
+
+fn modified(cgroup: &CgroupPath, file: InterfaceFile) -> TreeEvent {
+    TreeEvent::Modified {
+        cgroup: cgroup.clone(),
+        file,
+    }
+}
+
+/// Issue 17, item 2: past the scan limit nothing unseen is released.
+#[test]
+fn a_scan_stopped_at_its_limit_releases_nothing_it_did_not_see() {
+    let (_dir, node, container, mut controller) = converged();
+    let pinned = cpus(&node, &container);
+    let held = controller.parts.assignments.exclusive_cpus();
+    assert_eq!(held.to_string(), pinned);
+    // kubepods, besteffort and burstable sort before pod…: the pod is past a limit of 3.
+    let hierarchy = controller.parts.hierarchy.clone();
+    controller.parts.scanner =
+        Scanner::new(hierarchy, controller.parts.scanner.kubepods().clone()).with_max_cgroups(3);
+    controller.rescan().unwrap();
+    controller.pass(Instant::now());
+    assert_eq!(controller.parts.assignments.exclusive_cpus(), held);
+    assert_eq!(cpus(&node, &container), pinned);
+}
+
+/// Issue 17, item 1: a pod directory a scan cannot open (EACCES, EMFILE …) is not gone:
+/// its containers keep their entries and their cpus.
+#[test]
+fn an_unreadable_pod_keeps_its_cpus() {
+    let (_dir, _node, container, mut controller) = converged();
+    let held = controller.parts.assignments.exclusive_cpus();
+    assert!(!held.is_empty());
+    let pod = container.parent().unwrap();
+    let started = Instant::now();
+    let mut scan = controller.parts.scanner.scan().unwrap();
+    scan.cgroups.retain(|c| c.path.strip_prefix(&pod).is_none());
+    scan.skipped.push(crate::cgroupfs::SkippedEntry {
+        path: pod.clone(),
+        reason: SkipReason::Unlistable,
+    });
+    controller.reconcile(ReconcileScan { started, scan }, Instant::now());
+    assert!(controller.model.contains_key(&container));
+    assert_eq!(controller.parts.assignments.exclusive_cpus(), held);
+    // And a failed re-read of a cgroup that is still there does not drop it either.
+    assert!(!controller.remove_if_gone(&container));
+    assert!(controller.model.contains_key(&container));
+}
+
+#[test]
+fn a_removed_cgroup_takes_its_whole_subtree_even_past_a_sibling_that_sorts_inside_it() {
+    let (_dir, node, container, mut controller) = converged();
+    // `sub-2` sorts between `sub` and `sub/x` bytewise ('-' < '/').
+    let set = cpus(&node, &container);
+    for rel in ["sub", "sub-2", "sub/x"] {
+        let dir = node.file(&format!("{container}/{rel}"), "cpuset.cpus");
+        fs::create_dir_all(dir.parent().unwrap()).unwrap();
+        for file in ["cpuset.cpus", "cpuset.mems", "cgroup.procs"] {
+            let value = if file == "cpuset.cpus" {
+                set.as_str()
+            } else {
+                "0"
+            };
+            fs::write(dir.with_file_name(file), format!("{value}\n")).unwrap();
+        }
+    }
+    controller.full_scan().unwrap();
+    let path = |rel: &str| CgroupPath::new(&format!("{container}/{rel}")).unwrap();
+    assert!(controller.model.contains_key(&path("sub/x")));
+
+    let removed = TreeEvent::Removed {
+        cgroup: path("sub"),
+    };
+    assert!(controller.apply_event(removed, Instant::now()).unwrap());
+    assert!(!controller.model.contains_key(&path("sub")));
+    assert!(
+        !controller.model.contains_key(&path("sub/x")),
+        "a descendant stayed"
+    );
+    assert!(
+        controller.model.contains_key(&path("sub-2")),
+        "a sibling went"
+    );
+}
+
+#[test]
+fn own_writes_come_back_without_a_pass_and_foreign_writes_are_repaired() {
+    let (_dir, node, container, mut controller) = converged();
+    let pinned = cpus(&node, &container);
+    assert_eq!(CpuSet::parse(&pinned).unwrap().len(), 1);
+
+    // The echo of the agent's own write changes nothing.
+    let now = Instant::now();
+    let echo = controller.apply_event(modified(&container, InterfaceFile::CpusetCpus), now);
+    assert!(!echo.unwrap());
+
+    // Someone else writes the whole pool: drift, repaired by the next pass.
+    fs::write(node.file(&container.to_string(), "cpuset.cpus"), "0-7\n").unwrap();
+    let foreign = controller.apply_event(modified(&container, InterfaceFile::CpusetCpus), now);
+    assert!(foreign.unwrap());
+    let passes = controller.metrics.passes;
+    let outcome = controller.pass(Instant::now());
+    assert_eq!(outcome.writes, 1);
+    assert_eq!(cpus(&node, &container), pinned);
+    assert_eq!(controller.metrics.drift_repairs, 1);
+    // Nothing but the drift changed: written back without planning.
+    assert_eq!(controller.metrics.passes, passes);
+    // And its echo changes nothing again.
+    let echo = controller.apply_event(modified(&container, InterfaceFile::CpusetCpus), now);
+    assert!(!echo.unwrap());
+}
+
+#[test]
+fn while_cgroups_arrive_pins_go_first_and_the_shared_rewrites_follow() {
+    let (_dir, node, container, mut controller) = converged();
+    let shared_pod = PodSpec {
+        uid: new_pod_uid(),
+        name: "web".into(),
+        qos: Qos::Burstable,
+        containers: vec![ContainerSpec::burstable("web", 250, Some(1000))],
+    };
+    let web = node.start_pod(&shared_pod).unwrap().remove(0);
+    let pod_dir = |p: &PodSpec| CgroupPath::new(&node.pod_dir(p)).unwrap();
+    let created = TreeEvent::Created {
+        cgroup: pod_dir(&shared_pod),
+    };
+    controller.apply_event(created, Instant::now()).unwrap();
+    controller.pass(Instant::now());
+    let pinned = cpus(&node, &container);
+    let pinned = CpuSet::parse(&pinned).unwrap();
+    let shared_before = CpuSet::parse("0-7").unwrap().difference(&pinned);
+    assert_eq!(
+        node.container_cpus(&shared_pod, &web).unwrap(),
+        shared_before.to_string()
+    );
+
+    // From now on passes schedule their writes. A Guaranteed pod arrives just after
+    // another cgroup did: its pin is written, the shared pool's rewrite held back.
+    let arrivals = Arc::new(AtomicU64::new(0));
+    controller.watch_arrivals(Arc::clone(&arrivals));
+    let db = PodSpec {
+        uid: new_pod_uid(),
+        name: "db2".into(),
+        qos: Qos::Guaranteed,
+        containers: vec![ContainerSpec::guaranteed("db", 2000)],
+    };
+    let db_id = node.start_pod(&db).unwrap().remove(0);
+    let now = Instant::now();
+    let created = TreeEvent::Created {
+        cgroup: pod_dir(&db),
+    };
+    assert!(controller.apply_event(created, now).unwrap());
+    let before = node.container_cpus(&shared_pod, &web).unwrap();
+    controller.pass(now);
+    let exclusive = CpuSet::parse(&node.container_cpus(&db, &db_id).unwrap()).unwrap();
+    assert_eq!(exclusive.len(), 2);
+    assert_eq!(node.container_cpus(&shared_pod, &web).unwrap(), before);
+    assert!(controller.metrics.writes_held_back > 0);
+
+    // Once no cgroup has arrived for a moment, the held-back writes are made.
+    let due = controller.next_retry().expect("a flush is scheduled");
+    assert!(due <= now + COALESCE_QUIET);
+    assert!(controller.retry_settings(due));
+    controller.pass(due);
+    let shared = CpuSet::parse(&node.container_cpus(&shared_pod, &web).unwrap()).unwrap();
+    assert!(
+        shared.is_disjoint(&exclusive),
+        "{shared} overlaps {exclusive}"
+    );
+    assert!(shared.is_disjoint(&pinned));
+    assert_eq!(shared, shared_before.difference(&exclusive));
+    assert!(controller.next_retry().is_none());
+}
+
+#[test]
+fn a_reconcile_that_changes_nothing_runs_no_pass() {
+    let (_dir, node, container, mut controller) = converged();
+    let passes = controller.metrics.passes;
+    assert!(controller.rescan().unwrap().is_none());
+    assert_eq!(controller.metrics.passes, passes);
+    assert_eq!(controller.metrics.skipped_passes, 1);
+
+    // A change no event reported (here: written behind the watcher's back) is found by
+    // the scan and repaired by the pass it triggers.
+    let pinned = cpus(&node, &container);
+    fs::write(node.file(&container.to_string(), "cpuset.cpus"), "1-7\n").unwrap();
+    let outcome = controller.rescan().unwrap().expect("a pass");
+    assert!(outcome.writes >= 1);
+    assert_eq!(cpus(&node, &container), pinned);
+}
+
+#[test]
+fn a_cpu_settings_event_rereads_the_settings_and_reclassifies() {
+    let (_dir, node, container, mut controller) = converged();
+    assert_eq!(controller.assignments().len(), 1);
+    // The runtime config goes, and the cgroup's settings now say 0.5 cpu: the cached
+    // classification is dropped and the container is classified from its cgroup again.
+    let id = container.name().unwrap().to_string_lossy().into_owned();
+    let runtime = node.runtime_template().replace("{id}", &id);
+    fs::remove_file(runtime).unwrap();
+    controller.parts.runtime.forget(&id);
+    fs::write(node.file(&container.to_string(), "cpu.shares"), "512\n").unwrap();
+    fs::write(
+        node.file(&container.to_string(), "cpu.cfs_quota_us"),
+        "50000\n",
+    )
+    .unwrap();
+    let now = Instant::now();
+    let changed = controller.apply_event(modified(&container, InterfaceFile::CpuShares), now);
+    assert!(changed.unwrap());
+    controller.pass(Instant::now());
+    let class = controller
+        .model
+        .values()
+        .filter_map(|e| e.class.as_ref())
+        .find(|c| c.container_id.as_deref() == Some(id.as_str()))
+        .unwrap();
+    assert!(
+        matches!(
+            class.exclusivity,
+            crate::classify::Exclusivity::Shared {
+                reason: crate::classify::SharedReason::NotWholeCpus { .. }
+            }
+        ),
+        "{class:?}"
+    );
+}

@@ -1,0 +1,350 @@
+//! A plan and its writes: what is urgent, what may wait, what the writes showed of the model.
+
+use super::*;
+
+impl Controller {
+    /// What the planner is given besides the tree.
+    pub(super) fn plan_config<'a>(&'a self, limits: &'a NodeLimits) -> PlanConfig<'a> {
+        PlanConfig {
+            topology: &self.parts.topology,
+            policy: self.parts.policy.as_ref(),
+            align_memory: self.parts.align_memory,
+            keep_cfs_quota: self.parts.keep_cfs_quota,
+            limits: Some(limits),
+        }
+    }
+
+    /// Plans `scan` (the whole model, or an incremental pass's chain) and makes its writes.
+    pub(super) fn plan_and_write(
+        &mut self,
+        now: Instant,
+        scan: Scan,
+        classes: Vec<Classification>,
+        limits: NodeLimits,
+        mode: Mode,
+    ) -> (PassOutcome, FollowUp) {
+        #[cfg(debug_assertions)]
+        let before = self.parts.assignments.clone();
+        let mut planned = plan(
+            &scan,
+            &classes,
+            &self.parts.assignments,
+            &self.plan_config(&limits),
+        );
+        // An incremental pass writes in its pods, and widens their ancestors (top-down, before
+        // the pods: a pool that grew reaches a new pod through them); the ancestors'
+        // narrowings (the shared pool's) wait for the full pass, with the rest of the pool's
+        // members, whose sets hold them up.
+        if !mode.is_full() {
+            let all = planned.writes.len();
+            planned
+                .writes
+                .retain(|w| w.step == WriteStep::Widen || mode.owns(&w.path));
+            self.metrics.writes_held_back += (all - planned.writes.len()) as u64;
+            #[cfg(debug_assertions)]
+            self.assert_chain_is_full_plan(&before, &scan, &planned, &limits, &mode);
+        }
+        self.log_events(&planned.events, &classes);
+        // Containers entitled to exclusive cpus, and short ones (which may not know their
+        // entitlement but remember it).
+        let asking: HashSet<AssignmentKey> = classes
+            .iter()
+            .filter(|c| c.exclusive_cpus() > 0)
+            .filter_map(Classification::assignment_key)
+            .chain(
+                planned
+                    .assignments
+                    .iter()
+                    .filter(|(_, a)| a.wanted.is_some())
+                    .map(|(k, _)| k.clone()),
+            )
+            .collect();
+        if mode.is_full() {
+            self.metrics.retain_pin_failures(|k| asking.contains(k));
+        }
+
+        // Urgent writes: a cgroup's that gets exclusive cpus (a pin), and drift repairs; the
+        // others (the shared pool's rewrites) may be held back while new cgroups arrive.
+        let shared = planned.pools.as_ref().map(|p| &p.shared);
+        let urgent_cgroup: Vec<bool> = scan
+            .cgroups
+            .iter()
+            .zip(&planned.desired)
+            .map(|(cgroup, desired)| {
+                let pinned = match (&desired.cpus, shared) {
+                    (Some(cpus), Some(shared)) => !cpus.is_empty() && cpus.is_disjoint(shared),
+                    _ => false,
+                };
+                pinned || self.drifted.contains(&cgroup.path)
+            })
+            .collect();
+        let urgent: Vec<bool> = planned
+            .writes
+            .iter()
+            .map(|w| urgent_cgroup.get(w.cgroup).copied().unwrap_or(false))
+            .collect();
+        let bursting = self
+            .last_new_cgroup
+            .is_some_and(|t| now.saturating_duration_since(t) < COALESCE_QUIET);
+        let overdue = self
+            .held_since
+            .is_some_and(|t| now.saturating_duration_since(t) >= COALESCE_LIMIT);
+        let arrivals = self.arrivals.clone();
+        let seen = arrivals.as_ref().map(|a| a.load(Ordering::Acquire));
+        let preempt = move || {
+            arrivals
+                .as_ref()
+                .is_some_and(|a| Some(a.load(Ordering::Acquire)) != seen)
+        };
+        let schedule = if self.arrivals.is_some() && mode.is_full() {
+            Schedule {
+                urgent: Some(&urgent),
+                urgent_only: bursting && !overdue,
+                preempt: Some(&preempt),
+                preempt_after: if overdue { MIN_PROGRESS } else { 0 },
+            }
+        } else {
+            Schedule::default()
+        };
+
+        // Drift: a cgroup whose value changed behind our back and that this plan rewrites
+        // (counted below once the write is made: a refused one repairs nothing).
+        let drifted = std::mem::take(&mut self.drifted);
+        let repairs: Vec<usize> = planned
+            .writes
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| w.step != WriteStep::LiftQuota && drifted.contains(&w.path))
+            .map(|(i, _)| i)
+            .collect();
+
+        self.remember_quotas(&scan, &planned);
+        let initialised = self.initialised(&scan, now);
+        let report = apply_scheduled(
+            &self.parts.hierarchy,
+            &planned.writes,
+            &scan,
+            &planned.parents,
+            match self.parts.hierarchy.version {
+                CgroupVersion::V1 => NewChildren::LetThemSettle {
+                    initialised: &initialised,
+                },
+                CgroupVersion::V2 => NewChildren::NarrowNow,
+            },
+            schedule,
+        );
+        let written_at = Instant::now();
+        let repaired: HashSet<&CgroupPath> = repairs
+            .iter()
+            .filter(|i| report.applied_writes.contains(i))
+            .map(|&i| &planned.writes[i].path)
+            .collect();
+        self.metrics.drift_repairs += repaired.len() as u64;
+        if report.held_back > 0 {
+            let since = *self.held_since.get_or_insert(now);
+            let quiet = self.last_new_cgroup.map_or(now, |t| t + COALESCE_QUIET);
+            self.flush_at = Some(quiet.min(since + COALESCE_LIMIT));
+            self.metrics.writes_held_back += report.held_back as u64;
+        } else if mode.is_full() {
+            // (An incremental pass holds nothing back, and leaves what a full one held back
+            // to that one's flush.)
+            self.held_since = None;
+            self.flush_at = None;
+        }
+        for (write, error) in &report.failed {
+            let errno = error.errno().unwrap_or(0);
+            *self.metrics.write_errors.entry(errno).or_default() += 1;
+            if self.metrics.first_failure(&write.path, write.file, errno) {
+                log::warn!("{}", error_chain(error));
+                if let Some((parent, _)) = report.blocked.iter().find(|(_, w)| w == write) {
+                    log::warn!(
+                        "cg={} cannot be narrowed while its child {} holds more and cannot be \
+                         written: make {} writable by root without capabilities (chown it to \
+                         root) or remove it if it is empty; retried at each reconcile",
+                        scan.cgroups[*parent].path,
+                        write.path,
+                        write.path
+                    );
+                }
+            }
+        }
+        self.metrics.narrowings_blocked += report.blocked.len() as u64;
+        // A narrowing the kernel refused because a child holds more is a race with a runtime,
+        // re-planned at once: counted as a retry and reported once, not an error.
+        for (write, error) in &report.refused_stale {
+            let errno = error.errno().unwrap_or(0);
+            *self.metrics.write_retries.entry(errno).or_default() += 1;
+            if self.metrics.first_failure(&write.path, write.file, errno) {
+                log::info!("{} (a child holds more: re-planning)", error_chain(error));
+            }
+        }
+        // A cgroup a write found gone leaves the model now: what it held (an exclusive set
+        // perhaps) is released by the next plan; its own removal event finds nothing to do.
+        let mut vanished = false;
+        for &index in &report.gone_cgroups {
+            let path = scan.cgroups[index].path.clone();
+            vanished |= self.remove_subtree(&path);
+        }
+
+        // Desired sets, for drift detection and pin latency.
+        for (cgroup, desired) in scan.cgroups.iter().zip(&planned.desired) {
+            if let Some(entry) = self.model.get_mut(&cgroup.path) {
+                if entry.desired != desired.cpus {
+                    entry.desired.clone_from(&desired.cpus);
+                }
+            }
+        }
+        // The model takes what was written. Each write comes back from the watcher as an
+        // `IN_MODIFY` whose re-read shows the written value (no further pass) or, when someone
+        // wrote after the agent, theirs: drift, repaired by the next pass.
+        if !report.applied_writes.is_empty() {
+            self.bump();
+        }
+        for &index in &report.applied_writes {
+            let write = &planned.writes[index];
+            if let Some(entry) = self.model.get_mut(&write.path) {
+                entry.cgroup.assume_written(write.file, &write.value);
+                entry.updated = now;
+            }
+        }
+        // A chain's ancestors' narrowings wait for the full pass: until then what they hold
+        // is what is wanted there, not drift.
+        for cgroup in scan.cgroups.iter().filter(|c| !mode.owns(&c.path)) {
+            if let Some(entry) = self.model.get_mut(&cgroup.path) {
+                entry.desired = entry.cgroup.cpus.configured().cloned();
+            }
+        }
+        let urgent_done = report.urgent_done.unwrap_or(written_at);
+        self.track_pins(&scan, &classes, |i| {
+            if urgent_cgroup[i] {
+                urgent_done
+            } else {
+                written_at
+            }
+        });
+        if mode.is_full() {
+            self.track_settings_wait(&scan, &classes, now);
+        }
+
+        let changed = planned.assignments != self.parts.assignments
+            || planned
+                .writes
+                .iter()
+                .any(|w| w.step == WriteStep::LiftQuota);
+        self.parts.assignments = planned.assignments.clone();
+        self.metrics.record_pass(&planned, &report);
+        let containers = classes
+            .iter()
+            .zip(&scan.cgroups)
+            .filter(|(c, g)| {
+                c.kind == CgroupKind::Container
+                    && (mode.is_full() || self.since_pass.new.contains(&g.path))
+            })
+            .count() as u64;
+        if mode.is_full() {
+            self.metrics.containers = containers;
+            self.isolated.clear();
+        } else {
+            self.metrics.containers += containers;
+        }
+        for (class, cgroup) in classes.iter().zip(&scan.cgroups) {
+            if class.kind != CgroupKind::Container || !class.isolation.any() {
+                continue;
+            }
+            if let Some(key) = class.assignment_key() {
+                self.isolated
+                    .insert(key, (class.isolation, cgroup.path.clone()));
+            }
+        }
+        let settled = report.is_clean()
+            && report.held_back == 0
+            && report.skipped == 0
+            && report.gone == 0
+            && !planned
+                .events
+                .iter()
+                .any(|e| matches!(e, AssignEvent::Failed { .. } | AssignEvent::Short { .. }));
+        // Only a full pass says the whole tree is settled; an incremental one can only say it
+        // is not (a write a full pass could not make is retried by the next reconcile).
+        self.last_pass_settled = settled && (mode.is_full() || self.last_pass_settled);
+        let outcome = PassOutcome {
+            assignments_changed: changed,
+            writes: report.applied,
+            failed_writes: report.failed.len(),
+        };
+        let paths = |indexes: &[usize]| -> Vec<CgroupPath> {
+            indexes
+                .iter()
+                .map(|&i| scan.cgroups[i].path.clone())
+                .collect()
+        };
+        let follow_up = FollowUp {
+            stale: paths(&report.stale),
+            settling: paths(&report.settling),
+            vanished,
+        };
+        let unmet = planned
+            .events
+            .iter()
+            .any(|e| matches!(e, AssignEvent::Failed { .. } | AssignEvent::Short { .. }));
+        if unmet {
+            // Someone waits for CPUs: only a full pass plans for them.
+            self.steady = false;
+        }
+        if mode.is_full() {
+            let shared = planned.pools.as_ref().map(|p| &p.shared);
+            self.shared_members = planned
+                .desired
+                .iter()
+                .filter(|d| d.cpus.is_some() && d.cpus.as_ref() == shared)
+                .count();
+            self.steady = self.complete
+                && !unmet
+                && classes.iter().all(|c| {
+                    c.kind != CgroupKind::Container
+                        || !matches!(entitlement(c), Entitlement::Unknown { .. })
+                });
+        }
+        self.pools = planned.pools;
+        self.planned = true;
+        (outcome, follow_up)
+    }
+
+    /// Records the value each quota lift overwrites, so `reset` can put it back.
+    /// A quota someone set again after the lift (an in-place resize) is theirs: the value from
+    /// before the lift is forgotten, and a new lift records the new one.
+    pub(super) fn remember_quotas(&mut self, scan: &Scan, planned: &Plan) {
+        use crate::cgroupfs::{CpuSettings, FileValue, Quota};
+        let model = &self.model;
+        self.parts.quota_lifted.retain(|path, _| {
+            let quota_set = match model.get(path).map(|e| &e.cgroup.cpu) {
+                Some(CpuSettings::V1 { cfs_quota, .. }) => {
+                    matches!(cfs_quota, FileValue::Value(Quota::Micros(_)))
+                }
+                Some(CpuSettings::V2 { max, .. }) => {
+                    matches!(max, FileValue::Value(m) if m.quota != Quota::Unlimited)
+                }
+                None => false,
+            };
+            !quota_set
+        });
+        for w in planned
+            .writes
+            .iter()
+            .filter(|w| w.step == WriteStep::LiftQuota)
+        {
+            let original = match &scan.cgroups[w.cgroup].cpu {
+                CpuSettings::V1 {
+                    cfs_quota: FileValue::Value(Quota::Micros(us)),
+                    ..
+                } => us.to_string(),
+                CpuSettings::V2 {
+                    max: FileValue::Value(max),
+                    ..
+                } if max.quota != Quota::Unlimited => max.to_string(),
+                _ => continue,
+            };
+            self.parts.quota_lifted.insert(w.path.clone(), original);
+        }
+    }
+}
