@@ -312,11 +312,13 @@ fn controller_leaves_a_new_cgroup_to_its_runtime_and_narrows_its_parent_once_it_
     assert_eq!(fs::read_to_string(&be_cpus).unwrap(), "\n");
     let be_pod = node.file(&node.pod_dir(&be), "cpuset.cpus");
     assert_eq!(fs::read_to_string(&be_pod).unwrap().trim(), "0-15");
-    let retry = controller.next_retry().expect("a pass planned for later");
+    let retry = controller
+        .next_deadline()
+        .expect("a pass planned for later");
 
     // The runtime sets it up; the pass planned for later narrows both.
     fs::write(&be_cpus, "0-15\n").unwrap();
-    assert!(controller.retry_settings(retry));
+    assert!(controller.on_deadlines(retry));
     controller.pass(retry);
     let shared = "0,2-8,10-15";
     assert_eq!(node.container_cpus(&be, &be_id).unwrap(), shared);
@@ -474,8 +476,8 @@ fn incremental_passes_plan_what_a_full_plan_would() {
                             })
                         }
                         Step::Wait => {
-                            if let Some(due) = controller.next_retry() {
-                                if controller.retry_settings(due) {
+                            if let Some(due) = controller.next_deadline() {
+                                if controller.on_deadlines(due) {
                                     controller.pass(due);
                                 }
                             }
@@ -487,11 +489,11 @@ fn incremental_passes_plan_what_a_full_plan_would() {
                         controller.apply_event(event, now).unwrap();
                     }
                     controller.pass(now);
-                    assert_exclusive_sets_alone(&node, &pods, controller.next_retry().is_none());
+                    assert_exclusive_sets_alone(&node, &pods, controller.next_deadline().is_none());
                 }
                 // Everything due, then a full pass: nothing left to write.
-                while let Some(due) = controller.next_retry() {
-                    if !controller.retry_settings(due) {
+                while let Some(due) = controller.next_deadline() {
+                    if !controller.on_deadlines(due) {
                         break;
                     }
                     controller.pass(due);

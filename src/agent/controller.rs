@@ -51,6 +51,7 @@ use super::metrics::Metrics;
 use incremental::{Mode, SincePass};
 
 mod classes;
+mod deadlines;
 mod drift;
 mod events;
 mod incremental;
@@ -58,6 +59,7 @@ mod isolation;
 mod model;
 mod write;
 
+use deadlines::Deadlines;
 use drift::Fight;
 use model::ModelEntry;
 
@@ -162,11 +164,9 @@ pub struct Controller {
     pending_pins: HashMap<CgroupPath, Instant>,
     /// Containers waiting for their CPU settings, and how many re-reads they had.
     settings_wait: HashMap<CgroupPath, usize>,
-    next_retry: Option<Instant>,
-    /// Cgroups whose narrowing waits for new children, and when to plan them again.
-    settling: Vec<CgroupPath>,
-    settle_at: Option<Instant>,
-    settle_tries: usize,
+    /// Every timer: settings re-reads, settling narrowings, held-back writes, the owed full
+    /// pass, fought-over repairs.
+    deadlines: Deadlines,
     /// Containers (by id) whose cgroup has held their runtime config's CPU request, or that
     /// were running when the agent started: a difference now is an in-place resize.
     settled: HashSet<String>,
@@ -185,9 +185,6 @@ pub struct Controller {
     /// The model changed since the last pass in more than drifted `cpuset.cpus` values of
     /// cgroups that pass planned (which [`Controller::pass`] writes back without planning).
     structural: bool,
-    /// Since when planned writes are held back, and when to make them.
-    held_since: Option<Instant>,
-    flush_at: Option<Instant>,
     /// Whether a pass has run (cgroups new to the model after it are tracked for their pin).
     planned: bool,
     /// The pools of the last pass (`None` under the `none` policy).
@@ -201,10 +198,6 @@ pub struct Controller {
     /// The last full pass left every container's demand met: an incremental pass may plan
     /// new pods alone.
     steady: bool,
-    /// After incremental passes that changed the shared pool: when its members' rewrites
-    /// (a full pass) are due, and since when they are owed.
-    full_due: Option<Instant>,
-    full_owed_since: Option<Instant>,
     /// Cgroups on the shared pool after the last full pass: what a change of the pool rewrites.
     shared_members: usize,
     /// Bumped whenever the model changes (read or written values, cgroups coming and going):
@@ -257,10 +250,6 @@ impl Controller {
             drifted: HashSet::new(),
             pending_pins: HashMap::new(),
             settings_wait: HashMap::new(),
-            next_retry: None,
-            settling: Vec::new(),
-            settle_at: None,
-            settle_tries: 0,
             settled: HashSet::new(),
             resized: HashSet::new(),
             empty_since: HashMap::new(),
@@ -268,15 +257,12 @@ impl Controller {
             arrivals: None,
             last_new_cgroup: None,
             structural: true,
-            held_since: None,
-            flush_at: None,
+            deadlines: Deadlines::default(),
             planned: false,
             pools: None,
             isolated: HashMap::new(),
             since_pass: SincePass::default(),
             steady: false,
-            full_due: None,
-            full_owed_since: None,
             shared_members: 0,
             generation: Arc::new(AtomicU64::new(0)),
             metrics,
@@ -406,32 +392,15 @@ impl Controller {
     /// writes held back during a burst) now: before the agent stops, so the tree it leaves is
     /// the tree its checkpoint describes.
     pub fn finish_owed(&mut self, now: Instant) -> Option<PassOutcome> {
-        if self.full_due.is_none() && self.flush_at.is_none() {
+        if self.deadlines.full_pass.due().is_none() && self.deadlines.held_back.due().is_none() {
             return None;
         }
-        self.flush_at = None;
         self.since_pass.other = true;
         // Every write, in plan order: nothing held back for arrivals now.
         let arrivals = self.arrivals.take();
         let outcome = self.pass(now);
         self.arrivals = arrivals;
         Some(outcome)
-    }
-
-    /// When the controller wants to re-read containers still waiting for CPU settings, or
-    /// cgroups whose narrowing waits for new children to be set up.
-    pub fn next_retry(&self) -> Option<Instant> {
-        let fight = self.next_fight_repair();
-        [
-            self.next_retry,
-            self.settle_at,
-            self.flush_at,
-            self.full_due,
-            fight,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
     }
 
     /// Migration from kubelet's static policy (before the first pass): each pin kubelet's
@@ -528,8 +497,8 @@ impl Controller {
         let settled = !changed
             && self.drifted.is_empty()
             && self.last_pass_settled
-            && self.full_due.is_none()
-            && self.settling.is_empty()
+            && !self.deadlines.full_pass.is_owed()
+            && self.deadlines.settling.is_empty()
             && self.empty_since.is_empty()
             && self.settings_wait.is_empty()
             && self.model.values().all(|e| e.class.is_some());
@@ -594,41 +563,6 @@ impl Controller {
         }
     }
 
-    /// Re-reads containers still waiting for their CPU settings, and, once due, the cgroups
-    /// whose narrowing waited for new children. Returns whether a pass is needed.
-    pub fn retry_settings(&mut self, now: Instant) -> bool {
-        self.next_retry = None;
-        let mut changed = false;
-        if self.flush_at.is_some_and(|t| t <= now) {
-            // Held-back writes are due.
-            self.flush_at = None;
-            changed = true;
-        }
-        if self.full_due.is_some_and(|t| t <= now) {
-            // The shared pool's members, after incremental passes: a full pass (after the
-            // pins of pods that arrived meanwhile, see `pass`).
-            changed = true;
-        }
-        if self.settle_at.is_some_and(|t| t <= now) {
-            // Only retries that find the tree still unsettled wait longer next time.
-            self.settle_at = None;
-            self.settle_tries += 1;
-            for root in std::mem::take(&mut self.settling) {
-                self.rescan_subtree(&root, now);
-            }
-            changed = true;
-        }
-        changed |= self.resume_fights(now);
-        let waiting: Vec<CgroupPath> = self.settings_wait.keys().cloned().collect();
-        for path in waiting {
-            match self.parts.scanner.read_cgroup(&path) {
-                Some(c) => changed |= self.upsert(c, now),
-                None => changed |= self.remove_if_gone(&path),
-            }
-        }
-        changed
-    }
-
     /// One pass over the model: classify, assign, plan, write (the model takes what was
     /// written). The pass is planned again (a few times at most) when writing showed the model out of date:
     /// a cgroup it was to narrow has a child the model does not know yet (that subtree is
@@ -644,7 +578,7 @@ impl Controller {
         }
         // New pods' pins first, also when the shared pool's rewrites are due now.
         if let Some(outcome) = self.incremental_pass(now) {
-            if self.full_due.is_none_or(|t| t > now) {
+            if !self.deadlines.full_pass.is_due(now) {
                 return outcome;
             }
             return outcome.then(self.full_pass(now));
@@ -656,8 +590,7 @@ impl Controller {
     fn full_pass(&mut self, now: Instant) -> PassOutcome {
         self.structural = false;
         self.since_pass = SincePass::default();
-        self.full_due = None;
-        self.full_owed_since = None;
+        self.deadlines.full_pass.paid();
         let mut outcome = PassOutcome::default();
         for replan in 1..=MAX_REPLANS {
             let (this, follow_up) = self.pass_once(now);
@@ -674,13 +607,9 @@ impl Controller {
                 settling.extend(follow_up.stale.iter().cloned());
             }
             let later = !settling.is_empty() || (again && last);
-            self.settling = settling;
-            self.settle_at = None;
-            if !later {
-                self.settle_tries = 0;
-            } else if let Some(delay) = SETTLE_DELAYS.get(self.settle_tries) {
-                self.settle_at = Some(Instant::now() + *delay);
-            }
+            self.deadlines
+                .settling
+                .wait_for(settling, later, Instant::now());
             if !again || last {
                 break;
             }

@@ -216,7 +216,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
 
     let result = loop {
         let now = Instant::now();
-        let wake = [controller.next_retry(), next_ping]
+        let wake = [controller.next_deadline(), next_ping]
             .into_iter()
             .flatten()
             .min()
@@ -279,11 +279,11 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             default(wake) => {}
         }
         let now = Instant::now();
-        if controller.next_retry().is_some_and(|t| t <= now) {
+        if controller.next_deadline().is_some_and(|t| t <= now) {
             // Whatever is queued goes into the model first (echoes of the last pass's writes
             // among it), so the pass plans from the tree as it is.
             let mut changed = apply_queued(&mut controller, &event_rx, now);
-            changed |= controller.retry_settings(now);
+            changed |= controller.on_deadlines(now);
             if changed {
                 let outcome = controller.pass(now);
                 persist.save(&controller, outcome.assignments_changed);

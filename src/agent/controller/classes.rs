@@ -121,7 +121,7 @@ impl Controller {
                 }
             }
         }
-        self.next_retry = still
+        self.deadlines.settings = still
             .values()
             .map(|&tries| now + SETTINGS_RETRY[tries - 1])
             .min();

@@ -41,13 +41,14 @@ impl Fight {
 }
 
 impl Controller {
-    /// When the first fought-over cgroup whose foreign value waits may be repaired.
-    pub(super) fn next_fight_repair(&self) -> Option<Instant> {
-        self.fights
+    /// The deadline of the first fought-over cgroup whose foreign value waits for its repair.
+    fn update_fight_deadline(&mut self) {
+        self.deadlines.fight = self
+            .fights
             .values()
             .filter(|f| f.pending)
             .filter_map(|f| f.until)
-            .min()
+            .min();
     }
 
     /// Drift repair without planning: when the only change since a pass that wrote all it
@@ -59,9 +60,9 @@ impl Controller {
         if self.structural
             || self.drifted.is_empty()
             || !self.last_pass_settled
-            || self.held_since.is_some()
-            || self.full_due.is_some()
-            || !self.settling.is_empty()
+            || self.deadlines.held_back.is_owed()
+            || self.deadlines.full_pass.is_owed()
+            || !self.deadlines.settling.is_empty()
         {
             return None;
         }
@@ -98,6 +99,13 @@ impl Controller {
     /// waits a backoff that doubles (from [`FIGHT_BACKOFF_MIN`] to [`FIGHT_BACKOFF_MAX`]) while
     /// the writer goes on; [`FIGHT_QUIET`] without a foreign change ends the fight.
     pub(super) fn hold_off_drift(&mut self, path: &CgroupPath, now: Instant) -> bool {
+        let wait = self.fight_drift(path, now);
+        self.update_fight_deadline();
+        wait
+    }
+
+    /// [`Self::hold_off_drift`], but for its deadline.
+    fn fight_drift(&mut self, path: &CgroupPath, now: Instant) -> bool {
         let fight = self
             .fights
             .entry(path.clone())
@@ -159,6 +167,7 @@ impl Controller {
                 None => changed |= self.remove_if_gone(&path),
             }
         }
+        self.update_fight_deadline();
         changed
     }
 }

@@ -13,14 +13,13 @@
 //!
 //! What a chain leaves undone: the ancestors' and the other shared members' rewrites when the
 //! shared pool changed. A full pass makes them, coalesced: [`COALESCE_QUIET`] after the last
-//! incremental pass, at most [`COALESCE_LIMIT`] after the first.
+//! incremental pass, at most [`super::COALESCE_LIMIT`] after the first.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
 
 use super::{
-    entitlement, CgroupKind, CgroupPath, Controller, Entitlement, PassOutcome, Scan,
-    COALESCE_LIMIT, COALESCE_QUIET,
+    entitlement, CgroupKind, CgroupPath, Controller, Entitlement, PassOutcome, Scan, COALESCE_QUIET,
 };
 
 /// What a pass plans.
@@ -120,8 +119,7 @@ impl Controller {
         if pool_changed {
             // The pool's members (as the last full pass counted them) wait for the full pass.
             self.metrics.writes_held_back += self.shared_members as u64;
-            let since = *self.full_owed_since.get_or_insert(now);
-            self.full_due = Some((now + COALESCE_QUIET).min(since + COALESCE_LIMIT));
+            self.deadlines.full_pass.owe(now, now + COALESCE_QUIET);
         }
         self.update_irqs(false);
         self.update_sched_balance(false);
@@ -143,7 +141,7 @@ impl Controller {
             && !self.since_pass.other
             && changed
             && self.parts.policy.is_some()
-            && self.settling.is_empty()
+            && self.deadlines.settling.is_empty()
             && self.drifted.is_empty()
             && self.settings_wait.is_empty();
         if !eligible {

@@ -225,9 +225,9 @@ fn while_cgroups_arrive_pins_go_first_and_the_shared_rewrites_follow() {
     assert!(controller.metrics.writes_held_back > 0);
 
     // Once no cgroup has arrived for a moment, the held-back writes are made.
-    let due = controller.next_retry().expect("a flush is scheduled");
+    let due = controller.next_deadline().expect("a flush is scheduled");
     assert!(due <= now + COALESCE_QUIET);
-    assert!(controller.retry_settings(due));
+    assert!(controller.on_deadlines(due));
     controller.pass(due);
     let shared = CpuSet::parse(&node.container_cpus(&shared_pod, &web).unwrap()).unwrap();
     assert!(
@@ -236,7 +236,7 @@ fn while_cgroups_arrive_pins_go_first_and_the_shared_rewrites_follow() {
     );
     assert!(shared.is_disjoint(&pinned));
     assert_eq!(shared, shared_before.difference(&exclusive));
-    assert!(controller.next_retry().is_none());
+    assert!(controller.next_deadline().is_none());
 }
 
 #[test]

@@ -86,9 +86,7 @@ impl Controller {
         let bursting = self
             .last_new_cgroup
             .is_some_and(|t| now.saturating_duration_since(t) < COALESCE_QUIET);
-        let overdue = self
-            .held_since
-            .is_some_and(|t| now.saturating_duration_since(t) >= COALESCE_LIMIT);
+        let overdue = self.deadlines.held_back.overdue(now);
         let arrivals = self.arrivals.clone();
         let seen = arrivals.as_ref().map(|a| a.load(Ordering::Acquire));
         let preempt = move || {
@@ -141,15 +139,13 @@ impl Controller {
             .collect();
         self.metrics.drift_repairs += repaired.len() as u64;
         if report.held_back > 0 {
-            let since = *self.held_since.get_or_insert(now);
             let quiet = self.last_new_cgroup.map_or(now, |t| t + COALESCE_QUIET);
-            self.flush_at = Some(quiet.min(since + COALESCE_LIMIT));
+            self.deadlines.held_back.owe(now, quiet);
             self.metrics.writes_held_back += report.held_back as u64;
         } else if mode.is_full() {
             // (An incremental pass holds nothing back, and leaves what a full one held back
             // to that one's flush.)
-            self.held_since = None;
-            self.flush_at = None;
+            self.deadlines.held_back.paid();
         }
         for (write, error) in &report.failed {
             let errno = error.errno().unwrap_or(0);

@@ -1,0 +1,166 @@
+//! Every timer of the controller, in one place: the agent's loop sleeps until [`Deadlines::next`]
+//! (or an event), then [`Controller::on_deadlines`] does what is due.
+
+use std::time::Instant;
+
+use super::{Controller, COALESCE_LIMIT, SETTLE_DELAYS};
+use crate::cgroupfs::CgroupPath;
+
+/// Work owed for later and coalesced: due when things have been quiet a while
+/// ([`super::COALESCE_QUIET`]), and at most [`COALESCE_LIMIT`] after it was first owed.
+#[derive(Debug, Default)]
+pub(super) struct Owed {
+    since: Option<Instant>,
+    due: Option<Instant>,
+}
+
+impl Owed {
+    /// Owes the work (again) at `now`: due at `quiet` (the end of the current quiet wait), or
+    /// at the limit if that comes first.
+    pub(super) fn owe(&mut self, now: Instant, quiet: Instant) {
+        let since = *self.since.get_or_insert(now);
+        self.due = Some(quiet.min(since + COALESCE_LIMIT));
+    }
+
+    /// The work was done: nothing is owed.
+    pub(super) fn paid(&mut self) {
+        *self = Owed::default();
+    }
+
+    /// Something is owed (its due time may have been taken already).
+    pub(super) fn is_owed(&self) -> bool {
+        self.since.is_some()
+    }
+
+    /// It has waited for [`COALESCE_LIMIT`]: it must make progress now.
+    pub(super) fn overdue(&self, now: Instant) -> bool {
+        self.since
+            .is_some_and(|t| now.saturating_duration_since(t) >= COALESCE_LIMIT)
+    }
+
+    pub(super) fn due(&self) -> Option<Instant> {
+        self.due
+    }
+
+    pub(super) fn is_due(&self, now: Instant) -> bool {
+        self.due.is_some_and(|t| t <= now)
+    }
+
+    /// Whether it is due; its due time is taken (it stays owed until [`Self::paid`]).
+    pub(super) fn take_due(&mut self, now: Instant) -> bool {
+        let due = self.is_due(now);
+        if due {
+            self.due = None;
+        }
+        due
+    }
+}
+
+/// Cgroups whose narrowing waits for runtimes to set up their new children: planned again after
+/// each of [`SETTLE_DELAYS`] in turn while the tree stays unsettled.
+#[derive(Debug, Default)]
+pub(super) struct Settling {
+    roots: Vec<CgroupPath>,
+    at: Option<Instant>,
+    tries: usize,
+}
+
+impl Settling {
+    /// After a pass: `roots` wait for their children, and the pass is planned again `later`
+    /// (not: the tree settled, and the next wait starts again from the shortest delay).
+    pub(super) fn wait_for(&mut self, roots: Vec<CgroupPath>, later: bool, now: Instant) {
+        self.at = None;
+        if !later {
+            self.tries = 0;
+        } else if let Some(delay) = SETTLE_DELAYS.get(self.tries) {
+            self.at = Some(now + *delay);
+        }
+        self.roots = roots;
+    }
+
+    /// The roots to re-read and plan again, once due; the next wait is longer (only retries
+    /// that find the tree still unsettled wait longer next time).
+    pub(super) fn take_due(&mut self, now: Instant) -> Option<Vec<CgroupPath>> {
+        if self.at.is_none_or(|t| t > now) {
+            return None;
+        }
+        self.at = None;
+        self.tries += 1;
+        Some(std::mem::take(&mut self.roots))
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.roots.is_empty()
+    }
+}
+
+/// The controller's timers.
+#[derive(Debug, Default)]
+pub(super) struct Deadlines {
+    /// Re-read the containers that wait for their CPU settings (see [`super::SETTINGS_RETRY`]).
+    pub(super) settings: Option<Instant>,
+    /// Plan again the cgroups whose narrowing waits for new children.
+    pub(super) settling: Settling,
+    /// The writes a full pass held back while new cgroups arrived (the shared pool's rewrites).
+    pub(super) held_back: Owed,
+    /// The full pass owed after incremental passes changed the shared pool.
+    pub(super) full_pass: Owed,
+    /// Repair the first fought-over cgroup whose backoff ends (see [`super::drift`]).
+    pub(super) fight: Option<Instant>,
+}
+
+impl Deadlines {
+    /// The earliest deadline.
+    pub(super) fn next(&self) -> Option<Instant> {
+        [
+            self.settings,
+            self.settling.at,
+            self.held_back.due(),
+            self.full_pass.due(),
+            self.fight,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+}
+
+impl Controller {
+    /// When the controller wants to run again without an event (see [`Deadlines`]).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.next()
+    }
+
+    /// Does what is due: re-reads the containers still waiting for their CPU settings, the
+    /// cgroups whose narrowing waited for new children and the fought-over cgroups whose
+    /// backoff ended; owes a pass for the held-back writes or the owed full pass. Returns
+    /// whether a pass is needed.
+    pub fn on_deadlines(&mut self, now: Instant) -> bool {
+        self.deadlines.settings = None;
+        let mut changed = false;
+        if self.deadlines.held_back.take_due(now) {
+            // Held-back writes are due.
+            changed = true;
+        }
+        if self.deadlines.full_pass.is_due(now) {
+            // The shared pool's members, after incremental passes: a full pass (after the
+            // pins of pods that arrived meanwhile, see `pass`).
+            changed = true;
+        }
+        if let Some(roots) = self.deadlines.settling.take_due(now) {
+            for root in roots {
+                self.rescan_subtree(&root, now);
+            }
+            changed = true;
+        }
+        changed |= self.resume_fights(now);
+        let waiting: Vec<CgroupPath> = self.settings_wait.keys().cloned().collect();
+        for path in waiting {
+            match self.parts.scanner.read_cgroup(&path) {
+                Some(c) => changed |= self.upsert(c, now),
+                None => changed |= self.remove_if_gone(&path),
+            }
+        }
+        changed
+    }
+}
