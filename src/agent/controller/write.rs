@@ -1,6 +1,7 @@
 //! A plan and its writes: what is urgent, what may wait, what the writes showed of the model.
 
 use super::*;
+use crate::writer::WriteReport;
 
 impl Controller {
     /// What the planner is given besides the tree.
@@ -14,7 +15,8 @@ impl Controller {
         }
     }
 
-    /// Plans `scan` (the whole model, or an incremental pass's chain) and makes its writes.
+    /// Plans `scan` (the whole model, or an incremental pass's chain), makes its writes and
+    /// takes what they showed into the model.
     pub(super) fn plan_and_write(
         &mut self,
         now: Instant,
@@ -23,18 +25,62 @@ impl Controller {
         limits: NodeLimits,
         mode: Mode,
     ) -> (PassOutcome, FollowUp) {
-        #[cfg(debug_assertions)]
-        let before = self.parts.assignments.clone();
+        let planned = self.plan_pass(&scan, &classes, &limits, &mode);
+        self.log_events(&planned.events, &classes);
+        if mode.is_full() {
+            self.forget_met_pin_failures(&classes, &planned);
+        }
+        let urgent = self.urgent_cgroups(&scan, &planned);
+        let drifted = std::mem::take(&mut self.drifted);
+        let report = self.write(now, &scan, &planned, &urgent, &mode);
+        let written_at = Instant::now();
+        self.count_repairs(&drifted, &planned, &report);
+        self.say_write_failures(&scan, &report);
+        let vanished = self.take_written(now, &scan, &planned, &report, &mode);
+        let urgent_done = report.urgent_done.unwrap_or(written_at);
+        self.track_pins(&scan, &classes, |i| {
+            if urgent[i] {
+                urgent_done
+            } else {
+                written_at
+            }
+        });
+        if mode.is_full() {
+            self.track_settings_wait(&scan, &classes, now);
+        }
+        self.count_containers(&scan, &classes, &mode);
+        let outcome = self.record_pass(planned, &report, &classes, &mode);
+        let paths = |indexes: &[usize]| -> Vec<CgroupPath> {
+            indexes
+                .iter()
+                .map(|&i| scan.cgroups[i].path.clone())
+                .collect()
+        };
+        let follow_up = FollowUp {
+            stale: paths(&report.stale),
+            settling: paths(&report.settling),
+            vanished,
+        };
+        (outcome, follow_up)
+    }
+
+    /// The plan of `scan`. An incremental pass writes in its pods, and widens their ancestors
+    /// (top-down, before the pods: a pool that grew reaches a new pod through them); the
+    /// ancestors' narrowings (the shared pool's) wait for the full pass, with the rest of the
+    /// pool's members, whose sets hold them up.
+    fn plan_pass(
+        &mut self,
+        scan: &Scan,
+        classes: &[Classification],
+        limits: &NodeLimits,
+        mode: &Mode,
+    ) -> Plan {
         let mut planned = plan(
-            &scan,
-            &classes,
+            scan,
+            classes,
             &self.parts.assignments,
-            &self.plan_config(&limits),
+            &self.plan_config(limits),
         );
-        // An incremental pass writes in its pods, and widens their ancestors (top-down, before
-        // the pods: a pool that grew reaches a new pod through them); the ancestors'
-        // narrowings (the shared pool's) wait for the full pass, with the rest of the pool's
-        // members, whose sets hold them up.
         if !mode.is_full() {
             let all = planned.writes.len();
             planned
@@ -42,11 +88,17 @@ impl Controller {
                 .retain(|w| w.step == WriteStep::Widen || mode.owns(&w.path));
             self.metrics.writes_held_back += (all - planned.writes.len()) as u64;
             #[cfg(debug_assertions)]
-            self.assert_chain_is_full_plan(&before, &scan, &planned, &limits, &mode);
+            {
+                let before = self.parts.assignments.clone();
+                self.assert_chain_is_full_plan(&before, scan, &planned, limits, mode);
+            }
         }
-        self.log_events(&planned.events, &classes);
-        // Containers entitled to exclusive cpus, and short ones (which may not know their
-        // entitlement but remember it).
+        planned
+    }
+
+    /// Forgets the pin failures of containers no longer asking: neither entitled to exclusive
+    /// cpus nor short of them (which may not know their entitlement but remember it).
+    fn forget_met_pin_failures(&mut self, classes: &[Classification], planned: &Plan) {
         let asking: HashSet<AssignmentKey> = classes
             .iter()
             .filter(|c| c.exclusive_cpus() > 0)
@@ -59,15 +111,15 @@ impl Controller {
                     .map(|(k, _)| k.clone()),
             )
             .collect();
-        if mode.is_full() {
-            self.metrics.retain_pin_failures(|k| asking.contains(k));
-        }
+        self.metrics.retain_pin_failures(|k| asking.contains(k));
+    }
 
-        // Urgent writes: a cgroup's that gets exclusive cpus (a pin), and drift repairs; the
-        // others (the shared pool's rewrites) may be held back while new cgroups arrive.
+    /// Per scanned cgroup, whether its writes are urgent: it gets exclusive cpus (a pin), or
+    /// its drift is repaired. The others (the shared pool's rewrites) may be held back while
+    /// new cgroups arrive.
+    fn urgent_cgroups(&self, scan: &Scan, planned: &Plan) -> Vec<bool> {
         let shared = planned.pools.as_ref().map(|p| &p.shared);
-        let urgent_cgroup: Vec<bool> = scan
-            .cgroups
+        scan.cgroups
             .iter()
             .zip(&planned.desired)
             .map(|(cgroup, desired)| {
@@ -77,7 +129,20 @@ impl Controller {
                 };
                 pinned || self.drifted.contains(&cgroup.path)
             })
-            .collect();
+            .collect()
+    }
+
+    /// Makes the plan's writes: every one in plan order, or, in a full pass of an agent that
+    /// watches arrivals, the urgent ones first and the rest held back while cgroups arrive or
+    /// preempted by a new arrival (see [`Schedule`]).
+    fn write(
+        &mut self,
+        now: Instant,
+        scan: &Scan,
+        planned: &Plan,
+        urgent_cgroup: &[bool],
+        mode: &Mode,
+    ) -> WriteReport {
         let urgent: Vec<bool> = planned
             .writes
             .iter()
@@ -104,49 +169,61 @@ impl Controller {
         } else {
             Schedule::default()
         };
-
-        // Drift: a cgroup whose value changed behind our back and that this plan rewrites
-        // (counted below once the write is made: a refused one repairs nothing).
-        let drifted = std::mem::take(&mut self.drifted);
-        let repairs: Vec<usize> = planned
-            .writes
-            .iter()
-            .enumerate()
-            .filter(|(_, w)| w.step != WriteStep::LiftQuota && drifted.contains(&w.path))
-            .map(|(i, _)| i)
-            .collect();
-
-        self.remember_quotas(&scan, &planned);
-        let initialised = self.initialised(&scan, now);
+        self.remember_quotas(scan, planned);
+        let initialised = self.initialised(scan, now);
+        let new_children = match self.parts.hierarchy.version {
+            CgroupVersion::V1 => NewChildren::LetThemSettle {
+                initialised: &initialised,
+            },
+            CgroupVersion::V2 => NewChildren::NarrowNow,
+        };
         let report = apply_scheduled(
             &self.parts.hierarchy,
             &planned.writes,
-            &scan,
+            scan,
             &planned.parents,
-            match self.parts.hierarchy.version {
-                CgroupVersion::V1 => NewChildren::LetThemSettle {
-                    initialised: &initialised,
-                },
-                CgroupVersion::V2 => NewChildren::NarrowNow,
-            },
+            new_children,
             schedule,
         );
-        let written_at = Instant::now();
-        let repaired: HashSet<&CgroupPath> = repairs
-            .iter()
-            .filter(|i| report.applied_writes.contains(i))
-            .map(|&i| &planned.writes[i].path)
-            .collect();
-        self.metrics.drift_repairs += repaired.len() as u64;
+        self.owe_held_back(now, &report, mode);
+        report
+    }
+
+    /// Writes held back are owed: made once cgroups stop arriving, or at the limit. A full
+    /// pass that held nothing back paid them (an incremental pass holds nothing back, and
+    /// leaves what a full one held back to that one's flush).
+    fn owe_held_back(&mut self, now: Instant, report: &WriteReport, mode: &Mode) {
         if report.held_back > 0 {
             let quiet = self.last_new_cgroup.map_or(now, |t| t + COALESCE_QUIET);
             self.deadlines.held_back.owe(now, quiet);
             self.metrics.writes_held_back += report.held_back as u64;
         } else if mode.is_full() {
-            // (An incremental pass holds nothing back, and leaves what a full one held back
-            // to that one's flush.)
             self.deadlines.held_back.paid();
         }
+    }
+
+    /// Drift repaired: a cgroup whose value changed behind the agent's back and that a write
+    /// made by this pass rewrote (a refused write repairs nothing).
+    fn count_repairs(
+        &mut self,
+        drifted: &HashSet<CgroupPath>,
+        planned: &Plan,
+        report: &WriteReport,
+    ) {
+        let repaired: HashSet<&CgroupPath> = report
+            .applied_writes
+            .iter()
+            .map(|&i| &planned.writes[i])
+            .filter(|w| w.step != WriteStep::LiftQuota && drifted.contains(&w.path))
+            .map(|w| &w.path)
+            .collect();
+        self.metrics.drift_repairs += repaired.len() as u64;
+    }
+
+    /// Counts the writes that failed and says each failure once; a narrowing the kernel
+    /// refused because a child holds more is a race with a runtime, re-planned at once:
+    /// counted as a retry and said once, not an error.
+    fn say_write_failures(&mut self, scan: &Scan, report: &WriteReport) {
         for (write, error) in &report.failed {
             let errno = error.errno().unwrap_or(0);
             *self.metrics.write_errors.entry(errno).or_default() += 1;
@@ -165,8 +242,6 @@ impl Controller {
             }
         }
         self.metrics.narrowings_blocked += report.blocked.len() as u64;
-        // A narrowing the kernel refused because a child holds more is a race with a runtime,
-        // re-planned at once: counted as a retry and reported once, not an error.
         for (write, error) in &report.refused_stale {
             let errno = error.errno().unwrap_or(0);
             *self.metrics.write_retries.entry(errno).or_default() += 1;
@@ -174,15 +249,27 @@ impl Controller {
                 log::info!("{} (a child holds more: re-planning)", error_chain(error));
             }
         }
-        // A cgroup a write found gone leaves the model now: what it held (an exclusive set
-        // perhaps) is released by the next plan; its own removal event finds nothing to do.
+    }
+
+    /// The model takes what the writes showed: cgroups a write found gone leave it (what they
+    /// held, an exclusive set perhaps, is released by the next plan; their own removal event
+    /// finds nothing to do), each cgroup keeps the cpus the plan wants there (for drift
+    /// detection and pin latency) and holds what was written. Each write comes back from the
+    /// watcher as an `IN_MODIFY` whose re-read shows the written value (no further pass) or,
+    /// when someone wrote after the agent, theirs: drift, repaired by the next pass. Returns
+    /// whether a cgroup vanished.
+    fn take_written(
+        &mut self,
+        now: Instant,
+        scan: &Scan,
+        planned: &Plan,
+        report: &WriteReport,
+        mode: &Mode,
+    ) -> bool {
         let mut vanished = false;
         for &index in &report.gone_cgroups {
-            let path = scan.cgroups[index].path.clone();
-            vanished |= self.remove_subtree(&path);
+            vanished |= self.remove_subtree(&scan.cgroups[index].path);
         }
-
-        // Desired sets, for drift detection and pin latency.
         for (cgroup, desired) in scan.cgroups.iter().zip(&planned.desired) {
             if let Some(entry) = self.model.get_mut(&cgroup.path) {
                 if entry.desired != desired.cpus {
@@ -190,9 +277,6 @@ impl Controller {
                 }
             }
         }
-        // The model takes what was written. Each write comes back from the watcher as an
-        // `IN_MODIFY` whose re-read shows the written value (no further pass) or, when someone
-        // wrote after the agent, theirs: drift, repaired by the next pass.
         if !report.applied_writes.is_empty() {
             self.bump();
         }
@@ -210,25 +294,12 @@ impl Controller {
                 entry.desired = entry.cgroup.cpus.configured().cloned();
             }
         }
-        let urgent_done = report.urgent_done.unwrap_or(written_at);
-        self.track_pins(&scan, &classes, |i| {
-            if urgent_cgroup[i] {
-                urgent_done
-            } else {
-                written_at
-            }
-        });
-        if mode.is_full() {
-            self.track_settings_wait(&scan, &classes, now);
-        }
+        vanished
+    }
 
-        let changed = planned.assignments != self.parts.assignments
-            || planned
-                .writes
-                .iter()
-                .any(|w| w.step == WriteStep::LiftQuota);
-        self.parts.assignments = planned.assignments.clone();
-        self.metrics.record_pass(&planned, &report);
+    /// The containers the metrics count, and the isolation annotations of those that ask
+    /// for some (a full pass counts them all again; a chain adds its new ones).
+    fn count_containers(&mut self, scan: &Scan, classes: &[Classification], mode: &Mode) {
         let containers = classes
             .iter()
             .zip(&scan.cgroups)
@@ -252,37 +323,36 @@ impl Controller {
                     .insert(key, (class.isolation, cgroup.path.clone()));
             }
         }
-        let settled = report.is_clean()
-            && report.held_back == 0
-            && report.skipped == 0
-            && report.gone == 0
-            && !planned
-                .events
+    }
+
+    /// The pass's assignments and pools become the controller's; what the next pass may
+    /// assume is recorded: whether the tree settled, whether an incremental pass may plan new
+    /// pods alone, how many cgroups are on the shared pool.
+    fn record_pass(
+        &mut self,
+        planned: Plan,
+        report: &WriteReport,
+        classes: &[Classification],
+        mode: &Mode,
+    ) -> PassOutcome {
+        let changed = planned.assignments != self.parts.assignments
+            || planned
+                .writes
                 .iter()
-                .any(|e| matches!(e, AssignEvent::Failed { .. } | AssignEvent::Short { .. }));
-        // Only a full pass says the whole tree is settled; an incremental one can only say it
-        // is not (a write a full pass could not make is retried by the next reconcile).
-        self.last_pass_settled = settled && (mode.is_full() || self.last_pass_settled);
-        let outcome = PassOutcome {
-            assignments_changed: changed,
-            writes: report.applied,
-            failed_writes: report.failed.len(),
-        };
-        let paths = |indexes: &[usize]| -> Vec<CgroupPath> {
-            indexes
-                .iter()
-                .map(|&i| scan.cgroups[i].path.clone())
-                .collect()
-        };
-        let follow_up = FollowUp {
-            stale: paths(&report.stale),
-            settling: paths(&report.settling),
-            vanished,
-        };
+                .any(|w| w.step == WriteStep::LiftQuota);
+        self.metrics.record_pass(&planned, report);
         let unmet = planned
             .events
             .iter()
             .any(|e| matches!(e, AssignEvent::Failed { .. } | AssignEvent::Short { .. }));
+        let settled = report.is_clean()
+            && report.held_back == 0
+            && report.skipped == 0
+            && report.gone == 0
+            && !unmet;
+        // Only a full pass says the whole tree is settled; an incremental one can only say it
+        // is not (a write a full pass could not make is retried by the next reconcile).
+        self.last_pass_settled = settled && (mode.is_full() || self.last_pass_settled);
         if unmet {
             // Someone waits for CPUs: only a full pass plans for them.
             self.steady = false;
@@ -301,9 +371,14 @@ impl Controller {
                         || !matches!(entitlement(c), Entitlement::Unknown { .. })
                 });
         }
+        self.parts.assignments = planned.assignments;
         self.pools = planned.pools;
         self.planned = true;
-        (outcome, follow_up)
+        PassOutcome {
+            assignments_changed: changed,
+            writes: report.applied,
+            failed_writes: report.failed.len(),
+        }
     }
 
     /// Records the value each quota lift overwrites, so `reset` can put it back.
