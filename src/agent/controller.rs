@@ -17,6 +17,8 @@
 //! before T; entries updated after T (by events that raced the scan) are newer and kept. A
 //! reconcile that changes nothing runs no pass (see [`Controller::reconcile`]).
 
+#![deny(clippy::too_many_lines)]
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -445,12 +445,11 @@ impl Show {
         let mut line = String::new();
         while reader.read_line(&mut line).unwrap_or(0) > 0 {
             self.log_offset += line.len() as u64;
-            if let Some(at) = line.find("cpusetd::agent::controller] ") {
-                lines.push(
-                    line[at + "cpusetd::agent::controller] ".len()..]
-                        .trim()
-                        .to_string(),
-                );
+            // The controller's lines (its module's and its submodules' targets).
+            if let Some(at) = line.find(" cpusetd::agent::controller") {
+                if let Some(end) = line[at..].find("] ") {
+                    lines.push(line[at + end + 2..].trim().to_string());
+                }
             }
             line.clear();
         }

@@ -54,101 +54,55 @@ impl Controller {
         }
     }
 
+    /// Counts each assignment event in the metrics and says it in the log (a failure once
+    /// until it is met or its container goes).
     pub(super) fn log_events(&mut self, events: &[AssignEvent], classes: &[Classification]) {
         self.learn_pod_names(events.iter().map(AssignEvent::key), classes);
         for event in events {
-            match event {
-                AssignEvent::Allocated { key, cpus } => {
+            if !self.count_event(event) {
+                continue;
+            }
+            let key = event.key();
+            let devices = match event {
+                AssignEvent::Allocated { key, .. } => Self::devices_of(key, classes),
+                _ => String::new(),
+            };
+            let (level, text) = describe(event);
+            log::log!(level, "{}: {text}{devices}", self.label(key));
+            if let AssignEvent::Released {
+                why: ReleaseReason::PodGone,
+                ..
+            } = event
+            {
+                self.pod_names.remove(key.pod_uid());
+            }
+        }
+    }
+
+    /// Counts `event` in the metrics; whether the log says it: a failure is said once per
+    /// container (key) until it is met or goes, not once per pass (every pass asks again).
+    fn count_event(&mut self, event: &AssignEvent) -> bool {
+        match event {
+            AssignEvent::Allocated { key, .. } => {
+                self.metrics.pinning_requests += 1;
+                self.metrics.pin_succeeded(key);
+                true
+            }
+            AssignEvent::Released { key, .. } | AssignEvent::Replaced { key, .. } => {
+                self.metrics.pin_succeeded(key);
+                true
+            }
+            AssignEvent::Adopted { .. }
+            | AssignEvent::Shrunk { .. }
+            | AssignEvent::Reused { .. } => true,
+            AssignEvent::Short { key, .. } => self.metrics.first_pin_failure(key),
+            AssignEvent::Failed { key, .. } => {
+                let first = self.metrics.first_pin_failure(key);
+                if first {
                     self.metrics.pinning_requests += 1;
-                    self.metrics.pin_succeeded(key);
-                    let devices = Self::devices_of(key, classes);
-                    log::info!("{}: allocated cpus={cpus}{devices}", self.label(key));
+                    self.metrics.pinning_errors += 1;
                 }
-                AssignEvent::Adopted { key, cpus } => {
-                    log::info!("{}: adopted cpus={cpus}", self.label(key))
-                }
-                AssignEvent::Shrunk { key, from, cpus } => {
-                    log::info!(
-                        "{}: resized in place from cpus={from} to cpus={cpus}",
-                        self.label(key)
-                    )
-                }
-                AssignEvent::Reused { key, from, cpus } => {
-                    log::info!("{}: took over cpus={cpus} from {from}", self.label(key))
-                }
-                AssignEvent::Released { key, cpus, why } => {
-                    let pod_gone = matches!(why, ReleaseReason::PodGone);
-                    let why = match why {
-                        ReleaseReason::PodGone => "pod gone",
-                        ReleaseReason::NowShared => "now shared",
-                        ReleaseReason::Resized => "resized",
-                        ReleaseReason::Reused => "reused by its pod",
-                        ReleaseReason::OutOfReach => "offline or out of reach: allocated afresh",
-                        ReleaseReason::SharedPoolEmpty => {
-                            "the shared pool would be empty: its reserved cpus are offline"
-                        }
-                    };
-                    self.metrics.pin_succeeded(key);
-                    log::info!("{}: released cpus={cpus} ({why})", self.label(key));
-                    if pod_gone {
-                        self.pod_names.remove(key.pod_uid());
-                    }
-                }
-                AssignEvent::Replaced {
-                    key,
-                    lost,
-                    added,
-                    cpus,
-                } => {
-                    self.metrics.pin_succeeded(key);
-                    let lost = if lost.is_empty() {
-                        String::new()
-                    } else {
-                        format!("lost cpus {lost} (offline or out of reach), ")
-                    };
-                    log::info!(
-                        "{}: {lost}replacement cpus {added}: cpus={cpus}",
-                        self.label(key)
-                    );
-                }
-                AssignEvent::Short {
-                    key,
-                    lost,
-                    cpus,
-                    wanted,
-                    error,
-                } => {
-                    // Once until it has its count again or goes (every pass asks again).
-                    if self.metrics.first_pin_failure(key) {
-                        let lost = if lost.is_empty() {
-                            String::new()
-                        } else {
-                            format!("lost cpus {lost} (offline or out of reach) and ")
-                        };
-                        log::warn!(
-                            "{}: {lost}no replacement can be given: keeps cpus={cpus} ({} of \
-                             {wanted}) and asks again every pass: {error}",
-                            self.label(key),
-                            cpus.len()
-                        );
-                    }
-                }
-                AssignEvent::Failed {
-                    key,
-                    requested,
-                    error,
-                } => {
-                    // Once per container (key) until it is pinned or goes, not once per
-                    // pass: a pass runs for every batch of events.
-                    if self.metrics.first_pin_failure(key) {
-                        self.metrics.pinning_requests += 1;
-                        self.metrics.pinning_errors += 1;
-                        log::warn!(
-                            "{}: {requested} exclusive cpus cannot be given, stays shared: {error}",
-                            self.label(key)
-                        );
-                    }
-                }
+                first
             }
         }
     }
@@ -194,5 +148,76 @@ impl Controller {
         }
         self.pending_pins
             .retain(|_, seen| now.saturating_duration_since(*seen) < PIN_TRACKING_LIMIT);
+    }
+}
+
+/// How the log says an assignment event (after the container's label).
+fn describe(event: &AssignEvent) -> (log::Level, String) {
+    use log::Level::{Info, Warn};
+    let lost_cpus = |lost: &CpuSet, then: &str| {
+        if lost.is_empty() {
+            String::new()
+        } else {
+            format!("lost cpus {lost} (offline or out of reach){then}")
+        }
+    };
+    match event {
+        AssignEvent::Allocated { cpus, .. } => (Info, format!("allocated cpus={cpus}")),
+        AssignEvent::Adopted { cpus, .. } => (Info, format!("adopted cpus={cpus}")),
+        AssignEvent::Shrunk { from, cpus, .. } => (
+            Info,
+            format!("resized in place from cpus={from} to cpus={cpus}"),
+        ),
+        AssignEvent::Reused { from, cpus, .. } => {
+            (Info, format!("took over cpus={cpus} from {from}"))
+        }
+        AssignEvent::Released { cpus, why, .. } => (
+            Info,
+            format!("released cpus={cpus} ({})", release_reason(why)),
+        ),
+        AssignEvent::Replaced {
+            lost, added, cpus, ..
+        } => (
+            Info,
+            format!(
+                "{}replacement cpus {added}: cpus={cpus}",
+                lost_cpus(lost, ", ")
+            ),
+        ),
+        AssignEvent::Short {
+            lost,
+            cpus,
+            wanted,
+            error,
+            ..
+        } => (
+            Warn,
+            format!(
+                "{}no replacement can be given: keeps cpus={cpus} ({} of {wanted}) and asks \
+                 again every pass: {error}",
+                lost_cpus(lost, " and "),
+                cpus.len()
+            ),
+        ),
+        AssignEvent::Failed {
+            requested, error, ..
+        } => (
+            Warn,
+            format!("{requested} exclusive cpus cannot be given, stays shared: {error}"),
+        ),
+    }
+}
+
+/// Why the log says exclusive cpus were released.
+fn release_reason(why: &ReleaseReason) -> &'static str {
+    match why {
+        ReleaseReason::PodGone => "pod gone",
+        ReleaseReason::NowShared => "now shared",
+        ReleaseReason::Resized => "resized",
+        ReleaseReason::Reused => "reused by its pod",
+        ReleaseReason::OutOfReach => "offline or out of reach: allocated afresh",
+        ReleaseReason::SharedPoolEmpty => {
+            "the shared pool would be empty: its reserved cpus are offline"
+        }
     }
 }
