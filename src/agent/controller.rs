@@ -61,6 +61,10 @@ mod isolation;
 mod model;
 mod write;
 
+/// A cgroup's classification, shared by its model entry (which caches it) and the passes that
+/// read it (never copied per pass).
+type Class = Arc<Classification>;
+
 use deadlines::Deadlines;
 use drift::Fight;
 use model::ModelEntry;
@@ -174,9 +178,6 @@ pub struct Controller {
     settled: HashSet<String>,
     /// Containers (by id) classified from their cgroup because they were resized.
     resized: HashSet<String>,
-    /// Cgroups first seen with an empty cpuset, and when: left to their runtime for
-    /// [`RUNTIME_SETUP_LIMIT`] at most.
-    empty_since: HashMap<CgroupPath, Instant>,
     /// The last pass wrote all it planned and allocated all it was asked for.
     last_pass_settled: bool,
     /// Counts watcher events that should go ahead of a long rewrite (see
@@ -254,7 +255,6 @@ impl Controller {
             settings_wait: HashMap::new(),
             settled: HashSet::new(),
             resized: HashSet::new(),
-            empty_since: HashMap::new(),
             last_pass_settled: false,
             arrivals: None,
             last_new_cgroup: None,
@@ -501,9 +501,11 @@ impl Controller {
             && self.last_pass_settled
             && !self.deadlines.full_pass.is_owed()
             && self.deadlines.settling.is_empty()
-            && self.empty_since.is_empty()
             && self.settings_wait.is_empty()
-            && self.model.values().all(|e| e.class.is_some());
+            && self
+                .model
+                .values()
+                .all(|e| e.class.is_some() && e.empty_since.is_none());
         if settled {
             self.metrics.skipped_passes += 1;
             self.update_irqs(true);

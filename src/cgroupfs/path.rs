@@ -165,14 +165,21 @@ impl CgroupPath {
 
     /// The enclosing cgroup; `None` for the root.
     pub fn parent(&self) -> Option<CgroupPath> {
+        self.parent_bytes().map(|bytes| CgroupPath {
+            bytes: bytes.into(),
+        })
+    }
+
+    /// The enclosing cgroup's path bytes (what [`Self::as_bytes`] of [`Self::parent`] is),
+    /// without making it; `None` for the root.
+    pub fn parent_bytes(&self) -> Option<&[u8]> {
         if self.is_root() {
             return None;
         }
-        let bytes: Arc<[u8]> = match self.bytes.iter().rposition(|&b| b == b'/') {
-            Some(slash) => self.bytes[..slash].into(),
-            None => Arc::default(),
-        };
-        Some(CgroupPath { bytes })
+        Some(match self.bytes.iter().rposition(|&b| b == b'/') {
+            Some(slash) => &self.bytes[..slash],
+            None => &[],
+        })
     }
 
     /// The path as a relative `Path` (empty for the root).

@@ -12,9 +12,10 @@
 //! A last pass clamps every value into its parent's, so the tree nests whatever the input.
 //! A cgroup without the interface file is left alone (`None`).
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 
-use crate::cgroupfs::{CgroupPath, FileValue, Scan};
+use crate::cgroupfs::{FileValue, Scan};
 use crate::classify::{CgroupKind, Classification, UnknownReason};
 use crate::cpuset::CpuSet;
 use crate::state::Assignments;
@@ -40,28 +41,26 @@ pub struct DesiredCgroup {
 
 /// The index of each cgroup's parent in the scan (parents come first in a scan).
 pub fn parent_indexes(scan: &Scan) -> Vec<Option<usize>> {
-    let index: HashMap<&CgroupPath, usize> = scan
+    let index: HashMap<&[u8], usize> = scan
         .cgroups
         .iter()
         .enumerate()
-        .map(|(i, c)| (&c.relative, i))
+        .map(|(i, c)| (c.relative.as_bytes(), i))
         .collect();
     scan.cgroups
         .iter()
         .map(|c| {
-            if c.relative.is_root() {
-                None
-            } else {
-                c.relative.parent().and_then(|p| index.get(&p).copied())
-            }
+            c.relative
+                .parent_bytes()
+                .and_then(|p| index.get(p).copied())
         })
         .collect()
 }
 
 /// Computes the desired tree. `classes[i]` classifies `scan.cgroups[i]`.
-pub fn desired_tree(
+pub fn desired_tree<C: Borrow<Classification>>(
     scan: &Scan,
-    classes: &[Classification],
+    classes: &[C],
     parents: &[Option<usize>],
     assignments: &Assignments,
     pools: &Pools,
@@ -74,7 +73,7 @@ pub fn desired_tree(
 
     // Forward pass: everything but pods (parents are computed before children).
     for i in 0..n {
-        let class = &classes[i];
+        let class: &Classification = classes[i].borrow();
         let parent_cpus = parents[i].and_then(|p| cpus[p].clone());
         let parent_mems = parents[i].and_then(|p| mems[p].clone());
         let cgroup = &scan.cgroups[i];
@@ -135,7 +134,8 @@ pub fn desired_tree(
     // cgroups, not one per pod.
     let mut unions: Vec<Option<(CpuSet, CpuSet)>> = vec![None; n];
     for j in 0..n {
-        let Some(i) = parents[j].filter(|&i| i < j && classes[i].kind == CgroupKind::Pod) else {
+        let Some(i) = parents[j].filter(|&i| i < j && classes[i].borrow().kind == CgroupKind::Pod)
+        else {
             continue;
         };
         let (c, m) = unions[i].get_or_insert_with(Default::default);
@@ -143,7 +143,7 @@ pub fn desired_tree(
         m.extend_from(mems[j].as_ref().unwrap_or(&pools.memory_nodes));
     }
     for i in 0..n {
-        if classes[i].kind != CgroupKind::Pod {
+        if classes[i].borrow().kind != CgroupKind::Pod {
             continue;
         }
         let (c, m) = unions[i].take().unwrap_or_default();

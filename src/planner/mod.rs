@@ -10,6 +10,7 @@ pub mod assign;
 pub mod desired;
 pub mod order;
 
+use std::borrow::Borrow;
 use std::collections::{BTreeSet, HashMap};
 
 pub use assign::{assign, AssignEvent, ContainerDemand, Entitlement, ReleaseReason};
@@ -110,10 +111,7 @@ pub fn entitlement(class: &Classification) -> Entitlement {
 /// the container keeps its assignment key and its pin. Returns whether any name was filled.
 pub fn names_from_assignments(classes: &mut [Classification], assignments: &Assignments) -> bool {
     let mut filled = false;
-    for class in classes.iter_mut() {
-        if class.kind != CgroupKind::Container || class.container_name.is_some() {
-            continue;
-        }
+    for class in classes.iter_mut().filter(|c| lacks_name(c)) {
         let (Some(pod), Some(id)) = (&class.pod_uid, &class.container_id) else {
             continue;
         };
@@ -133,20 +131,41 @@ pub fn names_from_assignments(classes: &mut [Classification], assignments: &Assi
     filled
 }
 
-/// Plans one pass. `classes[i]` classifies `scan.cgroups[i]`; `previous` are the assignments
-/// so far (empty for a one-shot `plan`: the live tree is adopted).
-pub fn plan(
+/// A container whose name is unknown, but not its pod and id: [`names_from_assignments`] may
+/// find it.
+fn lacks_name(class: &Classification) -> bool {
+    class.kind == CgroupKind::Container
+        && class.container_name.is_none()
+        && class.pod_uid.is_some()
+        && class.container_id.is_some()
+}
+
+/// Plans one pass. `classes[i]` classifies `scan.cgroups[i]` (owned, or shared with a cache:
+/// they are read, never copied); `previous` are the assignments so far (empty for a one-shot
+/// `plan`: the live tree is adopted).
+pub fn plan<C: Borrow<Classification>>(
     scan: &Scan,
-    classes: &[Classification],
+    classes: &[C],
     previous: &Assignments,
     config: &PlanConfig<'_>,
 ) -> Plan {
-    let mut named = classes.to_vec();
-    let classes: &[Classification] = if names_from_assignments(&mut named, previous) {
-        &named
-    } else {
-        classes
-    };
+    // Copied only when a container lacks its name (rare: its config became unreadable).
+    if classes.iter().any(|c| lacks_name(c.borrow())) {
+        let mut named: Vec<Classification> = classes.iter().map(|c| c.borrow().clone()).collect();
+        if names_from_assignments(&mut named, previous) {
+            return plan_named(scan, &named, previous, config);
+        }
+    }
+    plan_named(scan, classes, previous, config)
+}
+
+/// [`plan`], every container named that can be.
+fn plan_named<C: Borrow<Classification>>(
+    scan: &Scan,
+    classes: &[C],
+    previous: &Assignments,
+    config: &PlanConfig<'_>,
+) -> Plan {
     let parents = parent_indexes(scan);
     let Some(policy) = config.policy else {
         return Plan {
@@ -172,7 +191,7 @@ pub fn plan(
     let mut demands: Vec<ContainerDemand> = Vec::new();
     let mut demand_of: HashMap<AssignmentKey, usize> = HashMap::new();
     let mut live_pods: BTreeSet<String> = BTreeSet::new();
-    for (cgroup, class) in scan.cgroups.iter().zip(classes) {
+    for (cgroup, class) in scan.cgroups.iter().zip(classes.iter().map(Borrow::borrow)) {
         match class.kind {
             CgroupKind::Pod => live_pods.extend(class.pod_uid.clone()),
             CgroupKind::Container => {
@@ -335,22 +354,22 @@ const DEFAULT_CFS_PERIOD_US: u64 = 100_000;
 /// `DisableCPUQuotaWithExclusiveCPUs` leaves the pod-level quota unenforced too, or the pod's
 /// quota would still throttle the container). In scan (pre-)order: a pod before its containers.
 /// With `--keep-cfs-quota` only the containers whose pod says `cpu-quota.crio.io: "disable"`.
-fn quota_lifts(
+fn quota_lifts<C: Borrow<Classification>>(
     scan: &Scan,
-    classes: &[Classification],
+    classes: &[C],
     parents: &[Option<usize>],
     assignments: &Assignments,
     keep_cfs_quota: bool,
 ) -> WritePlan {
     let mut lift = vec![false; scan.cgroups.len()];
-    for (i, class) in classes.iter().enumerate() {
+    for (i, class) in classes.iter().map(Borrow::borrow).enumerate() {
         let exclusive = class.kind == CgroupKind::Container
             && class
                 .assignment_key()
                 .is_some_and(|k| assignments.get(&k).is_some());
         if exclusive && (!keep_cfs_quota || class.isolation.no_cpu_quota) {
             lift[i] = true;
-            if let Some(p) = parents[i].filter(|&p| classes[p].kind == CgroupKind::Pod) {
+            if let Some(p) = parents[i].filter(|&p| classes[p].borrow().kind == CgroupKind::Pod) {
                 lift[p] = true;
             }
         }

@@ -1,6 +1,7 @@
 //! Classification of the model's cgroups, cached per cgroup, and the containers that wait for
 //! their CPU settings.
 
+use super::model::for_each_entry;
 use super::*;
 
 /// How long a new container may wait for its CPU settings before the controller stops
@@ -33,77 +34,106 @@ impl Controller {
     /// kernel's defaults; once the cgroup has held the config's request (or was there when the
     /// agent started), a cgroup that differs from the config was resized in place, and its own
     /// settings are the truth (the config still names the container).
-    pub(super) fn classify_model(&mut self, scan: &Scan) -> Vec<Classification> {
-        scan.cgroups.iter().map(|c| self.class_of(c)).collect()
+    pub(super) fn classify_model(&mut self, scan: &Scan) -> Vec<Class> {
+        let mut cached = Vec::with_capacity(scan.cgroups.len());
+        for_each_entry(&mut self.model, scan, |_, entry| {
+            cached.push(entry.and_then(|e| e.class.clone()));
+        });
+        scan.cgroups
+            .iter()
+            .zip(cached)
+            .map(|(cgroup, class)| class.unwrap_or_else(|| self.class_of(cgroup)))
+            .collect()
     }
 
     /// The classification of `cgroup`: the cached one of its model entry, or a new one
     /// (cached unless it waits for its runtime config).
-    pub(super) fn class_of(&mut self, cgroup: &ScannedCgroup) -> Classification {
+    pub(super) fn class_of(&mut self, cgroup: &ScannedCgroup) -> Class {
+        match self.model.get(&cgroup.path).map(|e| e.class.clone()) {
+            Some(Some(class)) => class,
+            Some(None) => self.classify_entry(cgroup),
+            None => {
+                let runtime = &mut self.parts.runtime;
+                Arc::new(classify_scan_one(&self.parts.naming, cgroup, |id| {
+                    runtime.lookup(id)
+                }))
+            }
+        }
+    }
+
+    /// A new classification of a model entry's cgroup, cached unless it is a container that
+    /// waits for its CPU settings without a runtime config (looked up again next pass; one
+    /// classified from its cgroup is not).
+    fn classify_entry(&mut self, cgroup: &ScannedCgroup) -> Class {
         use crate::classify::{Exclusivity, SharedReason};
-        let naming = &self.parts.naming;
+        let mut found: Option<RuntimeInfo> = None;
         let runtime = &mut self.parts.runtime;
-        let starting = !self.planned;
-        let Some(entry) = self.model.get_mut(&cgroup.path) else {
-            return classify_scan_one(naming, cgroup, |id| runtime.lookup(id));
+        let mut class = classify_scan_one(&self.parts.naming, cgroup, |id| {
+            found = runtime.lookup(id);
+            found.clone()
+        });
+        let waiting = matches!(
+            class.exclusivity,
+            Exclusivity::Shared {
+                reason: SharedReason::CpuSettingsUnavailable
+            }
+        );
+        let cache = match (found, class.container_id.clone()) {
+            (Some(info), Some(id)) => {
+                if let Some(resized) = self.resized_class(cgroup, info, id) {
+                    class = resized;
+                }
+                true
+            }
+            _ => class.kind != CgroupKind::Container || !waiting,
         };
-        {
-            if let Some(class) = &entry.class {
-                return class.clone();
+        let class = Arc::new(class);
+        if let Some(entry) = self.model.get_mut(&cgroup.path).filter(|_| cache) {
+            entry.class = Some(class.clone());
+            say_notices(&cgroup.path, &class, &mut entry.said);
+        }
+        class
+    }
+
+    /// A container whose runtime config was found: once its cgroup has held the config's CPU
+    /// request (or was there when the agent started), a cgroup that differs from the config
+    /// was resized in place and is classified from its own settings, which this returns.
+    fn resized_class(
+        &mut self,
+        cgroup: &ScannedCgroup,
+        mut info: RuntimeInfo,
+        id: String,
+    ) -> Option<Classification> {
+        let starting = !self.planned;
+        match config_matches_cgroup(&cgroup.cpu, &info.cpu) {
+            Some(true) => {
+                self.resized.remove(&id);
+                self.settled.insert(id);
+                None
             }
-            let mut found: Option<RuntimeInfo> = None;
-            let mut class = classify_scan_one(naming, cgroup, |id| {
-                found = runtime.lookup(id);
-                found.clone()
-            });
-            let waiting = matches!(
-                class.exclusivity,
-                Exclusivity::Shared {
-                    reason: SharedReason::CpuSettingsUnavailable
+            Some(false) if starting || self.settled.contains(&id) => {
+                info.cpu = OciCpu::default();
+                let naming = &self.parts.naming;
+                let class = classify(naming, &cgroup.relative, &cgroup.cpu, Some(&info));
+                if self.resized.insert(id.clone()) {
+                    log::info!(
+                        "cg={} cpu settings differ from the runtime config (resized in place): \
+                         request {} from the cgroup",
+                        cgroup.path,
+                        class
+                            .resources
+                            .map_or_else(|| "unknown".to_string(), |r| r.request.to_string())
+                    );
                 }
-            );
-            if let (Some(mut info), Some(id)) = (found.take(), class.container_id.clone()) {
-                match config_matches_cgroup(&cgroup.cpu, &info.cpu) {
-                    Some(true) => {
-                        self.resized.remove(&id);
-                        self.settled.insert(id);
-                    }
-                    Some(false) if starting || self.settled.contains(&id) => {
-                        info.cpu = OciCpu::default();
-                        class = classify(naming, &cgroup.relative, &cgroup.cpu, Some(&info));
-                        if self.resized.insert(id.clone()) {
-                            log::info!(
-                                "cg={} cpu settings differ from the runtime config (resized in place): request {} from the cgroup",
-                                cgroup.path,
-                                class.resources.map_or_else(
-                                    || "unknown".to_string(),
-                                    |r| r.request.to_string()
-                                )
-                            );
-                        }
-                        self.settled.insert(id);
-                    }
-                    _ => {}
-                }
-                entry.class = Some(class.clone());
-                say_notices(&cgroup.path, &class, &mut entry.said);
-            } else if class.kind != CgroupKind::Container || !waiting {
-                // Without a runtime config a container waiting for its CPU settings is looked
-                // up again next pass; one classified from its cgroup is not.
-                entry.class = Some(class.clone());
-                say_notices(&cgroup.path, &class, &mut entry.said);
+                self.settled.insert(id);
+                Some(class)
             }
-            class
+            _ => None,
         }
     }
 
     /// Containers whose CPU settings are not readable yet get a few bounded re-reads.
-    pub(super) fn track_settings_wait(
-        &mut self,
-        scan: &Scan,
-        classes: &[Classification],
-        now: Instant,
-    ) {
+    pub(super) fn track_settings_wait(&mut self, scan: &Scan, classes: &[Class], now: Instant) {
         use crate::classify::{Exclusivity, SharedReason};
         let mut still = HashMap::new();
         for (cgroup, class) in scan.cgroups.iter().zip(classes) {

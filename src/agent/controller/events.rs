@@ -19,7 +19,7 @@ impl Controller {
 
     /// ` devices=…` with the devices of the container holding `key` and their NUMA nodes (the
     /// hint its cpus were allocated with), or nothing when it has none.
-    pub(super) fn devices_of(key: &AssignmentKey, classes: &[Classification]) -> String {
+    pub(super) fn devices_of(key: &AssignmentKey, classes: &[Class]) -> String {
         let devices = classes
             .iter()
             .find(|c| !c.devices.is_empty() && c.assignment_key().as_ref() == Some(key))
@@ -35,7 +35,7 @@ impl Controller {
     pub(super) fn learn_pod_names<'k>(
         &mut self,
         keys: impl Iterator<Item = &'k AssignmentKey>,
-        classes: &[Classification],
+        classes: &[Class],
     ) {
         for key in keys {
             let uid = key.pod_uid();
@@ -56,7 +56,7 @@ impl Controller {
 
     /// Counts each assignment event in the metrics and says it in the log (a failure once
     /// until it is met or its container goes).
-    pub(super) fn log_events(&mut self, events: &[AssignEvent], classes: &[Classification]) {
+    pub(super) fn log_events(&mut self, events: &[AssignEvent], classes: &[Class]) {
         self.learn_pod_names(events.iter().map(AssignEvent::key), classes);
         for event in events {
             if !self.count_event(event) {
@@ -113,7 +113,7 @@ impl Controller {
     pub(super) fn track_pins(
         &mut self,
         scan: &Scan,
-        classes: &[Classification],
+        classes: &[Class],
         pinned_at: impl Fn(usize) -> Instant,
     ) {
         use crate::classify::{Exclusivity, SharedReason};

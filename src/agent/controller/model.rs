@@ -10,12 +10,15 @@ pub(super) struct ModelEntry {
     pub(super) updated: Instant,
     /// The classification of `cgroup`, kept while its path and CPU settings stay the same and
     /// the runtime's config was found (or is not needed). `None`: classify in the next pass.
-    pub(super) class: Option<Classification>,
+    pub(super) class: Option<Class>,
     /// The cpus the last pass wanted here, for drift detection and pin latency.
     pub(super) desired: Option<CpuSet>,
     /// Its cpuset has been seen set up: empty later means a foreign write (drift), not a
     /// runtime still at work.
     pub(super) initialised: bool,
+    /// Until then, since when its cpuset has been seen empty: left to its runtime for
+    /// [`RUNTIME_SETUP_LIMIT`] at most.
+    pub(super) empty_since: Option<Instant>,
     /// What classification noticed and the log said, so a re-classification (its CPU
     /// settings written after its config was read) does not say it again.
     pub(super) said: Vec<Notice>,
@@ -150,6 +153,7 @@ impl Controller {
                         class: None,
                         desired: None,
                         initialised: false,
+                        empty_since: None,
                         said: Vec::new(),
                     }),
                 );
@@ -208,29 +212,25 @@ impl Controller {
     /// Per scanned cgroup: whether an empty cpuset there is drift rather than a runtime still
     /// setting it up (it was seen set up before, or has been empty for too long).
     pub(super) fn initialised(&mut self, scan: &Scan, now: Instant) -> Vec<bool> {
-        let model = &mut self.model;
-        scan.cgroups
-            .iter()
-            .map(|c| {
-                let empty = c.cpus.value().is_some_and(|v| v.is_empty())
-                    || c.mems.value().is_some_and(|v| v.is_empty());
-                let entry = model.get_mut(&c.path);
-                if !empty {
-                    if let Some(entry) = entry {
-                        entry.initialised = true;
-                    }
-                    if !self.empty_since.is_empty() {
-                        self.empty_since.remove(&c.path);
-                    }
-                    return true;
+        let mut initialised = Vec::with_capacity(scan.cgroups.len());
+        for_each_entry(&mut self.model, scan, |c, entry| {
+            let empty = c.cpus.value().is_some_and(|v| v.is_empty())
+                || c.mems.value().is_some_and(|v| v.is_empty());
+            initialised.push(match entry {
+                Some(entry) if !empty => {
+                    entry.initialised = true;
+                    entry.empty_since = None;
+                    true
                 }
-                if entry.is_some_and(|e| e.initialised) {
-                    return true;
+                Some(entry) if entry.initialised => true,
+                Some(entry) => {
+                    let since = *entry.empty_since.get_or_insert(now);
+                    now.saturating_duration_since(since) >= RUNTIME_SETUP_LIMIT
                 }
-                let since = *self.empty_since.entry(c.path.clone()).or_insert(now);
-                now.saturating_duration_since(since) >= RUNTIME_SETUP_LIMIT
-            })
-            .collect()
+                None => !empty,
+            });
+        });
+        initialised
     }
 
     pub(super) fn forget(&mut self, path: &CgroupPath) {
@@ -247,12 +247,11 @@ impl Controller {
         {
             self.metrics.containers = self.metrics.containers.saturating_sub(1);
         }
-        if let Some(id) = class.and_then(|c| c.container_id) {
-            self.parts.runtime.forget(&id);
-            self.settled.remove(&id);
-            self.resized.remove(&id);
+        if let Some(id) = class.as_ref().and_then(|c| c.container_id.as_ref()) {
+            self.parts.runtime.forget(id);
+            self.settled.remove(id);
+            self.resized.remove(id);
         }
-        self.empty_since.remove(path);
         self.unreadable_said.remove(path);
         self.fights.remove(path);
         self.parts.quota_lifted.remove(path);
@@ -276,6 +275,31 @@ impl Controller {
             skipped: Vec::new(),
             complete: self.complete,
             gone_pods: Default::default(),
+        }
+    }
+}
+
+/// Calls `f` with each scanned cgroup and its model entry (`None`: not in the model), in scan
+/// order. A scan of the whole model in its order (a full pass's) is walked along the model; a
+/// part of it (a chain) is looked up.
+pub(super) fn for_each_entry(
+    model: &mut BTreeMap<CgroupPath, Box<ModelEntry>>,
+    scan: &Scan,
+    mut f: impl FnMut(&ScannedCgroup, Option<&mut ModelEntry>),
+) {
+    let whole = scan.cgroups.len() == model.len()
+        && scan
+            .cgroups
+            .iter()
+            .zip(model.keys())
+            .all(|(c, p)| c.path == *p);
+    if whole {
+        for (cgroup, entry) in scan.cgroups.iter().zip(model.values_mut()) {
+            f(cgroup, Some(entry));
+        }
+    } else {
+        for cgroup in &scan.cgroups {
+            f(cgroup, model.get_mut(&cgroup.path).map(|e| &mut **e));
         }
     }
 }

@@ -1,5 +1,6 @@
 //! A plan and its writes: what is urgent, what may wait, what the writes showed of the model.
 
+use super::model::for_each_entry;
 use super::*;
 use crate::writer::WriteReport;
 
@@ -21,7 +22,7 @@ impl Controller {
         &mut self,
         now: Instant,
         scan: Scan,
-        classes: Vec<Classification>,
+        classes: Vec<Class>,
         limits: NodeLimits,
         mode: Mode,
     ) -> (PassOutcome, FollowUp) {
@@ -71,7 +72,7 @@ impl Controller {
     fn plan_pass(
         &mut self,
         scan: &Scan,
-        classes: &[Classification],
+        classes: &[Class],
         limits: &NodeLimits,
         mode: &Mode,
     ) -> Plan {
@@ -98,11 +99,11 @@ impl Controller {
 
     /// Forgets the pin failures of containers no longer asking: neither entitled to exclusive
     /// cpus nor short of them (which may not know their entitlement but remember it).
-    fn forget_met_pin_failures(&mut self, classes: &[Classification], planned: &Plan) {
+    fn forget_met_pin_failures(&mut self, classes: &[Class], planned: &Plan) {
         let asking: HashSet<AssignmentKey> = classes
             .iter()
             .filter(|c| c.exclusive_cpus() > 0)
-            .filter_map(Classification::assignment_key)
+            .filter_map(|c| c.assignment_key())
             .chain(
                 planned
                     .assignments
@@ -127,7 +128,7 @@ impl Controller {
                     (Some(cpus), Some(shared)) => !cpus.is_empty() && cpus.is_disjoint(shared),
                     _ => false,
                 };
-                pinned || self.drifted.contains(&cgroup.path)
+                pinned || (!self.drifted.is_empty() && self.drifted.contains(&cgroup.path))
             })
             .collect()
     }
@@ -251,10 +252,10 @@ impl Controller {
         }
     }
 
-    /// The model takes what the writes showed: cgroups a write found gone leave it (what they
-    /// held, an exclusive set perhaps, is released by the next plan; their own removal event
-    /// finds nothing to do), each cgroup keeps the cpus the plan wants there (for drift
-    /// detection and pin latency) and holds what was written. Each write comes back from the
+    /// The model takes what the writes showed: each cgroup keeps the cpus the plan wants there
+    /// (for drift detection and pin latency) and holds what was written, and cgroups a write
+    /// found gone leave it (what they held, an exclusive set perhaps, is released by the next
+    /// plan; their own removal event finds nothing to do). Each write comes back from the
     /// watcher as an `IN_MODIFY` whose re-read shows the written value (no further pass) or,
     /// when someone wrote after the agent, theirs: drift, repaired by the next pass. Returns
     /// whether a cgroup vanished.
@@ -266,17 +267,13 @@ impl Controller {
         report: &WriteReport,
         mode: &Mode,
     ) -> bool {
-        let mut vanished = false;
-        for &index in &report.gone_cgroups {
-            vanished |= self.remove_subtree(&scan.cgroups[index].path);
-        }
-        for (cgroup, desired) in scan.cgroups.iter().zip(&planned.desired) {
-            if let Some(entry) = self.model.get_mut(&cgroup.path) {
-                if entry.desired != desired.cpus {
-                    entry.desired.clone_from(&desired.cpus);
-                }
+        let mut desired = planned.desired.iter();
+        for_each_entry(&mut self.model, scan, |_, entry| {
+            let wanted = &desired.next().expect("one desired set per cgroup").cpus;
+            if let Some(entry) = entry.filter(|e| e.desired != *wanted) {
+                entry.desired.clone_from(wanted);
             }
-        }
+        });
         if !report.applied_writes.is_empty() {
             self.bump();
         }
@@ -294,12 +291,16 @@ impl Controller {
                 entry.desired = entry.cgroup.cpus.configured().cloned();
             }
         }
+        let mut vanished = false;
+        for &index in &report.gone_cgroups {
+            vanished |= self.remove_subtree(&scan.cgroups[index].path);
+        }
         vanished
     }
 
     /// The containers the metrics count, and the isolation annotations of those that ask
     /// for some (a full pass counts them all again; a chain adds its new ones).
-    fn count_containers(&mut self, scan: &Scan, classes: &[Classification], mode: &Mode) {
+    fn count_containers(&mut self, scan: &Scan, classes: &[Class], mode: &Mode) {
         let containers = classes
             .iter()
             .zip(&scan.cgroups)
@@ -332,7 +333,7 @@ impl Controller {
         &mut self,
         planned: Plan,
         report: &WriteReport,
-        classes: &[Classification],
+        classes: &[Class],
         mode: &Mode,
     ) -> PassOutcome {
         let changed = planned.assignments != self.parts.assignments
