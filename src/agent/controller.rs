@@ -166,8 +166,8 @@ pub struct Controller {
     model: BTreeMap<CgroupPath, Box<ModelEntry>>,
     /// Cgroups with a foreign change seen since the last pass.
     drifted: HashSet<CgroupPath>,
-    /// New cgroups and when they were seen, until their cpuset is final.
-    pending_pins: HashMap<CgroupPath, Instant>,
+    /// Model entries whose pin is still timed (see [`ModelEntry::pin_seen`]).
+    pins_pending: usize,
     /// Containers waiting for their CPU settings, and how many re-reads they had.
     settings_wait: HashMap<CgroupPath, usize>,
     /// Every timer: settings re-reads, settling narrowings, held-back writes, the owed full
@@ -251,7 +251,7 @@ impl Controller {
             fights: HashMap::new(),
             last_limits: None,
             drifted: HashSet::new(),
-            pending_pins: HashMap::new(),
+            pins_pending: 0,
             settings_wait: HashMap::new(),
             settled: HashSet::new(),
             resized: HashSet::new(),

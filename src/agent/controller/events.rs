@@ -1,5 +1,6 @@
 //! What a pass did, told: the log's lines for assignment events, and the event → pin latency.
 
+use super::model::for_each_entry;
 use super::*;
 
 impl Controller {
@@ -117,37 +118,39 @@ impl Controller {
         pinned_at: impl Fn(usize) -> Instant,
     ) {
         use crate::classify::{Exclusivity, SharedReason};
-        if self.pending_pins.is_empty() {
+        if self.pins_pending == 0 {
             return;
         }
         let now = Instant::now();
-        for (index, (cgroup, class)) in scan.cgroups.iter().zip(classes).enumerate() {
-            let Some(seen) = self.pending_pins.get(&cgroup.path).copied() else {
-                continue;
+        let mut index = 0;
+        let (pending, metrics) = (&mut self.pins_pending, &mut self.metrics);
+        for_each_entry(&mut self.model, scan, |_, entry| {
+            let (i, class) = (index, &classes[index]);
+            index += 1;
+            let Some((entry, seen)) = entry.and_then(|e| e.pin_seen.map(|seen| (e, seen))) else {
+                return;
             };
-            if class.kind != CgroupKind::Container {
-                self.pending_pins.remove(&cgroup.path);
-                continue;
+            let waiting = matches!(
+                class.exclusivity,
+                Exclusivity::Shared {
+                    reason: SharedReason::CpuSettingsUnavailable
+                }
+            );
+            let current = entry.cgroup.cpus.configured();
+            let pinned = class.kind == CgroupKind::Container
+                && !waiting
+                && current.is_some()
+                && current == entry.desired.as_ref();
+            if pinned {
+                let latency = pinned_at(i).saturating_duration_since(seen);
+                metrics.event_to_pin.record(latency);
             }
-            if let Exclusivity::Shared {
-                reason: SharedReason::CpuSettingsUnavailable,
-            } = class.exclusivity
-            {
-                continue;
+            let done = class.kind != CgroupKind::Container || pinned;
+            if done || now.saturating_duration_since(seen) >= PIN_TRACKING_LIMIT {
+                entry.pin_seen = None;
+                *pending -= 1;
             }
-            let current = self
-                .model
-                .get(&cgroup.path)
-                .and_then(|e| e.cgroup.cpus.configured());
-            if current.is_some() && current == self.desired(&cgroup.path) {
-                self.metrics
-                    .event_to_pin
-                    .record(pinned_at(index).saturating_duration_since(seen));
-                self.pending_pins.remove(&cgroup.path);
-            }
-        }
-        self.pending_pins
-            .retain(|_, seen| now.saturating_duration_since(*seen) < PIN_TRACKING_LIMIT);
+        });
     }
 }
 

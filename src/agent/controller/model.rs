@@ -2,6 +2,8 @@
 //! events and full scans, with what the passes learnt of it (its classification, the cpus the
 //! last pass wanted there).
 
+use std::collections::btree_map::Entry;
+
 use super::*;
 
 #[derive(Debug, Clone)]
@@ -19,6 +21,8 @@ pub(super) struct ModelEntry {
     /// Until then, since when its cpuset has been seen empty: left to its runtime for
     /// [`RUNTIME_SETUP_LIMIT`] at most.
     pub(super) empty_since: Option<Instant>,
+    /// New after the first pass: when it was seen, until its pin is timed (event → pin).
+    pub(super) pin_seen: Option<Instant>,
     /// What classification noticed and the log said, so a re-classification (its CPU
     /// settings written after its config was read) does not say it again.
     pub(super) said: Vec<Notice>,
@@ -109,12 +113,11 @@ impl Controller {
                 return false;
             }
             Some(_) => {}
-            None if self.planned => {
-                self.pending_pins.entry(path.clone()).or_insert(now);
-                self.last_new_cgroup = Some(now);
-            }
+            None if self.planned => self.last_new_cgroup = Some(now),
             None => {}
         }
+        // New after the first pass: timed until its pin (whichever way it was seen first).
+        let track_pin = self.planned && !self.model.contains_key(&path);
         if let (Some(desired), Some(now_cpus)) = (self.desired(&path), cgroup.cpus.configured()) {
             if desired != now_cpus {
                 self.drifted.insert(path.clone());
@@ -128,36 +131,45 @@ impl Controller {
             // any pod makes the pass a full one; drift is repaired on its own).
             self.since_pass.touched.insert(path.clone());
         }
-        self.set_entry(path, cgroup, now);
+        if track_pin {
+            self.pins_pending += 1;
+        }
+        let entry = self.set_entry(path, cgroup, now);
+        if track_pin {
+            entry.pin_seen = Some(now);
+        }
         true
     }
 
     /// Stores what was read of a cgroup; its cached classification survives when its CPU
     /// settings did not change (a cpuset write does not change how it is classified).
-    pub(super) fn set_entry(&mut self, path: CgroupPath, cgroup: ScannedCgroup, now: Instant) {
+    pub(super) fn set_entry(
+        &mut self,
+        path: CgroupPath,
+        cgroup: ScannedCgroup,
+        now: Instant,
+    ) -> &mut ModelEntry {
         self.bump();
-        match self.model.get_mut(&path) {
-            Some(entry) => {
+        match self.model.entry(path) {
+            Entry::Occupied(slot) => {
+                let entry = slot.into_mut();
                 if entry.cgroup.cpu != cgroup.cpu || entry.cgroup.relative != cgroup.relative {
                     entry.class = None;
                 }
                 entry.cgroup = cgroup;
                 entry.updated = now;
+                entry
             }
-            None => {
-                self.model.insert(
-                    path,
-                    Box::new(ModelEntry {
-                        cgroup,
-                        updated: now,
-                        class: None,
-                        desired: None,
-                        initialised: false,
-                        empty_since: None,
-                        said: Vec::new(),
-                    }),
-                );
-            }
+            Entry::Vacant(slot) => slot.insert(Box::new(ModelEntry {
+                cgroup,
+                updated: now,
+                class: None,
+                desired: None,
+                initialised: false,
+                empty_since: None,
+                pin_seen: None,
+                said: Vec::new(),
+            })),
         }
     }
 
@@ -240,7 +252,11 @@ impl Controller {
         self.since_pass.touched.remove(path);
         // A container whose cgroup is gone asks for no isolation.
         self.isolated.retain(|_, (_, p)| p != path);
-        let class = self.model.remove(path).and_then(|e| e.class);
+        let entry = self.model.remove(path);
+        if entry.as_ref().is_some_and(|e| e.pin_seen.is_some()) {
+            self.pins_pending -= 1;
+        }
+        let class = entry.and_then(|e| e.class);
         if class
             .as_ref()
             .is_some_and(|c| c.kind == CgroupKind::Container)
@@ -255,7 +271,6 @@ impl Controller {
         self.unreadable_said.remove(path);
         self.fights.remove(path);
         self.parts.quota_lifted.remove(path);
-        self.pending_pins.remove(path);
         self.settings_wait.remove(path);
         self.drifted.remove(path);
     }
