@@ -66,7 +66,6 @@ mod write;
 type Class = Arc<Classification>;
 
 use deadlines::Deadlines;
-use drift::Fight;
 use model::ModelEntry;
 
 /// A full scan made by the reconcile thread, and when it started.
@@ -215,8 +214,6 @@ pub struct Controller {
     unreadable_said_irq: HashSet<String>,
     /// The node limits of the last pass (said when they change).
     last_limits: Option<NodeLimits>,
-    /// Cgroups whose cpuset someone else keeps rewriting (see [`Controller::hold_off_drift`]).
-    fights: HashMap<CgroupPath, Fight>,
     /// When a rescan was last said in the log, and how many were not said since.
     rescan_said: Option<Instant>,
     rescans_unsaid: u64,
@@ -248,7 +245,6 @@ impl Controller {
             irq: None,
             sched: None,
             hotplug: None,
-            fights: HashMap::new(),
             last_limits: None,
             drifted: HashSet::new(),
             pins_pending: 0,

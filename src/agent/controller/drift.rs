@@ -27,6 +27,22 @@ pub(super) struct Fight {
 }
 
 impl Fight {
+    /// Counts a foreign change to be repaired now, in the current [`FIGHT_WINDOW`]; whether it
+    /// makes a fight (the repairs back off from now on).
+    fn count_drift(&mut self, now: Instant) -> bool {
+        if now.saturating_duration_since(self.window_start) > FIGHT_WINDOW {
+            self.window_start = now;
+            self.drifts = 0;
+        }
+        self.drifts += 1;
+        if self.drifts <= FIGHT_DRIFTS {
+            return false;
+        }
+        self.backoff = Some(FIGHT_BACKOFF_MIN);
+        self.until = Some(now + FIGHT_BACKOFF_MIN);
+        true
+    }
+
     /// No fight yet: a first foreign change at `now`.
     pub(super) fn new(now: Instant) -> Fight {
         Fight {
@@ -41,16 +57,6 @@ impl Fight {
 }
 
 impl Controller {
-    /// The deadline of the first fought-over cgroup whose foreign value waits for its repair.
-    fn update_fight_deadline(&mut self) {
-        self.deadlines.fight = self
-            .fights
-            .values()
-            .filter(|f| f.pending)
-            .filter_map(|f| f.until)
-            .min();
-    }
-
     /// Drift repair without planning: when the only change since a pass that wrote all it
     /// planned is foreign `cpuset.cpus` values in cgroups it planned, the plan is unchanged
     /// (it does not depend on those values), and they get its values back: parents first (a
@@ -99,23 +105,17 @@ impl Controller {
     /// waits a backoff that doubles (from [`FIGHT_BACKOFF_MIN`] to [`FIGHT_BACKOFF_MAX`]) while
     /// the writer goes on; [`FIGHT_QUIET`] without a foreign change ends the fight.
     pub(super) fn hold_off_drift(&mut self, path: &CgroupPath, now: Instant) -> bool {
-        let wait = self.fight_drift(path, now);
-        self.update_fight_deadline();
-        wait
-    }
-
-    /// [`Self::hold_off_drift`], but for its deadline.
-    fn fight_drift(&mut self, path: &CgroupPath, now: Instant) -> bool {
-        let fight = self
-            .fights
-            .entry(path.clone())
-            .or_insert_with(|| Fight::new(now));
+        let Some(entry) = self.model.get_mut(path) else {
+            return false;
+        };
+        let fight = entry.fight.get_or_insert_with(|| Box::new(Fight::new(now)));
         if now.saturating_duration_since(fight.last_drift) > FIGHT_QUIET {
-            *fight = Fight::new(now);
+            **fight = Fight::new(now);
         }
         fight.last_drift = now;
-        if fight.until.is_some_and(|until| now < until) {
+        if let Some(until) = fight.until.filter(|&until| now < until) {
             fight.pending = true;
+            self.deadlines.fight = Some(self.deadlines.fight.map_or(until, |t| t.min(until)));
             return true;
         }
         fight.until = None;
@@ -127,14 +127,7 @@ impl Controller {
             fight.until = Some(now + next);
             return false;
         }
-        if now.saturating_duration_since(fight.window_start) > FIGHT_WINDOW {
-            fight.window_start = now;
-            fight.drifts = 0;
-        }
-        fight.drifts += 1;
-        if fight.drifts > FIGHT_DRIFTS {
-            fight.backoff = Some(FIGHT_BACKOFF_MIN);
-            fight.until = Some(now + FIGHT_BACKOFF_MIN);
+        if fight.count_drift(now) {
             self.metrics.drift_fights += 1;
             log::warn!(
                 "cg={path}: its cpuset.cpus was changed by someone else more than \
@@ -146,28 +139,36 @@ impl Controller {
         false
     }
 
-    /// Fights whose backoff has ended with a foreign value not yet repaired: the cgroup is read
-    /// again (and so repaired); fights long quiet are forgotten. Whether the model changed.
+    /// Fights whose backoff has ended with a foreign value not yet repaired, once the first is
+    /// due: the cgroup is read again (and so repaired); fights long quiet are forgotten. Whether
+    /// the model changed.
     pub(super) fn resume_fights(&mut self, now: Instant) -> bool {
-        self.fights
-            .retain(|_, f| f.pending || now.saturating_duration_since(f.last_drift) <= FIGHT_QUIET);
-        let due: Vec<CgroupPath> = self
-            .fights
-            .iter()
-            .filter(|(_, f)| f.pending && f.until.is_some_and(|u| u <= now))
-            .map(|(p, _)| p.clone())
-            .collect();
+        if self.deadlines.fight.is_none_or(|t| t > now) {
+            return false;
+        }
+        let mut due = Vec::new();
+        let mut next: Option<Instant> = None;
+        for (path, entry) in self.model.iter_mut() {
+            let Some(fight) = &mut entry.fight else {
+                continue;
+            };
+            if !fight.pending && now.saturating_duration_since(fight.last_drift) > FIGHT_QUIET {
+                entry.fight = None;
+            } else if fight.pending && fight.until.is_some_and(|u| u <= now) {
+                fight.pending = false;
+                due.push(path.clone());
+            } else if let Some(until) = fight.until.filter(|_| fight.pending) {
+                next = Some(next.map_or(until, |t| t.min(until)));
+            }
+        }
+        self.deadlines.fight = next;
         let mut changed = false;
         for path in due {
-            if let Some(fight) = self.fights.get_mut(&path) {
-                fight.pending = false;
-            }
             match self.parts.scanner.read_cgroup(&path) {
                 Some(c) => changed |= self.upsert(c, now),
                 None => changed |= self.remove_if_gone(&path),
             }
         }
-        self.update_fight_deadline();
         changed
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::btree_map::Entry;
 
+use super::drift::Fight;
 use super::*;
 
 #[derive(Debug, Clone)]
@@ -23,6 +24,8 @@ pub(super) struct ModelEntry {
     pub(super) empty_since: Option<Instant>,
     /// New after the first pass: when it was seen, until its pin is timed (event → pin).
     pub(super) pin_seen: Option<Instant>,
+    /// Someone else keeps rewriting its cpuset (see [`Controller::hold_off_drift`]).
+    pub(super) fight: Option<Box<Fight>>,
     /// What classification noticed and the log said, so a re-classification (its CPU
     /// settings written after its config was read) does not say it again.
     pub(super) said: Vec<Notice>,
@@ -118,10 +121,8 @@ impl Controller {
         }
         // New after the first pass: timed until its pin (whichever way it was seen first).
         let track_pin = self.planned && !self.model.contains_key(&path);
-        if let (Some(desired), Some(now_cpus)) = (self.desired(&path), cgroup.cpus.configured()) {
-            if desired != now_cpus {
-                self.drifted.insert(path.clone());
-            }
+        if self.drifts(&path, &cgroup) {
+            self.drifted.insert(path.clone());
         }
         if !self.model.contains_key(&path) {
             self.since_pass.new.insert(path.clone());
@@ -168,8 +169,23 @@ impl Controller {
                 initialised: false,
                 empty_since: None,
                 pin_seen: None,
+                fight: None,
                 said: Vec::new(),
             })),
+        }
+    }
+
+    /// Whether `cgroup` as read now holds other cpus than the last pass wanted there: another
+    /// set, or none once it was set up (someone emptied it: on v1 a truncation caught between
+    /// its two writes, on v2 a write that makes it inherit its parent's).
+    fn drifts(&self, path: &CgroupPath, cgroup: &ScannedCgroup) -> bool {
+        let Some(entry) = self.model.get(path) else {
+            return false;
+        };
+        match (&entry.desired, cgroup.cpus.configured()) {
+            (Some(desired), Some(now)) => desired != now,
+            (Some(_), None) => entry.initialised && cgroup.cpus.value().is_some(),
+            (None, _) => false,
         }
     }
 
@@ -269,7 +285,6 @@ impl Controller {
             self.resized.remove(id);
         }
         self.unreadable_said.remove(path);
-        self.fights.remove(path);
         self.parts.quota_lifted.remove(path);
         self.settings_wait.remove(path);
         self.drifted.remove(path);

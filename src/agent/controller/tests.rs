@@ -178,6 +178,22 @@ fn own_writes_come_back_without_a_pass_and_foreign_writes_are_repaired() {
 }
 
 #[test]
+fn a_pinned_cpuset_emptied_by_someone_else_is_drift_repaired() {
+    let (_dir, node, container, mut controller) = converged();
+    let pinned = cpus(&node, &container);
+    // A foreign write read between its truncation and its content (or, on v2, a write that
+    // makes the cgroup inherit its parent's set): empty, once set up, is drift.
+    fs::write(node.file(&container.to_string(), "cpuset.cpus"), "").unwrap();
+    let now = Instant::now();
+    let foreign = controller.apply_event(modified(&container, InterfaceFile::CpusetCpus), now);
+    assert!(foreign.unwrap());
+    let outcome = controller.pass(Instant::now());
+    assert_eq!(outcome.writes, 1);
+    assert_eq!(cpus(&node, &container), pinned);
+    assert_eq!(controller.metrics.drift_repairs, 1);
+}
+
+#[test]
 fn while_cgroups_arrive_pins_go_first_and_the_shared_rewrites_follow() {
     let (_dir, node, container, mut controller) = converged();
     let shared_pod = PodSpec {
