@@ -16,7 +16,7 @@ use serde_json::json;
 
 use cpusetd::cpuset::CpuSet;
 
-use crate::agent_util::{parse_metrics, pin_latency, poll_until, Agent, Status, DEADLINE};
+use crate::agent_util::{parse_metrics, pin_latency, poll_until, AgentProcess, Status, DEADLINE};
 use crate::runc::{
     container_id, controller_mount, kernel_skip_reason, online_cpus, pod_uid, runc_skip_reason,
     CpuResources, E2eTree, Runc,
@@ -70,7 +70,7 @@ fn make_kubepods(tree: &E2eTree) {
 
 /// `cpusetd run` on a subtree, and `status` on it.
 pub(crate) struct RealAgent {
-    pub(crate) agent: Agent,
+    pub(crate) agent: AgentProcess,
     pub(crate) tree_args: Vec<String>,
     metrics: PathBuf,
 }
@@ -154,7 +154,7 @@ impl RealAgent {
             "--metrics-file",
         ]);
         command.arg(&metrics);
-        let mut agent = Agent::spawn(command, &scratch.join("agent.log"), None);
+        let mut agent = AgentProcess::spawn(command, &scratch.join("agent.log"), None);
         agent.wait_for_log("first pass:");
         RealAgent {
             agent,
