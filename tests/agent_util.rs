@@ -14,6 +14,7 @@ use cpusetd::cgroupfs::CgroupVersion;
 use cpusetd::cpuset::CpuSet;
 use cpusetd::kubesim::{new_pod_uid, ContainerSpec, PodSpec, Qos};
 
+use crate::agent_process::cpusetd_command;
 pub use crate::agent_process::{poll_until, AgentProcess, TestNode, DEADLINE, MACHINE};
 use crate::util::{copy_tree, testdata};
 
@@ -193,31 +194,13 @@ impl TestNode {
 
     /// `cpusetd status --json`, or `None` while it fails (no checkpoint yet).
     pub fn status(&self) -> Option<Status> {
-        let out = self.cpusetd("status", &["--json"]);
-        if !out.status.success() {
-            return None;
-        }
-        Some(serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "status --json: {e}: {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        }))
+        status_of(&self.tree_args())
     }
 
     /// Polls `status --json` until `condition` holds; panics after [`DEADLINE`] with the last
     /// status seen.
-    pub fn wait_status(&self, what: &str, mut condition: impl FnMut(&Status) -> bool) -> Status {
-        let mut last = None;
-        let found = poll_until(DEADLINE, || {
-            let status = self.status()?;
-            if condition(&status) {
-                return Some(status);
-            }
-            last = Some(status);
-            None
-        });
-        found.unwrap_or_else(|| panic!("{what}: not within {DEADLINE:?}; last status:\n{last:#?}"))
+    pub fn wait_status(&self, what: &str, condition: impl FnMut(&Status) -> bool) -> Status {
+        wait_status_of(&self.tree_args(), what, condition)
     }
 
     /// Waits until the container `id` has `expected` both desired and actual, and the whole
@@ -307,6 +290,46 @@ fn remove_cpu_below(dir: &Path, cpu: u32) {
         }
         remove_cpu_below(&entry.path(), cpu);
     }
+}
+
+/// `cpusetd status --json` with `tree_args` (a node's tree and state dir), or `None` while it
+/// fails (no checkpoint yet).
+pub fn status_of(tree_args: &[String]) -> Option<Status> {
+    let out = cpusetd_command()
+        .arg("status")
+        .args(tree_args)
+        .arg("--json")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run cpusetd");
+    if !out.status.success() {
+        return None;
+    }
+    Some(serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "status --json: {e}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    }))
+}
+
+/// Polls [`status_of`] until `condition` holds; panics after [`DEADLINE`] with the last status
+/// seen.
+pub fn wait_status_of(
+    tree_args: &[String],
+    what: &str,
+    mut condition: impl FnMut(&Status) -> bool,
+) -> Status {
+    let mut last = None;
+    let found = poll_until(DEADLINE, || {
+        let status = status_of(tree_args)?;
+        if condition(&status) {
+            return Some(status);
+        }
+        last = Some(status);
+        None
+    });
+    found.unwrap_or_else(|| panic!("{what}: not within {DEADLINE:?}; last status:\n{last:#?}"))
 }
 
 /// Which build of cpusetd the tests run, for the figures they print.
