@@ -40,9 +40,9 @@ fn main() {
     let rate = std::env::var("RATE").ok().and_then(|r| r.parse().ok());
 
     // Writes necessary: one plan over the tree kubelet alone makes.
-    let reference = FakeMachine::new(TOPOLOGY_256);
+    let reference = fake_machine(TOPOLOGY_256);
     reference
-        .node
+        .fake
         .start_pods_at_rate(&burst_pods(n), None)
         .unwrap();
     let mut controller = controller_of(&reference);
@@ -51,13 +51,13 @@ fn main() {
     drop(controller);
     drop(reference);
 
-    let machine = FakeMachine::new(TOPOLOGY_256);
+    let machine = fake_machine(TOPOLOGY_256);
     let agent = Agent::start(&machine.agent_args());
     let before = agent.metric("cpusetd_cgroup_writes_total").unwrap_or(0.0);
     let pods = burst_pods(n);
     let wall_start = SystemTime::now();
     let start = Instant::now();
-    let started = machine.node.start_pods_at_rate(&pods, rate).unwrap();
+    let started = machine.fake.start_pods_at_rate(&pods, rate).unwrap();
     let created = start.elapsed();
     agent.wait_quiet(Duration::from_secs(2), Duration::from_secs(600));
 
@@ -65,8 +65,8 @@ fn main() {
     let mut files: Vec<PathBuf> = Vec::new();
     for (pod, (ids, _)) in pods.iter().zip(&started) {
         for id in ids {
-            files.push(machine.node.file(
-                &format!("{}/{id}", machine.node.pod_dir(pod)),
+            files.push(machine.fake.file(
+                &format!("{}/{id}", machine.fake.pod_dir(pod)),
                 "cpuset.cpus",
             ));
         }

@@ -90,12 +90,12 @@ fn main() {
         "{:<44} {:>6} {:>10} {:>10} {:>8} {:>8}",
         "tree", "n", "median", "p99", "missed", "repairs"
     );
-    let machine = FakeMachine::new(TOPOLOGY_256);
+    let machine = fake_machine(TOPOLOGY_256);
     for pod in large_node_pods(110, 0) {
-        machine.node.start_pod(&pod).unwrap();
+        machine.fake.start_pod(&pod).unwrap();
     }
     let agent = Agent::start(&machine.agent_args());
-    let containers = pinned(&machine.node, 20);
+    let containers = pinned(&machine.fake, 20);
     let (mut samples, missed) = sample(&containers, "0-255", n);
     report("tmpfs, 256 cpus, 130 pods", &mut samples, missed, &agent);
     drop(agent);
@@ -106,7 +106,7 @@ fn main() {
     }
     let machine = KernelMachine::new();
     let agent = Agent::start(&machine.agent_args());
-    let containers = pinned(&machine.node, 1);
+    let containers = pinned(&machine.fake, 1);
     let whole = fs::read_to_string(machine.cpuset_dir("cpuset.cpus")).unwrap();
     // One pinned container here: a foreign write every 500 ms at most.
     let n = env_usize("KERNEL_SAMPLES", 100);

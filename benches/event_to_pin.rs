@@ -75,12 +75,12 @@ fn main() {
         "tree", "n", "median", "p99", "missed", "agent's own p99", "writes/sample"
     );
     for background in backgrounds {
-        let machine = FakeMachine::new(TOPOLOGY_256);
+        let machine = fake_machine(TOPOLOGY_256);
         for pod in large_node_pods(background, 0) {
-            machine.node.start_pod(&pod).unwrap();
+            machine.fake.start_pod(&pod).unwrap();
         }
         let agent = Agent::start(&machine.agent_args());
-        let (mut samples, missed) = sample(&machine.node, n, || {});
+        let (mut samples, missed) = sample(&machine.fake, n, || {});
         report(
             &format!("tmpfs, 256 cpus, {background} other pods"),
             &mut samples,
@@ -98,9 +98,9 @@ fn main() {
         .filter_map(|s| s.trim().parse().ok())
         .collect();
     for background in in_process {
-        let machine = FakeMachine::new(TOPOLOGY_256);
+        let machine = fake_machine(TOPOLOGY_256);
         for pod in large_node_pods(background, 0) {
-            machine.node.start_pod(&pod).unwrap();
+            machine.fake.start_pod(&pod).unwrap();
         }
         let mut controller = controller_of(&machine);
         controller.watch_arrivals(std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0)));
@@ -112,8 +112,8 @@ fn main() {
                 Qos::Guaranteed,
                 vec![ContainerSpec::guaranteed("app", 1000)],
             );
-            machine.node.start_pod(&pod).unwrap();
-            let dir = cpusetd::cgroupfs::CgroupPath::new(&machine.node.pod_dir(&pod)).unwrap();
+            machine.fake.start_pod(&pod).unwrap();
+            let dir = cpusetd::cgroupfs::CgroupPath::new(&machine.fake.pod_dir(&pod)).unwrap();
             let started = Instant::now();
             controller
                 .apply_event(
@@ -125,7 +125,7 @@ fn main() {
                 .unwrap();
             controller.pass(started);
             samples.push(started.elapsed());
-            machine.node.remove_pod(&pod).unwrap();
+            machine.fake.remove_pod(&pod).unwrap();
             controller
                 .apply_event(
                     cpusetd::watcher::TreeEvent::Removed { cgroup: dir },
@@ -156,7 +156,7 @@ fn main() {
     let burstable = machine.cpuset_dir("kubepods/burstable/cpuset.cpus");
     let whole = std::fs::read_to_string(&burstable).unwrap();
     let mut waiter = FileWaiter::default();
-    let (mut samples, missed) = sample(&machine.node, n, || {
+    let (mut samples, missed) = sample(&machine.fake, n, || {
         waiter.wait(&burstable, LIMIT, |t| t == whole.trim());
     });
     report("real cgroup v1, this machine", &mut samples, missed, &agent);

@@ -15,9 +15,9 @@ use common::*;
 fn main() {
     let pods = env_usize("PODS", 2500);
     let idle = Duration::from_secs(env_usize("IDLE_SECS", 60) as u64);
-    let machine = FakeMachine::new(TOPOLOGY_256);
+    let machine = fake_machine(TOPOLOGY_256);
     for pod in large_node_pods(pods, 25) {
-        machine.node.start_pod(&pod).unwrap();
+        machine.fake.start_pod(&pod).unwrap();
     }
     println!(
         "footprint of cpusetd run with {} container cgroups ({pods} pods) watched",

@@ -27,19 +27,19 @@ fn median(samples: &mut [Duration]) -> f64 {
 fn main() {
     let pods = env_usize("PODS", 2500);
     let rounds = env_usize("ROUNDS", 9);
-    let machine = FakeMachine::new(TOPOLOGY_256);
+    let machine = fake_machine(TOPOLOGY_256);
     let mut files: Vec<PathBuf> = Vec::new();
     for pod in large_node_pods(pods, 25) {
-        let sandbox = machine.node.add_pod(&pod).unwrap();
-        let dir = machine.node.pod_dir(&pod);
+        let sandbox = machine.fake.add_pod(&pod).unwrap();
+        let dir = machine.fake.pod_dir(&pod);
         files.push(
             machine
-                .node
+                .fake
                 .file(&format!("{dir}/{sandbox}"), "cpuset.cpus"),
         );
         for c in &pod.containers {
-            let id = machine.node.add_container(&pod, c).unwrap();
-            files.push(machine.node.file(&format!("{dir}/{id}"), "cpuset.cpus"));
+            let id = machine.fake.add_container(&pod, c).unwrap();
+            files.push(machine.fake.file(&format!("{dir}/{id}"), "cpuset.cpus"));
         }
     }
 

@@ -16,7 +16,8 @@ use cpusetd::cgroupfs::CgroupVersion;
 use cpusetd::kubesim::{new_container_id, ContainerSpec, PodSpec, Qos};
 
 use crate::agent_util::{
-    best_effort, cpus, guaranteed, pin_latency, pod, poll_until, Status, TestNode, DEADLINE,
+    best_effort, cpus, guaranteed, pin_latency, pod, poll_until, AgentProcess, Status, TestNode,
+    DEADLINE,
 };
 use crate::util::{stderr, stdout};
 
@@ -636,59 +637,21 @@ fn agent_never_blocks_on_a_notify_socket_nobody_drains() {
     let node = TestNode::new(CgroupVersion::V1);
     let socket = node.base.join("notify.sock");
     let _receiver = std::os::unix::net::UnixDatagram::bind(&socket).unwrap();
-    let log = node.base.join("agent-notify.log");
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cpusetd"));
+    let mut command = node.agent_command(&[]);
     command
-        .arg("run")
-        .args(node.tree_args())
-        .args([
-            "--reserved-cpus",
-            "0",
-            "--cpu-manager-reconcile-period",
-            "1s",
-        ])
-        .env("RUST_LOG", "info")
         .env("NOTIFY_SOCKET", &socket)
         // A ping every 10 ms: the receiver's queue (ten datagrams) is full at once.
-        .env("WATCHDOG_USEC", "20000")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(fs::File::create(&log).unwrap());
-    let mut child = command.spawn().unwrap();
-    let logged = |needle: &str| {
-        fs::read_to_string(&log)
-            .unwrap_or_default()
-            .contains(needle)
-    };
-    assert!(
-        poll_until(DEADLINE, || logged("first pass:").then_some(())).is_some(),
-        "{}",
-        fs::read_to_string(&log).unwrap_or_default()
-    );
+        .env("WATCHDOG_USEC", "20000");
+    let log = node.base.join("agent-notify.log");
+    let mut agent = AgentProcess::spawn(command, &log, node.refusals());
+    agent.wait_for_log("first pass:");
     // The queue fills within a few pings; the agent then goes on without systemd.
-    assert!(
-        poll_until(DEADLINE, || logged(
-            "sd_notify: the receiver's queue is full"
-        )
-        .then_some(()))
-        .is_some(),
-        "{}",
-        fs::read_to_string(&log).unwrap_or_default()
-    );
+    agent.wait_for_log("sd_notify: the receiver's queue is full");
     let (db, ids, _be, _be_id) = pinned_pods(&node);
     assert_eq!(node.cpus_of(&db, &ids[0]), "1,9");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        Signal::SIGTERM,
-    )
-    .unwrap();
-    let exited = poll_until(Duration::from_secs(5), || child.try_wait().unwrap());
-    if exited.is_none() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    let text = fs::read_to_string(&log).unwrap_or_default();
-    assert!(exited.is_some_and(|s| s.success()), "{exited:?}: {text}");
+    let exited = agent.stop_within(Duration::from_secs(5));
+    let text = agent.log();
+    assert!(exited.is_ok_and(|s| s.success()), "{exited:?}: {text}");
 }
 
 /// A container whose runtime config names another pod (issue 17, item 3): the cgroup path's
@@ -1008,16 +971,8 @@ fn agent_options_align_memory_respect_isolcpus_and_strict_reservation() {
     let proc = node.base.join("proc");
     fs::create_dir(&proc).unwrap();
     fs::write(proc.join("cmdline"), "ro isolcpus=2-3,10-11\n").unwrap();
-    let mut args = node.tree_args();
-    let at = args.iter().position(|a| a == "--proc-root").unwrap();
-    args[at + 1] = proc.display().to_string();
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cpusetd"));
-    command
-        .arg("run")
-        .args(&args)
-        .args(["--reserved-cpus", "0", "--respect-isolcpus"])
-        .args(["--cpu-manager-reconcile-period", "1s"]);
-    let mut agent = crate::agent_util::Agent::spawn(command, &node.base.join("isol.log"), None);
+    let mut agent =
+        node.spawn_agent(&["--proc-root", proc.to_str().unwrap(), "--respect-isolcpus"]);
     agent.wait_for_log("first pass:");
     let (db, db_id, be, be_id) = pods(&node);
     let db_cpus = cpus(&node.cpus_of(&db, &db_id));
@@ -1093,15 +1048,12 @@ fn agent_restart_with_other_reserved_cpus_or_options_keeps_valid_pins() {
     let (db, ids, _be, _be_id) = pinned_pods(&node);
     assert!(agent.stop().success());
     // CPU 8 (cpu 0's sibling) reserved too, and an option: the pin on 1,9 still fits.
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cpusetd"));
-    command
-        .arg("run")
-        .args(node.tree_args())
-        .args(["--reserved-cpus", "0,8"])
-        .args(["--cpu-manager-policy-options", "full-pcpus-only=true"])
-        .args(["--cpu-manager-reconcile-period", "1s"]);
-    let mut restarted =
-        crate::agent_util::Agent::spawn(command, &node.base.join("restart.log"), None);
+    let mut restarted = node.spawn_agent(&[
+        "--reserved-cpus",
+        "0,8",
+        "--cpu-manager-policy-options",
+        "full-pcpus-only=true",
+    ]);
     restarted.wait_for_log("first pass:");
     node.wait_status("converged", |s| s.converged());
     assert_eq!(node.cpus_of(&db, &ids[0]), "1,9", "{}", restarted.log());

@@ -16,7 +16,10 @@ use serde_json::json;
 
 use cpusetd::cpuset::CpuSet;
 
-use crate::agent_util::{parse_metrics, pin_latency, poll_until, Agent, Status, DEADLINE};
+use crate::agent_util::{
+    parse_metrics, pin_latency, poll_until, status_of, wait_status_of, AgentProcess, Status,
+    DEADLINE,
+};
 use crate::runc::{
     container_id, controller_mount, kernel_skip_reason, online_cpus, pod_uid, runc_skip_reason,
     CpuResources, E2eTree, Runc,
@@ -70,7 +73,7 @@ fn make_kubepods(tree: &E2eTree) {
 
 /// `cpusetd run` on a subtree, and `status` on it.
 pub(crate) struct RealAgent {
-    pub(crate) agent: Agent,
+    pub(crate) agent: AgentProcess,
     pub(crate) tree_args: Vec<String>,
     metrics: PathBuf,
 }
@@ -154,7 +157,7 @@ impl RealAgent {
             "--metrics-file",
         ]);
         command.arg(&metrics);
-        let mut agent = Agent::spawn(command, &scratch.join("agent.log"), None);
+        let mut agent = AgentProcess::spawn(command, &scratch.join("agent.log"), None);
         agent.wait_for_log("first pass:");
         RealAgent {
             agent,
@@ -164,33 +167,11 @@ impl RealAgent {
     }
 
     pub(crate) fn status(&self) -> Option<Status> {
-        let out = Command::new(env!("CARGO_BIN_EXE_cpusetd"))
-            .arg("status")
-            .args(&self.tree_args)
-            .arg("--json")
-            .env("RUST_LOG", "warn")
-            .output()
-            .unwrap();
-        out.status
-            .success()
-            .then(|| serde_json::from_slice(&out.stdout).unwrap())
+        status_of(&self.tree_args)
     }
 
-    pub(crate) fn wait_status(
-        &self,
-        what: &str,
-        mut condition: impl FnMut(&Status) -> bool,
-    ) -> Status {
-        let mut last = None;
-        poll_until(DEADLINE, || {
-            let status = self.status()?;
-            if condition(&status) {
-                return Some(status);
-            }
-            last = Some(status);
-            None
-        })
-        .unwrap_or_else(|| panic!("{what}: not within {DEADLINE:?}; last status:\n{last:#?}"))
+    pub(crate) fn wait_status(&self, what: &str, condition: impl FnMut(&Status) -> bool) -> Status {
+        wait_status_of(&self.tree_args, what, condition)
     }
 
     pub(crate) fn metrics(&self) -> std::collections::BTreeMap<String, f64> {

@@ -1,37 +1,22 @@
-//! The harness for the tests of the real agent binary: a [`TestNode`] is a fake node made with
-//! `cpusetd::kubesim` (on a private tmpfs when root, else in a temporary directory) with the
-//! 2-socket, 8-core, HT, 2-NUMA topology of `testdata/sysfs/2s-8c-ht-2numa`; an [`Agent`] is
-//! `cpusetd run` on it with the fake kernel's rules on, its log in a file, stopped (SIGTERM, then
-//! SIGKILL after a deadline) on drop and its log printed when a test fails. Waiting is always
-//! polling against a deadline: [`TestNode::wait_status`] runs `cpusetd status --json` until a
-//! condition holds.
+//! What the tests of the real agent binary read and check on a [`TestNode`] (the node and the
+//! [`AgentProcess`] started on it are in `agent_process`, shared with the benchmarks):
+//! `cpusetd status --json` as typed rows, polled until a condition holds
+//! ([`TestNode::wait_status`]), the metrics file, a container's files, CPU hotplug and PCI
+//! devices in the node's sysfs, and what the fake kernel refused.
 
-use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use serde::Deserialize;
 
 use cpusetd::cgroupfs::CgroupVersion;
 use cpusetd::cpuset::CpuSet;
-use cpusetd::kubesim::{new_pod_uid, ContainerSpec, FakeNode, PodSpec, Qos};
+use cpusetd::kubesim::{new_pod_uid, ContainerSpec, PodSpec, Qos};
 
+use crate::agent_process::cpusetd_command;
+pub use crate::agent_process::{poll_until, AgentProcess, TestNode, DEADLINE, MACHINE};
 use crate::util::{copy_tree, testdata};
-
-/// The machine every fake node has: 16 CPUs, cores `{n, n+8}`, NUMA nodes 0-1.
-pub const MACHINE: &str = "sysfs/2s-8c-ht-2numa";
-/// How long anything the agent does may take before a test gives up.
-pub const DEADLINE: Duration = Duration::from_secs(10);
-/// How often a condition is re-checked.
-const POLL: Duration = Duration::from_millis(20);
 
 /// A Guaranteed pod with one container of `milli` millicores, named like the pod.
 pub fn guaranteed(name: &str, milli: u64) -> PodSpec {
@@ -51,65 +36,8 @@ pub fn best_effort(name: &str) -> PodSpec {
     )
 }
 
-/// Polls `probe` until it returns `Some` or `deadline` passes (then `None`).
-pub fn poll_until<T>(deadline: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
-    let end = Instant::now() + deadline;
-    loop {
-        if let Some(value) = probe() {
-            return Some(value);
-        }
-        if Instant::now() >= end {
-            return None;
-        }
-        thread::sleep(POLL);
-    }
-}
-
 pub fn cpus(text: &str) -> CpuSet {
     CpuSet::parse(text).unwrap_or_else(|e| panic!("{text:?}: {e}"))
-}
-
-fn is_root() -> bool {
-    fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
-}
-
-/// A tmpfs mounted on a directory, unmounted on drop.
-#[derive(Debug)]
-struct Tmpfs {
-    mount_point: PathBuf,
-}
-
-impl Tmpfs {
-    fn mount(on: &Path) -> Option<Tmpfs> {
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=256m,mode=0755", "cpusetd-test"])
-            .arg(on)
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            eprintln!(
-                "tmpfs not mounted on {} ({}): using the temporary directory",
-                on.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-            return None;
-        }
-        Some(Tmpfs {
-            mount_point: on.to_path_buf(),
-        })
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let out = Command::new("umount").arg(&self.mount_point).output();
-        if !out.is_ok_and(|o| o.status.success()) {
-            let _ = Command::new("umount")
-                .arg("-l")
-                .arg(&self.mount_point)
-                .status();
-        }
-    }
 }
 
 /// `cpusetd status --json` as the tests read it.
@@ -173,52 +101,7 @@ impl Status {
     }
 }
 
-/// A fake node on tmpfs (root) or in a temporary directory, with its state dir, metrics file
-/// and the fake kernel's refusal log.
-#[derive(Debug)]
-pub struct TestNode {
-    pub fake: FakeNode,
-    pub base: PathBuf,
-    /// The `--sysfs-root`: the fixture itself, or a copy a test may change
-    /// ([`TestNode::with_writable_sysfs`]).
-    pub sysfs: PathBuf,
-    started: Cell<usize>,
-    // Dropped after every agent (tests declare agents after the node), tmpfs before the dir.
-    _tmpfs: Option<Tmpfs>,
-    _dir: tempfile::TempDir,
-}
-
 impl TestNode {
-    pub fn new(version: CgroupVersion) -> TestNode {
-        let dir = tempfile::Builder::new()
-            .prefix("cpusetd-agent-")
-            .tempdir()
-            .unwrap();
-        let base = dir.path().join("node");
-        fs::create_dir(&base).unwrap();
-        let tmpfs = if is_root() { Tmpfs::mount(&base) } else { None };
-        let sysfs = testdata(MACHINE);
-        let online = fs::read_to_string(sysfs.join("devices/system/cpu/online")).unwrap();
-        fs::create_dir(base.join("cgroup")).unwrap();
-        let fake = FakeNode::create(
-            &base.join("cgroup"),
-            version,
-            cpus(online.trim()),
-            cpus("0-1"),
-            &base.join("runtime"),
-        )
-        .unwrap();
-        fs::create_dir(base.join("state")).unwrap();
-        TestNode {
-            fake,
-            base,
-            sysfs,
-            started: Cell::new(0),
-            _tmpfs: tmpfs,
-            _dir: dir,
-        }
-    }
-
     /// A node whose sysfs is a copy of the fixture, so a test can take cpus offline
     /// ([`TestNode::set_cpu_online`]).
     pub fn with_writable_sysfs(version: CgroupVersion) -> TestNode {
@@ -273,10 +156,6 @@ impl TestNode {
         fs::write(&list, format!("{now}\n")).unwrap();
     }
 
-    pub fn state_dir(&self) -> PathBuf {
-        self.base.join("state")
-    }
-
     /// Gives the node's sysfs a PCI function on a NUMA node (`numa` as the kernel writes it,
     /// `-1` for none): `devices/pci<domain>:<bus>/<addr>/numa_node`, with the
     /// `bus/pci/devices/<addr>` symlink the kernel makes, and, with `iommu_group`, its entry
@@ -313,109 +192,15 @@ impl TestNode {
         }
     }
 
-    pub fn checkpoint(&self) -> PathBuf {
-        self.state_dir().join("state.json")
-    }
-
-    pub fn metrics_file(&self) -> PathBuf {
-        self.base.join("m.prom")
-    }
-
-    pub fn refusal_log(&self) -> PathBuf {
-        self.base.join("refused.log")
-    }
-
-    /// The flags `run`, `status` and `reset` share: the tree, the topology, the state dir.
-    pub fn tree_args(&self) -> Vec<String> {
-        let sysfs = &self.sysfs;
-        vec![
-            "--cgroup-root".into(),
-            self.fake.cgroup_root().display().to_string(),
-            "--runtime-config-path".into(),
-            self.fake.runtime_template(),
-            "--sysfs-root".into(),
-            sysfs.display().to_string(),
-            "--proc-root".into(),
-            sysfs.join("proc").display().to_string(),
-            "--state-dir".into(),
-            self.state_dir().display().to_string(),
-        ]
-    }
-
-    /// `cpusetd run` with CPU 0 reserved and a 1 s reconcile period (unless `extra` names
-    /// others), the metrics file, plus `extra` flags; does not wait for it.
-    pub fn spawn_agent(&self, extra: &[&str]) -> Agent {
-        let n = self.started.get() + 1;
-        self.started.set(n);
-        let log = self.base.join(format!("agent-{n}.log"));
-        let mut args = vec!["run".to_string()];
-        args.extend(self.tree_args());
-        if !extra.contains(&"--reserved-cpus") {
-            args.extend(["--reserved-cpus", "0"].map(String::from));
-        }
-        args.push("--metrics-file".into());
-        args.push(self.metrics_file().display().to_string());
-        if !extra.contains(&"--cpu-manager-reconcile-period") {
-            args.extend(["--cpu-manager-reconcile-period", "1s"].map(String::from));
-        }
-        // Never this machine's kubelet checkpoint.
-        if !extra.contains(&"--kubelet-state") {
-            args.extend(["--kubelet-state", "none"].map(String::from));
-        }
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let mut command = Command::new(env!("CARGO_BIN_EXE_cpusetd"));
-        command
-            .args(&args)
-            .env("CPUSETD_FAKE_KERNEL_RULES", "1")
-            .env("CPUSETD_FAKE_KERNEL_LOG", self.refusal_log());
-        Agent::spawn(command, &log, Some(self.refusal_log()))
-    }
-
-    /// Starts the agent and waits until its first pass is done.
-    pub fn start_agent(&self, extra: &[&str]) -> Agent {
-        let mut agent = self.spawn_agent(extra);
-        agent.wait_for_log("first pass:");
-        agent
-    }
-
-    /// Runs a `cpusetd` subcommand on this node's tree (`status`, `reset`) with `extra` flags.
-    pub fn cpusetd(&self, command: &str, extra: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_cpusetd"))
-            .arg(command)
-            .args(self.tree_args())
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .output()
-            .expect("run cpusetd")
-    }
-
     /// `cpusetd status --json`, or `None` while it fails (no checkpoint yet).
     pub fn status(&self) -> Option<Status> {
-        let out = self.cpusetd("status", &["--json"]);
-        if !out.status.success() {
-            return None;
-        }
-        Some(serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "status --json: {e}: {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        }))
+        status_of(&self.tree_args())
     }
 
     /// Polls `status --json` until `condition` holds; panics after [`DEADLINE`] with the last
     /// status seen.
-    pub fn wait_status(&self, what: &str, mut condition: impl FnMut(&Status) -> bool) -> Status {
-        let mut last = None;
-        let found = poll_until(DEADLINE, || {
-            let status = self.status()?;
-            if condition(&status) {
-                return Some(status);
-            }
-            last = Some(status);
-            None
-        });
-        found.unwrap_or_else(|| panic!("{what}: not within {DEADLINE:?}; last status:\n{last:#?}"))
+    pub fn wait_status(&self, what: &str, condition: impl FnMut(&Status) -> bool) -> Status {
+        wait_status_of(&self.tree_args(), what, condition)
     }
 
     /// Waits until the container `id` has `expected` both desired and actual, and the whole
@@ -507,6 +292,46 @@ fn remove_cpu_below(dir: &Path, cpu: u32) {
     }
 }
 
+/// `cpusetd status --json` with `tree_args` (a node's tree and state dir), or `None` while it
+/// fails (no checkpoint yet).
+pub fn status_of(tree_args: &[String]) -> Option<Status> {
+    let out = cpusetd_command()
+        .arg("status")
+        .args(tree_args)
+        .arg("--json")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run cpusetd");
+    if !out.status.success() {
+        return None;
+    }
+    Some(serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "status --json: {e}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    }))
+}
+
+/// Polls [`status_of`] until `condition` holds; panics after [`DEADLINE`] with the last status
+/// seen.
+pub fn wait_status_of(
+    tree_args: &[String],
+    what: &str,
+    mut condition: impl FnMut(&Status) -> bool,
+) -> Status {
+    let mut last = None;
+    let found = poll_until(DEADLINE, || {
+        let status = status_of(tree_args)?;
+        if condition(&status) {
+            return Some(status);
+        }
+        last = Some(status);
+        None
+    });
+    found.unwrap_or_else(|| panic!("{what}: not within {DEADLINE:?}; last status:\n{last:#?}"))
+}
+
 /// Which build of cpusetd the tests run, for the figures they print.
 pub fn build() -> &'static str {
     if cfg!(debug_assertions) {
@@ -553,136 +378,5 @@ pub fn pod(name: &str, qos: Qos, containers: Vec<ContainerSpec>) -> PodSpec {
         name: name.into(),
         qos,
         containers,
-    }
-}
-
-/// A running `cpusetd run`. Dropping it stops it (SIGTERM, SIGKILL after a deadline) and, when
-/// the test is failing, prints its log and the fake kernel's refusals.
-#[derive(Debug)]
-pub struct Agent {
-    child: Child,
-    log: PathBuf,
-    refusals: Option<PathBuf>,
-    exit: Option<ExitStatus>,
-}
-
-impl Agent {
-    /// Starts `command` (a `cpusetd run`) with info logs into `log`, without systemd's
-    /// variables. `refusals` is the fake kernel's log, printed with the agent's on failure.
-    pub fn spawn(mut command: Command, log: &Path, refusals: Option<PathBuf>) -> Agent {
-        let child = command
-            .env(
-                "RUST_LOG",
-                std::env::var("AGENT_LOG").unwrap_or("info".into()),
-            )
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(log).unwrap())
-            .spawn()
-            .expect("start cpusetd run");
-        Agent {
-            child,
-            log: log.to_path_buf(),
-            refusals,
-            exit: None,
-        }
-    }
-
-    pub fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    pub fn signal(&self, signal: Signal) {
-        kill(Pid::from_raw(self.pid()), signal).unwrap();
-    }
-
-    /// The agent's log so far.
-    pub fn log(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Lines of the log containing `needle`.
-    pub fn log_lines(&self, needle: &str) -> Vec<String> {
-        self.log()
-            .lines()
-            .filter(|l| l.contains(needle))
-            .map(String::from)
-            .collect()
-    }
-
-    /// Waits until the log has a line containing `needle`; panics if the agent exits first or
-    /// [`DEADLINE`] passes.
-    pub fn wait_for_log(&mut self, needle: &str) {
-        self.wait_for_log_within(needle, DEADLINE)
-    }
-
-    /// [`Self::wait_for_log`] with another deadline.
-    pub fn wait_for_log_within(&mut self, needle: &str, deadline: Duration) {
-        let found = poll_until(deadline, || {
-            if self.log().contains(needle) {
-                return Some(true);
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                self.exit = Some(status);
-                return Some(false);
-            }
-            None
-        });
-        match found {
-            Some(true) => {}
-            Some(false) => panic!("cpusetd exited ({:?}) before logging {needle:?}", self.exit),
-            None => panic!("cpusetd did not log {needle:?} within {deadline:?}"),
-        }
-    }
-
-    /// Waits for the agent to exit on its own.
-    pub fn wait_exit(&mut self, deadline: Duration) -> Option<ExitStatus> {
-        if self.exit.is_none() {
-            self.exit = poll_until(deadline, || self.child.try_wait().ok().flatten());
-        }
-        self.exit
-    }
-
-    /// SIGTERM and wait; SIGKILL if it does not stop within the deadline.
-    pub fn stop(&mut self) -> ExitStatus {
-        if let Some(status) = self.exit {
-            return status;
-        }
-        let _ = kill(Pid::from_raw(self.pid()), Signal::SIGTERM);
-        if let Some(status) = self.wait_exit(DEADLINE) {
-            return status;
-        }
-        let _ = self.child.kill();
-        let status = self.child.wait().unwrap();
-        self.exit = Some(status);
-        panic!("cpusetd did not stop within {DEADLINE:?} of SIGTERM: killed");
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if self.exit.is_none() {
-            let _ = kill(Pid::from_raw(self.pid()), Signal::SIGTERM);
-            if self.wait_exit(DEADLINE).is_none() {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-            }
-        }
-        if thread::panicking() {
-            let mut text = String::new();
-            let _ = writeln!(text, "---- cpusetd run log ({}) ----", self.log.display());
-            text.push_str(&self.log());
-            let refused = self
-                .refusals
-                .as_ref()
-                .and_then(|r| fs::read_to_string(r).ok())
-                .unwrap_or_default();
-            if !refused.is_empty() {
-                let _ = writeln!(text, "---- writes the kernel would refuse ----\n{refused}");
-            }
-            eprintln!("{text}");
-        }
     }
 }

@@ -9,8 +9,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cpusetd::kubesim::{new_pod_uid, ContainerSpec, PodSpec, Qos};
 use nix::sys::signal::{kill, Signal};
@@ -338,7 +337,7 @@ fn the_traced_agent_writes_only_below_its_roots() {
         return;
     }
     let mut node = Node::new();
-    let trace = node.dir.join("..").join("agent.strace");
+    let trace = node.base.join("..").join("agent.strace");
     let wrapper: Vec<String> = [
         "strace",
         "-f",
@@ -372,21 +371,21 @@ fn the_traced_agent_writes_only_below_its_roots() {
         vec![ContainerSpec::burstable("web", 500, None)],
     );
     let batch = pod(Qos::BestEffort, vec![ContainerSpec::best_effort("batch")]);
-    let ids = node.node.start_pod(&db).unwrap();
-    node.node.start_pod(&web).unwrap();
-    node.node.start_pod(&batch).unwrap();
+    let ids = node.fake.start_pod(&db).unwrap();
+    node.fake.start_pod(&web).unwrap();
+    node.fake.start_pod(&batch).unwrap();
     node.settled(now_ms(), |s| {
         rows(s).iter().filter(|r| r["kind"] == "container").count() == 3
     });
-    node.node.remove_container(&db, &ids[0]).unwrap();
-    node.node.add_container(&db, &db.containers[0]).unwrap();
-    node.node.remove_pod(&batch).unwrap();
+    node.fake.remove_container(&db, &ids[0]).unwrap();
+    node.fake.add_container(&db, &db.containers[0]).unwrap();
+    node.fake.remove_pod(&batch).unwrap();
     node.settled(now_ms(), |s| {
         rows(s).iter().filter(|r| r["kind"] == "container").count() == 2
     });
 
     // Stop the agent itself (strace's child), so it writes its checkpoint on the way out.
-    let strace_pid = node.agent.as_ref().unwrap().id();
+    let strace_pid = node.agent.as_ref().unwrap().pid();
     let children = format!("/proc/{strace_pid}/task/{strace_pid}/children");
     let agent_pid: i32 = fs::read_to_string(&children)
         .unwrap()
@@ -396,25 +395,21 @@ fn the_traced_agent_writes_only_below_its_roots() {
         .parse()
         .unwrap();
     kill(Pid::from_raw(agent_pid), Signal::SIGTERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
     let mut agent = node.agent.take().unwrap();
-    loop {
-        if agent.try_wait().unwrap().is_some() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the traced agent did not stop");
-        thread::sleep(Duration::from_millis(10));
-    }
+    assert!(
+        agent.wait_exit(Duration::from_secs(10)).is_some(),
+        "the traced agent did not stop"
+    );
 
     let text = fs::read_to_string(&trace).unwrap();
     let cwd = std::env::current_dir().unwrap();
     let found = changes(&text, &cwd);
     let allowed: Vec<PathBuf> = vec![
-        node.node.cgroup_root().to_path_buf(),
-        node.state_dir.clone(),
+        node.fake.cgroup_root().to_path_buf(),
+        node.state_dir().clone(),
         node.metrics.parent().unwrap().to_path_buf(),
         // Debug builds' test seam (CPUSETD_FAKE_KERNEL_LOG), not part of a release build.
-        node.refusals.clone(),
+        node.refusal_log(),
     ];
     let canonical = |p: &Path| -> PathBuf {
         // Normalise `..` without touching the filesystem.
@@ -456,7 +451,7 @@ fn the_traced_agent_writes_only_below_its_roots() {
     assert!(
         found
             .iter()
-            .any(|c| c.paths[0].starts_with(node.node.cgroup_root())),
+            .any(|c| c.paths[0].starts_with(node.fake.cgroup_root())),
         "the trace shows no cgroup write"
     );
     assert!(

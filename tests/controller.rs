@@ -5,33 +5,13 @@
 use std::fs;
 use std::time::Instant;
 
-use cpusetd::agent::{Controller, ControllerParts};
-use cpusetd::allocator::{PolicyOptions, ReservedCpus, StaticPolicy};
-use cpusetd::cgroupfs::{CgroupPath, CgroupVersion, Hierarchy, Scanner};
-use cpusetd::classify::CgroupNaming;
+use cpusetd::agent::Controller;
+use cpusetd::cgroupfs::{CgroupPath, CgroupVersion};
 use cpusetd::cpuset::CpuSet;
 use cpusetd::kubesim::{new_pod_uid, ContainerSpec, FakeNode, PodSpec, Qos};
-use cpusetd::runtime::{ConfigTemplate, RuntimeLookup};
-use cpusetd::topology::discover;
 use cpusetd::watcher::TreeEvent;
 
-use crate::util::{layout_of, testdata};
-
-/// The 16-CPU machine of the agent tests.
-const MACHINE: &str = "sysfs/2s-8c-ht-2numa";
-
-/// A fake v1 node with the machine's CPUs and memory nodes, in `dir`.
-fn fake_node(dir: &std::path::Path) -> FakeNode {
-    fs::create_dir(dir.join("cgroup")).unwrap();
-    FakeNode::create(
-        &dir.join("cgroup"),
-        CgroupVersion::V1,
-        CpuSet::parse("0-15").unwrap(),
-        CpuSet::parse("0-1").unwrap(),
-        &dir.join("runtime"),
-    )
-    .unwrap()
-}
+use crate::agent_process::TestNode;
 
 fn pod(name: &str, qos: Qos, containers: Vec<ContainerSpec>) -> PodSpec {
     PodSpec {
@@ -42,32 +22,10 @@ fn pod(name: &str, qos: Qos, containers: Vec<ContainerSpec>) -> PodSpec {
     }
 }
 
-/// A controller over the node's tree, with CPU 0 reserved, after its first scan and pass (as
-/// the agent starts).
-fn controller(node: &FakeNode) -> Controller {
-    let layout = layout_of(node.cgroup_root());
-    let hierarchy = Hierarchy::open(&layout).unwrap();
-    let sysfs = testdata(MACHINE);
-    let topology = discover(&sysfs, &sysfs.join("proc")).unwrap();
-    let policy = StaticPolicy::new(
-        &topology,
-        PolicyOptions::default(),
-        ReservedCpus::List(CpuSet::parse("0").unwrap()),
-        false,
-    )
-    .unwrap();
-    let mut controller = Controller::new(ControllerParts {
-        scanner: Scanner::new(hierarchy.clone(), layout.kubepods.clone()),
-        hierarchy,
-        naming: CgroupNaming::new(layout.driver, &layout.kubepods),
-        runtime: RuntimeLookup::new(vec![ConfigTemplate::new(&node.runtime_template()).unwrap()]),
-        topology,
-        policy: Some(policy),
-        align_memory: false,
-        keep_cfs_quota: false,
-        assignments: Default::default(),
-        quota_lifted: Default::default(),
-    });
+/// A controller over the node's tree as `cpusetd run` builds it (CPU 0 reserved), after its
+/// first scan and pass (as the agent starts).
+fn controller(node: &TestNode) -> Controller {
+    let mut controller = node.controller(&[]);
     controller.full_scan().unwrap();
     controller.pass(Instant::now());
     controller
@@ -99,9 +57,9 @@ fn assert_nested(node: &FakeNode) {
 
 #[test]
 fn controller_replans_when_a_cgroup_appeared_after_its_model_was_read() {
-    let dir = tempfile::tempdir().unwrap();
-    let node = fake_node(dir.path());
-    let mut controller = controller(&node);
+    let test = TestNode::new(CgroupVersion::V1);
+    let node = &test.fake;
+    let mut controller = controller(&test);
     controller.pass(Instant::now());
 
     // A BestEffort pod starts (its cgroups copy the wide sets down) and a Guaranteed one; the
@@ -132,14 +90,14 @@ fn controller_replans_when_a_cgroup_appeared_after_its_model_was_read() {
     assert_eq!(node.container_cpus(&late, &late_ids[0]).unwrap(), shared);
     let late_pod = node.file(&node.pod_dir(&late), "cpuset.cpus");
     assert_eq!(fs::read_to_string(late_pod).unwrap().trim(), shared);
-    assert_nested(&node);
+    assert_nested(node);
 }
 
 #[test]
 fn controller_forgets_the_runtime_configs_of_containers_that_are_gone() {
-    let dir = tempfile::tempdir().unwrap();
-    let node = fake_node(dir.path());
-    let mut controller = controller(&node);
+    let test = TestNode::new(CgroupVersion::V1);
+    let node = &test.fake;
+    let mut controller = controller(&test);
     let pods: Vec<PodSpec> = (0..3)
         .map(|i| {
             let p = pod(
@@ -171,9 +129,9 @@ fn controller_forgets_the_runtime_configs_of_containers_that_are_gone() {
 
 #[test]
 fn controller_releases_the_cpus_of_a_pod_found_gone_while_writing() {
-    let dir = tempfile::tempdir().unwrap();
-    let node = fake_node(dir.path());
-    let mut controller = controller(&node);
+    let test = TestNode::new(CgroupVersion::V1);
+    let node = &test.fake;
+    let mut controller = controller(&test);
     let guaranteed = |name: &str| {
         let p = pod(
             name,
@@ -212,9 +170,9 @@ fn controller_releases_the_cpus_of_a_pod_found_gone_while_writing() {
 
 #[test]
 fn controller_measures_event_to_pin_until_the_cpuset_is_written() {
-    let dir = tempfile::tempdir().unwrap();
-    let node = fake_node(dir.path());
-    let mut controller = controller(&node);
+    let test = TestNode::new(CgroupVersion::V1);
+    let node = &test.fake;
+    let mut controller = controller(&test);
     let p = pod(
         "g",
         Qos::Guaranteed,
@@ -240,9 +198,9 @@ fn controller_measures_event_to_pin_until_the_cpuset_is_written() {
 
 #[test]
 fn controller_counts_each_new_container_once_when_its_final_set_is_written() {
-    let dir = tempfile::tempdir().unwrap();
-    let node = fake_node(dir.path());
-    let mut controller = controller(&node);
+    let test = TestNode::new(CgroupVersion::V1);
+    let node = &test.fake;
+    let mut controller = controller(&test);
     let p = pod(
         "g",
         Qos::Guaranteed,
@@ -253,7 +211,7 @@ fn controller_counts_each_new_container_once_when_its_final_set_is_written() {
     let container = format!("{}/{id}", node.pod_dir(&p));
     let shares = node.file(&container, "cpu.shares");
     fs::write(&shares, "").unwrap();
-    let config = dir.path().join("runtime").join(&id).join("config.json");
+    let config = test.base.join("runtime").join(&id).join("config.json");
     let config_text = fs::read(&config).unwrap();
     fs::remove_file(&config).unwrap();
 
@@ -286,9 +244,9 @@ fn controller_counts_each_new_container_once_when_its_final_set_is_written() {
 
 #[test]
 fn controller_leaves_a_new_cgroup_to_its_runtime_and_narrows_its_parent_once_it_is_set_up() {
-    let dir = tempfile::tempdir().unwrap();
-    let node = fake_node(dir.path());
-    let mut controller = controller(&node);
+    let test = TestNode::new(CgroupVersion::V1);
+    let node = &test.fake;
+    let mut controller = controller(&test);
     // A BestEffort container whose runtime has not copied the pod's cpuset into it yet.
     let be = pod(
         "be",
@@ -323,7 +281,7 @@ fn controller_leaves_a_new_cgroup_to_its_runtime_and_narrows_its_parent_once_it_
     let shared = "0,2-8,10-15";
     assert_eq!(node.container_cpus(&be, &be_id).unwrap(), shared);
     assert_eq!(fs::read_to_string(&be_pod).unwrap().trim(), shared);
-    assert_nested(&node);
+    assert_nested(node);
 }
 
 /// What happens on the node in one step of [`incremental_passes_plan_what_a_full_plan_would`].
@@ -407,9 +365,9 @@ fn incremental_passes_plan_what_a_full_plan_would() {
         .run(
             &(any::<bool>(), proptest::collection::vec(step(), 1..30)),
             |(agent, steps)| {
-                let dir = tempfile::tempdir().unwrap();
-                let node = fake_node(dir.path());
-                let mut controller = controller(&node);
+                let test = TestNode::new(CgroupVersion::V1);
+                let node = &test.fake;
+                let mut controller = controller(&test);
                 if agent {
                     // As the agent runs it: the shared pool's rewrites wait while pods arrive.
                     let arrivals = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -440,19 +398,19 @@ fn incremental_passes_plan_what_a_full_plan_would() {
                                 .enumerate()
                                 .map(|(i, n)| ContainerSpec::guaranteed(&format!("c{i}"), n * 1000))
                                 .collect();
-                            Some(start(&node, &mut pods, pod("g", Qos::Guaranteed, specs)))
+                            Some(start(node, &mut pods, pod("g", Qos::Guaranteed, specs)))
                         }
                         Step::Fractional => {
                             let specs = vec![ContainerSpec::guaranteed("f", 1500)];
-                            Some(start(&node, &mut pods, pod("f", Qos::Guaranteed, specs)))
+                            Some(start(node, &mut pods, pod("f", Qos::Guaranteed, specs)))
                         }
                         Step::Burstable => {
                             let specs = vec![ContainerSpec::burstable("b", 250, Some(1000))];
-                            Some(start(&node, &mut pods, pod("b", Qos::Burstable, specs)))
+                            Some(start(node, &mut pods, pod("b", Qos::Burstable, specs)))
                         }
                         Step::BestEffort => {
                             let specs = vec![ContainerSpec::best_effort("e")];
-                            Some(start(&node, &mut pods, pod("e", Qos::BestEffort, specs)))
+                            Some(start(node, &mut pods, pod("e", Qos::BestEffort, specs)))
                         }
                         Step::Restart(n) if !pods.is_empty() => {
                             let live = pods.len();
@@ -489,7 +447,7 @@ fn incremental_passes_plan_what_a_full_plan_would() {
                         controller.apply_event(event, now).unwrap();
                     }
                     controller.pass(now);
-                    assert_exclusive_sets_alone(&node, &pods, controller.next_deadline().is_none());
+                    assert_exclusive_sets_alone(node, &pods, controller.next_deadline().is_none());
                 }
                 // Everything due, then a full pass: nothing left to write.
                 while let Some(due) = controller.next_deadline() {
@@ -501,7 +459,7 @@ fn incremental_passes_plan_what_a_full_plan_would() {
                 controller.full_scan().unwrap();
                 let outcome = controller.pass(Instant::now());
                 prop_assert_eq!(outcome.writes, 0, "a full pass after the steps still wrote");
-                assert_exclusive_sets_alone(&node, &pods, true);
+                assert_exclusive_sets_alone(node, &pods, true);
                 incremental.set(incremental.get() + controller.metrics.incremental_passes);
                 Ok(())
             },

@@ -84,7 +84,7 @@ fn random_pod(rng: &mut Rng, n: u64) -> PodSpec {
 
 /// One churn step of the simulated kubelet. Returns what it did, for the failure message.
 fn churn(node: &Node, rng: &mut Rng, pods: &mut Vec<LivePod>, n: u64) -> String {
-    let fake = &node.node;
+    let fake = &node.fake;
     let choice = if pods.len() < 2 {
         0
     } else if pods.len() >= 6 {
@@ -152,7 +152,7 @@ fn exclusive_sets(status: &Value) -> BTreeMap<(String, String), String> {
 
 /// The invariants of a settled node; panics naming the one broken.
 fn check_invariants(node: &Node, status: &Value, context: &str) {
-    let cp = match checkpoint::load(&node.state_dir) {
+    let cp = match checkpoint::load(&node.state_dir()) {
         LoadOutcome::Loaded(cp) => cp,
         other => panic!("{context}: the checkpoint does not load: {other:?}"),
     };

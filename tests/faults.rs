@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use cpusetd::kubesim::{new_pod_uid, ContainerSpec, PodSpec, Qos};
 use serde_json::Value;
 
+use crate::agent_process::{cpusetd_command, AgentProcess};
 use crate::harness::{is_root, now_ms, rows, tail, Node, SETTLE};
 
 fn guaranteed_pod(cpus: u64) -> PodSpec {
@@ -78,7 +79,7 @@ fn every_cgroup_write_errno_is_reported_once_counted_and_retried() {
     for errno in ["EBUSY", "EACCES", "EINVAL", "ENOSPC"] {
         let mut node = node_with_faults(&format!("write:cpuset.cpus:{errno}:3"));
         let pod = guaranteed_pod(2);
-        node.node.start_pod(&pod).unwrap();
+        node.fake.start_pod(&pod).unwrap();
         let since = now_ms();
         node.settled(since, pinned("db", 2));
         let text = nix::errno::Errno::from_raw(match errno {
@@ -133,10 +134,10 @@ fn a_refused_repair_is_not_counted_as_one() {
         qos: Qos::BestEffort,
         containers: vec![ContainerSpec::best_effort("web")],
     };
-    let id = node.node.start_pod(&pod).unwrap().remove(0);
+    let id = node.fake.start_pod(&pod).unwrap().remove(0);
     node.settled(now_ms(), |s| rows(s).len() == 2);
     // A foreign write: drift, which every write the agent makes fails to repair.
-    let file = node.file(&format!("{}/{id}", node.node.pod_dir(&pod)), "cpuset.cpus");
+    let file = node.file(&format!("{}/{id}", node.fake.pod_dir(&pod)), "cpuset.cpus");
     fs::write(&file, "1").unwrap();
     eventually("the refused repair", &node, || {
         metric(&node, "cpusetd_cgroup_write_errors_total{errno=\"EACCES\"}").unwrap_or(0) >= 1
@@ -157,7 +158,7 @@ fn a_cgroup_gone_between_scan_and_write_is_skipped_quietly() {
     // ENOENT is what the kernel says when the container exited after the scan: not an error.
     let mut node = node_with_faults("write:*:ENOENT:2");
     let pod = guaranteed_pod(1);
-    node.node.start_pod(&pod).unwrap();
+    node.fake.start_pod(&pod).unwrap();
     node.settled(now_ms(), pinned("db", 1));
     assert!(
         node.log_lines("No such file").is_empty(),
@@ -171,8 +172,8 @@ fn a_cgroup_gone_between_scan_and_write_is_skipped_quietly() {
     // And for real: a pod that comes and goes at once, many times.
     for _ in 0..20 {
         let pod = guaranteed_pod(1);
-        node.node.start_pod(&pod).unwrap();
-        node.node.remove_pod(&pod).unwrap();
+        node.fake.start_pod(&pod).unwrap();
+        node.fake.remove_pod(&pod).unwrap();
     }
     node.settled(now_ms(), pinned("db", 1));
     node.assert_running();
@@ -184,7 +185,7 @@ fn every_checkpoint_errno_is_reported_once_and_the_next_save_works() {
         // The first two saves fail: the one after the first pass and the next.
         let mut node = node_with_faults(&format!("checkpoint:{errno}:2"));
         let pod = guaranteed_pod(1);
-        node.node.start_pod(&pod).unwrap();
+        node.fake.start_pod(&pod).unwrap();
         node.settled(now_ms(), pinned("db", 1));
         let failed = node.log_lines("cannot write checkpoint file");
         assert_eq!(failed.len(), 1, "{errno}:\n{}", node.log_text());
@@ -198,7 +199,7 @@ fn every_checkpoint_errno_is_reported_once_and_the_next_save_works() {
 fn a_failed_add_watch_is_reported_once_and_a_rescan_catches_up() {
     let mut node = node_with_faults("watch:ENOSPC:1");
     let pod = guaranteed_pod(1);
-    node.node.start_pod(&pod).unwrap();
+    node.fake.start_pod(&pod).unwrap();
     node.settled(now_ms(), pinned("db", 1));
     let warned = node.log_lines("not watched");
     assert_eq!(warned.len(), 1, "{}", node.log_text());
@@ -211,7 +212,7 @@ fn a_failed_add_watch_is_reported_once_and_a_rescan_catches_up() {
         name: "web".into(),
         ..guaranteed_pod(1)
     };
-    node.node.start_pod(&next).unwrap();
+    node.fake.start_pod(&next).unwrap();
     node.settled(now_ms(), |s| {
         rows(s).iter().filter(|r| r["exclusive"] == true).count() == 2
     });
@@ -222,7 +223,7 @@ fn a_failed_add_watch_is_reported_once_and_a_rescan_catches_up() {
 fn an_inotify_queue_overflow_resynchronises_and_rescans() {
     let mut node = node_with_faults("overflow:1");
     let pod = guaranteed_pod(2);
-    node.node.start_pod(&pod).unwrap();
+    node.fake.start_pod(&pod).unwrap();
     node.settled(now_ms(), pinned("db", 2));
     assert_eq!(
         node.log_lines("the inotify queue overflowed (fs.inotify")
@@ -240,11 +241,11 @@ fn an_inotify_queue_overflow_resynchronises_and_rescans() {
 #[test]
 fn a_state_dir_removed_while_running_comes_back() {
     let mut node = node_with_faults("");
-    fs::remove_dir_all(&node.state_dir).unwrap();
+    fs::remove_dir_all(node.state_dir()).unwrap();
     let pod = guaranteed_pod(1);
-    node.node.start_pod(&pod).unwrap();
+    node.fake.start_pod(&pod).unwrap();
     node.settled(now_ms(), pinned("db", 1));
-    assert!(node.state_dir.join("state.json").is_file());
+    assert!(node.state_dir().join("state.json").is_file());
     assert!(node.log_lines("ERROR").is_empty(), "{}", node.log_text());
     node.assert_running();
     // And the agent still stops cleanly, writing its checkpoint.
@@ -345,10 +346,9 @@ fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
     out.push(dir.to_path_buf());
 }
 
-/// The agent on a real subtree, stopped on drop.
+/// The agent on a real subtree, killed on drop.
 struct RealAgent {
-    child: std::process::Child,
-    log: PathBuf,
+    process: AgentProcess,
     metrics: PathBuf,
     _state: tempfile::TempDir,
 }
@@ -356,9 +356,9 @@ struct RealAgent {
 impl RealAgent {
     fn start(tree: &RealSubtree) -> RealAgent {
         let state = tempfile::tempdir().unwrap();
-        let log = state.path().join("agent.log");
         let metrics = state.path().join("cpusetd.prom");
-        let child = Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+        let mut command = cpusetd_command();
+        command
             .args(["run", "--cgroup-root", CGROUP_ROOT, "--kubepods-path"])
             .arg(format!("{}/kubepods", tree.name))
             .args(["--cgroup-driver", "cgroupfs", "--reserved-cpus", "0"])
@@ -368,20 +368,13 @@ impl RealAgent {
             .arg(state.path().join("state"))
             .arg("--metrics-file")
             .arg(&metrics)
-            .env("RUST_LOG", "info")
-            .stderr(fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+            .env("RUST_LOG", "info");
+        let process = AgentProcess::spawn(command, &state.path().join("agent.log"), None);
         RealAgent {
-            child,
-            log,
+            process,
             metrics,
             _state: state,
         }
-    }
-
-    fn log_text(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     fn errors(&self, errno: &str) -> Option<u64> {
@@ -419,13 +412,11 @@ impl RealAgent {
     fn wait_for(&mut self, what: &str, mut done: impl FnMut(&Self) -> bool) {
         let deadline = Instant::now() + SETTLE;
         while !done(self) {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("the agent exited ({status}):\n{}", self.log_text());
-            }
+            self.process.assert_running();
             assert!(
                 Instant::now() < deadline,
                 "timed out waiting for {what}; log:\n{}",
-                tail(&self.log_text(), 30)
+                tail(&self.process.log(), 30)
             );
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -434,8 +425,7 @@ impl RealAgent {
 
 impl Drop for RealAgent {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.kill9();
     }
 }
 
@@ -465,12 +455,12 @@ fn a_parent_holding_fewer_cpus_than_the_node_is_what_pods_get() {
     }
     let mut agent = RealAgent::start(&tree);
     agent.wait_for("the limit said", |a| {
-        a.log_text().contains("gives pods only cpus 0")
+        a.process.log().contains("gives pods only cpus 0")
     });
     let kubepods_cpus = tree.dir("cpuset", "kubepods").join("cpuset.cpus");
     // A few reconcile ticks (100 ms apart) later, still nothing refused.
     agent.wait_for("a few reconcile ticks", |a| a.ticks() >= 3);
-    assert_eq!(agent.errors("EACCES"), None, "{}", agent.log_text());
+    assert_eq!(agent.errors("EACCES"), None, "{}", agent.process.log());
     assert_eq!(fs::read_to_string(&kubepods_cpus).unwrap().trim(), "0");
 
     // `reset` works within the parent's cpus and removes the checkpoint.
@@ -503,7 +493,7 @@ fn a_parent_holding_fewer_cpus_than_the_node_is_what_pods_get() {
     // The operator widens the parent: the next reconcile widens kubepods.
     let mut agent = RealAgent::start(&tree);
     agent.wait_for("the limit said", |a| {
-        a.log_text().contains("gives pods only cpus 0")
+        a.process.log().contains("gives pods only cpus 0")
     });
     tree.write("cpuset", "", "cpuset.cpus", all.trim());
     agent.wait_for("kubepods widened", |_| {
@@ -664,12 +654,12 @@ fn a_container_with_a_chain_past_the_scan_depth_and_path_max_is_pinned() {
         passes(&agent) < 20,
         "{} passes:\n{}",
         passes(&agent),
-        agent.log_text()
+        agent.process.log()
     );
     assert!(
-        !agent.log_text().contains("WARN  cpusetd::agent"),
+        !agent.process.log().contains("WARN  cpusetd::agent"),
         "{}",
-        agent.log_text()
+        agent.process.log()
     );
     drop(agent);
     drop(chain);
@@ -678,8 +668,8 @@ fn a_container_with_a_chain_past_the_scan_depth_and_path_max_is_pinned() {
 #[test]
 fn a_kubepods_cgroup_removed_while_running_is_reported_once() {
     let mut node = node_with_faults("");
-    let kubepods = node.node.cgroup_root().join("cpuset/kubepods");
-    let moved = node.node.cgroup_root().join("cpuset/kubepods.away");
+    let kubepods = node.fake.cgroup_root().join("cpuset/kubepods");
+    let moved = node.fake.cgroup_root().join("cpuset/kubepods.away");
     fs::rename(&kubepods, &moved).unwrap();
     // Several reconcile periods fail; one line says so.
     eventually("the failure report", &node, || {
@@ -697,7 +687,7 @@ fn a_kubepods_cgroup_removed_while_running_is_reported_once() {
         !node.log_lines("reconcile scans work again").is_empty()
     });
     let pod = guaranteed_pod(1);
-    node.node.start_pod(&pod).unwrap();
+    node.fake.start_pod(&pod).unwrap();
     node.settled(now_ms(), pinned("db", 1));
     node.assert_running();
 }
@@ -709,7 +699,7 @@ fn a_storm_of_rescans_is_logged_once_not_per_rescan() {
     let node = node_with_faults("overflow:40");
     for n in 0..40 {
         let pod = guaranteed_pod(1);
-        node.node.start_pod(&pod).unwrap();
+        node.fake.start_pod(&pod).unwrap();
         if metric(&node, "cpusetd_rescans_total").unwrap_or(0) >= 10 {
             break;
         }
@@ -749,7 +739,7 @@ fn too_few_inotify_watches_at_start_degrade_to_periodic_scans() {
         metric(&node, "cpusetd_watching_without_inotify") == Some(1)
     });
     let pod = guaranteed_pod(1);
-    node.node.start_pod(&pod).unwrap();
+    node.fake.start_pod(&pod).unwrap();
     node.settled(now_ms(), pinned("db", 1));
     node.assert_running();
 }

@@ -1,21 +1,21 @@
 //! A fake node with the real agent running on it, for the reliability tests (crash, faults,
-//! hostile input, confinement): a cgroup v1 tree made by `kubesim` (on a tmpfs when root, as
-//! production's cgroupfs is not a disk), a fake sysfs, the agent binary started with the
-//! fake-kernel rules, and `cpusetd status --json` to see what it did. Everything is torn down
+//! hostile input, confinement): a [`TestNode`] (cgroup v1, on a tmpfs when root, as
+//! production's cgroupfs is not a disk) with a small generated topology, the agent started on
+//! it as an [`AgentProcess`] with the fake-kernel rules and a fast reconcile tick, its log kept
+//! across restarts, and `cpusetd status --json` to see what it did. Everything is torn down
 //! on drop, even on panic.
 
 use std::fs;
+use std::ops::Deref;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, ExitStatus};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cpusetd::cgroupfs::CgroupVersion;
-use cpusetd::kubesim::FakeNode;
-use cpusetd::topology::{write_fake_sysfs, RegularShape, Topology};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use cpusetd::topology::{RegularShape, Topology};
 use serde_json::Value;
+
+use crate::agent_process::{cpusetd_command, lines_with, AgentProcess, TestNode};
 
 /// How long the agent may take to settle after a change.
 pub const SETTLE: Duration = Duration::from_secs(20);
@@ -37,170 +37,112 @@ pub fn small_topology() -> Topology {
     .unwrap()
 }
 
-/// A fake node and (when started) the agent on it.
+/// A fake node and (when started) the agent on it; the node's own API through `Deref`.
 pub struct Node {
     // Field order: the agent is stopped (Drop) before the tree goes.
-    pub agent: Option<Child>,
-    pub node: FakeNode,
-    pub dir: PathBuf,
-    pub state_dir: PathBuf,
+    pub agent: Option<AgentProcess>,
+    node: TestNode,
+    /// The metrics file, alone in its directory (what the confinement test allows).
     pub metrics: PathBuf,
+    /// The agent's log, appended to by every start.
     pub log: PathBuf,
-    pub refusals: PathBuf,
-    sysfs: PathBuf,
-    proc_root: PathBuf,
     /// Extra environment for the agent (`CPUSETD_FAULTS`, …).
     pub env: Vec<(String, String)>,
     /// Extra flags for `run`.
     pub flags: Vec<String>,
-    tmpfs: bool,
-    _tmp: tempfile::TempDir,
+}
+
+impl Deref for Node {
+    type Target = TestNode;
+    fn deref(&self) -> &TestNode {
+        &self.node
+    }
 }
 
 impl Node {
     /// A v1 node with the small topology; on a tmpfs when root.
     pub fn new() -> Node {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("node");
-        fs::create_dir(&dir).unwrap();
-        let tmpfs = is_root()
-            && Command::new("mount")
-                .args(["-t", "tmpfs", "-o", "size=64m,mode=0755", "tmpfs"])
-                .arg(&dir)
-                .status()
-                .is_ok_and(|s| s.success());
-        let topo = small_topology();
-        let (sysfs, proc_root) = (dir.join("sys"), dir.join("proc"));
-        write_fake_sysfs(&topo, &sysfs, &proc_root).unwrap();
-        let node = FakeNode::create(
-            &dir.join("cgroup"),
-            CgroupVersion::V1,
-            topo.all_cpus().clone(),
-            topo.memory_nodes().clone(),
-            &dir.join("runtime"),
-        )
-        .unwrap();
+        let node = TestNode::builder().topology(small_topology()).build();
         Node {
             agent: None,
+            metrics: node.base.join("metrics/cpusetd.prom"),
+            log: node.base.join("agent.log"),
             node,
-            state_dir: dir.join("state"),
-            metrics: dir.join("metrics/cpusetd.prom"),
-            log: tmp.path().join("agent.log"),
-            refusals: tmp.path().join("refused.log"),
-            dir,
-            sysfs,
-            proc_root,
             env: Vec::new(),
             flags: Vec::new(),
-            tmpfs,
-            _tmp: tmp,
         }
     }
 
-    /// The flags `run` and `status` share: the tree, the state dir.
+    /// The flags `run` and `status` share: the tree, the state dir, CPU 0 reserved.
     pub fn tree_flags(&self) -> Vec<String> {
-        vec![
-            "--cgroup-root".into(),
-            self.node.cgroup_root().display().to_string(),
-            "--sysfs-root".into(),
-            self.sysfs.display().to_string(),
-            "--proc-root".into(),
-            self.proc_root.display().to_string(),
-            "--runtime-config-path".into(),
-            self.node.runtime_template(),
-            "--reserved-cpus".into(),
-            "0".into(),
-            "--state-dir".into(),
-            self.state_dir.display().to_string(),
-        ]
+        let mut args = self.tree_args();
+        args.extend(["--reserved-cpus".into(), "0".into()]);
+        args
+    }
+
+    /// The agent's command: a 150 ms reconcile period, the metrics file and `self.flags`.
+    fn command(&self) -> Command {
+        fs::create_dir_all(self.metrics.parent().unwrap()).unwrap();
+        let metrics = self.metrics.display().to_string();
+        let mut extra = vec!["--cpu-manager-reconcile-period", "150ms"];
+        extra.extend(["--metrics-file", &metrics]);
+        extra.extend(self.flags.iter().map(String::as_str));
+        let mut command = self.agent_command(&extra);
+        command.envs(self.env.iter().map(|(k, v)| (k, v)));
+        command
     }
 
     /// The whole `run` command line after the binary.
     pub fn run_args(&self) -> Vec<String> {
-        let mut args = vec!["run".to_string()];
-        args.extend(self.tree_flags());
-        args.extend([
-            "--cpu-manager-reconcile-period".into(),
-            "150ms".into(),
-            "--metrics-file".into(),
-            self.metrics.display().to_string(),
-        ]);
-        args.extend(self.flags.iter().cloned());
-        args
+        let command = self.command();
+        let args = command.get_args().map(|a| a.to_string_lossy().into_owned());
+        args.collect()
     }
 
-    /// Starts the agent (with the fake-kernel rules); its stderr is appended to `self.log`.
+    /// Starts the agent (with the fake-kernel rules).
     pub fn start(&mut self) {
-        let command = self.command(Command::new(env!("CARGO_BIN_EXE_cpusetd")));
-        self.spawn(command);
+        self.spawn(self.command());
     }
 
     /// `wrapper` (e.g. `strace … --`) followed by the agent's command line.
     pub fn start_under(&mut self, wrapper: &[String]) {
+        let agent = self.command();
         let mut command = Command::new(&wrapper[0]);
         command
             .args(&wrapper[1..])
-            .arg(env!("CARGO_BIN_EXE_cpusetd"));
-        let command = self.command(command);
+            .arg(agent.get_program())
+            .args(agent.get_args());
+        command.envs(agent.get_envs().filter_map(|(k, v)| Some((k, v?))));
         self.spawn(command);
     }
 
-    fn command(&self, mut command: Command) -> Command {
-        fs::create_dir_all(self.metrics.parent().unwrap()).unwrap();
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        command
-            .args(self.run_args())
-            .env(
-                "RUST_LOG",
-                std::env::var("CPUSETD_TEST_AGENT_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .env("CPUSETD_FAKE_KERNEL_RULES", "1")
-            .env("CPUSETD_FAKE_KERNEL_LOG", &self.refusals)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
-        command
-    }
-
-    fn spawn(&mut self, mut command: Command) {
+    fn spawn(&mut self, command: Command) {
         assert!(self.agent.is_none(), "the agent runs already");
-        self.agent = Some(command.spawn().expect("start the agent"));
+        let agent = AgentProcess::spawn_appending(command, &self.log, self.refusals());
+        self.agent = Some(agent);
     }
 
     /// `kill -9` and reap.
     pub fn kill9(&mut self) {
         if let Some(mut agent) = self.agent.take() {
-            let _ = agent.kill();
-            let _ = agent.wait();
+            agent.kill9();
         }
     }
 
     /// SIGTERM and wait (5 s at most, then SIGKILL); the exit status.
-    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+    pub fn stop(&mut self) -> Option<ExitStatus> {
         let mut agent = self.agent.take()?;
-        let _ = kill(Pid::from_raw(agent.id() as i32), Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = agent.try_wait() {
-                return Some(status);
-            }
-            thread::sleep(Duration::from_millis(5));
-        }
-        let _ = agent.kill();
-        agent.wait().ok()
+        Some(
+            agent
+                .stop_within(Duration::from_secs(5))
+                .unwrap_or_else(|s| s),
+        )
     }
 
     /// Panics with the log if the agent has exited.
     pub fn assert_running(&mut self) {
         if let Some(agent) = self.agent.as_mut() {
-            if let Ok(Some(status)) = agent.try_wait() {
-                panic!("the agent exited ({status}); its log:\n{}", self.log_text());
-            }
+            agent.assert_running();
         }
     }
 
@@ -210,16 +152,12 @@ impl Node {
 
     /// Log lines containing `needle`.
     pub fn log_lines(&self, needle: &str) -> Vec<String> {
-        self.log_text()
-            .lines()
-            .filter(|l| l.contains(needle))
-            .map(str::to_string)
-            .collect()
+        lines_with(&self.log_text(), needle)
     }
 
     /// What the fake kernel refused so far.
     pub fn refused(&self) -> Vec<String> {
-        fs::read_to_string(&self.refusals)
+        fs::read_to_string(self.refusal_log())
             .unwrap_or_default()
             .lines()
             .map(str::to_string)
@@ -232,7 +170,7 @@ impl Node {
 
     /// `cpusetd status --json`, or its error message.
     pub fn status(&self) -> Result<Value, String> {
-        let out = Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+        let out = cpusetd_command()
             .arg("status")
             .args(self.tree_flags())
             .arg("--json")
@@ -268,7 +206,7 @@ impl Node {
             }
             if Instant::now() > deadline {
                 // What a fresh one-shot plan of the same tree would write, for the diagnosis.
-                let plan = Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+                let plan = cpusetd_command()
                     .arg("plan")
                     .args(self.tree_flags())
                     .env("RUST_LOG", "error")
@@ -287,16 +225,13 @@ impl Node {
 
     /// The host path of a cgroup file (relative path as kubesim names it).
     pub fn file(&self, rel: &str, file: &str) -> PathBuf {
-        self.node.file(rel, file)
+        self.fake.file(rel, file)
     }
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
         self.kill9();
-        if self.tmpfs {
-            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-        }
     }
 }
 

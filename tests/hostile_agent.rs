@@ -39,7 +39,7 @@ fn pinned_node() -> (Node, PodSpec, String, String) {
     let mut node = Node::new();
     node.start();
     let p = pod(Qos::Guaranteed, vec![ContainerSpec::guaranteed("db", 2000)]);
-    let id = node.node.start_pod(&p).unwrap().remove(0);
+    let id = node.fake.start_pod(&p).unwrap().remove(0);
     let status = node.settled(now_ms(), |s| {
         rows(s)
             .iter()
@@ -58,7 +58,7 @@ fn no_panic(node: &Node) {
 #[test]
 fn odd_names_symlinks_and_fifos_under_a_pinned_container() {
     let (mut node, p, id, cpus) = pinned_node();
-    let container = format!("{}/{id}", node.node.pod_dir(&p));
+    let container = format!("{}/{id}", node.fake.pod_dir(&p));
     let cpuset_dir = node.file(&container, "cpuset.cpus");
     let cpuset_dir = cpuset_dir.parent().unwrap();
     // A directory outside the root that a symlink points at, holding "interface files".
@@ -127,7 +127,7 @@ fn odd_names_symlinks_and_fifos_under_a_pinned_container() {
 #[test]
 fn garbage_in_cpu_files_never_drops_a_pin_and_foreign_cpusets_are_repaired() {
     let (mut node, p, id, cpus) = pinned_node();
-    let container = format!("{}/{id}", node.node.pod_dir(&p));
+    let container = format!("{}/{id}", node.fake.pod_dir(&p));
     // Settings files: config.json is the better source and keeps the pin.
     for (file, value) in [
         ("cpu.shares", "garbage"),
@@ -149,7 +149,7 @@ fn garbage_in_cpu_files_never_drops_a_pin_and_foreign_cpusets_are_repaired() {
     }
     // Without config.json the settings cannot be read: the pin is kept all the same, also by
     // an agent that restarts now (its container name comes from the checkpoint).
-    fs::remove_file(node.dir.join("runtime").join(&id).join("config.json")).unwrap();
+    fs::remove_file(node.base.join("runtime").join(&id).join("config.json")).unwrap();
     fs::write(node.file(&container, "cpu.shares"), "bogus").unwrap();
     let status = node.settled(now_ms(), |_| true);
     assert_eq!(row(&status, &id)["current"], cpus.as_str());
@@ -172,10 +172,10 @@ fn garbage_in_cpu_files_never_drops_a_pin_and_foreign_cpusets_are_repaired() {
 /// files say `shares`/`quota`; returns its id.
 fn raw_container(node: &Node, p: &PodSpec, config: &[u8], shares: u64, quota: i64) -> String {
     let id = new_container_id("raw");
-    let runtime = node.dir.join("runtime").join(&id);
+    let runtime = node.base.join("runtime").join(&id);
     fs::create_dir_all(&runtime).unwrap();
     fs::write(runtime.join("config.json"), config).unwrap();
-    let rel = format!("{}/{id}", node.node.pod_dir(p));
+    let rel = format!("{}/{id}", node.fake.pod_dir(p));
     let cpuset = node.file(&rel, "cpuset.cpus");
     let cpu = node.file(&rel, "cpu.shares");
     // Assembled beside the tree and renamed in, as the kernel makes a cgroup appear whole.
@@ -209,7 +209,7 @@ fn raw_container(node: &Node, p: &PodSpec, config: &[u8], shares: u64, quota: i6
             ],
         ),
     ] {
-        let staging = node.dir.join(format!("staging-{id}"));
+        let staging = node.base.join(format!("staging-{id}"));
         fs::create_dir(&staging).unwrap();
         for (file, value) in files {
             fs::write(staging.join(file), format!("{}\n", value.trim())).unwrap();
@@ -234,7 +234,7 @@ fn config_json_that_is_huge_nested_mistyped_or_asks_for_more() {
     };
     // Burstable asking for exclusivity: annotations only narrow.
     let burstable = pod(Qos::Burstable, vec![]);
-    node.node.add_pod(&burstable).unwrap();
+    node.fake.add_pod(&burstable).unwrap();
     let greedy = raw_container(
         &node,
         &burstable,
@@ -249,7 +249,7 @@ fn config_json_that_is_huge_nested_mistyped_or_asks_for_more() {
     );
     // Guaranteed 1.5 CPUs asking for exclusivity.
     let guaranteed = pod(Qos::Guaranteed, vec![]);
-    node.node.add_pod(&guaranteed).unwrap();
+    node.fake.add_pod(&guaranteed).unwrap();
     let fractional = raw_container(
         &node,
         &guaranteed,
@@ -318,10 +318,10 @@ fn config_json_that_is_huge_nested_mistyped_or_asks_for_more() {
 #[test]
 fn damaged_checkpoints_at_start_are_set_aside_and_no_pin_is_lost() {
     let (mut node, _p, id, cpus) = pinned_node();
-    let state = node.state_dir.join("state.json");
+    let state = node.state_dir().join("state.json");
     let good = fs::read(&state).unwrap();
     let text = String::from_utf8(good.clone()).unwrap();
-    let LoadOutcome::Loaded(loaded) = checkpoint::load(&node.state_dir) else {
+    let LoadOutcome::Loaded(loaded) = checkpoint::load(&node.state_dir()) else {
         panic!("the agent's checkpoint does not load")
     };
     let mut foreign = loaded.clone();
@@ -351,7 +351,7 @@ fn damaged_checkpoints_at_start_are_set_aside_and_no_pin_is_lost() {
     for (what, bytes, message) in damaged {
         node.stop();
         if what == "cpus that do not exist" {
-            checkpoint::save(&node.state_dir, &foreign).unwrap();
+            checkpoint::save(&node.state_dir(), &foreign).unwrap();
         } else {
             fs::write(&state, &bytes).unwrap();
         }
@@ -370,11 +370,11 @@ fn damaged_checkpoints_at_start_are_set_aside_and_no_pin_is_lost() {
             "{what}: {log}"
         );
         assert!(matches!(
-            checkpoint::load(&node.state_dir),
+            checkpoint::load(&node.state_dir()),
             LoadOutcome::Loaded(_)
         ));
     }
-    let quarantined = fs::read_dir(&node.state_dir)
+    let quarantined = fs::read_dir(node.state_dir())
         .unwrap()
         .filter(|e| {
             let name = e.as_ref().unwrap().file_name();
@@ -403,7 +403,7 @@ fn flags_out_of_range_are_refused_naming_the_flag() {
             .output()
             .unwrap()
     };
-    let file_as_state_dir = node.dir.join("not-a-dir");
+    let file_as_state_dir = node.base.join("not-a-dir");
     fs::write(&file_as_state_dir, "").unwrap();
     let cases: Vec<(Vec<&str>, Option<&str>, &str)> = vec![
         (

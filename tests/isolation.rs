@@ -11,7 +11,7 @@ use nix::sys::signal::Signal;
 use cpusetd::cgroupfs::CgroupVersion;
 use cpusetd::kubesim::{ContainerSpec, PodSpec, Qos};
 
-use crate::agent_util::{pod, poll_until, Agent, TestNode, DEADLINE};
+use crate::agent_util::{pod, poll_until, AgentProcess, TestNode, DEADLINE};
 use crate::util::{copy_tree, stderr, stdout, testdata};
 
 #[test]
@@ -93,33 +93,8 @@ pub(crate) fn irq_file(proc: &Path, file: &str) -> String {
 }
 
 /// `cpusetd run` on the node with `proc` as its proc root.
-pub(crate) fn start_with_proc(node: &TestNode, proc: &Path) -> Agent {
-    let mut args = node.tree_args();
-    let at = args.iter().position(|a| a == "--proc-root").unwrap();
-    args[at + 1] = proc.display().to_string();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_cpusetd"));
-    command
-        .arg("run")
-        .args(&args)
-        .args([
-            "--reserved-cpus",
-            "0",
-            "--kubelet-state",
-            "none",
-            "--cpu-manager-reconcile-period",
-            "1s",
-        ])
-        .arg("--metrics-file")
-        .arg(node.metrics_file())
-        .env("CPUSETD_FAKE_KERNEL_RULES", "1")
-        .env("CPUSETD_FAKE_KERNEL_LOG", node.refusal_log());
-    let mut agent = Agent::spawn(
-        command,
-        &node.base.join("agent-irq.log"),
-        Some(node.refusal_log()),
-    );
-    agent.wait_for_log("first pass:");
-    agent
+pub(crate) fn start_with_proc(node: &TestNode, proc: &Path) -> AgentProcess {
+    node.start_agent(&["--proc-root", proc.to_str().unwrap()])
 }
 
 /// A Guaranteed pod of `milli` CPU whose pod says `irq-load-balancing.crio.io: "disable"`,
@@ -127,7 +102,7 @@ pub(crate) fn start_with_proc(node: &TestNode, proc: &Path) -> Agent {
 pub(crate) fn start_irq_pod(
     node: &TestNode,
     proc: &Path,
-    agent: &Agent,
+    agent: &AgentProcess,
     milli: u64,
     irq_24: &str,
 ) -> (PodSpec, String) {

@@ -4,6 +4,7 @@
 
 use std::fs;
 use std::path::Path;
+use std::time::Duration;
 
 use cpusetd::allocator::{PolicyOptions, ReservedCpus, StaticPolicy};
 use cpusetd::cgroupfs::InterfaceFile;
@@ -14,6 +15,7 @@ use cpusetd::runtime::RuntimeLookup;
 use cpusetd::state::Assignments;
 use cpusetd::topology::discover;
 
+use crate::agent_process::{cpusetd_command, AgentProcess};
 use crate::util::{
     cgroup_testdata, copy_tree, cpusetd, layout_of, scanner, stderr, stdout, templates, testdata,
 };
@@ -467,27 +469,14 @@ fn kernel_command_lines_the_kernel_accepts_stop_no_command() {
             args
         };
         // `run` gets as far as its first checkpoint (written before READY=1), then stops.
-        let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_cpusetd"))
-            .args(common("run"))
-            .env("RUST_LOG", "warn")
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while !state.join("state.json").exists() {
-            if let Some(status) = agent.try_wait().unwrap() {
-                let out = agent.wait_with_output().unwrap();
-                panic!("run with {cmdline:?} exited {status}: {}", stderr(&out));
-            }
-            assert!(std::time::Instant::now() < deadline, "run never started");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(agent.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        assert!(agent.wait().unwrap().success(), "{cmdline:?}");
+        let mut command = cpusetd_command();
+        command.args(common("run")).env("RUST_LOG", "warn");
+        let mut agent = AgentProcess::spawn(command, &dir.path().join("run.log"), None);
+        let checkpoint = state.join("state.json");
+        let started = || checkpoint.exists();
+        let what = format!("its first checkpoint with {cmdline:?}");
+        agent.wait_until(&what, Duration::from_secs(20), started);
+        assert!(agent.stop().success(), "{cmdline:?}");
         // The one-shot commands (`status` reads the checkpoint `run` left; `reset` removes it).
         for command in ["plan", "status", "reset"] {
             let out = run(&common(command));

@@ -4,14 +4,14 @@
 
 use std::fs;
 use std::os::unix::net::UnixDatagram;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cpusetd::cgroupfs::CgroupVersion;
-use cpusetd::cpuset::CpuSet;
-use cpusetd::kubesim::{new_pod_uid, ContainerSpec, FakeNode, PodSpec, Qos};
+use cpusetd::kubesim::{new_pod_uid, ContainerSpec, PodSpec, Qos};
 
-use crate::util::{repo, testdata};
+use crate::agent_process::{cpusetd_command, AgentProcess, TestNode};
+use crate::util::repo;
 
 /// `CPUSETD_ARGS` of systemd/cpusetd.env, split like the shell would.
 fn env_file_args() -> Vec<String> {
@@ -39,46 +39,25 @@ fn the_unit_starts_the_agent_with_the_env_file_flags() {
     assert!(unit.contains("ExecStart=/usr/local/bin/cpusetd run $CPUSETD_ARGS"));
     assert!(unit.contains("Type=notify") && unit.contains("RestartPreventExitStatus=78"));
 
-    let dir = tempfile::tempdir().unwrap();
-    let sysfs = testdata("sysfs/2s-8c-ht-2numa");
-    let topo_cpus = CpuSet::range(0, 15);
-    let node = FakeNode::create(
-        &dir.path().join("cg"),
-        CgroupVersion::V1,
-        topo_cpus,
-        CpuSet::range(0, 1),
-        &dir.path().join("runtime"),
-    )
-    .unwrap();
+    let node = TestNode::new(CgroupVersion::V1);
     let mut args = env_file_args();
-    set_flag(
-        &mut args,
-        "--state-dir",
-        dir.path().join("state").to_str().unwrap(),
-    );
-    set_flag(
-        &mut args,
-        "--metrics-file",
-        dir.path().join("m.prom").to_str().unwrap(),
-    );
-    let notify_path = dir.path().join("notify.sock");
+    set_flag(&mut args, "--state-dir", node.state_dir().to_str().unwrap());
+    let metrics = node.metrics_file();
+    set_flag(&mut args, "--metrics-file", metrics.to_str().unwrap());
+    let notify_path = node.base.join("notify.sock");
     let notify = UnixDatagram::bind(&notify_path).unwrap();
     notify
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
 
-    let agent = Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+    let mut command = cpusetd_command();
+    command
         .arg("run")
         .args(&args)
-        .args(["--cgroup-root", node.cgroup_root().to_str().unwrap()])
-        .args(["--sysfs-root", sysfs.to_str().unwrap()])
-        .args(["--proc-root", sysfs.join("proc").to_str().unwrap()])
-        .args(["--runtime-config-path", &node.runtime_template()])
+        .args(node.node_args())
         .env("NOTIFY_SOCKET", &notify_path)
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .env("RUST_LOG", "info");
+    let mut agent = AgentProcess::spawn(command, &node.base.join("agent.log"), None);
     let mut buf = [0u8; 4096];
     let mut messages = Vec::new();
     while !messages.iter().any(|m: &String| m.contains("READY=1")) {
@@ -92,23 +71,16 @@ fn the_unit_starts_the_agent_with_the_env_file_flags() {
         qos: Qos::Guaranteed,
         containers: vec![ContainerSpec::guaranteed("db", 2000)],
     };
-    let ids = node.start_pod(&pod).unwrap();
+    let ids = node.fake.start_pod(&pod).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     // --reserved-cpus 0 from the env file: the first free whole core of socket 0 is 1,9.
-    while node.container_cpus(&pod, &ids[0]).unwrap() != "1,9" {
-        if Instant::now() >= deadline {
-            // Stop the agent (a failed test must not leave it running) and show its log.
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(agent.id() as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-            let out = agent.wait_with_output().unwrap();
-            panic!(
-                "not pinned: {}; agent log:\n{}",
-                node.container_cpus(&pod, &ids[0]).unwrap(),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+    while node.cpus_of(&pod, &ids[0]) != "1,9" {
+        // (The agent is stopped and its log shown when the test fails.)
+        assert!(
+            Instant::now() < deadline,
+            "not pinned: {}",
+            node.cpus_of(&pod, &ids[0])
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     // STATUS follows the pass.
@@ -122,17 +94,7 @@ fn the_unit_starts_the_agent_with_the_env_file_flags() {
             messages.push(String::from_utf8_lossy(&buf[..n]).into_owned());
         }
     }
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(agent.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let out = agent.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(agent.stop().success(), "{}", agent.log());
     while let Ok(n) = notify.recv(&mut buf) {
         messages.push(String::from_utf8_lossy(&buf[..n]).into_owned());
         if messages.last().is_some_and(|m| m.contains("STOPPING=1")) {
@@ -143,7 +105,7 @@ fn the_unit_starts_the_agent_with_the_env_file_flags() {
         messages.iter().any(|m| m.contains("STOPPING=1")),
         "{messages:?}"
     );
-    assert!(dir.path().join("state/state.json").is_file());
+    assert!(node.checkpoint().is_file());
 }
 
 #[test]

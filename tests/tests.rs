@@ -2,6 +2,7 @@
 //! submodule drives the real `cpusetd` binary or the public library API the way an operator or
 //! the agent would. Helpers live in `util`.
 
+mod agent_process;
 mod agent_util;
 mod util;
 

@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::{Mutex, Once};
 
 use cpusetd::cgroupfs::{detect_layout, CgroupLayout, Hierarchy, LayoutConfig, Scan, Scanner};
@@ -16,10 +16,7 @@ pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `testdata/<rel>` in the source tree.
-pub fn testdata(rel: &str) -> PathBuf {
-    repo().join("testdata").join(rel)
-}
+pub use crate::agent_process::testdata;
 
 /// `testdata/cgroup/<rel>` in the source tree.
 pub fn cgroup_testdata(rel: &str) -> PathBuf {
@@ -28,7 +25,7 @@ pub fn cgroup_testdata(rel: &str) -> PathBuf {
 
 /// Runs the `cpusetd` binary built for this test run.
 pub fn cpusetd(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+    crate::agent_process::cpusetd_command()
         .args(args)
         .env("RUST_LOG", "warn")
         .output()

@@ -1,25 +1,31 @@
 //! What the agent benchmarks share: the agent binary run as an operator runs it (`cpusetd run`,
-//! release build), fake nodes on tmpfs built with the kubelet simulator, a real cgroup v1
-//! subtree that is always removed, waiting for a file to hold a value (inotify, no busy
-//! polling), percentiles and the skip rules for the real-kernel parts.
+//! release build) and fake nodes on tmpfs, both from the tests' harness (tests/agent_process.rs,
+//! included below: one way to make a node and start the agent), a controller built as `run`
+//! builds it for the in-process figures, a real cgroup v1 subtree that is always removed,
+//! waiting for a file to hold a value (inotify, no busy polling), percentiles and the skip rules
+//! for the real-kernel parts.
 //!
 //! Each benchmark includes this module and uses part of it.
 #![allow(dead_code)]
+
+// The tests' harness, compiled into each bench (a bench is a crate of its own and cannot use the
+// test binary's modules).
+#[path = "../../tests/agent_process.rs"]
+mod agent_process;
+pub use agent_process::{AgentProcess, TestNode};
 
 use std::fs;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use inotify::{Inotify, WatchMask};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
-use cpusetd::cgroupfs::CgroupVersion;
 use cpusetd::cpuset::CpuSet;
 use cpusetd::kubesim::{ContainerSpec, FakeNode, PodSpec, Qos};
 
@@ -27,27 +33,6 @@ use cpusetd::kubesim::{ContainerSpec, FakeNode, PodSpec, Qos};
 pub const TOPOLOGY_256: &str = "2s-64c-ht";
 /// Where the real cgroup v1 controllers are mounted.
 pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
-
-/// `testdata/<rel>` in the source tree.
-pub fn testdata(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("testdata")
-        .join(rel)
-}
-
-/// A temporary directory on tmpfs (`/dev/shm`), or in the default place when there is none.
-pub fn tmpfs_dir(prefix: &str) -> tempfile::TempDir {
-    let shm = Path::new("/dev/shm");
-    let builder = &mut tempfile::Builder::new();
-    builder.prefix(prefix);
-    if shm.is_dir() {
-        builder
-            .tempdir_in(shm)
-            .expect("temporary directory in /dev/shm")
-    } else {
-        builder.tempdir().expect("temporary directory")
-    }
-}
 
 /// Median and 99th percentile (nearest rank), in microseconds.
 pub fn median_p99(samples: &mut [Duration]) -> (f64, f64) {
@@ -67,44 +52,25 @@ pub fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// A fake cgroup v1 node on tmpfs with the CPUs of a fixture topology.
-pub struct FakeMachine {
-    pub dir: tempfile::TempDir,
-    pub node: FakeNode,
-    pub sysfs: PathBuf,
+/// The reserved CPUs of the fake nodes' agents and controllers.
+pub const RESERVED: [&str; 2] = ["--reserved-cpu-count", "2"];
+
+/// A fake cgroup v1 node on tmpfs with the CPUs of a fixture topology (`sysfs/<topology>`),
+/// whose agents run without the fake kernel's rules: the figures measure the agent alone.
+pub fn fake_machine(topology: &str) -> TestNode {
+    TestNode::builder()
+        .fixture(&format!("sysfs/{topology}"))
+        .fake_kernel(false)
+        .build()
 }
 
-impl FakeMachine {
-    pub fn new(topology: &str) -> FakeMachine {
-        let dir = tmpfs_dir("cpusetd-bench-");
-        let sysfs = testdata(&format!("sysfs/{topology}"));
-        let online = fs::read_to_string(sysfs.join("devices/system/cpu/online")).unwrap();
-        let cpus = CpuSet::parse(online.trim()).unwrap();
-        let node = FakeNode::create(
-            &dir.path().join("cg"),
-            CgroupVersion::V1,
-            cpus,
-            CpuSet::parse("0-1").unwrap(),
-            &dir.path().join("runtime"),
-        )
-        .expect("fake node");
-        FakeMachine { dir, node, sysfs }
-    }
-
-    /// The flags that point `cpusetd run` at this node (2 CPUs reserved).
+impl TestNode {
+    /// The flags that point `cpusetd run` at this node ([`RESERVED`]); the state dir and the
+    /// metrics file are each agent's own ([`Agent::start`]).
     pub fn agent_args(&self) -> Vec<String> {
-        vec![
-            "--cgroup-root".into(),
-            self.node.cgroup_root().display().to_string(),
-            "--sysfs-root".into(),
-            self.sysfs.display().to_string(),
-            "--proc-root".into(),
-            self.sysfs.join("proc").display().to_string(),
-            "--runtime-config-path".into(),
-            self.node.runtime_template(),
-            "--reserved-cpu-count".into(),
-            "2".into(),
-        ]
+        let mut args = self.node_args();
+        args.extend(RESERVED.map(String::from));
+        args
     }
 }
 
@@ -148,11 +114,11 @@ pub fn large_node_pods(pods: usize, guaranteed_every: usize) -> Vec<PodSpec> {
         .collect()
 }
 
-/// `cpusetd run` (this build's binary), stopped with SIGTERM when dropped.
+/// `cpusetd run` (this build's binary) with a fresh state dir and metrics file, stopped when
+/// dropped (an [`AgentProcess`]).
 pub struct Agent {
-    child: Child,
+    process: AgentProcess,
     pub metrics: PathBuf,
-    pub log: PathBuf,
     _state: tempfile::TempDir,
 }
 
@@ -165,45 +131,26 @@ impl Agent {
             .tempdir()
             .unwrap();
         let metrics = state.path().join("metrics.prom");
-        let log = state.path().join("agent.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_cpusetd"))
+        let mut command = agent_process::cpusetd_command();
+        command
             .arg("run")
             .args(args)
             .arg("--state-dir")
             .arg(state.path())
             .arg("--metrics-file")
-            .arg(&metrics)
-            .env(
-                "RUST_LOG",
-                std::env::var("CPUSETD_BENCH_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start cpusetd run");
-        let mut agent = Agent {
-            child,
+            .arg(&metrics);
+        let mut process = AgentProcess::spawn(command, &state.path().join("agent.log"), None);
+        let ready = || metrics.exists();
+        process.wait_until("its first metrics file", Duration::from_secs(120), ready);
+        Agent {
+            process,
             metrics,
-            log,
             _state: state,
-        };
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while !agent.metrics.exists() {
-            if let Ok(Some(status)) = agent.child.try_wait() {
-                panic!(
-                    "cpusetd run exited at start ({status}):\n{}",
-                    fs::read_to_string(&agent.log).unwrap_or_default()
-                );
-            }
-            assert!(Instant::now() < deadline, "cpusetd run did not get ready");
-            thread::sleep(Duration::from_millis(5));
         }
-        agent
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
+    pub fn pid(&self) -> i32 {
+        self.process.pid()
     }
 
     /// One sample of the metrics file: the value of `name` (with its labels, if any).
@@ -276,30 +223,7 @@ impl Agent {
     }
 
     pub fn signal(&self, signal: Signal) {
-        let _ = kill(Pid::from_raw(self.child.id() as i32), signal);
-    }
-
-    /// The agent's log so far.
-    pub fn log_text(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.signal(Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(_)) | Err(_) => return,
-                Ok(None) if Instant::now() >= deadline => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    return;
-                }
-                Ok(None) => thread::sleep(Duration::from_millis(10)),
-            }
-        }
+        self.process.signal(signal);
     }
 }
 
@@ -391,7 +315,7 @@ pub fn kernel_skip_reason() -> Option<String> {
 /// cpuset and cpu mounts, removed on drop (also after a panic). Stop the agent first.
 pub struct KernelMachine {
     pub name: String,
-    pub node: FakeNode,
+    pub fake: FakeNode,
     pub runtime: tempfile::TempDir,
 }
 
@@ -404,7 +328,7 @@ impl KernelMachine {
             .tempdir()
             .unwrap();
         let root = Path::new(CGROUP_ROOT);
-        let node = FakeNode::on_kernel(
+        let fake = FakeNode::on_kernel(
             &root.join("cpuset").join(&name),
             &root.join("cpu").join(&name),
             runtime.path(),
@@ -412,7 +336,7 @@ impl KernelMachine {
         .expect("a cgroup v1 subtree for the benchmark");
         KernelMachine {
             name,
-            node,
+            fake,
             runtime,
         }
     }
@@ -425,7 +349,7 @@ impl KernelMachine {
             "--kubepods-path".into(),
             format!("{}/kubepods", self.name),
             "--runtime-config-path".into(),
-            self.node.runtime_template(),
+            self.fake.runtime_template(),
             "--reserved-cpus".into(),
             "0".into(),
         ]
@@ -479,18 +403,18 @@ fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
 
 impl Drop for KernelMachine {
     fn drop(&mut self) {
-        if let Err(e) = self.node.remove_all() {
+        if let Err(e) = self.fake.remove_all() {
             eprintln!("cleanup: cannot remove the {} subtree: {e}", self.name);
         }
     }
 }
 
 /// A scanner over a fake machine's kubepods tree.
-pub fn scanner_of(machine: &FakeMachine) -> cpusetd::cgroupfs::Scanner {
+pub fn scanner_of(machine: &TestNode) -> cpusetd::cgroupfs::Scanner {
     use cpusetd::cgroupfs::{detect_layout, Hierarchy, LayoutConfig, Scanner};
     let layout = detect_layout(&LayoutConfig {
         proc_root: PathBuf::from("/nonexistent-proc"),
-        cgroup_root: Some(machine.node.cgroup_root().to_path_buf()),
+        cgroup_root: Some(machine.fake.cgroup_root().to_path_buf()),
         driver: None,
         kubepods: None,
     })
@@ -498,42 +422,8 @@ pub fn scanner_of(machine: &FakeMachine) -> cpusetd::cgroupfs::Scanner {
     Scanner::new(Hierarchy::open(&layout).unwrap(), layout.kubepods)
 }
 
-/// A controller over a fake machine, built the way `cpusetd run` builds it (static policy, 2
-/// reserved cpus), for in-process measurements.
-pub fn controller_of(machine: &FakeMachine) -> cpusetd::agent::Controller {
-    use cpusetd::allocator::{PolicyOptions, ReservedCpus, StaticPolicy};
-    use cpusetd::cgroupfs::{detect_layout, Hierarchy, LayoutConfig, Scanner};
-    use cpusetd::classify::CgroupNaming;
-    use cpusetd::runtime::{ConfigTemplate, RuntimeLookup};
-
-    let layout = detect_layout(&LayoutConfig {
-        proc_root: PathBuf::from("/nonexistent-proc"),
-        cgroup_root: Some(machine.node.cgroup_root().to_path_buf()),
-        driver: None,
-        kubepods: None,
-    })
-    .unwrap();
-    let hierarchy = Hierarchy::open(&layout).unwrap();
-    let topology =
-        cpusetd::topology::discover(&machine.sysfs, &machine.sysfs.join("proc")).unwrap();
-    let policy = StaticPolicy::new(
-        &topology,
-        PolicyOptions::default(),
-        ReservedCpus::Count(2),
-        false,
-    )
-    .unwrap();
-    let template = ConfigTemplate::new(&machine.node.runtime_template()).unwrap();
-    cpusetd::agent::Controller::new(cpusetd::agent::ControllerParts {
-        scanner: Scanner::new(hierarchy.clone(), layout.kubepods.clone()),
-        hierarchy,
-        naming: CgroupNaming::new(layout.driver, &layout.kubepods),
-        runtime: RuntimeLookup::new(vec![template]),
-        topology,
-        policy: Some(policy),
-        align_memory: false,
-        keep_cfs_quota: false,
-        assignments: Default::default(),
-        quota_lifted: Default::default(),
-    })
+/// A controller over a fake machine, built the way `cpusetd run` builds it (static policy,
+/// [`RESERVED`]), for in-process measurements.
+pub fn controller_of(machine: &TestNode) -> cpusetd::agent::Controller {
+    machine.controller(&RESERVED)
 }

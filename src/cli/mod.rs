@@ -20,6 +20,8 @@ use clap::{Parser, Subcommand};
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
 
+pub use run::controller;
+
 /// Exit status of the one-shot commands for a usage or configuration error.
 pub const EXIT_USAGE: u8 = 2;
 /// Exit status for a runtime failure (for `allocate`: the request cannot be met).

@@ -1,11 +1,11 @@
 //! `cpusetd run`: the agent. Configuration errors exit 78 (so systemd's
 //! `RestartPreventExitStatus=78` stops restarting), runtime failures 1.
 
-use clap::Args;
+use clap::{Args, Parser};
 
 use super::node::{AgentArgs, NodeView};
 use super::CommandError;
-use crate::agent::{self, AgentConfig, ControllerParts, Hotplug, Notifier, Waited};
+use crate::agent::{self, AgentConfig, Controller, ControllerParts, Hotplug, Notifier, Waited};
 use crate::allocator::PolicyOptions;
 use crate::logging::error_chain;
 use crate::state::Assignments;
@@ -33,33 +33,21 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
     let Some(node) = open_when_kubepods_exists(args, &mut notifier)? else {
         return Ok(());
     };
-    let policy = args.policy.policy(&node.topology).map_err(config_error)?;
+    let (layout, parts) = controller_parts(args, node)?;
     let options = PolicyOptions::parse(&args.policy.cpu_manager_policy_options).map_err(|e| {
         config_error(CommandError::usage(format!(
             "--cpu-manager-policy-options: {e}"
         )))
     })?;
-    let scanner = node.scanner();
-    let policy_reserved = policy.as_ref().map(|p| p.reserved().clone());
+    let policy_reserved = parts.policy.as_ref().map(|p| p.reserved().clone());
     let hotplug = Hotplug::new(
         args.tree.sysfs_root.clone(),
         args.tree.proc_root.clone(),
-        args.policy.configured_reserved(policy.as_ref()),
+        args.policy.configured_reserved(parts.policy.as_ref()),
     );
     let config = AgentConfig {
-        parts: ControllerParts {
-            hierarchy: node.hierarchy,
-            scanner,
-            naming: node.naming,
-            runtime: node.runtime,
-            topology: node.topology,
-            policy,
-            align_memory: args.policy.align_memory,
-            keep_cfs_quota: args.policy.keep_cfs_quota,
-            assignments: Assignments::new(),
-            quota_lifted: Default::default(),
-        },
-        layout: node.layout,
+        parts,
+        layout,
         options,
         state_dir: args.state_dir.clone(),
         reconcile_period: args.cpu_manager_reconcile_period,
@@ -75,6 +63,49 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         message: error_chain(&e),
         bare: false,
     })
+}
+
+/// The controller's parts from `run`'s flags on an opened node (the checkpoint's assignments
+/// are added by the agent), and the node's layout.
+fn controller_parts(
+    args: &AgentArgs,
+    node: NodeView,
+) -> Result<(crate::cgroupfs::CgroupLayout, ControllerParts), CommandError> {
+    let policy = args.policy.policy(&node.topology).map_err(config_error)?;
+    let parts = ControllerParts {
+        scanner: node.scanner(),
+        hierarchy: node.hierarchy,
+        naming: node.naming,
+        runtime: node.runtime,
+        topology: node.topology,
+        policy,
+        align_memory: args.policy.align_memory,
+        keep_cfs_quota: args.policy.keep_cfs_quota,
+        assignments: Assignments::new(),
+        quota_lifted: Default::default(),
+    };
+    Ok((node.layout, parts))
+}
+
+/// `run`'s command line alone.
+#[derive(Debug, Parser)]
+#[command(name = "run")]
+struct RunLine {
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// A controller built from `run`'s flags (those after `run`) as `cpusetd run` builds it, with
+/// no checkpoint, threads or watcher: how tests and benchmarks drive the controller in
+/// process. The node must exist (no waiting for kubepods).
+pub fn controller(flags: &[String]) -> Result<Controller, CommandError> {
+    let line =
+        RunLine::try_parse_from(std::iter::once("run").chain(flags.iter().map(|f| f.as_str())))
+            .map_err(|e| CommandError::usage(e.to_string()))?;
+    let args = &line.run.agent;
+    args.validate()?;
+    let (_, parts) = controller_parts(args, args.tree.open()?)?;
+    Ok(Controller::new(parts))
 }
 
 /// Opens the node once its kubepods cgroup exists. At boot the agent starts before kubelet,
