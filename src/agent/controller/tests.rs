@@ -2,10 +2,8 @@ use std::fs;
 use std::path::Path;
 
 use super::*;
-use crate::allocator::{PolicyOptions, ReservedCpus};
-use crate::cgroupfs::{detect_layout, CgroupVersion, InterfaceFile, LayoutConfig};
+use crate::cgroupfs::{CgroupVersion, InterfaceFile};
 use crate::kubesim::{new_pod_uid, ContainerSpec, FakeNode, PodSpec, Qos};
-use crate::runtime::ConfigTemplate;
 
 /// A fake v1 node with the 8 cpus of `1s-4c-ht`, one Guaranteed 1-cpu pod, and a
 /// controller (cpu 0 reserved) that has run its first pass.
@@ -28,35 +26,22 @@ fn converged() -> (tempfile::TempDir, FakeNode, CgroupPath, Controller) {
     let ids = node.start_pod(&pod).unwrap();
     let container = CgroupPath::new(&format!("kubepods/pod{}/{}", pod.uid, ids[0])).unwrap();
 
-    let layout = detect_layout(&LayoutConfig {
-        proc_root: "/nonexistent-proc".into(),
-        cgroup_root: Some(node.cgroup_root().to_path_buf()),
-        driver: None,
-        kubepods: None,
-    })
-    .unwrap();
-    let hierarchy = Hierarchy::open(&layout).unwrap();
+    // Built as `cpusetd run` builds it from the same flags.
     let sysfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/sysfs/1s-4c-ht");
-    let topology = crate::topology::discover(&sysfs, &sysfs.join("proc")).unwrap();
-    let policy = StaticPolicy::new(
-        &topology,
-        PolicyOptions::default(),
-        ReservedCpus::List(CpuSet::parse("0").unwrap()),
-        false,
-    )
-    .unwrap();
-    let mut controller = Controller::new(ControllerParts {
-        scanner: Scanner::new(hierarchy.clone(), layout.kubepods.clone()),
-        hierarchy,
-        naming: CgroupNaming::new(layout.driver, &layout.kubepods),
-        runtime: RuntimeLookup::new(vec![ConfigTemplate::new(&node.runtime_template()).unwrap()]),
-        topology,
-        policy: Some(policy),
-        align_memory: false,
-        keep_cfs_quota: false,
-        assignments: Assignments::new(),
-        quota_lifted: BTreeMap::new(),
-    });
+    let flags = [
+        "--cgroup-root",
+        &node.cgroup_root().display().to_string(),
+        "--runtime-config-path",
+        &node.runtime_template(),
+        "--sysfs-root",
+        &sysfs.display().to_string(),
+        "--proc-root",
+        &sysfs.join("proc").display().to_string(),
+        "--reserved-cpus",
+        "0",
+    ]
+    .map(String::from);
+    let mut controller = crate::cli::controller(&flags).unwrap();
     controller.full_scan().unwrap();
     controller.pass(Instant::now());
     (dir, node, container, controller)
