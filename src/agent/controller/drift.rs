@@ -93,6 +93,8 @@ impl Controller {
                 entry
                     .cgroup
                     .assume_written(InterfaceFile::CpusetCpus, &desired);
+                // As new as the write (see `take_written`).
+                entry.updated = Instant::now();
             }
             self.bump();
         }

@@ -179,6 +179,38 @@ fn a_pinned_cpuset_emptied_by_someone_else_is_drift_repaired() {
 }
 
 #[test]
+fn a_scan_that_read_before_a_write_does_not_undo_it() {
+    let (_dir, node, _container, mut controller) = converged();
+    let db = PodSpec {
+        uid: new_pod_uid(),
+        name: "db2".into(),
+        qos: Qos::Guaranteed,
+        containers: vec![ContainerSpec::guaranteed("db", 2000)],
+    };
+    let id = node.start_pod(&db).unwrap().remove(0);
+    let pod_dir = CgroupPath::new(&node.pod_dir(&db)).unwrap();
+    // The pass starts; a reconcile scan starts after it and reads the container before the
+    // pass writes its pin (the reconcile thread runs beside the controller).
+    let pass_started = Instant::now();
+    let created = TreeEvent::Created { cgroup: pod_dir };
+    controller.apply_event(created, pass_started).unwrap();
+    let scan_started = Instant::now();
+    let stale = controller.parts.scanner.scan().unwrap();
+    controller.pass(pass_started);
+    let pinned = node.container_cpus(&db, &id).unwrap();
+    assert_eq!(CpuSet::parse(&pinned).unwrap().len(), 2);
+    // Merged afterwards, that scan is older than the write: the pin is not taken for drift.
+    controller.merge_scan(ReconcileScan {
+        started: scan_started,
+        scan: stale,
+    });
+    let outcome = controller.pass(Instant::now());
+    assert_eq!(outcome.writes, 0);
+    assert_eq!(controller.metrics.drift_repairs, 0);
+    assert_eq!(node.container_cpus(&db, &id).unwrap(), pinned);
+}
+
+#[test]
 fn while_cgroups_arrive_pins_go_first_and_the_shared_rewrites_follow() {
     let (_dir, node, container, mut controller) = converged();
     let shared_pod = PodSpec {

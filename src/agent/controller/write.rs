@@ -37,7 +37,7 @@ impl Controller {
         let written_at = Instant::now();
         self.count_repairs(&drifted, &planned, &report);
         self.say_write_failures(&scan, &report);
-        let vanished = self.take_written(now, &scan, &planned, &report, &mode);
+        let vanished = self.take_written(written_at, &scan, &planned, &report, &mode);
         let urgent_done = report.urgent_done.unwrap_or(written_at);
         self.track_pins(&scan, &classes, |i| {
             if urgent[i] {
@@ -257,11 +257,12 @@ impl Controller {
     /// found gone leave it (what they held, an exclusive set perhaps, is released by the next
     /// plan; their own removal event finds nothing to do). Each write comes back from the
     /// watcher as an `IN_MODIFY` whose re-read shows the written value (no further pass) or,
-    /// when someone wrote after the agent, theirs: drift, repaired by the next pass. Returns
-    /// whether a cgroup vanished.
+    /// when someone wrote after the agent, theirs: drift, repaired by the next pass. A cgroup
+    /// written is as new as the write (`written_at`): a full scan that started before it may
+    /// have read the old value, and does not replace it. Returns whether a cgroup vanished.
     fn take_written(
         &mut self,
-        now: Instant,
+        written_at: Instant,
         scan: &Scan,
         planned: &Plan,
         report: &WriteReport,
@@ -281,7 +282,7 @@ impl Controller {
             let write = &planned.writes[index];
             if let Some(entry) = self.model.get_mut(&write.path) {
                 entry.cgroup.assume_written(write.file, &write.value);
-                entry.updated = now;
+                entry.updated = written_at;
             }
         }
         // A chain's ancestors' narrowings wait for the full pass: until then what they hold
