@@ -67,30 +67,54 @@ fn main() {
     println!("{} cgroups scanned", scan.cgroups.len());
     // `ROUNDS=n`: n rounds of the reconcile benchmark's floor and a scan, one after the other,
     // and the median of each round's ratio (steadier than two medians on a shared machine).
+    // The same against every file the scan reads, each read with `read_to_string` (what the
+    // floor does for one file per container): the scan's cost per file.
     let rounds = env_usize("ROUNDS", 0);
     if rounds > 0 {
-        let mut ratios = Vec::new();
-        let mut scans = Vec::new();
-        for _ in 0..rounds {
+        use cpusetd::cgroupfs::InterfaceFile as F;
+        let hierarchy = scanner.hierarchy();
+        let every_file: Vec<_> = scan
+            .cgroups
+            .iter()
+            .flat_map(|c| {
+                let cpuset = [F::CpusetCpus, F::CpusetMems, F::CpusetEffectiveCpus]
+                    .map(|f| hierarchy.cpuset.file_path(&c.path, f));
+                let cpu = [F::CpuShares, F::CpuCfsQuotaUs, F::CpuCfsPeriodUs]
+                    .map(|f| hierarchy.cpu.file_path(&c.path, f));
+                cpuset.into_iter().chain(cpu)
+            })
+            .collect();
+        let read_all = |files: &[std::path::PathBuf]| {
             let started = std::time::Instant::now();
-            for file in &files {
+            for file in files {
                 std::hint::black_box(std::fs::read_to_string(file).unwrap());
             }
-            let floor = started.elapsed();
+            started.elapsed().as_secs_f64()
+        };
+        let (mut ratios, mut per_file, mut scans) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let floor = read_all(&files);
+            let all = read_all(&every_file);
             let started = std::time::Instant::now();
             std::hint::black_box(scanner.scan().unwrap());
-            let took = started.elapsed();
-            ratios.push(took.as_secs_f64() / floor.as_secs_f64());
-            scans.push(took.as_secs_f64() * 1e3);
+            let took = started.elapsed().as_secs_f64();
+            ratios.push(took / floor);
+            per_file.push(took / all);
+            scans.push(took * 1e3);
         }
-        ratios.sort_by(f64::total_cmp);
-        scans.sort_by(f64::total_cmp);
+        for v in [&mut ratios, &mut per_file, &mut scans] {
+            v.sort_by(f64::total_cmp);
+        }
+        let m = rounds / 2;
         println!(
-            "scan {:.1} ms, {:.2} x floor (medians of {rounds} rounds; ratios {:.2}..{:.2})",
-            scans[rounds / 2],
-            ratios[rounds / 2],
+            "scan {:.1} ms, {:.2} x floor ({:.2}..{:.2}); {:.2} x read_to_string of the {} files \
+             it reads (medians of {rounds} rounds)",
+            scans[m],
+            ratios[m],
             ratios[0],
-            ratios[rounds - 1]
+            ratios[rounds - 1],
+            per_file[m],
+            every_file.len()
         );
     }
 }
