@@ -1201,6 +1201,17 @@ mod tests {
     }
 
     #[test]
+    fn the_root_lists_the_same_every_time() {
+        // A listing reads from its descriptor's offset: the root's must not be shared.
+        let (_dir, fs) = tree();
+        let first = fs.list(&CgroupPath::root()).unwrap();
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert_eq!(fs.list(&CgroupPath::root()).unwrap(), first);
+        assert_eq!(fs.list(&path("kubepods")).unwrap().len(), 2);
+        assert_eq!(fs.list(&path("kubepods")).unwrap().len(), 2);
+    }
+
+    #[test]
     fn a_missing_root_names_the_root() {
         let err = CgroupFs::open("/nonexistent/cgroup/root").unwrap_err();
         assert!(
