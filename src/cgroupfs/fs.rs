@@ -1,29 +1,35 @@
 //! `CgroupFs`: reading, writing and listing cgroup interface files below one injected root,
 //! without ever following a symlink below that root.
 //!
-//! Every access walks from the root's directory descriptor one component at a time with
-//! `openat(O_NOFOLLOW | O_DIRECTORY)` and opens the interface file with `O_NOFOLLOW |
-//! O_NONBLOCK`, then checks with `fstat` that it is a regular file. So a symlink planted in the
-//! tree is refused instead of followed out of the root, and a FIFO named like an interface file
-//! cannot hang the agent. Writes open without `O_CREAT` (a misspelt name is an error, not a new
-//! file), truncate, and issue one `write(2)` of the value, as the kernel expects. The root itself
-//! is configuration and is opened normally (on many hosts `/sys/fs/cgroup/cpu` is a symlink to
-//! `cpu,cpuacct`).
+//! Every access opens its path from the root's directory descriptor with one `openat2`
+//! (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV`) or, where the kernel has none or
+//! refuses, walks it one component at a time with `openat(O_NOFOLLOW | O_DIRECTORY)`, and opens
+//! the interface file with `O_NOFOLLOW | O_NONBLOCK`, then checks with `fstat` that it is a
+//! regular file. So a symlink planted in the tree is refused instead of followed out of the
+//! root, and a FIFO named like an interface file cannot hang the agent. The scan's read path
+//! ([`CgroupFs::open_child_dir`], [`CgroupFs::each_entry`], [`CgroupFs::read_beneath`]) opens
+//! one name at a time the same way beneath an open directory that was itself opened so, and
+//! leaves out the `fstat` where the answer is known already (kernfs, or the directory's
+//! listing): see `docs/DECISIONS.md`, "Reading a cgroup". Writes open without `O_CREAT` (a
+//! misspelt name is an error, not a new file), truncate, and issue one `write(2)` of the value,
+//! as the kernel expects. The root itself is configuration and is opened normally (on many
+//! hosts `/sys/fs/cgroup/cpu` is a symlink to `cpu,cpuacct`).
 
 use std::ffi::OsString;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsFd, OwnedFd};
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use nix::dir::{Dir, Type};
 use nix::errno::Errno;
 use nix::fcntl::{open, openat, openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fstat, fstatat, FileStat, Mode, SFlag};
+use nix::sys::statfs::{fstatfs, CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC};
 
 use super::path::CgroupPath;
 
@@ -196,14 +202,17 @@ impl FileKind {
         }
     }
 
-    fn of_dirent(kind: Option<Type>) -> Option<FileKind> {
-        Some(match kind? {
-            Type::Directory => FileKind::Directory,
-            Type::File => FileKind::RegularFile,
-            Type::Symlink => FileKind::Symlink,
-            Type::Fifo => FileKind::Fifo,
-            Type::Socket => FileKind::Socket,
-            Type::CharacterDevice | Type::BlockDevice => FileKind::Device,
+    /// The kind a directory listing gives (`d_type`); `None` where the filesystem does not say.
+    fn of_dirent(kind: rustix::fs::FileType) -> Option<FileKind> {
+        use rustix::fs::FileType;
+        Some(match kind {
+            FileType::Directory => FileKind::Directory,
+            FileType::RegularFile => FileKind::RegularFile,
+            FileType::Symlink => FileKind::Symlink,
+            FileType::Fifo => FileKind::Fifo,
+            FileType::Socket => FileKind::Socket,
+            FileType::CharacterDevice | FileType::BlockDevice => FileKind::Device,
+            FileType::Unknown => return None,
         })
     }
 }
@@ -284,12 +293,41 @@ pub struct DirEntry {
     pub kind: FileKind,
 }
 
+/// Where [`CgroupFs::read_beneath`] opens an interface file of a cgroup from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FileAt<'a> {
+    /// The cgroup's own directory, open.
+    Dir(&'a OwnedFd),
+    /// The directory of the cgroup's parent, open: the file is opened as `<name>/<file>`,
+    /// without opening (and closing) the cgroup's directory itself.
+    Parent(&'a OwnedFd),
+}
+
+/// The buffer directory listings are read into (32 KiB: a cgroup directory of interface files
+/// and a few children in one `getdents64`); a scan makes one and reuses it.
+pub(crate) struct DirentBuffer(Vec<MaybeUninit<u8>>);
+
+impl DirentBuffer {
+    pub(crate) fn new() -> DirentBuffer {
+        DirentBuffer(vec![MaybeUninit::uninit(); 32 * 1024])
+    }
+}
+
+impl fmt::Debug for DirentBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DirentBuffer({} bytes)", self.0.len())
+    }
+}
+
 /// A cgroup controller hierarchy (a v1 controller mount, or the v2 unified tree) under an
 /// injected root. Cheap to clone: clones share the root's directory descriptor.
 #[derive(Debug, Clone)]
 pub struct CgroupFs {
     root: PathBuf,
     root_fd: Arc<OwnedFd>,
+    /// The root is on a kernel cgroup filesystem (kernfs: cgroup v1 or v2), where a directory
+    /// holds only directories and regular files (see [`Self::read_beneath`]).
+    kernfs: bool,
 }
 
 /// What went wrong while walking to a directory, before it is given its operation's context.
@@ -311,9 +349,14 @@ impl CgroupFs {
             root: root.clone(),
             source: io::Error::from(errno),
         })?;
+        let kernfs = fstatfs(&fd).is_ok_and(|st| {
+            let kind = st.filesystem_type();
+            kind == CGROUP_SUPER_MAGIC || kind == CGROUP2_SUPER_MAGIC
+        });
         Ok(CgroupFs {
             root,
             root_fd: Arc::new(fd),
+            kernfs,
         })
     }
 
@@ -547,6 +590,16 @@ impl CgroupFs {
         let n = loop {
             match nix::unistd::read(&fd, &mut buf) {
                 Err(Errno::EINTR) => continue,
+                // A directory opened where a file was expected (kernfs, see `read_beneath`).
+                Err(Errno::EISDIR) => {
+                    return Err(CgroupError::Refused {
+                        path: self.file_path(cgroup, file),
+                        value: None,
+                        reason: Refusal::NotRegularFile {
+                            kind: FileKind::Directory,
+                        },
+                    })
+                }
                 other => break other.map_err(|errno| read_error(io::Error::from(errno)))?,
             }
         };
@@ -575,38 +628,148 @@ impl CgroupFs {
         dir: OwnedFd,
         cgroup: &CgroupPath,
     ) -> Result<Vec<DirEntry>, CgroupError> {
+        let mut entries = Vec::new();
+        self.each_entry(&dir, cgroup, &mut DirentBuffer::new(), |name, kind| {
+            entries.push(DirEntry {
+                name: name.to_os_string(),
+                kind,
+            })
+        })?;
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(entries)
+    }
+
+    /// Calls `each` with every entry of the open directory `dir` (which is `cgroup`), in the
+    /// directory's order, without `.` and `..`: `getdents64` into `buf` until it returns 0 (a
+    /// short return is not the end: the kernel stops filling early when a signal is pending),
+    /// with no `fdopendir`, `fstat`, `fcntl` or `lseek` around it. Types come from `d_type`
+    /// or, where the filesystem does not give it, `fstatat` without following symlinks; an
+    /// entry gone before that is left out. The directory is read from its current offset: give
+    /// a freshly opened one.
+    pub(crate) fn each_entry(
+        &self,
+        dir: &OwnedFd,
+        cgroup: &CgroupPath,
+        buf: &mut DirentBuffer,
+        mut each: impl FnMut(&std::ffi::OsStr, FileKind),
+    ) -> Result<(), CgroupError> {
         let list_error = |errno: Errno| CgroupError::List {
             path: self.host_path(cgroup),
             source: io::Error::from(errno),
         };
-        let mut dir = Dir::from_fd(dir).map_err(list_error)?;
-        let mut names = Vec::new();
-        for entry in dir.iter() {
-            let entry = entry.map_err(list_error)?;
-            let name = entry.file_name().to_bytes();
-            if name == b"." || name == b".." {
+        let mut entries = rustix::fs::RawDir::new(dir, &mut buf.0);
+        while let Some(entry) = entries.next() {
+            let entry = entry.map_err(|e| list_error(Errno::from_raw(e.raw_os_error())))?;
+            let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes());
+            if name == "." || name == ".." {
                 continue;
             }
-            names.push((
-                OsString::from(std::ffi::OsStr::from_bytes(name)),
-                entry.file_type(),
-            ));
-        }
-        let mut entries = Vec::with_capacity(names.len());
-        for (name, dtype) in names {
-            let kind = match FileKind::of_dirent(dtype) {
+            let kind = match FileKind::of_dirent(entry.file_type()) {
                 Some(kind) => kind,
-                None => match fstatat(&dir, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+                None => match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
                     Ok(stat) => FileKind::of_stat(&stat),
                     // Vanished between readdir and stat.
                     Err(Errno::ENOENT) => continue,
                     Err(errno) => return Err(list_error(errno)),
                 },
             };
-            entries.push(DirEntry { name, kind });
+            each(name, kind);
         }
-        entries.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(entries)
+        Ok(())
+    }
+
+    /// Opens the cgroup directory `cgroup` through the open directory `parent` of its parent
+    /// cgroup: one `openat2` of one name, beneath `parent`, refusing a symlink and a mount
+    /// point (what [`Self::open_dir`] does from the root in one call over the whole path, here
+    /// without resolving the path's other components again). Anything but a success or ENOENT
+    /// (gone) is opened again from the root by [`Self::open_dir`], which names what was in the
+    /// way; so is everything where the kernel has no `openat2`.
+    pub(crate) fn open_child_dir(
+        &self,
+        parent: &OwnedFd,
+        cgroup: &CgroupPath,
+    ) -> Result<OwnedFd, CgroupError> {
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let opened = cgroup
+            .name()
+            .and_then(|name| open_name_beneath(parent, name, flags));
+        match opened {
+            Some(Ok(fd)) => Ok(fd),
+            Some(Err(Errno::ENOENT)) => Err(CgroupError::Read {
+                path: self.host_path(cgroup),
+                source: io::Error::from(Errno::ENOENT),
+            }),
+            _ => self.open_dir(cgroup),
+        }
+    }
+
+    /// Reads the interface file `file` of `cgroup`, whose directory or whose parent's is open
+    /// (`at`): one `openat2` beneath that directory (no symlink, no mount point,
+    /// `O_NONBLOCK`) of the file's name or of `<cgroup's name>/<file>`, one `read(2)` (see
+    /// [`Self::read_fd`]), `close`. Checked with `fstat` to be a regular file, as
+    /// [`Self::read_in`] does, except where that is known already: on kernfs (a directory
+    /// opened without crossing a mount below a kernfs root is on kernfs, and there a name is a
+    /// directory, a regular file or a symlink and nothing else: no `mknod`, no FIFO; the open
+    /// refuses a symlink and `read` a directory, EISDIR), and when `listed_regular` (the
+    /// directory's listing, just read, says so). Anything but a success, ENOENT, ENODEV (gone)
+    /// or EXDEV (a mount point, refused) is opened again by [`Self::read_in`], which names
+    /// what was in the way; so is everything where the kernel has no `openat2`.
+    pub(crate) fn read_beneath(
+        &self,
+        at: FileAt<'_>,
+        cgroup: &CgroupPath,
+        file: InterfaceFile,
+        listed_regular: bool,
+    ) -> Result<String, CgroupError> {
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let opened = match at {
+            FileAt::Dir(dir) => open_name_beneath(dir, std::ffi::OsStr::new(file.name()), flags),
+            FileAt::Parent(parent) => cgroup.name().and_then(|name| {
+                let mut below = name.to_os_string();
+                below.push("/");
+                below.push(file.name());
+                open_name_beneath(parent, &below, flags)
+            }),
+        };
+        let fd = match opened {
+            Some(Ok(fd)) => fd,
+            Some(Err(errno @ (Errno::ENOENT | Errno::ENODEV))) => {
+                return Err(CgroupError::Read {
+                    path: self.file_path(cgroup, file),
+                    source: io::Error::from(errno),
+                })
+            }
+            Some(Err(Errno::EXDEV)) => {
+                return Err(CgroupError::Refused {
+                    path: self.file_path(cgroup, file),
+                    value: None,
+                    reason: Refusal::MountPoint,
+                })
+            }
+            _ => {
+                return match at {
+                    FileAt::Dir(dir) => self.read_in(dir, cgroup, file),
+                    FileAt::Parent(_) => self.read(cgroup, file),
+                }
+            }
+        };
+        if !self.kernfs && !listed_regular {
+            let stat = fstat(&fd).map_err(|errno| CgroupError::Read {
+                path: self.file_path(cgroup, file),
+                source: io::Error::from(errno),
+            })?;
+            match FileKind::of_stat(&stat) {
+                FileKind::RegularFile => {}
+                kind => {
+                    return Err(CgroupError::Refused {
+                        path: self.file_path(cgroup, file),
+                        value: None,
+                        reason: Refusal::NotRegularFile { kind },
+                    })
+                }
+            }
+        }
+        self.read_fd(fd, cgroup, file)
     }
 
     /// Opens the directory `cgroup` below the root, never following a symlink: one
@@ -632,7 +795,8 @@ impl CgroupFs {
     /// [`Self::walk`] one component at a time.
     fn walk_components(&self, cgroup: &CgroupPath) -> Result<OwnedFd, WalkError> {
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        let mut current = dup_fd(&self.root_fd).map_err(WalkError::Io)?;
+        let mut current = reopen_dir(&self.root_fd, flags)
+            .map_err(|errno| WalkError::Io(io::Error::from(errno)))?;
         let device = fstat(&current)
             .map_err(|errno| WalkError::Io(io::Error::from(errno)))?
             .st_dev;
@@ -688,23 +852,47 @@ fn open_beneath(dir: &OwnedFd, path: &CgroupPath, flags: OFlag) -> Option<nix::R
         return None;
     }
     if path.is_root() {
-        return Some(dup_fd(dir).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0))));
+        return Some(reopen_dir(dir, flags));
     }
+    match openat2_beneath(dir, std::ffi::OsStr::from_bytes(path.as_bytes()), flags)? {
+        // EXDEV: a mount point on the way (or outside `dir`, which a CgroupPath cannot be);
+        // walked to say why.
+        Err(Errno::EXDEV) => Some(Err(Errno::ELOOP)),
+        other => Some(other),
+    }
+}
+
+/// [`open_beneath`] of one directory entry `name` of `dir`; EXDEV (a mount point) is returned
+/// as it is.
+fn open_name_beneath(
+    dir: &OwnedFd,
+    name: &std::ffi::OsStr,
+    flags: OFlag,
+) -> Option<nix::Result<OwnedFd>> {
+    if NO_OPENAT2.load(Ordering::Relaxed) {
+        return None;
+    }
+    openat2_beneath(dir, name, flags)
+}
+
+/// The `openat2` of [`open_beneath`]; `None` (remembered) when the kernel has none.
+fn openat2_beneath(
+    dir: &OwnedFd,
+    path: &std::ffi::OsStr,
+    flags: OFlag,
+) -> Option<nix::Result<OwnedFd>> {
     let how = OpenHow::new().flags(flags).resolve(
         ResolveFlag::RESOLVE_BENEATH
             | ResolveFlag::RESOLVE_NO_SYMLINKS
             | ResolveFlag::RESOLVE_NO_MAGICLINKS
             | ResolveFlag::RESOLVE_NO_XDEV,
     );
-    match openat2(dir, std::ffi::OsStr::from_bytes(path.as_bytes()), how) {
+    match openat2(dir, path, how) {
         Err(Errno::ENOSYS) | Err(Errno::EPERM) if !NO_OPENAT2.swap(true, Ordering::Relaxed) => {
             log::debug!("no openat2: cgroup paths are walked one component at a time");
             None
         }
         Err(Errno::ENOSYS) => None,
-        // EXDEV: a mount point on the way (or outside `dir`, which a CgroupPath cannot be);
-        // walked to say why.
-        Err(Errno::EXDEV) => Some(Err(Errno::ELOOP)),
         other => Some(other),
     }
 }
@@ -752,8 +940,10 @@ fn explain_refusal(
     }
 }
 
-fn dup_fd(fd: &OwnedFd) -> Result<OwnedFd, io::Error> {
-    fd.as_fd().try_clone_to_owned()
+/// A new open of the directory `dir` itself (`.`), with its own offset: a listing reads from
+/// its descriptor's offset, which a `dup` would share with `dir` (and with every listing of it).
+fn reopen_dir(dir: &OwnedFd, flags: OFlag) -> nix::Result<OwnedFd> {
+    openat(dir, ".", flags, Mode::empty())
 }
 
 #[cfg(test)]
@@ -1008,6 +1198,17 @@ mod tests {
                 ("pod1", FileKind::Directory),
             ]
         );
+    }
+
+    #[test]
+    fn the_root_lists_the_same_every_time() {
+        // A listing reads from its descriptor's offset: the root's must not be shared.
+        let (_dir, fs) = tree();
+        let first = fs.list(&CgroupPath::root()).unwrap();
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert_eq!(fs.list(&CgroupPath::root()).unwrap(), first);
+        assert_eq!(fs.list(&path("kubepods")).unwrap().len(), 2);
+        assert_eq!(fs.list(&path("kubepods")).unwrap().len(), 2);
     }
 
     #[test]

@@ -11,13 +11,15 @@
 //! and size are bounded.
 
 use std::collections::BTreeSet;
+use std::ffi::OsString;
 use std::fmt;
 use std::os::fd::OwnedFd;
+use std::rc::Rc;
 
 use crate::cpuset::CpuSet;
 use crate::logging::{error_chain, LogOnce};
 
-use super::fs::{CgroupError, CgroupFs, FileKind, InterfaceFile};
+use super::fs::{CgroupError, CgroupFs, DirentBuffer, FileAt, FileKind, InterfaceFile, Refusal};
 use super::layout::{CgroupLayout, CgroupVersion};
 use super::path::CgroupPath;
 use super::values::{
@@ -251,6 +253,34 @@ impl Hierarchy {
     }
 }
 
+/// The directories of a cgroup the scan holds open while it visits the cgroup's children:
+/// its cpuset directory and, on v1, its cpu directory (when it has one).
+#[derive(Debug)]
+struct OpenDirs {
+    cpuset: OwnedFd,
+    cpu: Option<OwnedFd>,
+}
+
+/// A cgroup the scan is still to visit, with its parent's open directories (none for the
+/// cgroup the walk starts at).
+#[derive(Debug)]
+struct Pending {
+    path: CgroupPath,
+    parent: Option<Rc<OpenDirs>>,
+}
+
+/// One listing of a cgroup's cpuset directory (see [`Scanner::list`]).
+#[derive(Debug)]
+struct Listing {
+    /// The kind of each file of [`Scanner::cpuset_dir_files`], in its order; `None` for a
+    /// file that is not there.
+    kinds: [Option<FileKind>; 5],
+    /// Every entry that is not a regular file (child cgroups, symlinks, special files).
+    others: Vec<(OsString, FileKind)>,
+}
+
+type ListResult = Result<Listing, CgroupError>;
+
 /// Scans the kubepods subtree; keeps which problems were logged so each is logged once.
 #[derive(Debug)]
 pub struct Scanner {
@@ -348,8 +378,10 @@ impl Scanner {
     pub fn read_cgroup(&mut self, path: &CgroupPath) -> Option<ScannedCgroup> {
         path.strip_prefix(&self.kubepods)?;
         let mut scan = self.empty_scan();
-        let dir = self.open_cgroup(path, &mut scan)?;
-        self.read_values(path, &dir)
+        let dir = self.open_cgroup(path, None, &mut scan)?;
+        let listing = self.list(path, &dir, &mut DirentBuffer::new());
+        let (cgroup, _) = self.read_values(path, &dir, None, &listing)?;
+        Some(cgroup)
     }
 
     /// Reads every snapshot cgroup's `cpuset.cpus` once (one `openat2` each): `true` when each
@@ -467,9 +499,16 @@ impl Scanner {
         }
     }
 
+    /// Visits `start` and every cgroup below it, in pre-order. A cgroup's directories stay
+    /// open while its children are visited, which open theirs through them (one name each,
+    /// not the whole path again).
     fn walk(&mut self, start: CgroupPath, scan: &mut Scan) {
-        let mut pending = vec![start];
-        while let Some(path) = pending.pop() {
+        let mut buf = DirentBuffer::new();
+        let mut pending = vec![Pending {
+            path: start,
+            parent: None,
+        }];
+        while let Some(next) = pending.pop() {
             if scan.cgroups.len() >= self.max_cgroups {
                 scan.complete = false;
                 if self.problems.first_time("scan-truncated") {
@@ -482,17 +521,31 @@ impl Scanner {
                 }
                 break;
             }
-            if let Some(children) = self.visit(&path, scan) {
+            if let Some((children, dirs)) = self.visit(&next, scan, &mut buf) {
+                let dirs = Rc::new(dirs);
                 // Reversed so that popping yields siblings in name order.
-                pending.extend(children.into_iter().rev());
+                pending.extend(children.into_iter().rev().map(|path| Pending {
+                    path,
+                    parent: Some(Rc::clone(&dirs)),
+                }));
             }
         }
     }
 
-    /// Opens a cgroup's directory in the cpuset hierarchy; `None` (recorded as skipped when it
-    /// is not simply gone) when it cannot be.
-    fn open_cgroup(&mut self, path: &CgroupPath, scan: &mut Scan) -> Option<OwnedFd> {
-        match self.hierarchy.cpuset.open_dir(path) {
+    /// Opens a cgroup's directory in the cpuset hierarchy, through its parent's when that is
+    /// open; `None` (recorded as skipped when it is not simply gone) when it cannot be.
+    fn open_cgroup(
+        &mut self,
+        path: &CgroupPath,
+        parent: Option<&OpenDirs>,
+        scan: &mut Scan,
+    ) -> Option<OwnedFd> {
+        let cpuset = &self.hierarchy.cpuset;
+        let opened = match parent {
+            Some(parent) => cpuset.open_child_dir(&parent.cpuset, path),
+            None => cpuset.open_dir(path),
+        };
+        match opened {
             Ok(dir) => Some(dir),
             Err(err) if err.is_gone() => {
                 log::debug!("cg={path} vanished during the scan");
@@ -509,50 +562,137 @@ impl Scanner {
         }
     }
 
-    /// Reads the values of one cgroup whose cpuset directory is open as `dir`; `None` when it
-    /// vanished. On v1 the cpu controller's files are read through one open of its directory.
-    fn read_values(&mut self, path: &CgroupPath, dir: &OwnedFd) -> Option<ScannedCgroup> {
+    /// Lists a cgroup's open cpuset directory once: the kinds of the files the scan reads
+    /// there, and the entries that are not regular files (child cgroups, and what is skipped).
+    fn list(&self, path: &CgroupPath, dir: &OwnedFd, buf: &mut DirentBuffer) -> ListResult {
+        let wanted = self.cpuset_dir_files();
+        let mut listing = Listing {
+            kinds: [None; 5],
+            others: Vec::new(),
+        };
+        self.hierarchy
+            .cpuset
+            .each_entry(dir, path, buf, |name, kind| {
+                if let Some(at) = wanted.iter().position(|file| name == file.name()) {
+                    listing.kinds[at] = Some(kind);
+                }
+                if kind != FileKind::RegularFile {
+                    listing.others.push((name.to_os_string(), kind));
+                }
+            })
+            .map(|()| listing)
+    }
+
+    /// The files the scan reads in a cgroup's cpuset directory: the cpuset's, and on v2 the
+    /// CPU settings too (the order of [`Listing::kinds`]).
+    fn cpuset_dir_files(&self) -> &'static [InterfaceFile] {
+        match self.hierarchy.version {
+            CgroupVersion::V1 => &[
+                InterfaceFile::CpusetCpus,
+                InterfaceFile::CpusetMems,
+                InterfaceFile::CpusetEffectiveCpus,
+            ],
+            CgroupVersion::V2 => &[
+                InterfaceFile::CpusetCpus,
+                InterfaceFile::CpusetMems,
+                InterfaceFile::CpusetCpusEffective,
+                InterfaceFile::CpuMax,
+                InterfaceFile::CpuWeight,
+            ],
+        }
+    }
+
+    /// Reads a file of the open cpuset directory `dir` as its listing says it is: missing
+    /// without a system call, refused without opening it when it is not a regular file, else
+    /// one `openat2`, one `read`, `close`. Without a listing, as [`CgroupFs::read_in`] reads.
+    fn read_cpuset_file(
+        &self,
+        path: &CgroupPath,
+        dir: &OwnedFd,
+        listing: &ListResult,
+        file: InterfaceFile,
+    ) -> Result<String, CgroupError> {
+        let cpuset = &self.hierarchy.cpuset;
+        let Ok(listing) = listing else {
+            return cpuset.read_in(dir, path, file);
+        };
+        let at = self.cpuset_dir_files().iter().position(|f| *f == file);
+        let refused = |reason| CgroupError::Refused {
+            path: cpuset.file_path(path, file),
+            value: None,
+            reason,
+        };
+        match at.and_then(|at| listing.kinds[at]) {
+            None => Err(CgroupError::Read {
+                path: cpuset.file_path(path, file),
+                source: std::io::Error::from_raw_os_error(nix::errno::Errno::ENOENT as i32),
+            }),
+            Some(FileKind::RegularFile) => cpuset.read_beneath(FileAt::Dir(dir), path, file, true),
+            Some(FileKind::Symlink) => Err(refused(Refusal::Symlink)),
+            Some(kind) => Err(refused(Refusal::NotRegularFile { kind })),
+        }
+    }
+
+    /// Reads the values of one cgroup whose cpuset directory is open as `dir` and listed as
+    /// `listing`; `None` when it vanished. On v1 the cpu controller's files are read through
+    /// one open of its directory (through `parent`'s when that is open), which is returned for
+    /// the children.
+    fn read_values(
+        &mut self,
+        path: &CgroupPath,
+        dir: &OwnedFd,
+        parent: Option<&OpenDirs>,
+        listing: &ListResult,
+    ) -> Option<(ScannedCgroup, Option<OwnedFd>)> {
         let relative = path.strip_prefix(&self.kubepods)?;
-        let cpuset = self.hierarchy.cpuset.clone();
         let (cpus_file, mems_file) = (InterfaceFile::CpusetCpus, InterfaceFile::CpusetMems);
         let effective_file = match self.hierarchy.version {
             CgroupVersion::V1 => InterfaceFile::CpusetEffectiveCpus,
             CgroupVersion::V2 => InterfaceFile::CpusetCpusEffective,
         };
-        let cpus = self.value(
-            path,
-            cpus_file,
-            cpuset.read_in(dir, path, cpus_file),
-            parse_cpuset,
-        );
-        if cpus.is_missing() && !cpuset.exists(path) {
+        let read = self.read_cpuset_file(path, dir, listing, cpus_file);
+        let cpus = self.value(path, cpus_file, read, parse_cpuset);
+        if cpus.is_missing() && !self.hierarchy.cpuset.exists(path) {
             log::debug!("cg={path} vanished during the scan");
             return None;
         }
-        let mems = self.value(
-            path,
-            mems_file,
-            cpuset.read_in(dir, path, mems_file),
-            parse_cpuset,
-        );
-        let effective_cpus = self.value(
-            path,
-            effective_file,
-            cpuset.read_in(dir, path, effective_file),
-            parse_cpuset,
-        );
-        let cpu = match self.hierarchy.version {
+        let read = self.read_cpuset_file(path, dir, listing, mems_file);
+        let mems = self.value(path, mems_file, read, parse_cpuset);
+        let read = self.read_cpuset_file(path, dir, listing, effective_file);
+        let effective_cpus = self.value(path, effective_file, read, parse_cpuset);
+        let (cpu, cpu_dir) = match self.hierarchy.version {
             CgroupVersion::V1 => {
                 let cpu_fs = self.hierarchy.cpu.clone();
-                let cpu_dir = cpu_fs.open_dir(path);
-                let read = |file| match &cpu_dir {
-                    Ok(cpu_dir) => cpu_fs.read_in(cpu_dir, path, file),
-                    Err(_) => cpu_fs.read(path, file),
+                let parent_cpu = parent.and_then(|p| p.cpu.as_ref());
+                // A cgroup without children needs no open cpu directory of its own: its files
+                // are opened through its parent's.
+                let leaf = listing.as_ref().is_ok_and(|l| {
+                    l.others
+                        .iter()
+                        .all(|(_, kind)| *kind != FileKind::Directory)
+                });
+                let cpu_dir = match parent_cpu {
+                    Some(_) if leaf => Ok(None),
+                    Some(parent) => cpu_fs.open_child_dir(parent, path).map(Some),
+                    None => cpu_fs.open_dir(path).map(Some),
+                };
+                let read = |file| match (&cpu_dir, parent_cpu) {
+                    (Ok(Some(cpu_dir)), _) => {
+                        cpu_fs.read_beneath(FileAt::Dir(cpu_dir), path, file, false)
+                    }
+                    (Ok(None), Some(parent)) => {
+                        cpu_fs.read_beneath(FileAt::Parent(parent), path, file, false)
+                    }
+                    (Err(err), _) if err.is_gone() => Err(CgroupError::Read {
+                        path: cpu_fs.file_path(path, file),
+                        source: std::io::Error::from_raw_os_error(nix::errno::Errno::ENOENT as i32),
+                    }),
+                    _ => cpu_fs.read(path, file),
                 };
                 let shares = read(InterfaceFile::CpuShares);
                 let quota = read(InterfaceFile::CpuCfsQuotaUs);
                 let period = read(InterfaceFile::CpuCfsPeriodUs);
-                CpuSettings::V1 {
+                let cpu = CpuSettings::V1 {
                     shares: self.value(path, InterfaceFile::CpuShares, shares, parse_shares),
                     cfs_quota: self.value(
                         path,
@@ -566,59 +706,76 @@ impl Scanner {
                         period,
                         parse_cfs_period,
                     ),
-                }
+                };
+                (cpu, cpu_dir.ok().flatten())
             }
             CgroupVersion::V2 => {
-                let max = cpuset.read_in(dir, path, InterfaceFile::CpuMax);
-                let weight = cpuset.read_in(dir, path, InterfaceFile::CpuWeight);
-                CpuSettings::V2 {
+                let max = self.read_cpuset_file(path, dir, listing, InterfaceFile::CpuMax);
+                let weight = self.read_cpuset_file(path, dir, listing, InterfaceFile::CpuWeight);
+                let cpu = CpuSettings::V2 {
                     max: self.value(path, InterfaceFile::CpuMax, max, parse_cpu_max),
                     weight: self.value(path, InterfaceFile::CpuWeight, weight, parse_weight),
-                }
+                };
+                (cpu, None)
             }
         };
-        Some(ScannedCgroup {
+        let cgroup = ScannedCgroup {
             path: path.clone(),
             relative,
             cpus,
             mems,
             effective_cpus,
             cpu,
-        })
+        };
+        Some((cgroup, cpu_dir))
     }
 
-    /// Records one directory and returns its child directories, or `None` when it vanished.
-    fn visit(&mut self, path: &CgroupPath, scan: &mut Scan) -> Option<Vec<CgroupPath>> {
+    /// Records one cgroup and returns its child directories with its open directories (for
+    /// them to open theirs through), or `None` when it vanished. Its cpuset directory is
+    /// listed once, before its files are read: the listing says which of them exist and are
+    /// regular files, and which entries are child cgroups.
+    fn visit(
+        &mut self,
+        pending: &Pending,
+        scan: &mut Scan,
+        buf: &mut DirentBuffer,
+    ) -> Option<(Vec<CgroupPath>, OpenDirs)> {
+        let path = &pending.path;
         let relative = path
             .strip_prefix(&self.kubepods)
             .expect("the scan only walks below the kubepods root");
-        let dir = self.open_cgroup(path, scan)?;
-        let cgroup = self.read_values(path, &dir)?;
-        let cpuset = self.hierarchy.cpuset.clone();
-        let entries = cpuset.list_in(dir, path);
+        let parent = pending.parent.as_deref();
+        let dir = self.open_cgroup(path, parent, scan)?;
+        let listing = self.list(path, &dir, buf);
+        let (cgroup, cpu_dir) = self.read_values(path, &dir, parent, &listing)?;
         scan.cgroups.push(cgroup);
-        let entries = match entries {
-            Ok(entries) => entries,
-            Err(err) if err.is_gone() => return Some(Vec::new()),
+        let dirs = OpenDirs {
+            cpuset: dir,
+            cpu: cpu_dir,
+        };
+        let mut entries = match listing {
+            Ok(listing) => listing.others,
+            Err(err) if err.is_gone() => return Some((Vec::new(), dirs)),
             Err(err) => {
                 self.report(path, "list", &err);
                 scan.skipped.push(SkippedEntry {
                     path: path.clone(),
                     reason: SkipReason::Unlistable,
                 });
-                return Some(Vec::new());
+                return Some((Vec::new(), dirs));
             }
         };
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
 
         let mut children = Vec::new();
-        for entry in entries {
-            let reason = match entry.kind {
+        for (name, kind) in entries {
+            let reason = match kind {
                 FileKind::Directory => None,
                 FileKind::RegularFile => continue,
                 FileKind::Symlink => Some(SkipReason::Symlink),
                 kind => Some(SkipReason::SpecialFile(kind)),
             };
-            let child = match path.join(&entry.name) {
+            let child = match path.join(&name) {
                 Ok(child) => child,
                 Err(err) => {
                     // Cannot happen for names read from a directory; kept as a guard.
@@ -643,7 +800,7 @@ impl Scanner {
                 }
             }
         }
-        Some(children)
+        Some((children, dirs))
     }
 
     /// Turns a read into a [`FileValue`], logging a problem the first time it is seen.
