@@ -241,11 +241,12 @@ fn changes(trace: &str, cwd: &Path) -> Vec<Change> {
                 }
                 vec![resolve(None, &path)]
             }
-            "openat" | "mkdirat" | "unlinkat" => {
+            // openat2's flags are inside its `struct open_how`: `{flags=O_WRONLY|…, resolve=…}`.
+            "openat" | "openat2" | "mkdirat" | "unlinkat" => {
                 let Some((name, after)) = quoted(args) else {
                     continue;
                 };
-                if syscall == "openat" && !writes(after) {
+                if syscall.starts_with("openat") && !writes(after) {
                     continue;
                 }
                 vec![resolve(first_dirfd, &name)]
@@ -346,7 +347,7 @@ fn the_traced_agent_writes_only_below_its_roots() {
         "-s",
         "4096",
         "-e",
-        "trace=open,openat,creat,rename,renameat,renameat2,unlink,unlinkat,mkdir,mkdirat,rmdir",
+        "trace=open,openat,openat2,creat,rename,renameat,renameat2,unlink,unlinkat,mkdir,mkdirat,rmdir",
         "-o",
     ]
     .iter()
