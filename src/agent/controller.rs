@@ -50,7 +50,9 @@ use crate::writer::{apply_scheduled, NewChildren, Schedule};
 
 use super::hotplug::Hotplug;
 use super::metrics::Metrics;
+use deadlines::Deadlines;
 use incremental::{Mode, SincePass};
+use model::ModelEntry;
 
 mod classes;
 mod deadlines;
@@ -64,9 +66,6 @@ mod write;
 /// A cgroup's classification, shared by its model entry (which caches it) and the passes that
 /// read it (never copied per pass).
 type Class = Arc<Classification>;
-
-use deadlines::Deadlines;
-use model::ModelEntry;
 
 /// A full scan made by the reconcile thread, and when it started.
 #[derive(Debug)]
