@@ -425,9 +425,14 @@ mod tests {
         assert!(rest < CgroupPath::new("burstable/pod2").unwrap());
         assert_eq!(rest.parent().unwrap().to_str(), Some("burstable/pod1"));
         assert_eq!(rest.name(), Some(OsStr::new("c1")));
-        let deeper = rest.strip_prefix(&CgroupPath::new("burstable").unwrap()).unwrap();
+        let deeper = rest
+            .strip_prefix(&CgroupPath::new("burstable").unwrap())
+            .unwrap();
         assert_eq!(deeper.to_str(), Some("pod1/c1"));
-        assert_eq!(deeper.join(OsStr::new("x")).unwrap().to_str(), Some("pod1/c1/x"));
+        assert_eq!(
+            deeper.join(OsStr::new("x")).unwrap().to_str(),
+            Some("pod1/c1/x")
+        );
     }
 
     #[test]
