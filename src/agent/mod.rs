@@ -450,7 +450,7 @@ fn restore(
             Restored {
                 assignments: cp.assignments,
                 quota_lifted,
-                irq: cp.irq,
+                irq: *cp.irq,
                 sched: *cp.sched,
                 first_start: false,
             }
@@ -539,7 +539,7 @@ impl Persist {
                     original: original.clone(),
                 })
                 .collect(),
-            irq: controller.irq_saved(),
+            irq: Box::new(controller.irq_saved()),
             sched: Box::new(controller.sched_saved()),
             last_reconcile_unix_ms: controller
                 .metrics
