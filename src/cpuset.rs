@@ -30,14 +30,136 @@ pub enum ParseError {
 /// Equality, ordering and hashing look at the members only.
 #[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CpuSet {
-    // Invariant: no trailing zero words, so equal sets have equal vectors.
-    words: Vec<u64>,
+    // Invariant: no trailing zero words, so equal sets have equal words.
+    words: Words,
+}
+
+/// Words held in the set itself up to this many (CPU ids below 256), on the heap beyond.
+const INLINE_WORDS: usize = 4;
+
+/// A set's bitmap words. Most machines have at most 256 CPUs, and the agent keeps several
+/// sets per cgroup: held inline they cost no allocation. Compared, ordered and hashed as the
+/// slice of words, whichever way they are held.
+#[derive(Clone)]
+enum Words {
+    Inline { len: u8, words: [u64; INLINE_WORDS] },
+    Heap(Vec<u64>),
+}
+
+impl Words {
+    const fn new() -> Words {
+        Words::Inline {
+            len: 0,
+            words: [0; INLINE_WORDS],
+        }
+    }
+
+    /// `len` words, the new ones `value`.
+    fn resize(&mut self, len: usize, value: u64) {
+        match self {
+            Words::Inline { len: held, words } if len <= INLINE_WORDS => {
+                for word in &mut words[usize::from(*held).min(len)..len] {
+                    *word = value;
+                }
+                *held = len as u8;
+            }
+            Words::Inline { .. } => {
+                let mut heap = self.to_vec();
+                heap.resize(len, value);
+                *self = Words::Heap(heap);
+            }
+            Words::Heap(heap) => heap.resize(len, value),
+        }
+    }
+
+    fn pop(&mut self) -> Option<u64> {
+        match self {
+            Words::Inline { len: 0, .. } => None,
+            Words::Inline { len, words } => {
+                *len -= 1;
+                Some(words[usize::from(*len)])
+            }
+            Words::Heap(heap) => heap.pop(),
+        }
+    }
+}
+
+impl Default for Words {
+    fn default() -> Words {
+        Words::new()
+    }
+}
+
+impl std::ops::Deref for Words {
+    type Target = [u64];
+    fn deref(&self) -> &[u64] {
+        match self {
+            Words::Inline { len, words } => &words[..usize::from(*len)],
+            Words::Heap(heap) => heap,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Words {
+    fn deref_mut(&mut self) -> &mut [u64] {
+        match self {
+            Words::Inline { len, words } => &mut words[..usize::from(*len)],
+            Words::Heap(heap) => heap,
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Words {
+    type Item = &'a u64;
+    type IntoIter = std::slice::Iter<'a, u64>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl FromIterator<u64> for Words {
+    fn from_iter<I: IntoIterator<Item = u64>>(iter: I) -> Words {
+        let mut words = Words::new();
+        for word in iter {
+            let len = words.len();
+            words.resize(len + 1, word);
+        }
+        words
+    }
+}
+
+impl PartialEq for Words {
+    fn eq(&self, other: &Words) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Words {}
+
+impl std::hash::Hash for Words {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (**self).hash(state);
+    }
+}
+
+impl PartialOrd for Words {
+    fn partial_cmp(&self, other: &Words) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Words {
+    fn cmp(&self, other: &Words) -> std::cmp::Ordering {
+        (**self).cmp(&**other)
+    }
 }
 
 impl CpuSet {
     /// The empty set.
     pub const fn new() -> Self {
-        CpuSet { words: Vec::new() }
+        CpuSet {
+            words: Words::new(),
+        }
     }
 
     /// The set `lo..=hi`. Empty when `lo > hi`.
@@ -547,6 +669,27 @@ mod tests {
         fn parse_never_panics(text in "[0-9,\\- \\na]{0,24}") {
             let _ = CpuSet::parse(&text);
         }
+    }
+
+    #[test]
+    fn a_set_is_the_same_whether_its_words_are_inline_or_on_the_heap() {
+        use std::collections::hash_map::RandomState;
+        use std::hash::BuildHasher;
+        let mut shrunk = set("3,255,300");
+        assert!(matches!(shrunk.words, Words::Heap(_)));
+        shrunk.remove_all(&set("300"));
+        let small = set("3,255");
+        assert!(matches!(small.words, Words::Inline { .. }));
+        assert_eq!(shrunk, small);
+        let hasher = RandomState::new();
+        assert_eq!(hasher.hash_one(&shrunk), hasher.hash_one(&small));
+        assert_eq!(shrunk.cmp(&small), std::cmp::Ordering::Equal);
+        assert!(set("3") < small && small < set("4"));
+        assert_eq!(shrunk.to_string(), "3,255");
+        let mut grown = small.clone();
+        grown.insert(8191);
+        assert_eq!(grown.to_string(), "3,255,8191");
+        assert_eq!(grown.intersection(&set("0-300")), small);
     }
 
     #[test]

@@ -166,6 +166,24 @@ pub struct OciCpu {
     pub period: Option<u64>,
 }
 
+/// The annotation keys classification reads besides `cpusetd.io/` ones: what
+/// [`RuntimeInfo::trimmed`] keeps, and what the lookup cache stores as a one-byte index.
+const KEPT_KEYS: [&str; 13] = [
+    "cpu-load-balancing.crio.io",
+    "cpu-quota.crio.io",
+    "irq-load-balancing.crio.io",
+    keys::CRI_CONTAINER_TYPE,
+    keys::CRI_CONTAINER_NAME,
+    keys::CRI_SANDBOX_UID,
+    keys::CRI_SANDBOX_NAME,
+    keys::CRI_SANDBOX_NAMESPACE,
+    keys::CRIO_CONTAINER_TYPE,
+    keys::KUBE_CONTAINER_NAME,
+    keys::KUBE_POD_UID,
+    keys::KUBE_POD_NAME,
+    keys::KUBE_POD_NAMESPACE,
+];
+
 /// What classification needs from a container's OCI config.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RuntimeInfo {
@@ -188,26 +206,7 @@ impl RuntimeInfo {
     /// `cpusetd.io/` (an OCI config carries dozens more; the agent caches one per container).
     pub fn trimmed(mut self) -> RuntimeInfo {
         fn wanted(key: &str) -> bool {
-            key.starts_with("cpusetd.io/")
-                || [
-                    "cpu-load-balancing.crio.io",
-                    "cpu-quota.crio.io",
-                    "irq-load-balancing.crio.io",
-                ]
-                .contains(&key)
-                || [
-                    keys::CRI_CONTAINER_TYPE,
-                    keys::CRI_CONTAINER_NAME,
-                    keys::CRI_SANDBOX_UID,
-                    keys::CRI_SANDBOX_NAME,
-                    keys::CRI_SANDBOX_NAMESPACE,
-                    keys::CRIO_CONTAINER_TYPE,
-                    keys::KUBE_CONTAINER_NAME,
-                    keys::KUBE_POD_UID,
-                    keys::KUBE_POD_NAME,
-                    keys::KUBE_POD_NAMESPACE,
-                ]
-                .contains(&key)
+            key.starts_with("cpusetd.io/") || KEPT_KEYS.contains(&key)
         }
         for map in [
             &mut self.annotations,
@@ -699,43 +698,77 @@ pub fn load_config(path: &Path) -> Result<Option<RuntimeInfo>, RuntimeError> {
         })
 }
 
-/// A cached runtime config: [`RuntimeInfo::trimmed`], held in flat lists (a B-tree map's
-/// first node alone takes about half a KiB, and the agent keeps one per container).
+/// A cached runtime config: [`RuntimeInfo::trimmed`], its annotations packed into one
+/// allocation (the agent keeps one per container: as maps, or even as lists of strings, they
+/// took about 750 bytes in a dozen allocations; packed, about 110 in one).
 #[derive(Debug, Clone)]
 struct CachedInfo {
-    annotations: Box<[(String, String)]>,
-    crio_annotations: Box<[(String, String)]>,
-    crio_labels: Box<[(String, String)]>,
+    /// Each annotation of the three maps as: the map (0 top level, 1 CRI-O's annotations,
+    /// 2 its labels); the key, as 1 + its index in [`KEPT_KEYS`], or 0 and the key spelt out;
+    /// the value. Texts are a `u32` length (little-endian) and the bytes.
+    annotations: Box<[u8]>,
     cpu: OciCpu,
     devices: Box<[ContainerDevice]>,
 }
 
 impl CachedInfo {
     fn of(info: &RuntimeInfo) -> CachedInfo {
-        let flat = |map: &BTreeMap<String, String>| {
-            map.iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect::<Box<[_]>>()
-        };
+        fn text(packed: &mut Vec<u8>, text: &str) {
+            // A config is at most MAX_CONFIG_BYTES (4 MiB), so every length fits.
+            packed.extend_from_slice(&(text.len() as u32).to_le_bytes());
+            packed.extend_from_slice(text.as_bytes());
+        }
+        let mut packed = Vec::new();
+        let maps = [&info.annotations, &info.crio_annotations, &info.crio_labels];
+        for (map, annotations) in (0u8..).zip(maps) {
+            for (key, value) in annotations {
+                packed.push(map);
+                match KEPT_KEYS.iter().position(|kept| kept == key) {
+                    Some(index) => packed.push(index as u8 + 1),
+                    None => {
+                        packed.push(0);
+                        text(&mut packed, key);
+                    }
+                }
+                text(&mut packed, value);
+            }
+        }
         CachedInfo {
-            annotations: flat(&info.annotations),
-            crio_annotations: flat(&info.crio_annotations),
-            crio_labels: flat(&info.crio_labels),
+            annotations: packed.into_boxed_slice(),
             cpu: info.cpu,
             devices: info.devices.iter().cloned().collect(),
         }
     }
 
     fn info(&self) -> RuntimeInfo {
-        let map = |flat: &[(String, String)]| flat.iter().cloned().collect();
-        RuntimeInfo {
-            annotations: map(&self.annotations),
-            crio_annotations: map(&self.crio_annotations),
-            crio_labels: map(&self.crio_labels),
+        fn text<'a>(packed: &mut &'a [u8]) -> &'a str {
+            let (len, rest) = packed.split_at(4);
+            let len = u32::from_le_bytes(len.try_into().expect("four bytes")) as usize;
+            let (text, rest) = rest.split_at(len);
+            *packed = rest;
+            std::str::from_utf8(text).expect("packed from a str")
+        }
+        let mut info = RuntimeInfo {
             cpu: self.cpu,
             devices: self.devices.to_vec(),
-            ignored: Vec::new(),
+            ..RuntimeInfo::default()
+        };
+        let mut packed = &self.annotations[..];
+        while let [map, key, rest @ ..] = packed {
+            packed = rest;
+            let key = match key {
+                0 => text(&mut packed),
+                index => KEPT_KEYS[usize::from(*index) - 1],
+            };
+            let value = text(&mut packed).to_string();
+            let annotations = match map {
+                0 => &mut info.annotations,
+                1 => &mut info.crio_annotations,
+                _ => &mut info.crio_labels,
+            };
+            annotations.insert(key.to_string(), value);
         }
+        info
     }
 }
 
@@ -747,7 +780,9 @@ impl CachedInfo {
 #[derive(Debug)]
 pub struct RuntimeLookup {
     templates: Vec<ConfigTemplate>,
-    cache: HashMap<String, Option<CachedInfo>>,
+    /// Boxed: most of a table's slots are empty, and a `None` (an unusable config) needs no
+    /// more than its slot.
+    cache: HashMap<Box<str>, Option<Box<CachedInfo>>>,
     /// Where containers' devices are located; `None`: their NUMA nodes stay unknown.
     locator: Option<DeviceLocator>,
 }
@@ -775,7 +810,7 @@ impl RuntimeLookup {
     /// The runtime info of a container, from the first template whose file exists and parses.
     pub fn lookup(&mut self, container_id: &str) -> Option<RuntimeInfo> {
         if let Some(cached) = self.cache.get(container_id) {
-            return cached.as_ref().map(CachedInfo::info);
+            return cached.as_deref().map(CachedInfo::info);
         }
         let mut found_unusable = false;
         for template in &self.templates {
@@ -804,7 +839,7 @@ impl RuntimeLookup {
                     }
                     let info = info.trimmed();
                     self.cache
-                        .insert(container_id.to_string(), Some(CachedInfo::of(&info)));
+                        .insert(container_id.into(), Some(Box::new(CachedInfo::of(&info))));
                     return Some(info);
                 }
                 Ok(None) => {}
@@ -818,7 +853,7 @@ impl RuntimeLookup {
             }
         }
         if found_unusable {
-            self.cache.insert(container_id.to_string(), None);
+            self.cache.insert(container_id.into(), None);
         } else {
             log::debug!("no runtime config for container {container_id}");
         }
@@ -1152,6 +1187,37 @@ mod tests {
         assert_eq!(cached.pod_name(), Some("web-0"));
         assert_eq!(cached.pod_namespace(), Some("default"));
         assert_eq!(cached.annotation("cpusetd.io/exclusive.app"), Some("false"));
+    }
+
+    #[test]
+    fn the_packed_cache_gives_back_every_map_as_it_was() {
+        let map = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let info = RuntimeInfo {
+            annotations: map(&[
+                (keys::CRI_CONTAINER_NAME, "app"),
+                ("cpusetd.io/exclusive.app", "false"),
+                ("cpusetd.io/empty", ""),
+            ]),
+            crio_annotations: map(&[("irq-load-balancing.crio.io", "disable")]),
+            crio_labels: map(&[(keys::KUBE_POD_UID, "u1"), (keys::KUBE_POD_NAME, "ü-0")]),
+            cpu: OciCpu {
+                shares: Some(2048),
+                quota: Some(-1),
+                period: None,
+            },
+            devices: Vec::new(),
+            ignored: Vec::new(),
+        };
+        assert_eq!(CachedInfo::of(&info).info(), info);
+        assert_eq!(
+            CachedInfo::of(&RuntimeInfo::default()).info(),
+            RuntimeInfo::default()
+        );
     }
 
     #[test]

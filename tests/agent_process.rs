@@ -122,7 +122,7 @@ enum Machine {
     /// A sysfs fixture under testdata (`sysfs/<name>`), used in place.
     Fixture(String),
     /// A topology written as a fake sysfs into the node's directory.
-    Generated(Topology),
+    Generated(Box<Topology>),
 }
 
 /// How to make a [`TestNode`]: cgroup v1, the [`MACHINE`] fixture and the fake kernel's rules
@@ -149,7 +149,7 @@ impl TestNodeBuilder {
 
     /// A generated topology, written as the node's sysfs.
     pub fn topology(mut self, topology: Topology) -> Self {
-        self.machine = Machine::Generated(topology);
+        self.machine = Machine::Generated(Box::new(topology));
         self
     }
 

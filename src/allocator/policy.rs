@@ -140,8 +140,8 @@ pub enum StateError {
          \"{shared_pool}\""
     )]
     AssignmentOverlapsSharedPool {
-        pod: String,
-        container: String,
+        pod: Box<str>,
+        container: Box<str>,
         cpus: CpuSet,
         shared_pool: CpuSet,
     },
@@ -575,8 +575,8 @@ impl StaticPolicy {
             for (container, cpus) in containers {
                 if !cpus.is_disjoint(shared_pool) {
                     return Err(StateError::AssignmentOverlapsSharedPool {
-                        pod: pod.clone(),
-                        container: container.clone(),
+                        pod: pod.as_str().into(),
+                        container: container.as_str().into(),
                         cpus: cpus.clone(),
                         shared_pool: shared_pool.clone(),
                     });

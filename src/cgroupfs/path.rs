@@ -7,8 +7,10 @@
 //! not UTF-8 or holds a newline, and the agent still has to see (and narrow) it. `Display`
 //! escapes such bytes so that a log line stays one line.
 
+use std::cmp::Ordering;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -43,11 +45,42 @@ pub enum PathError {
 ///
 /// Invariant: every component is a valid directory name (see the module docs), so joining the
 /// path to a root can never name anything outside that root, whatever the names contain.
-#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+///
+/// Equality, ordering and hashing look at the path's bytes only.
+#[derive(Clone, Default)]
 pub struct CgroupPath {
-    // Components joined with '/', no leading or trailing '/'. Shared: the agent's model, its
-    // scans and plans hold the same paths many times over, and a clone is a count.
-    bytes: Arc<[u8]>,
+    // Components joined with '/', no leading or trailing '/': `whole[start..]`. Shared: the
+    // agent's model, its scans and plans hold the same paths many times over, and a clone is
+    // a count; a path below a prefix ([`CgroupPath::strip_prefix`], each cgroup's path
+    // relative to the kubepods root) shares the whole one's bytes.
+    whole: Arc<[u8]>,
+    start: u32,
+}
+
+impl PartialEq for CgroupPath {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes() == other.bytes()
+    }
+}
+
+impl Eq for CgroupPath {}
+
+impl Hash for CgroupPath {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.bytes().hash(state);
+    }
+}
+
+impl PartialOrd for CgroupPath {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for CgroupPath {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.bytes().cmp(other.bytes())
+    }
 }
 
 impl CgroupPath {
@@ -80,30 +113,39 @@ impl CgroupPath {
         for component in bytes.split(|&b| b == b'/') {
             check_component(component).map_err(|fault| fault.into_error(shown(), component))?;
         }
-        Ok(CgroupPath {
-            bytes: bytes.into(),
-        })
+        Ok(CgroupPath::owning(bytes))
+    }
+
+    /// A path of its own bytes (checked by the caller).
+    fn owning(bytes: &[u8]) -> CgroupPath {
+        CgroupPath {
+            whole: bytes.into(),
+            start: 0,
+        }
+    }
+
+    /// The path's bytes.
+    fn bytes(&self) -> &[u8] {
+        &self.whole[self.start as usize..]
     }
 
     /// This path with one more directory name appended.
     pub fn join(&self, name: &OsStr) -> Result<Self, PathError> {
         let name = name.as_bytes();
         check_component(name).map_err(|fault| {
-            let mut whole = self.bytes.to_vec();
+            let mut whole = self.bytes().to_vec();
             if !whole.is_empty() {
                 whole.push(b'/');
             }
             whole.extend_from_slice(name);
             fault.into_error(String::from_utf8_lossy(&whole).into_owned(), name)
         })?;
-        let mut bytes = self.bytes.to_vec();
+        let mut bytes = self.bytes().to_vec();
         if !bytes.is_empty() {
             bytes.push(b'/');
         }
         bytes.extend_from_slice(name);
-        Ok(CgroupPath {
-            bytes: bytes.into(),
-        })
+        Ok(CgroupPath::owning(&bytes))
     }
 
     /// All of `other`'s components after this path's.
@@ -114,12 +156,10 @@ impl CgroupPath {
         if other.is_root() {
             return self.clone();
         }
-        let mut bytes = self.bytes.to_vec();
+        let mut bytes = self.bytes().to_vec();
         bytes.push(b'/');
-        bytes.extend_from_slice(&other.bytes);
-        CgroupPath {
-            bytes: bytes.into(),
-        }
+        bytes.extend_from_slice(other.bytes());
+        CgroupPath::owning(&bytes)
     }
 
     /// The rest of this path below `prefix`, or `None` when `prefix` is not an ancestor (or the
@@ -128,21 +168,29 @@ impl CgroupPath {
         if prefix.is_root() {
             return Some(self.clone());
         }
-        if self.bytes == prefix.bytes {
+        if self.bytes() == prefix.bytes() {
             return Some(CgroupPath::root());
         }
-        let rest = self.bytes.strip_prefix(&*prefix.bytes)?;
-        let rest = rest.strip_prefix(b"/")?;
-        Some(CgroupPath { bytes: rest.into() })
+        let rest = self.bytes().strip_prefix(prefix.bytes())?;
+        if rest.first() != Some(&b'/') {
+            return None;
+        }
+        // `rest` ends where the whole path does: the result shares its bytes. (Paths are far
+        // below 4 GiB: the kernel's PATH_MAX is 4 KiB, a scan's depth 32 names.)
+        let start = self.start + u32::try_from(prefix.bytes().len() + 1).ok()?;
+        Some(CgroupPath {
+            whole: self.whole.clone(),
+            start,
+        })
     }
 
     /// The path's bytes (`a/b/c`, empty for the root), for system calls.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes
+        self.bytes()
     }
 
     pub fn is_root(&self) -> bool {
-        self.bytes.is_empty()
+        self.bytes().is_empty()
     }
 
     /// Number of components; 0 for the root.
@@ -152,7 +200,7 @@ impl CgroupPath {
 
     /// The directory names from the top down.
     pub fn components(&self) -> impl DoubleEndedIterator<Item = &OsStr> + '_ {
-        self.bytes
+        self.bytes()
             .split(|&b| b == b'/')
             .filter(|c| !c.is_empty())
             .map(OsStr::from_bytes)
@@ -165,9 +213,7 @@ impl CgroupPath {
 
     /// The enclosing cgroup; `None` for the root.
     pub fn parent(&self) -> Option<CgroupPath> {
-        self.parent_bytes().map(|bytes| CgroupPath {
-            bytes: bytes.into(),
-        })
+        self.parent_bytes().map(CgroupPath::owning)
     }
 
     /// The enclosing cgroup's path bytes (what [`Self::as_bytes`] of [`Self::parent`] is),
@@ -176,20 +222,21 @@ impl CgroupPath {
         if self.is_root() {
             return None;
         }
-        Some(match self.bytes.iter().rposition(|&b| b == b'/') {
-            Some(slash) => &self.bytes[..slash],
+        let bytes = self.bytes();
+        Some(match bytes.iter().rposition(|&b| b == b'/') {
+            Some(slash) => &bytes[..slash],
             None => &[],
         })
     }
 
     /// The path as a relative `Path` (empty for the root).
     pub fn as_path(&self) -> &Path {
-        Path::new(OsStr::from_bytes(&self.bytes))
+        Path::new(OsStr::from_bytes(self.bytes()))
     }
 
     /// The path as text, when it is UTF-8.
     pub fn to_str(&self) -> Option<&str> {
-        std::str::from_utf8(&self.bytes).ok()
+        std::str::from_utf8(self.bytes()).ok()
     }
 
     /// `root` joined with this path, for messages and for tools (inotify) that take host paths.
@@ -251,7 +298,7 @@ impl fmt::Display for CgroupPath {
         if self.is_root() {
             return f.write_str(".");
         }
-        for chunk in self.bytes.utf8_chunks() {
+        for chunk in self.bytes().utf8_chunks() {
             for c in chunk.valid().chars() {
                 if c.is_control() || c == '\\' {
                     write!(f, "{}", c.escape_default())?;
@@ -282,14 +329,14 @@ impl std::str::FromStr for CgroupPath {
 
 impl From<CgroupPath> for OsString {
     fn from(path: CgroupPath) -> OsString {
-        OsString::from_vec(path.bytes.to_vec())
+        OsString::from_vec(path.bytes().to_vec())
     }
 }
 
 impl serde::Serialize for CgroupPath {
     /// UTF-8 paths as they are; others lossily (for display in `status --json` only).
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&String::from_utf8_lossy(&self.bytes))
+        s.serialize_str(&String::from_utf8_lossy(self.bytes()))
     }
 }
 
@@ -367,6 +414,32 @@ mod tests {
         // A sibling sharing a textual prefix is not a descendant.
         let sibling = CgroupPath::new("kubepods.slice2/x").unwrap();
         assert_eq!(sibling.strip_prefix(&kubepods), None);
+    }
+
+    #[test]
+    fn a_stripped_path_shares_its_bytes_and_is_any_other_path_of_them() {
+        use std::collections::hash_map::RandomState;
+        use std::hash::BuildHasher;
+        let kubepods = CgroupPath::new("kubepods").unwrap();
+        let full = CgroupPath::new("kubepods/burstable/pod1/c1").unwrap();
+        let rest = full.strip_prefix(&kubepods).unwrap();
+        assert!(Arc::ptr_eq(&rest.whole, &full.whole));
+        let fresh = CgroupPath::new("burstable/pod1/c1").unwrap();
+        assert_eq!(rest, fresh);
+        let hasher = RandomState::new();
+        assert_eq!(hasher.hash_one(&rest), hasher.hash_one(&fresh));
+        assert_eq!(rest.cmp(&fresh), Ordering::Equal);
+        assert!(rest < CgroupPath::new("burstable/pod2").unwrap());
+        assert_eq!(rest.parent().unwrap().to_str(), Some("burstable/pod1"));
+        assert_eq!(rest.name(), Some(OsStr::new("c1")));
+        let deeper = rest
+            .strip_prefix(&CgroupPath::new("burstable").unwrap())
+            .unwrap();
+        assert_eq!(deeper.to_str(), Some("pod1/c1"));
+        assert_eq!(
+            deeper.join(OsStr::new("x")).unwrap().to_str(),
+            Some("pod1/c1/x")
+        );
     }
 
     #[test]

@@ -216,7 +216,7 @@ impl Document {
             shared_pool: list("shared_pool", &self.shared_pool)?,
             assignments,
             quota_lifted: self.quota_lifted,
-            irq: self.irq,
+            irq: Box::new(self.irq),
             sched: Box::new(self.sched),
             last_reconcile_unix_ms: self.last_reconcile_unix_ms,
         })

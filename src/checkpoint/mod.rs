@@ -127,8 +127,8 @@ pub struct Checkpoint {
     pub shared_pool: CpuSet,
     pub assignments: Assignments,
     pub quota_lifted: Vec<QuotaLift>,
-    /// Interrupt affinities the agent changed, to restore.
-    pub irq: IrqSaved,
+    /// Interrupt affinities the agent changed, to restore. Boxed as `sched` is.
+    pub irq: Box<IrqSaved>,
     /// Scheduler load balancing the agent turned off (and host cpusets it confined), to restore.
     /// Boxed: most checkpoints have none, and [`LoadOutcome`] stays small.
     pub sched: Box<SchedSaved>,
@@ -214,7 +214,7 @@ impl From<&Checkpoint> for Document {
                 })
                 .collect(),
             quota_lifted: c.quota_lifted.clone(),
-            irq: c.irq.clone(),
+            irq: (*c.irq).clone(),
             sched: (*c.sched).clone(),
             last_reconcile_unix_ms: c.last_reconcile_unix_ms,
             checksum: None,

@@ -189,7 +189,7 @@ fn restore_irqs(args: &AgentArgs) -> bool {
     if cp.irq.is_empty() {
         return false;
     }
-    let mut irqs = IrqAffinity::new(&args.tree.proc_root, cp.irq.clone());
+    let mut irqs = IrqAffinity::new(&args.tree.proc_root, (*cp.irq).clone());
     let outcome = irqs.apply(&CpuSet::new());
     println!(
         "interrupt affinities restored: {} file(s) written",

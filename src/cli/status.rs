@@ -237,7 +237,7 @@ pub fn collect(
     Ok(StatusView {
         topology: node.topology.clone(),
         reserved: cp.reserved.clone(),
-        irq: cp.irq.clone(),
+        irq: (*cp.irq).clone(),
         doc: StatusDoc {
             policy: cp.policy.to_string(),
             reserved: cp.reserved.to_string(),
