@@ -73,6 +73,9 @@ fn report(what: &str, samples: &mut [Duration], missed: usize, agent: &Agent) {
     // A fight (another writer faster than 10 changes a second) is answered with backoff,
     // which this figure does not measure: it should stay 0.
     let fights = agent.metric("cpusetd_drift_fights_total").unwrap_or(0.0);
+    for line in agent.log_lines("changed by someone else") {
+        println!("  {line}");
+    }
     println!(
         "{what:<44} {:>6} {:>10.0} {:>10.0} {:>8} {:>8}   ({fights} fights)",
         samples.len(),

@@ -153,6 +153,12 @@ impl Agent {
         self.process.pid()
     }
 
+    /// The agent's log lines that contain `needle`.
+    #[allow(dead_code)] // drift's
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+        self.process.log_lines(needle)
+    }
+
     /// One sample of the metrics file: the value of `name` (with its labels, if any).
     pub fn metric(&self, name: &str) -> Option<f64> {
         let text = fs::read_to_string(&self.metrics).ok()?;
