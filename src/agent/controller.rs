@@ -575,9 +575,11 @@ impl Controller {
         if let Some(outcome) = self.repair_drift() {
             return outcome;
         }
-        // New pods' pins first, also when the shared pool's rewrites are due now.
+        // New pods' pins first, also when the shared pool's rewrites are due now (owed by
+        // incremental passes, or held back by a full pass during a burst).
         if let Some(outcome) = self.incremental_pass(now) {
-            if !self.deadlines.full_pass.is_due(now) {
+            let due = &self.deadlines;
+            if !due.full_pass.is_due(now) && !due.held_back.is_due(now) {
                 return outcome;
             }
             return outcome.then(self.full_pass(now));

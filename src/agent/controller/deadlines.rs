@@ -45,15 +45,6 @@ impl Owed {
     pub(super) fn is_due(&self, now: Instant) -> bool {
         self.due.is_some_and(|t| t <= now)
     }
-
-    /// Whether it is due; its due time is taken (it stays owed until [`Self::paid`]).
-    pub(super) fn take_due(&mut self, now: Instant) -> bool {
-        let due = self.is_due(now);
-        if due {
-            self.due = None;
-        }
-        due
-    }
 }
 
 /// Cgroups whose narrowing waits for runtimes to set up their new children: planned again after
@@ -138,13 +129,10 @@ impl Controller {
     pub fn on_deadlines(&mut self, now: Instant) -> bool {
         self.deadlines.settings = None;
         let mut changed = false;
-        if self.deadlines.held_back.take_due(now) {
-            // Held-back writes are due.
-            changed = true;
-        }
-        if self.deadlines.full_pass.is_due(now) {
-            // The shared pool's members, after incremental passes: a full pass (after the
-            // pins of pods that arrived meanwhile, see `pass`).
+        if self.deadlines.held_back.is_due(now) || self.deadlines.full_pass.is_due(now) {
+            // Held-back writes, or the shared pool's members after incremental passes: a
+            // full pass (after the pins of pods that arrived meanwhile, see `pass`), which
+            // pays them or owes them again.
             changed = true;
         }
         if let Some(roots) = self.deadlines.settling.take_due(now) {

@@ -272,6 +272,76 @@ fn while_cgroups_arrive_pins_go_first_and_the_shared_rewrites_follow() {
     assert!(controller.next_deadline().is_none());
 }
 
+/// Found by CI (agent_event_to_pin_latency_on_a_fake_tree): writes a full pass held back
+/// during a burst were due when a new pod arrived, the pass was that pod's incremental one,
+/// and the held-back writes were never made (no deadline was left for them).
+#[test]
+fn held_back_writes_are_made_when_a_new_pod_arrives_as_they_fall_due() {
+    let (_dir, node, container, mut controller) = converged();
+    let web_pod = PodSpec {
+        uid: new_pod_uid(),
+        name: "web".into(),
+        qos: Qos::BestEffort,
+        containers: vec![ContainerSpec::best_effort("web")],
+    };
+    let web = node.start_pod(&web_pod).unwrap().remove(0);
+    let created = |p: &PodSpec| TreeEvent::Created {
+        cgroup: CgroupPath::new(&node.pod_dir(p)).unwrap(),
+    };
+    controller
+        .apply_event(created(&web_pod), Instant::now())
+        .unwrap();
+    controller.pass(Instant::now());
+    controller.watch_arrivals(Arc::new(AtomicU64::new(0)));
+    // A burst: a Guaranteed pod and a cgroup outside any pod (so the pass is a full one, not
+    // the pod's chain): the pin is made, the shared pool's rewrites held back.
+    let db = PodSpec {
+        uid: new_pod_uid(),
+        name: "db2".into(),
+        qos: Qos::Guaranteed,
+        containers: vec![ContainerSpec::guaranteed("db", 2000)],
+    };
+    let db_id = node.start_pod(&db).unwrap().remove(0);
+    let stray = node.file("kubepods/stray", "cpuset.cpus");
+    fs::create_dir(stray.parent().unwrap()).unwrap();
+    fs::write(&stray, "0-7\n").unwrap();
+    fs::write(node.file("kubepods/stray", "cpuset.mems"), "0\n").unwrap();
+    let now = Instant::now();
+    let stray = CgroupPath::new("kubepods/stray").unwrap();
+    controller.apply_event(created(&db), now).unwrap();
+    controller
+        .apply_event(TreeEvent::Created { cgroup: stray }, now)
+        .unwrap();
+    let before = node.container_cpus(&web_pod, &web).unwrap();
+    controller.pass(now);
+    assert_eq!(node.container_cpus(&web_pod, &web).unwrap(), before);
+    // As they fall due, another pod arrives: its pass is incremental.
+    let due = controller
+        .next_deadline()
+        .expect("the held-back writes are due later");
+    let late = PodSpec {
+        uid: new_pod_uid(),
+        name: "late".into(),
+        qos: Qos::BestEffort,
+        containers: vec![ContainerSpec::best_effort("late")],
+    };
+    node.start_pod(&late).unwrap();
+    controller.apply_event(created(&late), due).unwrap();
+    // Whatever is still held back keeps a deadline, until it is all written.
+    let mut at = due;
+    while controller.on_deadlines(at) {
+        controller.pass(at);
+        at = controller.next_deadline().unwrap_or(at + COALESCE_LIMIT);
+    }
+    let exclusive = CpuSet::parse(&node.container_cpus(&db, &db_id).unwrap()).unwrap();
+    let shared = CpuSet::parse(&node.container_cpus(&web_pod, &web).unwrap()).unwrap();
+    assert!(
+        shared.is_disjoint(&exclusive),
+        "{shared} overlaps {exclusive}"
+    );
+    assert!(shared.is_disjoint(&CpuSet::parse(&cpus(&node, &container)).unwrap()));
+}
+
 #[test]
 fn a_reconcile_that_changes_nothing_runs_no_pass() {
     let (_dir, node, container, mut controller) = converged();
