@@ -7,12 +7,16 @@
 //! `cargo bench --bench drift`; `SAMPLES` (default 1000, on tmpfs) and `KERNEL_SAMPLES`
 //! (default 100, on the real hierarchy) change the run. No cgroup gets more than one foreign
 //! write per 500 ms: faster is a fight with another writer, which the agent answers with
-//! backed-off repairs (issue 17).
+//! backed-off repairs (issue 17). `WRITE=whole` makes the foreign write one `write` without
+//! truncating first (what a write to real cgroupfs is: kernfs replaces the value at once),
+//! instead of `fs::write` (a truncation, then the write: on tmpfs the agent may read between
+//! the two and repair twice).
 
 mod common;
 
 use std::fs;
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -46,6 +50,17 @@ fn pinned(node: &FakeNode, count: usize) -> Vec<(PathBuf, String)> {
 /// truncation and its content raise an `IN_MODIFY` each).
 const SAME_CGROUP_GAP: Duration = Duration::from_millis(500);
 
+/// Writes `value` into `file` as the foreign writer does (see `WRITE` above).
+fn foreign_write(file: &Path, value: &str) {
+    if std::env::var("WRITE").is_ok_and(|w| w == "whole") {
+        // Longer than any value it replaces here (one exclusive cpu), so nothing is left over.
+        let mut f = fs::OpenOptions::new().write(true).open(file).unwrap();
+        f.write_all(format!("{value}\n").as_bytes()).unwrap();
+    } else {
+        fs::write(file, value).unwrap();
+    }
+}
+
 fn sample(containers: &[(PathBuf, String)], foreign: &str, n: usize) -> (Vec<Duration>, usize) {
     let mut waiter = FileWaiter::default();
     let mut samples = Vec::with_capacity(n);
@@ -57,7 +72,7 @@ fn sample(containers: &[(PathBuf, String)], foreign: &str, n: usize) -> (Vec<Dur
             std::thread::sleep((at + SAME_CGROUP_GAP).saturating_duration_since(Instant::now()));
         }
         last[i % containers.len()] = Some(Instant::now());
-        fs::write(file, foreign).unwrap();
+        foreign_write(file, foreign);
         let written = Instant::now();
         match waiter.wait(file, LIMIT, |t| t == pinned) {
             Some(repaired) => samples.push(repaired - written),
