@@ -17,12 +17,11 @@ fn converged() -> (tempfile::TempDir, FakeNode, CgroupPath, Controller) {
         &dir.path().join("runtime"),
     )
     .unwrap();
-    let pod = PodSpec {
-        uid: new_pod_uid(),
-        name: "db".into(),
-        qos: Qos::Guaranteed,
-        containers: vec![ContainerSpec::guaranteed("app", 1000)],
-    };
+    let pod = pod(
+        "db",
+        Qos::Guaranteed,
+        ContainerSpec::guaranteed("app", 1000),
+    );
     let ids = node.start_pod(&pod).unwrap();
     let container = CgroupPath::new(&format!("kubepods/pod{}/{}", pod.uid, ids[0])).unwrap();
 
@@ -45,6 +44,16 @@ fn converged() -> (tempfile::TempDir, FakeNode, CgroupPath, Controller) {
     controller.full_scan().unwrap();
     controller.pass(Instant::now());
     (dir, node, container, controller)
+}
+
+/// A pod of one container.
+fn pod(name: &str, qos: Qos, container: ContainerSpec) -> PodSpec {
+    PodSpec {
+        uid: new_pod_uid(),
+        name: name.into(),
+        qos,
+        containers: vec![container],
+    }
 }
 
 fn cpus(node: &FakeNode, cgroup: &CgroupPath) -> String {
@@ -181,12 +190,11 @@ fn a_pinned_cpuset_emptied_by_someone_else_is_drift_repaired() {
 #[test]
 fn a_scan_that_read_before_a_write_does_not_undo_it() {
     let (_dir, node, _container, mut controller) = converged();
-    let db = PodSpec {
-        uid: new_pod_uid(),
-        name: "db2".into(),
-        qos: Qos::Guaranteed,
-        containers: vec![ContainerSpec::guaranteed("db", 2000)],
-    };
+    let db = pod(
+        "db2",
+        Qos::Guaranteed,
+        ContainerSpec::guaranteed("db", 2000),
+    );
     let id = node.start_pod(&db).unwrap().remove(0);
     let pod_dir = CgroupPath::new(&node.pod_dir(&db)).unwrap();
     // The pass starts; a reconcile scan starts after it and reads the container before the
@@ -213,12 +221,11 @@ fn a_scan_that_read_before_a_write_does_not_undo_it() {
 #[test]
 fn while_cgroups_arrive_pins_go_first_and_the_shared_rewrites_follow() {
     let (_dir, node, container, mut controller) = converged();
-    let shared_pod = PodSpec {
-        uid: new_pod_uid(),
-        name: "web".into(),
-        qos: Qos::Burstable,
-        containers: vec![ContainerSpec::burstable("web", 250, Some(1000))],
-    };
+    let shared_pod = pod(
+        "web",
+        Qos::Burstable,
+        ContainerSpec::burstable("web", 250, Some(1000)),
+    );
     let web = node.start_pod(&shared_pod).unwrap().remove(0);
     let pod_dir = |p: &PodSpec| CgroupPath::new(&node.pod_dir(p)).unwrap();
     let created = TreeEvent::Created {
@@ -238,12 +245,11 @@ fn while_cgroups_arrive_pins_go_first_and_the_shared_rewrites_follow() {
     // another cgroup did: its pin is written, the shared pool's rewrite held back.
     let arrivals = Arc::new(AtomicU64::new(0));
     controller.watch_arrivals(Arc::clone(&arrivals));
-    let db = PodSpec {
-        uid: new_pod_uid(),
-        name: "db2".into(),
-        qos: Qos::Guaranteed,
-        containers: vec![ContainerSpec::guaranteed("db", 2000)],
-    };
+    let db = pod(
+        "db2",
+        Qos::Guaranteed,
+        ContainerSpec::guaranteed("db", 2000),
+    );
     let db_id = node.start_pod(&db).unwrap().remove(0);
     let now = Instant::now();
     let created = TreeEvent::Created {
@@ -278,12 +284,7 @@ fn while_cgroups_arrive_pins_go_first_and_the_shared_rewrites_follow() {
 #[test]
 fn held_back_writes_are_made_when_a_new_pod_arrives_as_they_fall_due() {
     let (_dir, node, container, mut controller) = converged();
-    let web_pod = PodSpec {
-        uid: new_pod_uid(),
-        name: "web".into(),
-        qos: Qos::BestEffort,
-        containers: vec![ContainerSpec::best_effort("web")],
-    };
+    let web_pod = pod("web", Qos::BestEffort, ContainerSpec::best_effort("web"));
     let web = node.start_pod(&web_pod).unwrap().remove(0);
     let created = |p: &PodSpec| TreeEvent::Created {
         cgroup: CgroupPath::new(&node.pod_dir(p)).unwrap(),
@@ -295,12 +296,11 @@ fn held_back_writes_are_made_when_a_new_pod_arrives_as_they_fall_due() {
     controller.watch_arrivals(Arc::new(AtomicU64::new(0)));
     // A burst: a Guaranteed pod and a cgroup outside any pod (so the pass is a full one, not
     // the pod's chain): the pin is made, the shared pool's rewrites held back.
-    let db = PodSpec {
-        uid: new_pod_uid(),
-        name: "db2".into(),
-        qos: Qos::Guaranteed,
-        containers: vec![ContainerSpec::guaranteed("db", 2000)],
-    };
+    let db = pod(
+        "db2",
+        Qos::Guaranteed,
+        ContainerSpec::guaranteed("db", 2000),
+    );
     let db_id = node.start_pod(&db).unwrap().remove(0);
     let stray = node.file("kubepods/stray", "cpuset.cpus");
     fs::create_dir(stray.parent().unwrap()).unwrap();
@@ -319,12 +319,7 @@ fn held_back_writes_are_made_when_a_new_pod_arrives_as_they_fall_due() {
     let due = controller
         .next_deadline()
         .expect("the held-back writes are due later");
-    let late = PodSpec {
-        uid: new_pod_uid(),
-        name: "late".into(),
-        qos: Qos::BestEffort,
-        containers: vec![ContainerSpec::best_effort("late")],
-    };
+    let late = pod("late", Qos::BestEffort, ContainerSpec::best_effort("late"));
     node.start_pod(&late).unwrap();
     controller.apply_event(created(&late), due).unwrap();
     // Whatever is still held back keeps a deadline, until it is all written.
