@@ -108,6 +108,18 @@ pub struct PodSpec {
     pub containers: Vec<ContainerSpec>,
 }
 
+impl PodSpec {
+    /// A pod of one container, with a new UID.
+    pub fn one(name: &str, qos: Qos, container: ContainerSpec) -> PodSpec {
+        PodSpec {
+            uid: new_pod_uid(),
+            name: name.into(),
+            qos,
+            containers: vec![container],
+        }
+    }
+}
+
 /// A fake node: a cgroup tree (v1 with `cpuset/` and `cpu,cpuacct/` side by side, or v2) with a
 /// `kubepods` cgroup, plus the runtime's config directory.
 #[derive(Debug)]
@@ -703,15 +715,6 @@ mod tests {
         (dir, node)
     }
 
-    fn pod(name: &str, qos: Qos, container: ContainerSpec) -> PodSpec {
-        PodSpec {
-            uid: new_pod_uid(),
-            name: name.into(),
-            qos,
-            containers: vec![container],
-        }
-    }
-
     #[test]
     fn kubelets_conversions() {
         assert_eq!(shares(Some(1000)), 1024);
@@ -725,7 +728,7 @@ mod tests {
     #[test]
     fn a_guaranteed_pod_on_v1_looks_like_kubelets() {
         let (dir, node) = node(CgroupVersion::V1);
-        let pod = pod(
+        let pod = PodSpec::one(
             "db",
             Qos::Guaranteed,
             ContainerSpec::guaranteed("app", 2000),
@@ -770,7 +773,7 @@ mod tests {
     #[test]
     fn a_burstable_pod_on_v2_gets_weight_and_max() {
         let (_dir, node) = node(CgroupVersion::V2);
-        let pod = pod(
+        let pod = PodSpec::one(
             "api",
             Qos::Burstable,
             ContainerSpec::burstable("api", 1000, Some(2000)),

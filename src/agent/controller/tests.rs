@@ -3,7 +3,7 @@ use std::path::Path;
 
 use super::*;
 use crate::cgroupfs::{CgroupVersion, InterfaceFile};
-use crate::kubesim::{new_pod_uid, ContainerSpec, FakeNode, PodSpec, Qos};
+use crate::kubesim::{ContainerSpec, FakeNode, PodSpec, Qos};
 
 /// A fake v1 node with the 8 cpus of `1s-4c-ht`, one Guaranteed 1-cpu pod, and a
 /// controller (cpu 0 reserved) that has run its first pass.
@@ -17,7 +17,7 @@ fn converged() -> (tempfile::TempDir, FakeNode, CgroupPath, Controller) {
         &dir.path().join("runtime"),
     )
     .unwrap();
-    let pod = pod(
+    let pod = PodSpec::one(
         "db",
         Qos::Guaranteed,
         ContainerSpec::guaranteed("app", 1000),
@@ -44,16 +44,6 @@ fn converged() -> (tempfile::TempDir, FakeNode, CgroupPath, Controller) {
     controller.full_scan().unwrap();
     controller.pass(Instant::now());
     (dir, node, container, controller)
-}
-
-/// A pod of one container.
-fn pod(name: &str, qos: Qos, container: ContainerSpec) -> PodSpec {
-    PodSpec {
-        uid: new_pod_uid(),
-        name: name.into(),
-        qos,
-        containers: vec![container],
-    }
 }
 
 fn cpus(node: &FakeNode, cgroup: &CgroupPath) -> String {
@@ -190,7 +180,7 @@ fn a_pinned_cpuset_emptied_by_someone_else_is_drift_repaired() {
 #[test]
 fn a_scan_that_read_before_a_write_does_not_undo_it() {
     let (_dir, node, _container, mut controller) = converged();
-    let db = pod(
+    let db = PodSpec::one(
         "db2",
         Qos::Guaranteed,
         ContainerSpec::guaranteed("db", 2000),
@@ -221,7 +211,7 @@ fn a_scan_that_read_before_a_write_does_not_undo_it() {
 #[test]
 fn while_cgroups_arrive_pins_go_first_and_the_shared_rewrites_follow() {
     let (_dir, node, container, mut controller) = converged();
-    let shared_pod = pod(
+    let shared_pod = PodSpec::one(
         "web",
         Qos::Burstable,
         ContainerSpec::burstable("web", 250, Some(1000)),
@@ -245,7 +235,7 @@ fn while_cgroups_arrive_pins_go_first_and_the_shared_rewrites_follow() {
     // another cgroup did: its pin is written, the shared pool's rewrite held back.
     let arrivals = Arc::new(AtomicU64::new(0));
     controller.watch_arrivals(Arc::clone(&arrivals));
-    let db = pod(
+    let db = PodSpec::one(
         "db2",
         Qos::Guaranteed,
         ContainerSpec::guaranteed("db", 2000),
@@ -284,7 +274,7 @@ fn while_cgroups_arrive_pins_go_first_and_the_shared_rewrites_follow() {
 #[test]
 fn held_back_writes_are_made_when_a_new_pod_arrives_as_they_fall_due() {
     let (_dir, node, container, mut controller) = converged();
-    let web_pod = pod("web", Qos::BestEffort, ContainerSpec::best_effort("web"));
+    let web_pod = PodSpec::one("web", Qos::BestEffort, ContainerSpec::best_effort("web"));
     let web = node.start_pod(&web_pod).unwrap().remove(0);
     let created = |p: &PodSpec| TreeEvent::Created {
         cgroup: CgroupPath::new(&node.pod_dir(p)).unwrap(),
@@ -296,7 +286,7 @@ fn held_back_writes_are_made_when_a_new_pod_arrives_as_they_fall_due() {
     controller.watch_arrivals(Arc::new(AtomicU64::new(0)));
     // A burst: a Guaranteed pod and a cgroup outside any pod (so the pass is a full one, not
     // the pod's chain): the pin is made, the shared pool's rewrites held back.
-    let db = pod(
+    let db = PodSpec::one(
         "db2",
         Qos::Guaranteed,
         ContainerSpec::guaranteed("db", 2000),
@@ -319,7 +309,7 @@ fn held_back_writes_are_made_when_a_new_pod_arrives_as_they_fall_due() {
     let due = controller
         .next_deadline()
         .expect("the held-back writes are due later");
-    let late = pod("late", Qos::BestEffort, ContainerSpec::best_effort("late"));
+    let late = PodSpec::one("late", Qos::BestEffort, ContainerSpec::best_effort("late"));
     node.start_pod(&late).unwrap();
     controller.apply_event(created(&late), due).unwrap();
     // Whatever is still held back keeps a deadline, until it is all written.
