@@ -67,7 +67,8 @@ pub struct Metrics {
     pub pinning_requests: u64,
     pub pinning_errors: u64,
     pub drift_repairs: u64,
-    /// Narrowings left undone because a child's write failed under them.
+    /// Narrowings left undone because a child's write failed under them, and empty children
+    /// whose write failed (their parents narrowed past them).
     pub narrowings_blocked: u64,
     /// Cgroups found fought over by another writer (each fight once).
     pub drift_fights: u64,
@@ -244,7 +245,7 @@ impl Metrics {
         metric(
             "cpusetd_narrowings_blocked_total",
             "counter",
-            "Narrowings of a cgroup left for the next reconcile because the write of a child below it failed.",
+            "Narrowings of a cgroup left for the next reconcile because the write of a child below it failed, and empty children the agent cannot write (their parent is narrowed past them).",
             &plain(self.narrowings_blocked),
         );
         metric(
