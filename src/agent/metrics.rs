@@ -117,6 +117,8 @@ pub struct Metrics {
     pub exclusive_cpus_missing: u64,
     /// The agent could not set up inotify (a per-user limit) and scans every period instead.
     pub without_inotify: bool,
+    /// The last full scan stopped at its limit: no new exclusive CPUs are given.
+    pub scan_incomplete: bool,
     // Log-once bookkeeping: failures already reported.
     reported_writes: HashSet<(CgroupPath, InterfaceFile, i32)>,
     reported_pins: HashSet<AssignmentKey>,
@@ -235,6 +237,12 @@ impl Metrics {
             "gauge",
             "1 when inotify could not be set up (fs.inotify limits): changes are seen by the periodic full scan only.",
             &plain(u64::from(self.without_inotify)),
+        );
+        metric(
+            "cpusetd_scan_incomplete",
+            "gauge",
+            "1 when the last full scan stopped at its limit (65,536 cgroups): no new exclusive cpus are given and the shared pool does not grow until a scan sees the whole tree.",
+            &plain(u64::from(self.scan_incomplete)),
         );
         metric(
             "cpusetd_drift_repairs_total",
