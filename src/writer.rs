@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 
 use crate::cgroupfs::{
-    CgroupError, CgroupFs, CgroupPath, FileKind, Hierarchy, InterfaceFile, Scan,
+    CgroupError, CgroupFs, CgroupPath, CgroupVersion, FileKind, Hierarchy, InterfaceFile, Scan,
 };
 use crate::cpuset::CpuSet;
 use crate::planner::{PlannedWrite, WritePlan, WriteStep};
@@ -356,9 +356,12 @@ pub fn apply_scheduled(
             }
             Err(e) => {
                 failed.insert((write.cgroup, write.file));
-                if is_uninitialised(scan, write.cgroup, write.file) {
-                    // Still empty: it holds no task and does not block its parent (see
-                    // `settled_children`), which is narrowed as planned.
+                if scan.version == CgroupVersion::V1
+                    && is_uninitialised(scan, write.cgroup, write.file)
+                {
+                    // Still empty (v1): it holds no task and does not block its parent (see
+                    // `settled_children`), which is narrowed as planned. (An empty v2 cpuset
+                    // inherits its parent's: a failure like any other.)
                     if let Some(parent) = parents.get(write.cgroup).copied().flatten() {
                         report.refused_empty.push((parent, write.clone()));
                     }
