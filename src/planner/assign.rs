@@ -825,6 +825,37 @@ mod tests {
         assert!(ev.is_empty());
     }
 
+    /// Issue 23, item 1: with new cpus withheld (a scan stopped at its limit) nothing is
+    /// allocated, but what the tree shows is still adopted and what is held still kept.
+    #[test]
+    fn withheld_new_cpus_allocate_nothing_and_still_adopt_and_keep() {
+        let (p, all) = policy("0");
+        let d = vec![
+            demand(named("a", "app"), Entitlement::Exclusive(2), Some("0-7")),
+            demand(named("b", "app"), Entitlement::Exclusive(2), Some("2,6")),
+        ];
+        let (a, ev) = assign_with(
+            &p,
+            &all,
+            &d,
+            &pods(&["a", "b"]),
+            &Assignments::new(),
+            NewCpus::Withheld,
+        );
+        assert!(a.get(&named("a", "app")).is_none());
+        assert_eq!(held(&a, &named("b", "app")), "2,6");
+        assert!(ev.iter().any(|e| matches!(
+            e,
+            AssignEvent::Failed {
+                error: AllocationError::ScanIncomplete,
+                ..
+            }
+        )));
+        let (again, ev) = assign_with(&p, &all, &d[1..], &pods(&["a", "b"]), &a, NewCpus::Withheld);
+        assert_eq!(again, a);
+        assert!(ev.is_empty(), "{ev:?}");
+    }
+
     #[test]
     fn the_live_tree_wins() {
         let (p, all) = policy("0");
