@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 
 use crate::cgroupfs::{
-    CgroupError, CgroupFs, CgroupPath, FileKind, Hierarchy, InterfaceFile, Scan,
+    CgroupError, CgroupFs, CgroupPath, CgroupVersion, FileKind, Hierarchy, InterfaceFile, Scan,
 };
 use crate::cpuset::CpuSet;
 use crate::planner::{PlannedWrite, WritePlan, WriteStep};
@@ -45,6 +45,11 @@ pub struct WriteReport {
     /// Narrowings of a cgroup (index in the scan) left undone because this failed write of a
     /// child's blocks them.
     pub blocked: Vec<(usize, PlannedWrite)>,
+    /// Writes refused to a cgroup the scan found empty (v1: a cpuset never set up, which no
+    /// task can join), with the index of its parent: an empty child does not keep its parent
+    /// from being narrowed (the kernel allows it), so the parent's narrowing went on; the
+    /// caller names the child and counts it.
+    pub refused_empty: Vec<(usize, PlannedWrite)>,
     /// The kernel's refusals behind `stale` (EBUSY), for the caller to count and report once;
     /// they are re-planned, not failures.
     pub refused_stale: Vec<(PlannedWrite, CgroupError)>,
@@ -281,7 +286,7 @@ pub fn apply_scheduled(
             }
             let children = children.get_or_insert_with(|| children_index(parents));
             let of_this = children.get(write.cgroup).map_or(&[][..], |c| &c[..]);
-            let settled = settled_children(scan, of_this, write.file);
+            let settled = settled_children(scan, of_this, initialised, write.file);
             let child = child_in_the_way(
                 fs,
                 &write.path,
@@ -299,6 +304,9 @@ pub fn apply_scheduled(
                     narrow_unseen_subtree(fs, &write.path, write.file, &write.value);
                     None
                 }
+                // No runtime sets up a cgroup down there: an empty one is not a start in
+                // progress, and the kernel narrows its parent past it.
+                Some(ChildState::Uninitialised) if beyond_scan_depth(scan, &write.path) => None,
                 other => other,
             };
             if let Some(child) = child {
@@ -348,7 +356,16 @@ pub fn apply_scheduled(
             }
             Err(e) => {
                 failed.insert((write.cgroup, write.file));
-                if write.step == WriteStep::Narrow {
+                if scan.version == CgroupVersion::V1
+                    && is_uninitialised(scan, write.cgroup, write.file)
+                {
+                    // Still empty (v1): it holds no task and does not block its parent (see
+                    // `settled_children`), which is narrowed as planned. (An empty v2 cpuset
+                    // inherits its parent's: a failure like any other.)
+                    if let Some(parent) = parents.get(write.cgroup).copied().flatten() {
+                        report.refused_empty.push((parent, write.clone()));
+                    }
+                } else if write.step == WriteStep::Narrow {
                     // Its parents cannot be narrowed over it (the kernel would refuse them with
                     // EBUSY, and a re-plan would change nothing): they wait for the next
                     // reconcile, and the report says which child blocks them.
@@ -383,24 +400,29 @@ fn is_uninitialised(scan: &Scan, cgroup: usize, file: InterfaceFile) -> bool {
 }
 
 /// Names of the scanned `children` whose `file` the scan found set (the plan narrowed them
-/// first, if needed) or missing (not cpuset cgroups). The others, uninitialised when scanned,
-/// may have had the parent's wide set copied into them since, and are read again.
+/// first, if needed), missing (not cpuset cgroups), or empty past their runtime's set-up
+/// (`initialised`: the plan set them up first, and one it could not write is still empty,
+/// which the kernel narrows a parent past). The others, uninitialised when scanned, may have
+/// had the parent's wide set copied into them since, and are read again.
 fn settled_children<'a>(
     scan: &'a Scan,
     children: &[usize],
+    initialised: &[bool],
     file: InterfaceFile,
 ) -> HashSet<&'a OsStr> {
     children
         .iter()
-        .filter_map(|&i| scan.cgroups.get(i))
-        .filter(|c| {
+        .filter_map(|&i| Some((i, scan.cgroups.get(i)?)))
+        .filter(|(i, c)| {
             let value = match file {
                 InterfaceFile::CpusetMems => &c.mems,
                 _ => &c.cpus,
             };
-            value.configured().is_some() || value.is_missing()
+            value.configured().is_some()
+                || value.is_missing()
+                || initialised.get(*i).copied().unwrap_or(false)
         })
-        .filter_map(|c| c.path.name())
+        .filter_map(|(_, c)| c.path.name())
         .collect()
 }
 

@@ -1039,6 +1039,101 @@ fn agent_widens_a_containers_own_cgroup_back_with_it() {
     assert!(agent.stop().success());
 }
 
+/// Issue 23, item 2: a container's own child cgroup, left empty (v1 without
+/// `cgroup.clone_children`) and owned by another user, which the agent (run as the shipped
+/// unit runs it: root without capabilities) cannot write. The kernel narrows a parent past an
+/// empty child: the container is narrowed, and the child is named once, with the errno, and
+/// counted in `cpusetd_narrowings_blocked_total`.
+#[test]
+fn agent_narrows_a_container_past_an_empty_child_it_cannot_write() {
+    if !nix::unistd::Uid::effective().is_root() {
+        println!("skipped: chown needs root");
+        return;
+    }
+    if std::process::Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        println!("skipped: setpriv (util-linux) is missing");
+        return;
+    }
+    let node = TestNode::new(CgroupVersion::V1);
+    let command = node.agent_command(&[]);
+    let mut without_capabilities = std::process::Command::new("setpriv");
+    without_capabilities
+        .args(["--bounding-set", "-all", "--inh-caps", "-all", "--"])
+        .arg(command.get_program())
+        .args(command.get_args());
+    for (key, value) in command.get_envs() {
+        if let Some(value) = value {
+            without_capabilities.env(key, value);
+        }
+    }
+    let mut agent = AgentProcess::spawn(
+        without_capabilities,
+        &node.base.join("agent.log"),
+        node.refusals(),
+    );
+    agent.wait_for_log("first pass:");
+    let burstable = pod(
+        "web",
+        Qos::Burstable,
+        vec![ContainerSpec::burstable("web", 500, None)],
+    );
+    let id = node.fake.start_pod(&burstable).unwrap().remove(0);
+    node.wait_cpus(&id, "0-15");
+    let container_dir = node
+        .fake
+        .file(
+            &format!("{}/{id}", node.fake.pod_dir(&burstable)),
+            "cpuset.cpus",
+        )
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let sub = container_dir.join("sub");
+    fs::create_dir(&sub).unwrap();
+    for file in ["cpuset.cpus", "cpuset.mems", "cgroup.procs"] {
+        fs::write(sub.join(file), "\n").unwrap();
+    }
+    for path in [&sub, &sub.join("cpuset.cpus"), &sub.join("cpuset.mems")] {
+        nix::unistd::chown(path, Some(nix::unistd::Uid::from_raw(4242)), None).unwrap();
+    }
+    let db = pod(
+        "db",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("db", 2000)],
+    );
+    node.fake.start_pod(&db).unwrap();
+    // Everything as the agent wants it but the child it cannot write (`status` marks it).
+    node.wait_status("the container narrowed past its empty child", |s| {
+        s.has(&id, "0,2-8,10-15")
+            && s.containers
+                .iter()
+                .filter(|r| r.current != r.desired)
+                .all(|r| r.path.ends_with("/sub"))
+    });
+    agent.wait_for_log("Permission denied");
+    let said = agent.log_lines("/sub");
+    assert_eq!(said.len(), 1, "{}", agent.log());
+    assert!(
+        said[0].contains("Permission denied") && said[0].contains("is empty"),
+        "{}",
+        said[0]
+    );
+    let blocked = poll_until(DEADLINE, || {
+        let text = fs::read_to_string(node.metrics_file()).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("cpusetd_narrowings_blocked_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|v| *v >= 1.0)
+    });
+    assert!(blocked.is_some(), "{}", agent.log());
+    assert_eq!(fs::read_to_string(sub.join("cpuset.cpus")).unwrap(), "\n");
+    assert!(agent.stop().success());
+}
+
 /// Issue 17, item 18 (b): a reserved-cpu or policy-option change at a restart keeps the
 /// running pins that stay valid.
 #[test]

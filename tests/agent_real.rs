@@ -420,6 +420,81 @@ fn agent_names_an_unwritable_child_that_blocks_a_narrowing() {
     assert!(agent.agent.stop().success(), "{}", agent.agent.log());
 }
 
+/// Issue 23, item 2: a Burstable container that made a child cgroup the agent cannot write
+/// (owned by another user; the unit has no capabilities) and left it empty (its
+/// `cgroup.clone_children` off). The kernel lets the container be narrowed with the empty child
+/// in place: the agent narrows it, and names the child it cannot write once, with the errno,
+/// counted in `cpusetd_narrowings_blocked_total`.
+#[test]
+fn agent_narrows_a_container_past_an_empty_child_it_cannot_write() {
+    if let Some(reason) = runc_skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        println!("skipped: setpriv (util-linux) is missing");
+        return;
+    }
+    let online = online_cpus();
+    if online.len() < 2 {
+        println!("skipped: one cpu only");
+        return;
+    }
+    let mut runc = Runc::new();
+    make_kubepods(runc.tree());
+    let mut agent = RealAgent::start_without_capabilities(runc.tree(), runc.scratch());
+    let burstable = CpuResources {
+        shares: 512,
+        quota: None,
+    };
+    let shared = runc.start(&format!("burstable/pod{}", pod_uid()), burstable);
+    assert_eq!(shared.wait_cpus_allowed(&online), online);
+    // The container's own child, left empty by the kernel, owned by another user.
+    let container_dir = runc.tree().dir("cpuset", &shared.cgroup);
+    write(&container_dir.join("cgroup.clone_children"), "0").unwrap();
+    let sub = container_dir.join("sub");
+    fs::create_dir(&sub).unwrap();
+    for path in [
+        sub.clone(),
+        sub.join("cpuset.cpus"),
+        sub.join("cpuset.mems"),
+    ] {
+        nix::unistd::chown(&path, Some(nix::unistd::Uid::from_raw(4242)), None).unwrap();
+    }
+    let sub_cpus = sub.join("cpuset.cpus");
+    assert_eq!(read(&sub_cpus), "");
+    let guaranteed = runc.start(&format!("pod{}", pod_uid()), CpuResources::guaranteed(1));
+    let exclusive = poll_until(DEADLINE, || {
+        let status = agent.status()?;
+        (status.exclusive_cpu_count == 1).then(|| CpuSet::parse(&status.exclusive_cpus).ok())?
+    })
+    .unwrap();
+    assert_eq!(guaranteed.wait_cpus_allowed(&exclusive), exclusive);
+    // The kernel allows it: the Burstable container leaves the pinned cpu.
+    let rest = online.difference(&exclusive);
+    assert_eq!(
+        shared.wait_cpus_allowed(&rest),
+        rest,
+        "{}",
+        agent.agent.log()
+    );
+    // The child it cannot write is named once, with the errno, and counted.
+    agent.agent.wait_for_log("/sub");
+    let said = agent.agent.log_lines("/sub");
+    assert_eq!(said.len(), 1, "{}", agent.agent.log());
+    assert!(said[0].contains("Permission denied"), "{}", said[0]);
+    let blocked = poll_until(DEADLINE, || {
+        let metrics = agent.metrics();
+        metrics
+            .get("cpusetd_narrowings_blocked_total")
+            .copied()
+            .filter(|v| *v >= 1.0)
+    });
+    assert!(blocked.is_some(), "{:?}", agent.metrics());
+    assert_eq!(read(&sub_cpus), "");
+    assert!(agent.agent.stop().success(), "{}", agent.agent.log());
+}
+
 /// Issue 17, item 7: runc copies a new cgroup's cpuset from its parent when it finds it empty,
 /// and the agent narrowing the parent between runc's read and its write made a start fail
 /// (EACCES). The agent sets `cgroup.clone_children` (v1), so the kernel fills a new cgroup at

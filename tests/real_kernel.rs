@@ -322,3 +322,71 @@ fn real_interface_files_cannot_be_created() {
     assert!(err.is_gone(), "{}", error_chain(&err));
     assert!(!root.join(&tree.name).join("x/cpu.shares").exists());
 }
+
+/// Issue 23, item 2: the kernel narrows a v1 cpuset past an empty child (one never set up:
+/// `cgroup.clone_children` off), while a child holding the CPUs refuses it (EBUSY). The writer
+/// relies on the first to narrow a container past an empty child it cannot write.
+#[test]
+fn real_kernel_narrows_a_parent_past_an_empty_child() {
+    if let Some(reason) = skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let mount = Path::new(CPUSET_MOUNT);
+    let cpuset = CgroupFs::open(mount).unwrap();
+    let all_cpus = cpuset
+        .read(&CgroupPath::root(), InterfaceFile::CpusetCpus)
+        .unwrap();
+    let all_mems = cpuset
+        .read(&CgroupPath::root(), InterfaceFile::CpusetMems)
+        .unwrap();
+    let cpus = CpuSet::parse(&all_cpus).unwrap();
+    if cpus.len() < 2 {
+        println!("skipped: one cpu only");
+        return;
+    }
+    let tree = Subtree::new(&[mount]);
+    tree.create("");
+    fs::write(mount.join(&tree.name).join("cgroup.clone_children"), "0").unwrap();
+    tree.create("parent/empty");
+    let top = path(&tree.name);
+    let parent = path(&format!("{}/parent", tree.name));
+    let empty = path(&format!("{}/parent/empty", tree.name));
+    for cg in [&top, &parent] {
+        cpuset
+            .write(cg, InterfaceFile::CpusetCpus, &all_cpus)
+            .unwrap();
+        cpuset
+            .write(cg, InterfaceFile::CpusetMems, &all_mems)
+            .unwrap();
+    }
+    assert_eq!(cpuset.read(&empty, InterfaceFile::CpusetCpus).unwrap(), "");
+    let first = cpus.iter().next().unwrap().to_string();
+    cpuset
+        .write(&parent, InterfaceFile::CpusetCpus, &first)
+        .unwrap();
+    assert_eq!(
+        cpuset.read(&parent, InterfaceFile::CpusetCpus).unwrap(),
+        first
+    );
+    assert_eq!(cpuset.read(&empty, InterfaceFile::CpusetCpus).unwrap(), "");
+    // A child that holds the cpus keeps its parent wide.
+    cpuset
+        .write(&parent, InterfaceFile::CpusetCpus, &all_cpus)
+        .unwrap();
+    cpuset
+        .write(&empty, InterfaceFile::CpusetMems, &all_mems)
+        .unwrap();
+    cpuset
+        .write(&empty, InterfaceFile::CpusetCpus, &all_cpus)
+        .unwrap();
+    let refused = cpuset
+        .write(&parent, InterfaceFile::CpusetCpus, &first)
+        .unwrap_err();
+    assert_eq!(
+        refused.errno(),
+        Some(Errno::EBUSY as i32),
+        "{}",
+        error_chain(&refused)
+    );
+}

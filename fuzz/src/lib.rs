@@ -715,6 +715,7 @@ fn scan_of(
         cgroups,
         skipped: Vec::new(),
         complete: true,
+        truncated: false,
         gone_pods: Default::default(),
     }
 }

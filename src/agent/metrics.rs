@@ -67,7 +67,8 @@ pub struct Metrics {
     pub pinning_requests: u64,
     pub pinning_errors: u64,
     pub drift_repairs: u64,
-    /// Narrowings left undone because a child's write failed under them.
+    /// Narrowings left undone because a child's write failed under them, and empty children
+    /// whose write failed (their parents narrowed past them).
     pub narrowings_blocked: u64,
     /// Cgroups found fought over by another writer (each fight once).
     pub drift_fights: u64,
@@ -116,6 +117,8 @@ pub struct Metrics {
     pub exclusive_cpus_missing: u64,
     /// The agent could not set up inotify (a per-user limit) and scans every period instead.
     pub without_inotify: bool,
+    /// The last full scan stopped at its limit: no new exclusive CPUs are given.
+    pub scan_incomplete: bool,
     // Log-once bookkeeping: failures already reported.
     reported_writes: HashSet<(CgroupPath, InterfaceFile, i32)>,
     reported_pins: HashSet<AssignmentKey>,
@@ -236,6 +239,12 @@ impl Metrics {
             &plain(u64::from(self.without_inotify)),
         );
         metric(
+            "cpusetd_scan_incomplete",
+            "gauge",
+            "1 when the last full scan stopped at its limit (65,536 cgroups): no new exclusive cpus are given and the shared pool does not grow until a scan sees the whole tree.",
+            &plain(u64::from(self.scan_incomplete)),
+        );
+        metric(
             "cpusetd_drift_repairs_total",
             "counter",
             "Cgroups whose cpuset was changed by someone else and written back.",
@@ -244,7 +253,7 @@ impl Metrics {
         metric(
             "cpusetd_narrowings_blocked_total",
             "counter",
-            "Narrowings of a cgroup left for the next reconcile because the write of a child below it failed.",
+            "Narrowings of a cgroup left for the next reconcile because the write of a child below it failed, and empty children the agent cannot write (their parent is narrowed past them).",
             &plain(self.narrowings_blocked),
         );
         metric(

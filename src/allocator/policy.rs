@@ -105,6 +105,13 @@ pub enum AllocationError {
         "allocating {cpus} for a request of {requested} cpus would leave the shared pool empty"
     )]
     WouldEmptySharedPool { requested: usize, cpus: CpuSet },
+    /// cpusetd's rule: no new exclusive CPUs while the scan stops at its limit (a container
+    /// past it may hold any CPU).
+    #[error(
+        "the scan of the cgroup tree stopped at its limit: no new exclusive cpus are given until \
+         a scan sees the whole tree (a container past the limit may hold them)"
+    )]
+    ScanIncomplete,
     /// The algorithm returned CPUs outside the allocatable pool or the wrong number of them,
     /// which only topologies whose counters disagree with their CPU map can cause.
     #[error(

@@ -144,6 +144,11 @@ pub struct Scan {
     /// False when [`MAX_SCAN_CGROUPS`] was reached and the rest of the tree was not scanned
     /// (or when the scan is an incremental pass's part of the model).
     pub complete: bool,
+    /// The walk stopped at its limit ([`MAX_SCAN_CGROUPS`]): what the cgroups past it hold is
+    /// not known, so the planner gives no new exclusive CPUs and does not let the shared pool
+    /// grow until a scan sees the whole tree (an incremental pass's part of the model is not
+    /// truncated: the model behind it is whole).
+    pub truncated: bool,
     /// Pods the scan did not cover but that are known to be gone (an incremental pass's scan):
     /// their assignments are released even when the scan is not complete.
     pub gone_pods: BTreeSet<String>,
@@ -495,6 +500,7 @@ impl Scanner {
             cgroups: Vec::new(),
             skipped: Vec::new(),
             complete: true,
+            truncated: false,
             gone_pods: BTreeSet::new(),
         }
     }
@@ -511,10 +517,12 @@ impl Scanner {
         while let Some(next) = pending.pop() {
             if scan.cgroups.len() >= self.max_cgroups {
                 scan.complete = false;
+                scan.truncated = true;
                 if self.problems.first_time("scan-truncated") {
                     log::warn!(
-                        "scan stopped after {} cgroups under {}: the rest is not managed (and \
-                         nothing held there is released)",
+                        "scan stopped after {} cgroups under {}: the rest is not managed, nothing \
+                         held there is released, and no new exclusive cpus are given (nor does \
+                         the shared pool grow) until a scan sees the whole tree",
                         self.max_cgroups,
                         self.kubepods
                     );

@@ -25,6 +25,9 @@
 //!    reuse) and released when the pod goes.
 //! 6. Everything else is allocated with the static policy from the shared pool, in tree order.
 //!
+//! Steps 4 and 6 give CPUs no one held; a pass whose scan stopped at its limit gives none
+//! ([`NewCpus::Withheld`]): a container past the limit may hold them.
+//!
 //! Pure: no I/O. The result is overlap-free by construction ([`Assignments::insert`]).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -152,6 +155,16 @@ fn shrunk(policy: &StaticPolicy, cpus: &CpuSet, n: usize) -> Option<CpuSet> {
         .filter(|kept| kept.len() == n && kept.is_subset(cpus))
 }
 
+/// Whether a pass may give CPUs no one held before it (allocations, replacements).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewCpus {
+    Given,
+    /// The scan stopped at its limit: a container past it may hold any CPU. Every request for
+    /// new CPUs fails with [`AllocationError::ScanIncomplete`]; keeping, adopting, shrinking and
+    /// a pod's own idle CPUs taken over by a restarted container go on.
+    Withheld,
+}
+
 /// Runs the rules of the module documentation. `pool_cpus` is every CPU pods may use (the
 /// kubepods root), `live_pods` the UIDs of the pods present.
 pub fn assign(
@@ -160,6 +173,25 @@ pub fn assign(
     demands: &[ContainerDemand],
     live_pods: &BTreeSet<String>,
     previous: &Assignments,
+) -> (Assignments, Vec<AssignEvent>) {
+    assign_with(
+        policy,
+        pool_cpus,
+        demands,
+        live_pods,
+        previous,
+        NewCpus::Given,
+    )
+}
+
+/// [`assign`], new CPUs given or withheld.
+pub fn assign_with(
+    policy: &StaticPolicy,
+    pool_cpus: &CpuSet,
+    demands: &[ContainerDemand],
+    live_pods: &BTreeSet<String>,
+    previous: &Assignments,
+    new_cpus: NewCpus,
 ) -> (Assignments, Vec<AssignEvent>) {
     let mut events = Vec::new();
     let mut assignments = previous.clone();
@@ -330,7 +362,11 @@ pub fn assign(
         };
         let lost = lost.remove(&demand.key).unwrap_or_default();
         let shared_pool = pool_cpus.difference(&assignments.exclusive_cpus());
-        match replacements(policy, &held.cpus, n, &shared_pool) {
+        let replaced = match new_cpus {
+            NewCpus::Given => replacements(policy, &held.cpus, n, &shared_pool),
+            NewCpus::Withheld => Err(AllocationError::ScanIncomplete),
+        };
+        match replaced {
             Ok(cpus) => {
                 let added = cpus.difference(&held.cpus);
                 // Moved in part: the agent's choice now, no longer an adopted pin.
@@ -396,6 +432,14 @@ pub fn assign(
             }
         }
 
+        if new_cpus == NewCpus::Withheld {
+            events.push(AssignEvent::Failed {
+                key: demand.key.clone(),
+                requested: n,
+                error: AllocationError::ScanIncomplete,
+            });
+            continue;
+        }
         let reusable: CpuSet = idle.iter().fold(CpuSet::new(), |mut acc, (_, c)| {
             acc.extend_from(c);
             acc
@@ -779,6 +823,37 @@ mod tests {
         let (again, ev) = assign(&p, &all, &d, &pods(&["a"]), &a);
         assert_eq!(again, a);
         assert!(ev.is_empty());
+    }
+
+    /// Issue 23, item 1: with new cpus withheld (a scan stopped at its limit) nothing is
+    /// allocated, but what the tree shows is still adopted and what is held still kept.
+    #[test]
+    fn withheld_new_cpus_allocate_nothing_and_still_adopt_and_keep() {
+        let (p, all) = policy("0");
+        let d = vec![
+            demand(named("a", "app"), Entitlement::Exclusive(2), Some("0-7")),
+            demand(named("b", "app"), Entitlement::Exclusive(2), Some("2,6")),
+        ];
+        let (a, ev) = assign_with(
+            &p,
+            &all,
+            &d,
+            &pods(&["a", "b"]),
+            &Assignments::new(),
+            NewCpus::Withheld,
+        );
+        assert!(a.get(&named("a", "app")).is_none());
+        assert_eq!(held(&a, &named("b", "app")), "2,6");
+        assert!(ev.iter().any(|e| matches!(
+            e,
+            AssignEvent::Failed {
+                error: AllocationError::ScanIncomplete,
+                ..
+            }
+        )));
+        let (again, ev) = assign_with(&p, &all, &d[1..], &pods(&["a", "b"]), &a, NewCpus::Withheld);
+        assert_eq!(again, a);
+        assert!(ev.is_empty(), "{ev:?}");
     }
 
     #[test]

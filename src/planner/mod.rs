@@ -13,7 +13,9 @@ pub mod order;
 use std::borrow::Borrow;
 use std::collections::{BTreeSet, HashMap};
 
-pub use assign::{assign, AssignEvent, ContainerDemand, Entitlement, ReleaseReason};
+pub use assign::{
+    assign, assign_with, AssignEvent, ContainerDemand, Entitlement, NewCpus, ReleaseReason,
+};
 pub use desired::{desired_tree, parent_indexes, DesiredCgroup, Pools};
 pub use order::{order_writes, NestingChecker, NestingViolation, Phase, SetNode, SetWrite};
 
@@ -238,10 +240,22 @@ fn plan_named<C: Borrow<Classification>>(
                 .map(str::to_string),
         );
     }
-    let (assignments, events) = assign(policy, &pod_cpus, &demands, &live_pods, previous);
+    // Past the scan's limit nothing unseen is handed out: no new exclusive cpus, and the shared
+    // pool does not grow.
+    let new_cpus = if scan.truncated {
+        NewCpus::Withheld
+    } else {
+        NewCpus::Given
+    };
+    let (assignments, events) =
+        assign_with(policy, &pod_cpus, &demands, &live_pods, previous, new_cpus);
+    let mut shared = pod_cpus.difference(&assignments.exclusive_cpus());
+    if scan.truncated {
+        shared = shared_pool_not_grown(scan, classes, shared);
+    }
 
     let pools = Pools {
-        shared: pod_cpus.difference(&assignments.exclusive_cpus()),
+        shared,
         pod_cpus,
         memory_nodes: match config.limits.and_then(|l| l.mems.as_ref()) {
             Some(mems) if !mems.intersection(config.topology.memory_nodes()).is_empty() => {
@@ -282,6 +296,30 @@ fn plan_named<C: Borrow<Classification>>(
         assignments,
         events,
         writes,
+    }
+}
+
+/// The shared pool of a truncated scan: at most what the QoS directories (the shared pool's
+/// holders) hold now. A CPU they do not hold may be held exclusively by a container past the
+/// scan's limit that no checkpoint names: it does not join the pool before a scan sees the
+/// whole tree. `shared` as it is when no QoS directory was seen or they hold none of it.
+fn shared_pool_not_grown<C: Borrow<Classification>>(
+    scan: &Scan,
+    classes: &[C],
+    shared: CpuSet,
+) -> CpuSet {
+    let held_now = scan
+        .cgroups
+        .iter()
+        .zip(classes.iter().map(Borrow::borrow))
+        .filter(|(_, class)| class.kind == CgroupKind::QosDir)
+        .filter_map(|(cgroup, _)| cgroup.cpus.configured())
+        .fold(None, |all: Option<CpuSet>, cpus| {
+            Some(all.map_or_else(|| cpus.clone(), |all| all.intersection(cpus)))
+        });
+    match held_now.map(|held| shared.intersection(&held)) {
+        Some(kept) if !kept.is_empty() => kept,
+        _ => shared,
     }
 }
 

@@ -83,6 +83,7 @@ impl Controller {
             skipped: Vec::new(),
             // Nothing outside the chain is released but what went.
             complete: false,
+            truncated: !self.complete,
             gone_pods: std::mem::take(&mut self.since_pass.gone_pods),
         };
         let classes: Vec<_> = scan.cgroups.iter().map(|c| self.class_of(c)).collect();

@@ -47,7 +47,11 @@ impl Controller {
             .filter(|s| s.reason == SkipReason::Unlistable)
             .map(|s| &s.path)
             .collect();
+        if scan.complete && !self.complete {
+            log::info!("a scan saw the whole tree again: new exclusive cpus are given again");
+        }
         self.complete = scan.complete;
+        self.metrics.scan_incomplete = scan.truncated;
         let gone: Vec<CgroupPath> = self
             .model
             .iter()
@@ -304,6 +308,7 @@ impl Controller {
             cgroups: self.model.values().map(|e| e.cgroup.clone()).collect(),
             skipped: Vec::new(),
             complete: self.complete,
+            truncated: !self.complete,
             gone_pods: Default::default(),
         }
     }

@@ -75,6 +75,114 @@ fn a_scan_stopped_at_its_limit_releases_nothing_it_did_not_see() {
     assert_eq!(cpus(&node, &container), pinned);
 }
 
+/// A controller for `node` (the 8 cpus of `1s-4c-ht`, cpu 0 reserved) as `cpusetd run` builds
+/// it, with no checkpoint: it knows only what it reads.
+fn fresh_controller(node: &FakeNode) -> Controller {
+    let sysfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/sysfs/1s-4c-ht");
+    let flags = [
+        "--cgroup-root",
+        &node.cgroup_root().display().to_string(),
+        "--runtime-config-path",
+        &node.runtime_template(),
+        "--sysfs-root",
+        &sysfs.display().to_string(),
+        "--proc-root",
+        &sysfs.join("proc").display().to_string(),
+        "--reserved-cpus",
+        "0",
+    ]
+    .map(String::from);
+    crate::cli::controller(&flags).unwrap()
+}
+
+/// A fake v1 node with the 8 cpus of `1s-4c-ht`: a Guaranteed 2-cpu pod that sorts last and
+/// a BestEffort one, converged by an agent whose checkpoint is then lost. Returns the pinned
+/// container, its cpus and the shared container.
+fn pinned_by_a_forgotten_agent(node: &FakeNode) -> (CgroupPath, CpuSet, CgroupPath) {
+    let mut unseen = PodSpec::one(
+        "unseen",
+        Qos::Guaranteed,
+        ContainerSpec::guaranteed("app", 2000),
+    );
+    unseen.uid = "ffffffff-ffff-4fff-8fff-ffffffffffff".into();
+    let unseen_id = node.start_pod(&unseen).unwrap().remove(0);
+    let unseen_cg = CgroupPath::new(&format!("kubepods/pod{}/{unseen_id}", unseen.uid)).unwrap();
+    let shared = PodSpec::one("shared", Qos::BestEffort, ContainerSpec::best_effort("app"));
+    let shared_id = node.start_pod(&shared).unwrap().remove(0);
+    let shared_cg = CgroupPath::new(&format!("{}/{shared_id}", node.pod_dir(&shared))).unwrap();
+    let mut first = fresh_controller(node);
+    first.full_scan().unwrap();
+    first.pass(Instant::now());
+    let held = CpuSet::parse(&cpus(node, &unseen_cg)).unwrap();
+    assert_eq!(held.len(), 2);
+    assert!(CpuSet::parse(&cpus(node, &shared_cg))
+        .unwrap()
+        .is_disjoint(&held));
+    (unseen_cg, held, shared_cg)
+}
+
+/// Issue 23, item 1: past the scan limit, without a checkpoint, the cpus an unseen container
+/// holds are never handed out: no new exclusive cpus are given and the shared pool does not
+/// grow until a scan sees the whole tree.
+#[test]
+fn past_the_scan_limit_without_a_checkpoint_nothing_unseen_is_handed_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FakeNode::create(
+        &dir.path().join("cg"),
+        CgroupVersion::V1,
+        CpuSet::parse("0-7").unwrap(),
+        CpuSet::parse("0").unwrap(),
+        &dir.path().join("runtime"),
+    )
+    .unwrap();
+    let (unseen_cg, held, shared_cg) = pinned_by_a_forgotten_agent(&node);
+
+    // A new Guaranteed pod, seen (it sorts first); the pinned one lies past the limit.
+    let mut new = PodSpec::one(
+        "new",
+        Qos::Guaranteed,
+        ContainerSpec::guaranteed("app", 2000),
+    );
+    new.uid = "00000000-0000-4000-8000-000000000001".into();
+    let new_id = node.start_pod(&new).unwrap().remove(0);
+    let new_cg = CgroupPath::new(&format!("kubepods/pod{}/{new_id}", new.uid)).unwrap();
+    let mut agent = fresh_controller(&node);
+    let whole = agent.parts.scanner.scan().unwrap();
+    let limit = whole
+        .cgroups
+        .iter()
+        .position(|c| c.path == *unseen_cg.parent().as_ref().unwrap())
+        .unwrap();
+    let hierarchy = agent.parts.hierarchy.clone();
+    agent.parts.scanner = Scanner::new(hierarchy.clone(), agent.parts.scanner.kubepods().clone())
+        .with_max_cgroups(limit);
+    agent.full_scan().unwrap();
+    agent.pass(Instant::now());
+    let on = |cg: &CgroupPath| CpuSet::parse(&cpus(&node, cg)).unwrap();
+    assert!(
+        on(&new_cg).is_disjoint(&held),
+        "unseen on {held} | new on {}",
+        on(&new_cg)
+    );
+    assert!(
+        on(&shared_cg).is_disjoint(&held),
+        "unseen on {held} | shared on {}",
+        on(&shared_cg)
+    );
+    assert!(agent.parts.assignments.exclusive_cpus().is_empty());
+    assert!(agent.metrics.scan_incomplete);
+
+    // A scan that sees the whole tree: the pin is adopted, the new pod pinned beside it.
+    agent.parts.scanner = Scanner::new(hierarchy, agent.parts.scanner.kubepods().clone());
+    agent.rescan().unwrap();
+    agent.pass(Instant::now());
+    assert_eq!(on(&unseen_cg), held);
+    assert_eq!(on(&new_cg).len(), 2);
+    assert!(on(&new_cg).is_disjoint(&held));
+    assert!(on(&shared_cg).is_disjoint(&held.union(&on(&new_cg))));
+    assert!(!agent.metrics.scan_incomplete);
+}
+
 /// Issue 17, item 1: a pod directory a scan cannot open (EACCES, EMFILE …) is not gone:
 /// its containers keep their entries and their cpus.
 #[test]

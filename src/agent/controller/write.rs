@@ -228,6 +228,23 @@ impl Controller {
         for (write, error) in &report.failed {
             let errno = error.errno().unwrap_or(0);
             *self.metrics.write_errors.entry(errno).or_default() += 1;
+            if let Some((parent, _)) = report.refused_empty.iter().find(|(_, w)| w == write) {
+                // Said once per cgroup (its cpus and mems fail alike).
+                if self
+                    .metrics
+                    .first_failure(&write.path, InterfaceFile::CpusetCpus, errno)
+                {
+                    log::warn!(
+                        "{}: cg={} is empty, so no task runs in it and its parent {} is \
+                         narrowed past it; make it writable by root without capabilities \
+                         (chown it to root) or remove it; retried at each reconcile",
+                        error_chain(error),
+                        write.path,
+                        scan.cgroups[*parent].path,
+                    );
+                }
+                continue;
+            }
             if self.metrics.first_failure(&write.path, write.file, errno) {
                 log::warn!("{}", error_chain(error));
                 if let Some((parent, _)) = report.blocked.iter().find(|(_, w)| w == write) {
@@ -242,7 +259,9 @@ impl Controller {
                 }
             }
         }
-        self.metrics.narrowings_blocked += report.blocked.len() as u64;
+        let refused_empty: HashSet<&CgroupPath> =
+            report.refused_empty.iter().map(|(_, w)| &w.path).collect();
+        self.metrics.narrowings_blocked += (report.blocked.len() + refused_empty.len()) as u64;
         for (write, error) in &report.refused_stale {
             let errno = error.errno().unwrap_or(0);
             *self.metrics.write_retries.entry(errno).or_default() += 1;
