@@ -700,10 +700,11 @@ fn a_storm_of_rescans_is_logged_once_not_per_rescan() {
     for n in 0..40 {
         let pod = guaranteed_pod(1);
         node.fake.start_pod(&pod).unwrap();
+        // The metrics file is rewritten by the persist thread, which may lag on a loaded
+        // machine: the loop stops early when it shows enough, and the wait below decides.
         if metric(&node, "cpusetd_rescans_total").unwrap_or(0) >= 10 {
             break;
         }
-        assert!(n < 39, "no rescans: {}", tail(&node.log_text(), 30));
         eventually("the pod's cgroups seen", &node, || {
             node.log_text().matches("allocated").count() > n
                 || node.log_text().contains("not enough cpus")
