@@ -233,7 +233,7 @@ fn reset_without_kubepods_still_restores_and_succeeds() {
 
 /// Host cgroups in the cpuset hierarchy, outside kubepods, as systemd would make them on v1:
 /// `system.slice` on every CPU with a service below it, `user.slice` not set up (empty).
-fn add_host_cgroups(node: &TestNode) {
+pub(crate) fn add_host_cgroups(node: &TestNode) {
     let root = node.fake.file("", "cpuset.cpus");
     let root = root.parent().unwrap();
     for (rel, cpus) in [
@@ -249,7 +249,7 @@ fn add_host_cgroups(node: &TestNode) {
 }
 
 /// A cpuset file of the fake tree (`rel` relative to the cpuset root; "" the root).
-fn cpuset_file(node: &TestNode, rel: &str, file: &str) -> String {
+pub(crate) fn cpuset_file(node: &TestNode, rel: &str, file: &str) -> String {
     fs::read_to_string(node.fake.file(rel, file))
         .unwrap()
         .trim()
