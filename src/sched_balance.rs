@@ -229,7 +229,8 @@ impl SchedBalance {
     }
 
     /// [`SchedBalance::apply`] when `wanted` differs from the last call's, or `always` (a full
-    /// reconcile: host cgroups made since, flags someone set back); says what changed.
+    /// reconcile: host cgroups made since, flags someone set back), or something is still to be
+    /// restored (cpus that were offline); says what changed.
     /// `None`: nothing to do.
     pub fn update(
         &mut self,
@@ -238,7 +239,10 @@ impl SchedBalance {
     ) -> Option<SchedOutcome> {
         let changed = self.last_wanted.as_deref() != Some(wanted);
         self.last_wanted = Some(wanted.to_vec());
-        if (!always && !changed) || (wanted.is_empty() && self.saved.is_empty()) {
+        // Host cpusets still owed cpus that were offline (or a restore that failed): tried at
+        // every pass, so cpus back online are given back at once.
+        let owed = wanted.is_empty() && self.saved.has_changes();
+        if (!always && !changed && !owed) || (wanted.is_empty() && self.saved.is_empty()) {
             return None;
         }
         let before = self.saved.clone();
