@@ -618,3 +618,63 @@ fn losing_the_exclusive_cpus_gives_load_balancing_back() {
     assert!(agent.stop().success());
     node.assert_clean();
 }
+
+/// Issue 23 item 27: quotas lifted by a run without `--keep-cfs-quota` are put back (from the
+/// checkpoint's originals) when the agent restarts with it, the container's and its pod's;
+/// those `cpu-quota.crio.io: "disable"` asks for stay lifted.
+#[test]
+fn restarting_with_keep_cfs_quota_puts_back_the_quotas_lifted_before() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let plain = pod(
+        "plain",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("app", 1000)],
+    );
+    let fast = pod(
+        "fast",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("app", 1000)],
+    );
+    node.fake
+        .annotate_pod(&fast.uid, &[("cpu-quota.crio.io", "disable")]);
+    let plain_id = node.fake.start_pod(&plain).unwrap().remove(0);
+    let fast_id = node.fake.start_pod(&fast).unwrap().remove(0);
+    node.wait_status("pinned", |s| s.exclusive_cpu_count == 2 && s.converged());
+    let quota = |p, id| node.read(p, id, "cpu.cfs_quota_us");
+    let lifted = poll_until(DEADLINE, || {
+        [
+            quota(&plain, &plain_id),
+            quota(&plain, ""),
+            quota(&fast, &fast_id),
+            quota(&fast, ""),
+        ]
+        .iter()
+        .all(|q| q == "-1")
+        .then_some(())
+    });
+    assert!(lifted.is_some(), "{}", agent.log());
+    assert!(agent.stop().success());
+
+    let mut agent = node.start_agent(&["--keep-cfs-quota"]);
+    let back = poll_until(DEADLINE, || {
+        (quota(&plain, &plain_id) == "100000" && quota(&plain, "") == "100000").then_some(())
+    });
+    assert!(
+        back.is_some(),
+        "container {} pod {}: {}",
+        quota(&plain, &plain_id),
+        quota(&plain, ""),
+        agent.log()
+    );
+    assert_eq!(quota(&fast, &fast_id), "-1");
+    assert_eq!(quota(&fast, ""), "-1");
+    assert!(agent.stop().success());
+    // Put back: nothing left to restore for it; the annotated pod's lifts stay recorded.
+    let saved: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(node.checkpoint()).unwrap()).unwrap();
+    let lifted = saved["quota_lifted"].to_string();
+    assert!(!lifted.contains(&plain.uid), "{lifted}");
+    assert!(lifted.contains(&fast.uid), "{lifted}");
+    node.assert_clean();
+}
