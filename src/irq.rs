@@ -3,8 +3,9 @@
 //! (the mask new IRQs start with) and every `/proc/irq/<n>/smp_affinity_list` the kernel lets
 //! one change, while the container holds them, and come back afterwards.
 //!
-//! What the agent changed is recorded ([`IrqSaved`], kept in the checkpoint), so a restart (or
-//! `cpusetd reset`) restores each IRQ to what it was before the first change. An IRQ whose
+//! What the agent changed is recorded ([`IrqSaved`], kept in the checkpoint, and written ahead
+//! of each change to `host.json`: [`crate::checkpoint::host`]), so a restart (or `cpusetd
+//! reset`) restores each IRQ to what it was before the first change. An IRQ whose
 //! every CPU is to be kept free keeps its affinity (an IRQ with no CPU would be lost), and one
 //! the kernel will not move (per-CPU and managed interrupts refuse with EIO) is left alone and
 //! counted. A running irqbalance is told the same CPUs ([`crate::irqbalance`]), so it does not

@@ -14,8 +14,12 @@
 //! reserved CPUs (children before parents, as the kernel requires) and given their own CPUs
 //! back afterwards (parents first). Nothing is changed while no such container exists.
 //!
-//! What the agent changed is recorded ([`SchedSaved`], kept in the checkpoint), so a restart or
-//! `cpusetd reset` puts each flag and each host cpuset back. After every change the cpuset tree
+//! What the agent changed is recorded ([`SchedSaved`], kept in the checkpoint, and each
+//! original in `host.json` before it is changed: [`crate::checkpoint::host`]), so a restart or
+//! `cpusetd reset`, even after a `kill -9` right after a write, puts each flag and each host
+//! cpuset back. Widening also gives host cgroups made during the confinement (which copied
+//! their parent's narrowed cpus) what their parent gets back, and leaves out cpus that are
+//! offline until they return. After every change the cpuset tree
 //! is read back and the kernel's rule applied to it: a container's CPUs count as out of load
 //! balancing ([`SchedSaved::isolated`]) only when no load-balanced cpuset covers them, and what
 //! still does is said ([`SchedSaved::not_in_force`]).
@@ -1177,7 +1181,7 @@ mod tests {
         let wanted = [(path("kp/c"), set("2-3"))];
         // A state dir that cannot be made (a file in its way): nothing is written.
         let blocked = dir.path().join("blocked");
-        std::fs::write(&blocked, "").unwrap();
+        fs::write(&blocked, "").unwrap();
         let mut refused = SchedBalance::new(
             fs.clone(),
             CgroupVersion::V1,

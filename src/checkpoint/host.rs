@@ -164,8 +164,10 @@ mod tests {
         sched.host.insert("system.slice".into(), "0-15".into());
         sched.isolated = CpuSet::parse("2-3").unwrap();
         journal.record_sched(&sched).unwrap();
-        let mut irq = IrqSaved::default();
-        irq.default_affinity = Some("ffff".into());
+        let irq = IrqSaved {
+            default_affinity: Some("ffff".into()),
+            ..Default::default()
+        };
         journal.record_irq(&irq).unwrap();
         let read = load_host_record(&state).unwrap().unwrap();
         assert_eq!(read.sched.host["system.slice"], "0-15");
