@@ -261,10 +261,12 @@ impl SchedBalance {
                     self.saved.isolated.to_string()
                 },
                 outcome.written,
-                if self.saved.host.is_empty() {
-                    String::new()
-                } else {
-                    format!(", {} host cgroup(s) confined", self.saved.host.len())
+                match (self.saved.host.len(), wanted.is_empty()) {
+                    (0, _) => String::new(),
+                    (n, false) => format!(", {n} host cgroup(s) confined"),
+                    (n, true) => format!(
+                        ", {n} host cgroup(s) get the rest of their cpus when those are online"
+                    ),
                 }
             );
         }

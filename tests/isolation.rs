@@ -678,3 +678,61 @@ fn restarting_with_keep_cfs_quota_puts_back_the_quotas_lifted_before() {
     assert!(lifted.contains(&fast.uid), "{lifted}");
     node.assert_clean();
 }
+
+/// Issue 23 item 5: a host cgroup made while `--isolate-host` confines its parent copies the
+/// parent's narrowed cpus (as systemd and runc do); it gets the parent's cpus back with it,
+/// when the pod goes and on `reset`.
+#[test]
+fn host_cgroups_made_during_confinement_are_widened_when_the_pod_goes_and_by_reset() {
+    let node = TestNode::new(CgroupVersion::V1);
+    add_host_cgroups(&node);
+    let made_now = |rel: &str| {
+        let file = node.fake.file(rel, "cpuset.cpus");
+        let dir = file.parent().unwrap();
+        fs::create_dir_all(dir).unwrap();
+        let parent = fs::read_to_string(dir.parent().unwrap().join("cpuset.cpus")).unwrap();
+        fs::write(&file, parent).unwrap();
+        fs::write(dir.join("cpuset.mems"), "0-1\n").unwrap();
+        fs::write(dir.join("cpuset.sched_load_balance"), "1\n").unwrap();
+    };
+    for recovery in ["pod goes", "reset"] {
+        let mut agent = node.start_agent(&["--isolate-host"]);
+        let (rt, id) = start_lb_pod(&node, "disable");
+        node.wait_cpus(&id, "1,9");
+        agent.wait_until("the host confined", DEADLINE, || {
+            cpuset_file(&node, "system.slice/ssh.service", "cpuset.cpus") == "0"
+        });
+        let service = format!("system.slice/new-{}.service", recovery.len());
+        made_now(&service);
+        made_now(&format!("{service}/payload"));
+        assert_eq!(cpuset_file(&node, &service, "cpuset.cpus"), "0");
+        if recovery == "reset" {
+            assert!(agent.stop().success());
+            let out = node.cpusetd("reset", &[]);
+            assert!(out.status.success(), "{}", stderr(&out));
+        } else {
+            node.fake.remove_pod(&rt).unwrap();
+            agent.wait_until("the host widened", DEADLINE, || {
+                cpuset_file(&node, "system.slice", "cpuset.cpus") == "0-15"
+            });
+            assert!(agent.stop().success());
+        }
+        for rel in [
+            "system.slice",
+            "system.slice/ssh.service",
+            &service,
+            &format!("{service}/payload"),
+        ] {
+            assert_eq!(
+                cpuset_file(&node, rel, "cpuset.cpus"),
+                "0-15",
+                "{recovery}: {rel}"
+            );
+        }
+        if recovery == "reset" {
+            node.fake.remove_pod(&rt).unwrap();
+        }
+    }
+    assert_no_host_refusal(&node);
+    node.assert_clean();
+}
