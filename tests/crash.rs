@@ -491,7 +491,9 @@ fn kill_9_after_every_host_write_then_restart_or_reset_restores_every_original()
             rounds.insert(format!("{file} {recovery:?}"), n - 1);
         }
     }
-    println!("kills after each write: {rounds:?}");
+    println!(
+        "crash: a kill -9 after every host-side write point, then restart or reset: {rounds:?}"
+    );
     for (what, kills) in &rounds {
         assert!(*kills > 0, "{what}: no write to kill after");
     }
