@@ -160,6 +160,8 @@ pub struct SchedBalance {
     /// Where each original is recorded before it is changed (`None`: only in `saved`, as for
     /// `reset` and the library).
     journal: Option<HostJournal>,
+    /// The root cpuset's cpus (the online ones on v1) as the last round read them.
+    online_seen: Option<String>,
 }
 
 /// One cpuset as read.
@@ -200,6 +202,7 @@ impl SchedBalance {
             last_wanted: None,
             said: HashSet::new(),
             journal: None,
+            online_seen: None,
         }
     }
 
@@ -243,9 +246,9 @@ impl SchedBalance {
     ) -> Option<SchedOutcome> {
         let changed = self.last_wanted.as_deref() != Some(wanted);
         self.last_wanted = Some(wanted.to_vec());
-        // Host cpusets still owed cpus that were offline (or a restore that failed): tried at
-        // every pass, so cpus back online are given back at once.
-        let owed = wanted.is_empty() && self.saved.has_changes();
+        // Host cpusets still owed cpus that were offline: tried at the first pass after the
+        // root's cpus (the online ones) changed, so cpus back online are given back at once.
+        let owed = wanted.is_empty() && !self.saved.host.is_empty() && self.online_moved();
         if (!always && !changed && !owed) || (wanted.is_empty() && self.saved.is_empty()) {
             return None;
         }
@@ -282,6 +285,16 @@ impl SchedBalance {
             }
         }
         Some(outcome)
+    }
+
+    /// Whether the root cpuset's cpus (on v1 the online ones) differ from the last round's.
+    fn online_moved(&self) -> bool {
+        let now = self
+            .fs
+            .read(&CgroupPath::root(), InterfaceFile::CpusetCpus)
+            .ok()
+            .map(|t| t.trim().to_string());
+        now != self.online_seen
     }
 
     pub fn support(&self) -> Support {
@@ -321,6 +334,9 @@ impl SchedBalance {
             return outcome;
         }
         let mut tree = self.read_tree();
+        self.online_seen = tree
+            .get(&CgroupPath::root())
+            .and_then(|root| root.cpus_text.clone());
         // A container whose cgroup is gone (its pod removed while the agent's model still
         // held it) asks for nothing: never a flag or a host cpuset changed for it.
         let wanted: Vec<(CgroupPath, CpuSet)> = wanted
