@@ -8,9 +8,14 @@
 //!
 //! * `write:<file>:<ERRNO>:<N>`: cgroupfs writes of that interface file (`*` for any);
 //! * `checkpoint:<ERRNO>:<N>`: checkpoint saves (the temporary file's creation);
+//! * `hostrecord:<ERRNO>:<N>`: saves of the host originals (`host.json`, written ahead of
+//!   every change outside kubepods);
 //! * `watch:<ERRNO>:<N>`: `inotify_add_watch` for a directory that appeared while running;
 //! * `startwatch:<ERRNO>:<N>`: `inotify_add_watch` of the kubepods tree at start;
-//! * `overflow:<N>`: the next `N` reads of the inotify queue report `IN_Q_OVERFLOW`.
+//! * `overflow:<N>`: the next `N` reads of the inotify queue report `IN_Q_OVERFLOW`;
+//! * `kill:<file>:<N>`: the agent `SIGKILL`s itself right after the `N`th write of that file
+//!   succeeded (cgroupfs interface files and `/proc/irq`'s `smp_affinity_list` and
+//!   `default_smp_affinity`; `*` for any), as a `kill -9` between a change and its checkpoint.
 //!
 //! For example `CPUSETD_FAULTS=write:cpuset.cpus:EBUSY:3,checkpoint:ENOSPC:2`. A malformed rule
 //! is reported once on stderr and ignored. Each injected failure is logged at debug level.
@@ -26,9 +31,12 @@ enum Site {
     /// A cgroupfs write of this file name (`None`: any).
     Write(Option<String>),
     Checkpoint,
+    HostRecord,
     Watch,
     StartWatch,
     Overflow,
+    /// `SIGKILL` after a successful write of this file name (`None`: any).
+    KillAfterWrite(Option<String>),
 }
 
 #[derive(Debug)]
@@ -63,9 +71,15 @@ fn parse(text: &str) -> (Vec<Rule>, Vec<String>) {
                 n,
             ),
             ["checkpoint", errno, n] => rule(Site::Checkpoint, errno, n),
+            ["hostrecord", errno, n] => rule(Site::HostRecord, errno, n),
             ["watch", errno, n] => rule(Site::Watch, errno, n),
             ["startwatch", errno, n] => rule(Site::StartWatch, errno, n),
             ["overflow", n] => rule(Site::Overflow, &"EOVERFLOW", n),
+            ["kill", file, n] => rule(
+                Site::KillAfterWrite((*file != "*").then(|| file.to_string())),
+                &"EINTR",
+                n,
+            ),
             _ => None,
         };
         match rule {
@@ -88,6 +102,7 @@ fn rule(site: Site, errno: &&str, n: &&str) -> Option<Rule> {
         "EIO" => Errno::EIO,
         "EMFILE" => Errno::EMFILE,
         "EOVERFLOW" => Errno::EOVERFLOW,
+        "EINTR" => Errno::EINTR,
         _ => return None,
     };
     Some(Rule {
@@ -121,6 +136,11 @@ pub fn checkpoint_save() -> Option<io::Error> {
     take(|site| *site == Site::Checkpoint, "checkpoint")
 }
 
+/// An injected failure for a save of the host originals.
+pub fn host_record_save() -> Option<io::Error> {
+    take(|site| *site == Site::HostRecord, "host record")
+}
+
 /// An injected failure for `inotify_add_watch`.
 pub fn add_watch() -> Option<io::Error> {
     take(|site| *site == Site::Watch, "inotify_add_watch")
@@ -132,6 +152,23 @@ pub fn start_watch() -> Option<io::Error> {
         |site| *site == Site::StartWatch,
         "inotify_add_watch at start",
     )
+}
+
+/// After a successful write of `file`: `SIGKILL` this process when a `kill` rule counts down
+/// to this write.
+pub fn written(file: &str) {
+    let mut rules = rules().lock().unwrap_or_else(|e| e.into_inner());
+    let Some(rule) = rules.iter_mut().find(|r| {
+        r.remaining > 0
+            && matches!(&r.site, Site::KillAfterWrite(f) if f.as_deref().is_none_or(|f| f == file))
+    }) else {
+        return;
+    };
+    rule.remaining -= 1;
+    if rule.remaining == 0 {
+        log::debug!("injected fault: SIGKILL after a write of {file}");
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
 }
 
 /// Whether this read of the inotify queue is to report an overflow.
@@ -147,7 +184,7 @@ mod tests {
     fn rules_parse_and_bad_ones_are_named() {
         let (rules, bad) = parse(
             "write:cpuset.cpus:EBUSY:3, checkpoint:ENOSPC:2,watch:ENOSPC:1,overflow:1,\
-             write:*:EACCES:1,write:x:EWHAT:1,nonsense",
+             write:*:EACCES:1,kill:cpuset.sched_load_balance:2,write:x:EWHAT:1,nonsense",
         );
         let shown: Vec<(Site, Errno, u32)> = rules
             .iter()
@@ -161,6 +198,11 @@ mod tests {
                 (Site::Watch, Errno::ENOSPC, 1),
                 (Site::Overflow, Errno::EOVERFLOW, 1),
                 (Site::Write(None), Errno::EACCES, 1),
+                (
+                    Site::KillAfterWrite(Some("cpuset.sched_load_balance".into())),
+                    Errno::EINTR,
+                    2
+                ),
             ]
         );
         assert_eq!(bad, ["write:x:EWHAT:1", "nonsense"]);

@@ -3,8 +3,9 @@
 //! (the mask new IRQs start with) and every `/proc/irq/<n>/smp_affinity_list` the kernel lets
 //! one change, while the container holds them, and come back afterwards.
 //!
-//! What the agent changed is recorded ([`IrqSaved`], kept in the checkpoint), so a restart (or
-//! `cpusetd reset`) restores each IRQ to what it was before the first change. An IRQ whose
+//! What the agent changed is recorded ([`IrqSaved`], kept in the checkpoint, and written ahead
+//! of each change to `host.json`: [`crate::checkpoint::host`]), so a restart (or `cpusetd
+//! reset`) restores each IRQ to what it was before the first change. An IRQ whose
 //! every CPU is to be kept free keeps its affinity (an IRQ with no CPU would be lost), and one
 //! the kernel will not move (per-CPU and managed interrupts refuse with EIO) is left alone and
 //! counted. A running irqbalance is told the same CPUs ([`crate::irqbalance`]), so it does not
@@ -20,6 +21,7 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::host::HostJournal;
 use crate::cpuset::CpuSet;
 use crate::irqbalance::{Irqbalance, IrqbalanceOutcome, IrqbalanceSaved};
 
@@ -75,6 +77,8 @@ pub struct IrqAffinity {
     irqbalance: Irqbalance,
     /// The last irqbalance line said (each is said once).
     irqbalance_said: Option<String>,
+    /// Where each original is recorded before it is changed (`None`: only in `saved`).
+    journal: Option<HostJournal>,
 }
 
 impl IrqAffinity {
@@ -85,7 +89,68 @@ impl IrqAffinity {
             saved,
             irqbalance: Irqbalance::new(proc_root),
             irqbalance_said: None,
+            journal: None,
         }
+    }
+
+    /// Records every original in `journal` (synced) before changing it, and again after each
+    /// call: see [`crate::checkpoint::host`].
+    pub fn with_journal(mut self, journal: HostJournal) -> IrqAffinity {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// Makes what `saved` records durable.
+    fn record(&self) -> Result<(), String> {
+        match &self.journal {
+            Some(journal) => journal.record_irq(&self.saved).map_err(|e| {
+                format!(
+                    "{}: interrupt affinities left alone while their originals cannot be recorded",
+                    crate::logging::error_chain(&e)
+                )
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Write-ahead: the default mask and each IRQ affinity that keeping `banned` free would
+    /// change get their current value recorded (where none is yet), durably, before any write.
+    fn record_originals(&mut self, banned: &CpuSet) -> Result<(), String> {
+        if self.journal.is_none() || banned.is_empty() {
+            return Ok(());
+        }
+        if self.saved.default_affinity.is_none() {
+            if let Ok(text) = fs::read_to_string(self.dir.join("default_smp_affinity")) {
+                let text = text.trim();
+                if parse_mask(text).is_some() {
+                    self.saved.default_affinity = Some(text.to_string());
+                }
+            }
+        }
+        if let Ok(entries) = fs::read_dir(&self.dir) {
+            for entry in entries.flatten() {
+                let Some(irq) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                if self.saved.irqs.contains_key(&irq) {
+                    continue;
+                }
+                let Some(current) = fs::read_to_string(entry.path().join("smp_affinity_list"))
+                    .ok()
+                    .and_then(|t| CpuSet::parse(t.trim()).ok())
+                else {
+                    continue;
+                };
+                if without(&current, banned) != current {
+                    self.saved.irqs.insert(irq, current);
+                }
+            }
+        }
+        self.record()
     }
 
     pub fn saved(&self) -> &IrqSaved {
@@ -109,6 +174,10 @@ impl IrqAffinity {
                 outcome.irqbalance_news = Some((outcome.irqbalance.is_warning(), line));
             }
         }
+        if let Err(e) = self.record_originals(banned) {
+            outcome.errors.push(e);
+            return outcome;
+        }
         self.apply_default(banned, &mut outcome);
         let mut seen = Vec::new();
         if let Ok(entries) = fs::read_dir(&self.dir) {
@@ -127,6 +196,9 @@ impl IrqAffinity {
         // IRQs that went away (their device did) have nothing left to restore.
         self.saved.irqs.retain(|irq, _| seen.contains(irq));
         self.saved.banned = banned.clone();
+        if let Err(e) = self.record() {
+            outcome.errors.push(e);
+        }
         outcome
     }
 
@@ -211,7 +283,12 @@ fn write_existing(path: &Path, value: &str) -> io::Result<()> {
         .truncate(true)
         .custom_flags(OFlag::O_NOFOLLOW.bits())
         .open(path)?;
-    file.write_all(value.as_bytes())
+    file.write_all(value.as_bytes())?;
+    #[cfg(debug_assertions)]
+    if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
+        crate::faults::written(name);
+    }
+    Ok(())
 }
 
 /// `original` minus `banned`, or `original` when nothing would be left (never an IRQ with no

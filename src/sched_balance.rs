@@ -14,8 +14,12 @@
 //! reserved CPUs (children before parents, as the kernel requires) and given their own CPUs
 //! back afterwards (parents first). Nothing is changed while no such container exists.
 //!
-//! What the agent changed is recorded ([`SchedSaved`], kept in the checkpoint), so a restart or
-//! `cpusetd reset` puts each flag and each host cpuset back. After every change the cpuset tree
+//! What the agent changed is recorded ([`SchedSaved`], kept in the checkpoint, and each
+//! original in `host.json` before it is changed: [`crate::checkpoint::host`]), so a restart or
+//! `cpusetd reset`, even after a `kill -9` right after a write, puts each flag and each host
+//! cpuset back. Widening also gives host cgroups made during the confinement (which copied
+//! their parent's narrowed cpus) what their parent gets back, and leaves out cpus that are
+//! offline until they return. After every change the cpuset tree
 //! is read back and the kernel's rule applied to it: a container's CPUs count as out of load
 //! balancing ([`SchedSaved::isolated`]) only when no load-balanced cpuset covers them, and what
 //! still does is said ([`SchedSaved::not_in_force`]).
@@ -44,6 +48,7 @@ use serde::{Deserialize, Serialize};
 use crate::cgroupfs::{
     CgroupFs, CgroupPath, CgroupVersion, FileKind, InterfaceFile, MAX_SCAN_CGROUPS, MAX_SCAN_DEPTH,
 };
+use crate::checkpoint::host::HostJournal;
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
 
@@ -152,6 +157,11 @@ pub struct SchedBalance {
     last_wanted: Option<Vec<(CgroupPath, CpuSet)>>,
     /// Failures and refusals said (once each).
     said: HashSet<String>,
+    /// Where each original is recorded before it is changed (`None`: only in `saved`, as for
+    /// `reset` and the library).
+    journal: Option<HostJournal>,
+    /// The root cpuset's cpus (the online ones on v1) as the last round read them.
+    online_seen: Option<String>,
 }
 
 /// One cpuset as read.
@@ -191,6 +201,28 @@ impl SchedBalance {
             saved,
             last_wanted: None,
             said: HashSet::new(),
+            journal: None,
+            online_seen: None,
+        }
+    }
+
+    /// Records every original in `journal` (synced) before changing it, and again after each
+    /// round: see [`crate::checkpoint::host`].
+    pub fn with_journal(mut self, journal: HostJournal) -> SchedBalance {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// Makes what `saved` records durable. `Err`: the change it is about to make must not be.
+    fn write_ahead(&self) -> Result<(), String> {
+        match &self.journal {
+            Some(journal) => journal.record_sched(&self.saved).map_err(|e| {
+                format!(
+                    "{}: host settings left alone while their originals cannot be recorded",
+                    error_chain(&e)
+                )
+            }),
+            None => Ok(()),
         }
     }
 
@@ -204,7 +236,8 @@ impl SchedBalance {
     }
 
     /// [`SchedBalance::apply`] when `wanted` differs from the last call's, or `always` (a full
-    /// reconcile: host cgroups made since, flags someone set back); says what changed.
+    /// reconcile: host cgroups made since, flags someone set back), or something is still to be
+    /// restored (cpus that were offline); says what changed.
     /// `None`: nothing to do.
     pub fn update(
         &mut self,
@@ -213,7 +246,10 @@ impl SchedBalance {
     ) -> Option<SchedOutcome> {
         let changed = self.last_wanted.as_deref() != Some(wanted);
         self.last_wanted = Some(wanted.to_vec());
-        if (!always && !changed) || (wanted.is_empty() && self.saved.is_empty()) {
+        // Host cpusets still owed cpus that were offline: tried at the first pass after the
+        // root's cpus (the online ones) changed, so cpus back online are given back at once.
+        let owed = wanted.is_empty() && !self.saved.host.is_empty() && self.online_moved();
+        if (!always && !changed && !owed) || (wanted.is_empty() && self.saved.is_empty()) {
             return None;
         }
         let before = self.saved.clone();
@@ -228,10 +264,12 @@ impl SchedBalance {
                     self.saved.isolated.to_string()
                 },
                 outcome.written,
-                if self.saved.host.is_empty() {
-                    String::new()
-                } else {
-                    format!(", {} host cgroup(s) confined", self.saved.host.len())
+                match (self.saved.host.len(), wanted.is_empty()) {
+                    (0, _) => String::new(),
+                    (n, false) => format!(", {n} host cgroup(s) confined"),
+                    (n, true) => format!(
+                        ", {n} host cgroup(s) get the rest of their cpus when those are online"
+                    ),
                 }
             );
         }
@@ -249,6 +287,16 @@ impl SchedBalance {
         Some(outcome)
     }
 
+    /// Whether the root cpuset's cpus (on v1 the online ones) differ from the last round's.
+    fn online_moved(&self) -> bool {
+        let now = self
+            .fs
+            .read(&CgroupPath::root(), InterfaceFile::CpusetCpus)
+            .ok()
+            .map(|t| t.trim().to_string());
+        now != self.online_seen
+    }
+
     pub fn support(&self) -> Support {
         self.support
     }
@@ -260,8 +308,17 @@ impl SchedBalance {
     /// Keeps the CPUs of `wanted` (each container's cgroup, relative to the hierarchy's root,
     /// and its exclusive CPUs) out of load balancing; with none, restores everything recorded.
     /// Idempotent: a second call writes only what someone changed meanwhile, and confines host
-    /// cgroups made since.
+    /// cgroups made since. Each original is recorded (with a journal) before it is changed,
+    /// and the record is brought up to date afterwards.
     pub fn apply(&mut self, wanted: &[(CgroupPath, CpuSet)]) -> SchedOutcome {
+        let mut outcome = self.apply_unrecorded(wanted);
+        if let Err(e) = self.write_ahead() {
+            note(&mut outcome, e);
+        }
+        outcome
+    }
+
+    fn apply_unrecorded(&mut self, wanted: &[(CgroupPath, CpuSet)]) -> SchedOutcome {
         let mut outcome = SchedOutcome::default();
         if wanted.is_empty() && self.saved.is_empty() {
             return outcome;
@@ -277,6 +334,9 @@ impl SchedBalance {
             return outcome;
         }
         let mut tree = self.read_tree();
+        self.online_seen = tree
+            .get(&CgroupPath::root())
+            .and_then(|root| root.cpus_text.clone());
         // A container whose cgroup is gone (its pod removed while the agent's model still
         // held it) asks for nothing: never a flag or a host cpuset changed for it.
         let wanted: Vec<(CgroupPath, CpuSet)> = wanted
@@ -319,15 +379,29 @@ impl SchedBalance {
             }
             _ => self.restore_host(&mut tree, &mut outcome),
         }
+        self.turn_flags_off(&mut tree, &needed, &mut outcome);
+        self.judge(&tree, wanted);
+        outcome
+    }
+
+    /// `cpuset.sched_load_balance` = 0 on every cpuset of `needed`, bottom-up, each one's value
+    /// recorded first (write-ahead).
+    fn turn_flags_off(
+        &mut self,
+        tree: &mut BTreeMap<CgroupPath, Node>,
+        needed: &BTreeSet<CgroupPath>,
+        outcome: &mut SchedOutcome,
+    ) {
         let mut needed_deepest_first: Vec<&CgroupPath> = needed.iter().collect();
         needed_deepest_first.sort_by_key(|p| std::cmp::Reverse(p.depth()));
+        let mut planned = Vec::new();
         for path in needed_deepest_first {
             let Some(node) = tree.get(path) else {
                 continue;
             };
             let Some(current) = node.flag.clone() else {
                 note(
-                    &mut outcome,
+                    outcome,
                     format!(
                         "{}: cannot read {}",
                         self.fs.host_path(path).display(),
@@ -341,22 +415,39 @@ impl SchedBalance {
             }
             let Some(key) = path.to_str() else {
                 note(
-                    &mut outcome,
+                    outcome,
                     format!("{path}: not UTF-8, cannot be recorded: left alone"),
                 );
                 continue;
             };
-            match self.write(path, InterfaceFile::CpusetSchedLoadBalance, "0") {
+            let new = !self.saved.flags.contains_key(key);
+            self.saved.flags.entry(key.to_string()).or_insert(current);
+            planned.push((path.clone(), key.to_string(), new));
+        }
+        if planned.is_empty() {
+            return;
+        }
+        if let Err(e) = self.write_ahead() {
+            note(outcome, e);
+            for (_, key, _) in planned.iter().filter(|(_, _, new)| *new) {
+                self.saved.flags.remove(key);
+            }
+            return;
+        }
+        for (path, key, new) in planned {
+            match self.write(&path, InterfaceFile::CpusetSchedLoadBalance, "0") {
                 Ok(()) => {
                     outcome.written += 1;
-                    self.saved.flags.entry(key.to_string()).or_insert(current);
-                    set_flag(&mut tree, path, "0");
+                    set_flag(tree, &path, "0");
                 }
-                Err(e) => note(&mut outcome, e),
+                Err(e) => {
+                    note(outcome, e);
+                    if new {
+                        self.saved.flags.remove(&key);
+                    }
+                }
             }
         }
-        self.judge(&tree, wanted);
-        outcome
     }
 
     /// cgroup v2, remote isolated partitions: see the module's documentation.
@@ -505,7 +596,8 @@ impl SchedBalance {
     }
 
     /// Every host cpuset (outside kubepods and its ancestors) that has CPUs gets the reserved
-    /// ones it had (all of them where it had none): children first.
+    /// ones it had (all of them where it had none): children first, each one's cpus recorded
+    /// first (write-ahead).
     fn confine_host(
         &mut self,
         tree: &mut BTreeMap<CgroupPath, Node>,
@@ -514,6 +606,8 @@ impl SchedBalance {
     ) {
         let mut host: Vec<CgroupPath> = tree.keys().filter(|p| self.is_host(p)).cloned().collect();
         host.sort_by_key(|p| std::cmp::Reverse(p.depth()));
+        // (cgroup, its key, the confined cpus, whether its original is recorded only now)
+        let mut planned: Vec<(CgroupPath, String, CpuSet, bool)> = Vec::new();
         for path in host {
             let node = &tree[&path];
             if node.cpus.is_empty() {
@@ -541,50 +635,127 @@ impl SchedBalance {
             if confined == node.cpus {
                 continue;
             }
+            let new = !self.saved.host.contains_key(&key);
+            self.saved.host.entry(key.clone()).or_insert(original_text);
+            planned.push((path, key, confined, new));
+        }
+        if planned.is_empty() {
+            return;
+        }
+        if let Err(e) = self.write_ahead() {
+            note(outcome, e);
+            for (_, key, _, _) in planned.iter().filter(|p| p.3) {
+                self.saved.host.remove(key);
+            }
+            return;
+        }
+        for (path, key, confined, new) in planned {
             match self.write(&path, InterfaceFile::CpusetCpus, &confined.to_string()) {
                 Ok(()) => {
                     outcome.written += 1;
-                    self.saved.host.entry(key).or_insert(original_text);
                     if let Some(n) = tree.get_mut(&path) {
+                        n.cpus_text = Some(confined.to_string());
                         n.cpus = confined;
                     }
                 }
-                Err(e) => note(outcome, e),
+                Err(e) => {
+                    note(outcome, e);
+                    if new {
+                        self.saved.host.remove(&key);
+                    }
+                }
             }
         }
     }
 
-    /// The host cpusets get back what they had: parents first.
+    /// The host cpusets get back what they had, parents first, without the cpus that are not
+    /// online (the root's cpus on v1; the kernel refuses others with EINVAL): a record stays
+    /// until its cpus are all back. A host cgroup made while its parent was confined copied the
+    /// parent's narrowed cpus (runc, libvirt and systemd copy them): it gets what its parent
+    /// gets back. One its maker narrowed further (not its parent's cpus) keeps its own.
     fn restore_host(&mut self, tree: &mut BTreeMap<CgroupPath, Node>, outcome: &mut SchedOutcome) {
-        let mut saved: Vec<(CgroupPath, String)> = self
-            .saved
-            .host
-            .iter()
-            .filter_map(|(p, orig)| CgroupPath::new(p).ok().map(|p| (p, orig.clone())))
+        let online = tree
+            .get(&CgroupPath::root())
+            .map(|root| root.cpus.clone())
+            .filter(|cpus| !cpus.is_empty());
+        let reachable = |cpus: &CpuSet| match &online {
+            Some(online) => cpus.intersection(online),
+            None => cpus.clone(),
+        };
+        // The confined cgroups and everything below them (`reset` does not know kubepods).
+        let confined_or_below = |path: &CgroupPath| {
+            chain(path)
+                .iter()
+                .any(|p| self.saved.host.contains_key(&key(p)))
+        };
+        let mut host: Vec<CgroupPath> = tree
+            .keys()
+            .filter(|p| confined_or_below(p))
+            .cloned()
             .collect();
-        saved.sort_by_key(|(p, _)| p.depth());
-        for (path, original) in saved {
+        host.sort_by_key(CgroupPath::depth);
+        // Each cgroup's cpus before this round, and those it is given.
+        let before: BTreeMap<CgroupPath, CpuSet> = host
+            .iter()
+            .map(|p| (p.clone(), tree[p].cpus.clone()))
+            .collect();
+        let mut given: BTreeMap<CgroupPath, CpuSet> = BTreeMap::new();
+        for path in host {
             let key = key(&path);
-            let Some(node) = tree.get(&path) else {
-                self.saved.host.remove(&key);
-                continue;
+            let current = before[&path].clone();
+            let target = match self.saved.host.get(&key) {
+                Some(original) => {
+                    let Ok(original) = CpuSet::parse(original) else {
+                        self.saved.host.remove(&key);
+                        continue;
+                    };
+                    let target = reachable(&original);
+                    if target == original {
+                        if target == current {
+                            self.saved.host.remove(&key);
+                            continue;
+                        }
+                    } else if target.is_empty() || target == current {
+                        // Nothing of it online yet, or its online part already back.
+                        continue;
+                    }
+                    target
+                }
+                None => {
+                    let parent = path.parent();
+                    let widened = parent
+                        .as_ref()
+                        .and_then(|p| Some((before.get(p)?, given.get(p)?)));
+                    match widened {
+                        Some((parent_before, parent_now))
+                            if !current.is_empty() && current == *parent_before =>
+                        {
+                            parent_now.clone()
+                        }
+                        _ => continue,
+                    }
+                }
             };
-            if node.cpus_text.as_deref() == Some(original.as_str()) {
-                self.saved.host.remove(&key);
-                continue;
-            }
-            match self.write(&path, InterfaceFile::CpusetCpus, &original) {
+            match self.write(&path, InterfaceFile::CpusetCpus, &target.to_string()) {
                 Ok(()) => {
                     outcome.written += 1;
-                    self.saved.host.remove(&key);
-                    if let Some(n) = tree.get_mut(&path) {
-                        n.cpus = CpuSet::parse(&original).unwrap_or_default();
-                        n.cpus_text = Some(original);
+                    if let Some(original) = self.saved.host.get(&key) {
+                        if CpuSet::parse(original).is_ok_and(|o| o == target) {
+                            self.saved.host.remove(&key);
+                        }
                     }
+                    if let Some(n) = tree.get_mut(&path) {
+                        n.cpus_text = Some(target.to_string());
+                        n.cpus = target.clone();
+                    }
+                    given.insert(path, target);
                 }
                 Err(e) => note(outcome, e),
             }
         }
+        // Records of cgroups that are gone have nothing left to restore.
+        let known: HashSet<String> = tree.keys().map(key).collect();
+        self.saved.host.retain(|k, _| known.contains(k));
     }
 
     /// The kernel's rule on the tree as it is now: which of `wanted`'s CPUs no load-balanced
@@ -893,6 +1064,180 @@ mod tests {
             "4-7"
         );
         assert!(again.saved().is_empty(), "{:?}", again.saved());
+    }
+
+    /// Issue 23 item 5: a host cgroup made while its parent was confined copied the parent's
+    /// narrowed cpus (as runc, libvirt and systemd do); widening gives it what its parent gets
+    /// back, top-down. One its maker narrowed further is its maker's choice, and stays.
+    #[test]
+    fn host_cgroups_made_during_confinement_are_widened_with_their_parents() {
+        let dir = tempfile::tempdir().unwrap();
+        tree(
+            dir.path(),
+            &[
+                ("", "0-7", "1"),
+                ("kp", "0-7", "1"),
+                ("kp/c", "2-3", "1"),
+                ("system.slice", "0-7", "1"),
+                ("user.slice", "0-7", "1"),
+                ("user.slice/user-0.slice", "4-7", "1"),
+            ],
+        );
+        let fs = CgroupFs::open(dir.path()).unwrap();
+        let mut sched = SchedBalance::new(
+            fs.clone(),
+            CgroupVersion::V1,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        );
+        sched.apply(&[(path("kp/c"), set("2-3"))]);
+        assert_eq!(read(dir.path(), "system.slice", "cpuset.cpus"), "0-1");
+        assert_eq!(
+            read(dir.path(), "user.slice/user-0.slice", "cpuset.cpus"),
+            "0-1"
+        );
+        // Made meanwhile, each with its parent's cpus; one narrowed further by its maker.
+        tree(
+            dir.path(),
+            &[
+                ("system.slice/new.service", "0-1", "1"),
+                ("system.slice/new.service/payload", "0-1", "1"),
+                ("system.slice/pinned.service", "1", "1"),
+                ("user.slice/user-0.slice/session-1.scope", "0-1", "1"),
+            ],
+        );
+        // A restart in between (the checkpoint's record), then the container goes.
+        let json = serde_json::to_string(sched.saved()).unwrap();
+        let mut again = SchedBalance::new(
+            fs,
+            CgroupVersion::V1,
+            path("kp"),
+            Some(set("0-1")),
+            serde_json::from_str(&json).unwrap(),
+        );
+        let outcome = again.apply(&[]);
+        assert!(outcome.errors.is_empty(), "{outcome:?}");
+        for (rel, cpus) in [
+            ("system.slice", "0-7"),
+            ("system.slice/new.service", "0-7"),
+            ("system.slice/new.service/payload", "0-7"),
+            ("system.slice/pinned.service", "1"),
+            ("user.slice", "0-7"),
+            ("user.slice/user-0.slice", "4-7"),
+            ("user.slice/user-0.slice/session-1.scope", "4-7"),
+        ] {
+            assert_eq!(read(dir.path(), rel, "cpuset.cpus"), cpus, "{rel}");
+        }
+        assert!(again.saved().is_empty(), "{:?}", again.saved());
+    }
+
+    /// Issue 23 item 8: a cpu that went offline while the host was confined is not written
+    /// back (the kernel refuses an offline cpu with EINVAL); the host cgroups get the online
+    /// part of what they had, and the rest once the cpu is back (the record stays until then).
+    #[test]
+    fn host_cpusets_get_back_only_online_cpus_and_the_rest_when_they_return() {
+        let dir = tempfile::tempdir().unwrap();
+        tree(
+            dir.path(),
+            &[
+                ("", "0-7", "1"),
+                ("kp", "0-7", "1"),
+                ("kp/c", "2-3", "1"),
+                ("system.slice", "0-7", "1"),
+                ("system.slice/a.service", "0-7", "1"),
+            ],
+        );
+        let fs = CgroupFs::open(dir.path()).unwrap();
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V1,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        );
+        sched.apply(&[(path("kp/c"), set("2-3"))]);
+        assert_eq!(read(dir.path(), "system.slice", "cpuset.cpus"), "0-1");
+        // cpu 5 goes offline: v1 takes it out of the root's (and every) cpuset.
+        fs::write(dir.path().join("cpuset.cpus"), "0-4,6-7\n").unwrap();
+        let outcome = sched.apply(&[]);
+        assert!(outcome.errors.is_empty(), "{outcome:?}");
+        assert_eq!(read(dir.path(), "system.slice", "cpuset.cpus"), "0-4,6-7");
+        assert_eq!(
+            read(dir.path(), "system.slice/a.service", "cpuset.cpus"),
+            "0-4,6-7"
+        );
+        assert_eq!(read(dir.path(), "", "cpuset.sched_load_balance"), "1");
+        assert_eq!(sched.saved().host.len(), 2, "{:?}", sched.saved());
+        // Back online: the rest follows at the next round.
+        fs::write(dir.path().join("cpuset.cpus"), "0-7\n").unwrap();
+        sched.apply(&[]);
+        assert_eq!(read(dir.path(), "system.slice", "cpuset.cpus"), "0-7");
+        assert_eq!(
+            read(dir.path(), "system.slice/a.service", "cpuset.cpus"),
+            "0-7"
+        );
+        assert!(sched.saved().is_empty(), "{:?}", sched.saved());
+    }
+
+    /// Write-ahead (issue 23 item 4): every original is in the host record before its value
+    /// changes, and nothing is changed while the record cannot be written.
+    #[test]
+    fn originals_are_recorded_before_anything_changes_or_nothing_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let cgroups = dir.path().join("cpuset");
+        tree(
+            &cgroups,
+            &[
+                ("", "0-7", "1"),
+                ("kp", "0-7", "1"),
+                ("kp/c", "2-3", "1"),
+                ("system.slice", "0-7", "1"),
+            ],
+        );
+        let fs = CgroupFs::open(&cgroups).unwrap();
+        let wanted = [(path("kp/c"), set("2-3"))];
+        // A state dir that cannot be made (a file in its way): nothing is written.
+        let blocked = dir.path().join("blocked");
+        fs::write(&blocked, "").unwrap();
+        let mut refused = SchedBalance::new(
+            fs.clone(),
+            CgroupVersion::V1,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        )
+        .with_journal(HostJournal::new(&blocked.join("state"), None));
+        let outcome = refused.apply(&wanted);
+        assert_eq!(outcome.written, 0, "{outcome:?}");
+        assert!(
+            outcome.errors[0].contains("left alone while their originals cannot be recorded"),
+            "{outcome:?}"
+        );
+        assert_eq!(read(&cgroups, "", "cpuset.sched_load_balance"), "1");
+        assert_eq!(read(&cgroups, "system.slice", "cpuset.cpus"), "0-7");
+        assert!(!refused.saved().has_changes(), "{:?}", refused.saved());
+        // A usable one: the record holds every original the tree lost.
+        let state = dir.path().join("state");
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V1,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        )
+        .with_journal(HostJournal::new(&state, None));
+        sched.apply(&wanted);
+        let record = crate::checkpoint::host::load_host_record(&state)
+            .unwrap()
+            .unwrap();
+        assert_eq!(record.sched.host["system.slice"], "0-7");
+        assert_eq!(record.sched.flags[""], "1");
+        sched.apply(&[]);
+        let record = crate::checkpoint::host::load_host_record(&state)
+            .unwrap()
+            .unwrap();
+        assert!(!record.sched.has_changes(), "{record:?}");
     }
 
     #[test]

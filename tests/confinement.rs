@@ -31,7 +31,7 @@ const WRITE_SITES: &[(&str, &str)] = &[
     ),
     (
         "src/checkpoint/store.rs",
-        "state.json, its temporary file, quarantined files (state dir)",
+        "state.json, host.json (the host originals, written ahead), their temporary files, quarantined files (state dir)",
     ),
     ("src/checkpoint/lock.rs", "<state-dir>/lock"),
     (
@@ -53,7 +53,7 @@ const WRITE_SITES: &[(&str, &str)] = &[
     ),
     (
         "src/cli/reset.rs",
-        "reset: removes state.json from the state dir",
+        "reset: removes state.json and host.json from the state dir",
     ),
     (
         "src/cli/demo.rs",

@@ -7,15 +7,20 @@
 //! (`CPUSETD_CRASH_KILLS` for more); the counts are printed at the end.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
 use std::thread;
 use std::time::Duration;
+
+use cpusetd::cgroupfs::CgroupVersion;
 
 use cpusetd::checkpoint::{self, LoadOutcome};
 use cpusetd::cpuset::CpuSet;
 use cpusetd::kubesim::{new_pod_uid, ContainerSpec, PodSpec, Qos};
 use serde_json::Value;
 
+use crate::agent_util::{pod, poll_until, AgentProcess, TestNode, DEADLINE};
 use crate::harness::{now_ms, rows, Node};
+use crate::isolation::{add_host_cgroups, cpuset_file, fake_proc, irq_file, reset_with_proc};
 
 /// xorshift64*: a tiny seeded generator, so a failing run can be replayed.
 struct Rng(u64);
@@ -181,9 +186,8 @@ fn check_invariants(node: &Node, status: &Value, context: &str) {
         let path = row["path"].as_str().unwrap_or_default();
         let current = CpuSet::parse(row["current"].as_str().unwrap_or_default()).unwrap();
         // Read the file too: status is the agent's own view of the tree.
-        let on_disk =
-            std::fs::read_to_string(node.file(&format!("kubepods/{path}"), "cpuset.cpus"))
-                .map(|t| CpuSet::parse(&t).unwrap());
+        let on_disk = fs::read_to_string(node.file(&format!("kubepods/{path}"), "cpuset.cpus"))
+            .map(|t| CpuSet::parse(&t).unwrap());
         if let Ok(on_disk) = on_disk {
             assert_eq!(
                 on_disk, current,
@@ -293,4 +297,205 @@ fn kill_9_at_random_points_never_loses_or_leaks_a_pin() {
         unexpected.is_empty(),
         "the agent made writes cgroup v1 refuses:\n{unexpected:?}"
     );
+}
+
+/// How a node recovers after the agent was killed: a new agent and the pod's removal, or
+/// `cpusetd reset` with the pod still there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recovery {
+    RestartAndRemove,
+    Reset,
+}
+
+/// What the agent may change outside kubepods, as `(what, value)`: the root's and kubepods'
+/// load-balancing flags, the host cpusets, the default IRQ mask and every IRQ's affinity.
+fn host_settings(node: &TestNode, proc: &std::path::Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for rel in ["", "kubepods", "system.slice", "user.slice"] {
+        out.insert(
+            format!("{rel}/cpuset.sched_load_balance"),
+            cpuset_file(node, rel, "cpuset.sched_load_balance"),
+        );
+    }
+    for rel in [
+        "system.slice",
+        "system.slice/ssh.service",
+        "user.slice",
+        "user.slice/user-1000.slice",
+    ] {
+        out.insert(
+            format!("{rel}/cpuset.cpus"),
+            cpuset_file(node, rel, "cpuset.cpus"),
+        );
+    }
+    for file in [
+        "default_smp_affinity",
+        "24/smp_affinity_list",
+        "25/smp_affinity_list",
+        "26/smp_affinity_list",
+    ] {
+        out.insert(format!("irq/{file}"), irq_file(proc, file));
+    }
+    out
+}
+
+/// One round: the agent is started with `kill:<file>:<n>` and a pod asking for both
+/// isolation annotations arrives, then goes; returns `false` when the agent made fewer than
+/// `n` writes of `file` (nothing was killed). Otherwise the node recovers as `recovery` says
+/// and every host setting must be what it was before the agent ran.
+fn kill_after_nth_write(
+    node: &TestNode,
+    proc: &std::path::Path,
+    file: &str,
+    n: u32,
+    recovery: Recovery,
+) -> bool {
+    let originals = host_settings(node, proc);
+    let proc_arg = proc.display().to_string();
+    let flags = ["--isolate-host", "--proc-root", proc_arg.as_str()];
+    let mut command = node.agent_command(&flags);
+    command.env("CPUSETD_FAULTS", format!("kill:{file}:{n}"));
+    let log = node
+        .base
+        .join(format!("agent-kill-{file}-{n}-{recovery:?}.log"));
+    let mut agent = AgentProcess::spawn(command, &log, node.refusals());
+    let rt = pod(
+        "rt",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("dpdk", 2000)],
+    );
+    node.fake.annotate_pod(
+        &rt.uid,
+        &[
+            ("cpu-load-balancing.crio.io", "disable"),
+            ("irq-load-balancing.crio.io", "disable"),
+        ],
+    );
+    let context = format!("kill after write {n} of {file}, then {recovery:?}");
+    let isolated = |node: &TestNode| {
+        cpuset_file(node, "", "cpuset.sched_load_balance") == "0"
+            && cpuset_file(node, "system.slice/ssh.service", "cpuset.cpus") == "0"
+            && irq_file(proc, "24/smp_affinity_list") == "0,2-8,10-15"
+            && irq_file(proc, "default_smp_affinity") == "fdfd"
+    };
+    let mut pod_there = poll_until(DEADLINE, || {
+        agent.exited().map(|_| ()).or_else(|| {
+            fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("first pass:")
+                .then_some(())
+        })
+    })
+    .is_some();
+    assert!(
+        pod_there,
+        "{context}: the agent did not start: {}",
+        agent.log()
+    );
+    pod_there = false;
+    if agent.exited().is_none() {
+        node.fake.start_pod(&rt).unwrap();
+        pod_there = true;
+        let done = poll_until(DEADLINE, || {
+            (agent.exited().is_some() || isolated(node)).then_some(())
+        });
+        assert!(done.is_some(), "{context}: never isolated: {}", agent.log());
+    }
+    if agent.exited().is_none() {
+        node.fake.remove_pod(&rt).unwrap();
+        pod_there = false;
+        let done = poll_until(DEADLINE, || {
+            (agent.exited().is_some() || host_settings(node, proc) == originals).then_some(())
+        });
+        assert!(done.is_some(), "{context}: never restored: {}", agent.log());
+    }
+    // The agent makes the writes it owes before it stops: the kill may come then.
+    if agent.exited().is_none() && agent.stop().success() {
+        // Fewer than n writes of this file: nothing left to kill after.
+        assert_eq!(host_settings(node, proc), originals, "{context}");
+        return false;
+    }
+    let killed = agent.wait_exit(DEADLINE).unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&killed),
+        Some(9),
+        "{context}: {}",
+        agent.log()
+    );
+    match recovery {
+        Recovery::RestartAndRemove => {
+            let mut again = node.start_agent(&flags);
+            if pod_there {
+                node.fake.remove_pod(&rt).unwrap();
+            }
+            let back = poll_until(DEADLINE, || {
+                (host_settings(node, proc) == originals).then_some(())
+            });
+            let now = host_settings(node, proc);
+            assert!(
+                back.is_some(),
+                "{context}: not restored:\n{now:#?}\nwanted\n{originals:#?}\n{}\n{}",
+                fs::read_to_string(&log).unwrap_or_default(),
+                again.log()
+            );
+            assert!(again.stop().success(), "{context}: {}", again.log());
+        }
+        Recovery::Reset => {
+            let out = reset_with_proc(node, proc);
+            let now = host_settings(node, proc);
+            assert_eq!(
+                now,
+                originals,
+                "{context}: reset did not restore (reset said {} {})\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                fs::read_to_string(&log).unwrap_or_default()
+            );
+            assert!(out.status.success(), "{context}: {out:?}");
+            if pod_there {
+                node.fake.remove_pod(&rt).unwrap();
+            }
+        }
+    }
+    true
+}
+
+/// Issue 23 item 4: a `kill -9` right after any write the agent makes outside kubepods (each
+/// load-balancing flag, each host cpuset, the default IRQ mask, each IRQ's affinity, and every
+/// other cgroup write between them) must never lose the setting from before: a new agent and
+/// the pod's removal, or `cpusetd reset`, put every one back. Every write point, in turn.
+#[test]
+fn kill_9_after_every_host_write_then_restart_or_reset_restores_every_original() {
+    let node = TestNode::new(CgroupVersion::V1);
+    add_host_cgroups(&node);
+    // A user's slice set up as systemd does on v1 (the fixture's user.slice is empty).
+    let user = node.fake.file("user.slice/user-1000.slice", "cpuset.cpus");
+    fs::create_dir_all(user.parent().unwrap()).unwrap();
+    fs::write(node.fake.file("user.slice", "cpuset.cpus"), "0-15\n").unwrap();
+    fs::write(&user, "0-15\n").unwrap();
+    fs::write(user.with_file_name("cpuset.mems"), "0-1\n").unwrap();
+    fs::write(user.with_file_name("cpuset.sched_load_balance"), "1\n").unwrap();
+    let proc = fake_proc(&node);
+    let mut rounds = BTreeMap::new();
+    for file in [
+        "cpuset.sched_load_balance",
+        "default_smp_affinity",
+        "smp_affinity_list",
+        "cpuset.cpus",
+    ] {
+        for recovery in [Recovery::RestartAndRemove, Recovery::Reset] {
+            let mut n = 1;
+            while kill_after_nth_write(&node, &proc, file, n, recovery) {
+                n += 1;
+            }
+            rounds.insert(format!("{file} {recovery:?}"), n - 1);
+        }
+    }
+    println!(
+        "crash: a kill -9 after every host-side write point, then restart or reset: {rounds:?}"
+    );
+    for (what, kills) in &rounds {
+        assert!(*kills > 0, "{what}: no write to kill after");
+    }
+    node.assert_clean();
 }

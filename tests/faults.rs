@@ -744,3 +744,44 @@ fn too_few_inotify_watches_at_start_degrade_to_periodic_scans() {
     node.settled(now_ms(), pinned("db", 1));
     node.assert_running();
 }
+
+/// Issue 23 item 4, write-ahead: while the originals of host changes cannot be recorded
+/// (`host.json` cannot be written: `hostrecord:EROFS`), no flag, host cpuset or IRQ affinity
+/// is changed, and the agent says why; the pod is pinned all the same.
+#[test]
+fn host_changes_are_not_made_while_their_originals_cannot_be_recorded() {
+    use crate::agent_util::TestNode;
+    use crate::isolation::{add_host_cgroups, cpuset_file, fake_proc, irq_file};
+    let node = TestNode::new(cpusetd::cgroupfs::CgroupVersion::V1);
+    add_host_cgroups(&node);
+    let proc = fake_proc(&node);
+    let proc_arg = proc.display().to_string();
+    let mut command = node.agent_command(&["--isolate-host", "--proc-root", &proc_arg]);
+    command.env("CPUSETD_FAULTS", "hostrecord:EROFS:100000");
+    let log = node.base.join("agent-hostrecord.log");
+    let mut agent = AgentProcess::spawn(command, &log, node.refusals());
+    agent.wait_for_log("first pass:");
+    let rt = crate::agent_util::pod(
+        "rt",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("dpdk", 2000)],
+    );
+    node.fake.annotate_pod(
+        &rt.uid,
+        &[
+            ("cpu-load-balancing.crio.io", "disable"),
+            ("irq-load-balancing.crio.io", "disable"),
+        ],
+    );
+    let id = node.fake.start_pod(&rt).unwrap().remove(0);
+    node.wait_cpus(&id, "1,9");
+    agent.wait_for_log("interrupt affinities left alone while their originals cannot be recorded");
+    agent.wait_for_log("host settings left alone while their originals cannot be recorded");
+    assert_eq!(cpuset_file(&node, "", "cpuset.sched_load_balance"), "1");
+    assert_eq!(cpuset_file(&node, "system.slice", "cpuset.cpus"), "0-15");
+    assert_eq!(irq_file(&proc, "24/smp_affinity_list"), "0-15");
+    assert_eq!(irq_file(&proc, "default_smp_affinity"), "ffff");
+    assert!(!node.state_dir().join("host.json").exists());
+    assert!(agent.stop().success());
+    node.assert_clean();
+}

@@ -235,3 +235,39 @@ fn hotplug_reserved_cpus_offline_at_start_and_while_running() {
     assert!(agent.stop().success());
     node.assert_clean();
 }
+
+/// Issue 23 item 8: a cpu goes offline while `--isolate-host` confines the host cpusets. When
+/// the pod goes, the host gets back only the online part of what it had (the kernel refuses an
+/// offline cpu with EINVAL, as the fake kernel does), and the rest once the cpu is back.
+#[test]
+fn hotplug_v1_confined_host_cpusets_get_back_online_cpus_then_the_rest() {
+    let node = TestNode::with_writable_sysfs(CgroupVersion::V1);
+    crate::isolation::add_host_cgroups(&node);
+    let host = |rel: &str| crate::isolation::cpuset_file(&node, rel, "cpuset.cpus");
+    let mut agent = node.start_agent(&["--isolate-host"]);
+    let rt = guaranteed("rt", 2000);
+    node.fake
+        .annotate_pod(&rt.uid, &[("cpu-load-balancing.crio.io", "disable")]);
+    let id = node.fake.start_pod(&rt).unwrap().remove(0);
+    node.wait_cpus(&id, "1,9");
+    agent.wait_until("the host confined", DEADLINE, || {
+        host("system.slice/ssh.service") == "0"
+    });
+    node.set_cpu_online(5, false);
+    agent.wait_for_log("cpus 5 went offline");
+    node.fake.remove_pod(&rt).unwrap();
+    agent.wait_until("the host's online cpus back", DEADLINE, || {
+        host("system.slice/ssh.service") == "0-4,6-15"
+    });
+    assert_eq!(host("system.slice"), "0-4,6-15");
+    node.set_cpu_online(5, true);
+    agent.wait_for_log("cpus 5 came online");
+    agent.wait_until("the rest back", DEADLINE, || {
+        host("system.slice/ssh.service") == "0-15"
+    });
+    assert_eq!(host("system.slice"), "0-15");
+    assert!(agent.stop().success());
+    let refused = fs::read_to_string(node.refusal_log()).unwrap_or_default();
+    assert!(!refused.contains("system.slice"), "{refused}");
+    node.assert_clean();
+}

@@ -233,7 +233,7 @@ fn reset_without_kubepods_still_restores_and_succeeds() {
 
 /// Host cgroups in the cpuset hierarchy, outside kubepods, as systemd would make them on v1:
 /// `system.slice` on every CPU with a service below it, `user.slice` not set up (empty).
-fn add_host_cgroups(node: &TestNode) {
+pub(crate) fn add_host_cgroups(node: &TestNode) {
     let root = node.fake.file("", "cpuset.cpus");
     let root = root.parent().unwrap();
     for (rel, cpus) in [
@@ -249,7 +249,7 @@ fn add_host_cgroups(node: &TestNode) {
 }
 
 /// A cpuset file of the fake tree (`rel` relative to the cpuset root; "" the root).
-fn cpuset_file(node: &TestNode, rel: &str, file: &str) -> String {
+pub(crate) fn cpuset_file(node: &TestNode, rel: &str, file: &str) -> String {
     fs::read_to_string(node.fake.file(rel, file))
         .unwrap()
         .trim()
@@ -616,5 +616,123 @@ fn losing_the_exclusive_cpus_gives_load_balancing_back() {
         "{row:?}"
     );
     assert!(agent.stop().success());
+    node.assert_clean();
+}
+
+/// Issue 23 item 27: quotas lifted by a run without `--keep-cfs-quota` are put back (from the
+/// checkpoint's originals) when the agent restarts with it, the container's and its pod's;
+/// those `cpu-quota.crio.io: "disable"` asks for stay lifted.
+#[test]
+fn restarting_with_keep_cfs_quota_puts_back_the_quotas_lifted_before() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let plain = pod(
+        "plain",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("app", 1000)],
+    );
+    let fast = pod(
+        "fast",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("app", 1000)],
+    );
+    node.fake
+        .annotate_pod(&fast.uid, &[("cpu-quota.crio.io", "disable")]);
+    let plain_id = node.fake.start_pod(&plain).unwrap().remove(0);
+    let fast_id = node.fake.start_pod(&fast).unwrap().remove(0);
+    node.wait_status("pinned", |s| s.exclusive_cpu_count == 2 && s.converged());
+    let quota = |p, id| node.read(p, id, "cpu.cfs_quota_us");
+    let lifted = poll_until(DEADLINE, || {
+        [
+            quota(&plain, &plain_id),
+            quota(&plain, ""),
+            quota(&fast, &fast_id),
+            quota(&fast, ""),
+        ]
+        .iter()
+        .all(|q| q == "-1")
+        .then_some(())
+    });
+    assert!(lifted.is_some(), "{}", agent.log());
+    assert!(agent.stop().success());
+
+    let mut agent = node.start_agent(&["--keep-cfs-quota"]);
+    let back = poll_until(DEADLINE, || {
+        (quota(&plain, &plain_id) == "100000" && quota(&plain, "") == "100000").then_some(())
+    });
+    assert!(
+        back.is_some(),
+        "container {} pod {}: {}",
+        quota(&plain, &plain_id),
+        quota(&plain, ""),
+        agent.log()
+    );
+    assert_eq!(quota(&fast, &fast_id), "-1");
+    assert_eq!(quota(&fast, ""), "-1");
+    assert!(agent.stop().success());
+    // Put back: nothing left to restore for it; the annotated pod's lifts stay recorded.
+    let saved: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(node.checkpoint()).unwrap()).unwrap();
+    let lifted = saved["quota_lifted"].to_string();
+    assert!(!lifted.contains(&plain.uid), "{lifted}");
+    assert!(lifted.contains(&fast.uid), "{lifted}");
+    node.assert_clean();
+}
+
+/// Issue 23 item 5: a host cgroup made while `--isolate-host` confines its parent copies the
+/// parent's narrowed cpus (as systemd and runc do); it gets the parent's cpus back with it,
+/// when the pod goes and on `reset`.
+#[test]
+fn host_cgroups_made_during_confinement_are_widened_when_the_pod_goes_and_by_reset() {
+    let node = TestNode::new(CgroupVersion::V1);
+    add_host_cgroups(&node);
+    let made_now = |rel: &str| {
+        let file = node.fake.file(rel, "cpuset.cpus");
+        let dir = file.parent().unwrap();
+        fs::create_dir_all(dir).unwrap();
+        let parent = fs::read_to_string(dir.parent().unwrap().join("cpuset.cpus")).unwrap();
+        fs::write(&file, parent).unwrap();
+        fs::write(dir.join("cpuset.mems"), "0-1\n").unwrap();
+        fs::write(dir.join("cpuset.sched_load_balance"), "1\n").unwrap();
+    };
+    for recovery in ["pod goes", "reset"] {
+        let mut agent = node.start_agent(&["--isolate-host"]);
+        let (rt, id) = start_lb_pod(&node, "disable");
+        node.wait_cpus(&id, "1,9");
+        agent.wait_until("the host confined", DEADLINE, || {
+            cpuset_file(&node, "system.slice/ssh.service", "cpuset.cpus") == "0"
+        });
+        let service = format!("system.slice/new-{}.service", recovery.len());
+        made_now(&service);
+        made_now(&format!("{service}/payload"));
+        assert_eq!(cpuset_file(&node, &service, "cpuset.cpus"), "0");
+        if recovery == "reset" {
+            assert!(agent.stop().success());
+            let out = node.cpusetd("reset", &[]);
+            assert!(out.status.success(), "{}", stderr(&out));
+        } else {
+            node.fake.remove_pod(&rt).unwrap();
+            agent.wait_until("the host widened", DEADLINE, || {
+                cpuset_file(&node, "system.slice", "cpuset.cpus") == "0-15"
+            });
+            assert!(agent.stop().success());
+        }
+        for rel in [
+            "system.slice",
+            "system.slice/ssh.service",
+            &service,
+            &format!("{service}/payload"),
+        ] {
+            assert_eq!(
+                cpuset_file(&node, rel, "cpuset.cpus"),
+                "0-15",
+                "{recovery}: {rel}"
+            );
+        }
+        if recovery == "reset" {
+            node.fake.remove_pod(&rt).unwrap();
+        }
+    }
+    assert_no_host_refusal(&node);
     node.assert_clean();
 }

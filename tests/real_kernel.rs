@@ -114,6 +114,78 @@ fn path(text: &str) -> CgroupPath {
     CgroupPath::new(text).unwrap()
 }
 
+/// Issue 23 item 5 on the real v1 kernel: with the host confined for a load-balancing pod, a
+/// service cgroup made meanwhile gets its parent's narrowed cpus (as runc, libvirt and systemd
+/// copy them); when the pod goes, it is widened with its parent. The subtree stands in for the
+/// hierarchy (its top for the root; the machine's root keeps balancing).
+#[test]
+fn real_host_cgroups_made_during_confinement_are_widened_with_their_parents() {
+    use cpusetd::sched_balance::{SchedBalance, SchedSaved};
+    if let Some(reason) = skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let root = Path::new(CPUSET_MOUNT);
+    let all = fs::read_to_string(root.join("cpuset.cpus")).unwrap();
+    let all = CpuSet::parse(all.trim()).unwrap();
+    if all.len() < 2 {
+        println!("skipped: fewer than 2 cpus");
+        return;
+    }
+    let first = all.iter().next().unwrap();
+    let last = all.iter().last().unwrap();
+    let mems = fs::read_to_string(root.join("cpuset.mems")).unwrap();
+    let tree = Subtree::new(&[root]);
+    let top = root.join(&tree.name);
+    let set_up = |rel: &str, cpus: &str| {
+        tree.create(rel);
+        let dir = top.join(rel);
+        fs::write(dir.join("cpuset.mems"), mems.trim()).unwrap();
+        fs::write(dir.join("cpuset.cpus"), cpus).unwrap();
+    };
+    set_up("", &all.to_string());
+    for rel in ["kp", "system.slice", "system.slice/old.service"] {
+        set_up(rel, &all.to_string());
+    }
+    set_up("kp/c", &last.to_string());
+    let fs_top = CgroupFs::open(&top).unwrap();
+    let reserved = CpuSet::parse(&first.to_string()).unwrap();
+    let mut sched = SchedBalance::new(
+        fs_top.clone(),
+        CgroupVersion::V1,
+        path("kp"),
+        Some(reserved.clone()),
+        SchedSaved::default(),
+    );
+    let wanted = [(path("kp/c"), CpuSet::parse(&last.to_string()).unwrap())];
+    let outcome = sched.apply(&wanted);
+    assert!(outcome.errors.is_empty(), "{outcome:?}");
+    let cpus = |rel: &str| {
+        fs::read_to_string(top.join(rel).join("cpuset.cpus"))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    assert_eq!(cpus("system.slice"), reserved.to_string());
+    assert_eq!(cpus("system.slice/old.service"), reserved.to_string());
+    // A service started meanwhile: its maker copies the parent's cpus, as runc does.
+    set_up("system.slice/new.service", &cpus("system.slice"));
+    set_up("system.slice/new.service/payload", &cpus("system.slice"));
+    let outcome = sched.apply(&[]);
+    assert!(outcome.errors.is_empty(), "{outcome:?}");
+    for rel in [
+        "system.slice",
+        "system.slice/old.service",
+        "system.slice/new.service",
+        "system.slice/new.service/payload",
+    ] {
+        assert_eq!(cpus(rel), all.to_string(), "{rel}");
+    }
+    let flag = fs::read_to_string(top.join("cpuset.sched_load_balance")).unwrap();
+    assert_eq!(flag.trim(), "1");
+    assert!(sched.saved().is_empty(), "{:?}", sched.saved());
+}
+
 #[test]
 fn real_cpuset_reads_writes_and_kernel_refusals() {
     if let Some(reason) = skip_reason() {

@@ -158,15 +158,29 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     };
     let degraded = watcher.is_none();
 
+    let (mut restored_irq, mut restored_sched) = (restored.irq, restored.sched);
+    let host_record = match checkpoint::host::load_host_record(&state_dir) {
+        Ok(record) => record,
+        Err(why) => {
+            log::warn!("{why}: the checkpoint's record of host changes is used instead");
+            None
+        }
+    };
+    if let Some(record) = &host_record {
+        record.replace_in(&mut restored_sched, &mut restored_irq);
+    }
+    let journal = checkpoint::host::HostJournal::new(&state_dir, host_record.as_ref());
     let mut controller = Controller::new(parts);
-    controller.manage_irqs(IrqAffinity::new(&proc_root, restored.irq));
+    controller
+        .manage_irqs(IrqAffinity::new(&proc_root, restored_irq).with_journal(journal.clone()));
     let sched = SchedBalance::new(
         hierarchy.cpuset.clone(),
         hierarchy.version,
         kubepods.clone(),
         isolate_host,
-        restored.sched,
-    );
+        restored_sched,
+    )
+    .with_journal(journal);
     sched.say_support();
     controller.manage_sched_balance(sched);
     controller.follow_hotplug(hotplug);

@@ -5,7 +5,9 @@
 //! this (the module is compiled only with `debug_assertions`).
 //!
 //! Rules, for `cpuset.cpus` and `cpuset.mems`: an empty value is refused (EINVAL; cpusetd never
-//! writes one), a value not within the parent's is refused (EACCES), and a value that drops
+//! writes one), as is a value with a cpu or memory node the root cpuset does not have (EINVAL:
+//! offline, `update_cpumask`'s check against `top_cpuset`), a value not within the parent's is
+//! refused (EACCES), and a value that drops
 //! what a child holds is refused (EBUSY). Empty (uninitialised) parents and children do not
 //! constrain, as on a real v1 tree. The root cpuset's `cpuset.cpus` and `cpuset.mems` are the
 //! kernel's: a write is refused (EACCES). `cpuset.sched_load_balance` takes a decimal number
@@ -184,6 +186,12 @@ fn rules(
             .and_then(|text| CpuSet::parse(&text).ok())
             .filter(|set| !set.is_empty())
     };
+    // The root's sets are what is online (v1 keeps them so): anything else is EINVAL.
+    if let Some(online) = read(&CgroupPath::root()) {
+        if !new.is_subset(&online) {
+            return refuse(Errno::EINVAL, format!("not online (online: {online})"));
+        }
+    }
     if let Some(parent) = cgroup.parent().filter(|p| !p.is_root()) {
         if let Some(held) = read(&parent) {
             if !new.is_subset(&held) {
@@ -309,6 +317,41 @@ mod tests {
         assert!(
             logged.contains("kp/pod/cpuset.cpus = \"0-1\": EBUSY"),
             "{logged}"
+        );
+    }
+
+    /// v1's `update_cpumask`/`update_nodemask`: a cpu (memory node) the root cpuset does not
+    /// have, i.e. one that is offline, is refused with EINVAL, before any other check.
+    #[test]
+    fn refuses_offline_cpus_and_memory_nodes() {
+        let dir = tempfile::tempdir().unwrap();
+        for (rel, cpus) in [("", "0-4,6-7"), ("system.slice", "0"), ("kp", "0-4,6-7")] {
+            std::fs::create_dir_all(dir.path().join(rel)).unwrap();
+            std::fs::write(
+                dir.path().join(rel).join("cpuset.cpus"),
+                format!("{cpus}\n"),
+            )
+            .unwrap();
+            std::fs::write(dir.path().join(rel).join("cpuset.mems"), "0\n").unwrap();
+        }
+        let fs = CgroupFs::open(dir.path()).unwrap();
+        let path = |p: &str| CgroupPath::new(p).unwrap();
+        let errno = |r: Result<(), io::Error>| r.unwrap_err().raw_os_error();
+        let cpus = InterfaceFile::CpusetCpus;
+        assert_eq!(
+            errno(rules(&fs, &path("system.slice"), cpus, "0-7", None)),
+            Some(Errno::EINVAL as i32)
+        );
+        rules(&fs, &path("system.slice"), cpus, "0-4,6-7", None).unwrap();
+        assert_eq!(
+            errno(rules(
+                &fs,
+                &path("kp"),
+                InterfaceFile::CpusetMems,
+                "0-1",
+                None
+            )),
+            Some(Errno::EINVAL as i32)
         );
     }
 }

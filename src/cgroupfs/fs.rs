@@ -403,6 +403,20 @@ impl CgroupFs {
         file: InterfaceFile,
         value: &str,
     ) -> Result<(), CgroupError> {
+        let written = self.write_once(cgroup, file, value);
+        #[cfg(debug_assertions)]
+        if written.is_ok() {
+            crate::faults::written(file.name());
+        }
+        written
+    }
+
+    fn write_once(
+        &self,
+        cgroup: &CgroupPath,
+        file: InterfaceFile,
+        value: &str,
+    ) -> Result<(), CgroupError> {
         let path = self.file_path(cgroup, file);
         #[cfg(debug_assertions)]
         let _cgroup_mutex = super::fake_kernel::lock(self, file);

@@ -1,5 +1,6 @@
 //! The agent's own state file, `<state-dir>/state.json`, the lock that keeps a second agent out,
-//! and the reader for kubelet's `cpu_manager_state` (the way in from kubelet's static policy).
+//! the reader for kubelet's `cpu_manager_state` (the way in from kubelet's static policy), and
+//! [`host`]: `<state-dir>/host.json`, the originals of host changes, written ahead of each.
 //!
 //! The checkpoint never decides anything on start: the live cgroup tree wins, the checkpoint only
 //! fills in what the tree cannot tell (container names, the quota changes to undo, the last
@@ -52,6 +53,7 @@
 //! [`MAX_FILE_SIZE`] bytes without following a symlink or blocking on a FIFO, and [`quarantine`]
 //! moves an unusable file aside as `state.json.corrupt-<unix-ms>` for an operator to inspect.
 
+pub mod host;
 pub mod kubelet_state;
 mod load;
 mod lock;

@@ -68,7 +68,33 @@ pub fn save(dir: &Path, checkpoint: &Checkpoint) -> Result<(), CheckpointError> 
     if let Some(source) = crate::faults::checkpoint_save() {
         return Err(CheckpointError::Write { path: tmp, source });
     }
-    write_fresh(&tmp, &bytes).map_err(|source| CheckpointError::Write {
+    replace(dir, &tmp, &path, &bytes)
+}
+
+/// Writes `<dir>/host.json` (the host originals, [`super::host`]) atomically, as [`save`]
+/// writes `state.json`.
+pub(super) fn save_host_record(dir: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    ensure_dir(dir)?;
+    let tmp = dir.join(super::host::HOST_TMP_FILE);
+    #[cfg(debug_assertions)]
+    if let Some(source) = crate::faults::host_record_save() {
+        return Err(CheckpointError::Write { path: tmp, source });
+    }
+    replace(dir, &tmp, &dir.join(super::host::HOST_FILE), bytes)
+}
+
+/// Removes `<dir>/host.json` (nothing left to restore); missing is fine.
+pub(super) fn remove_host_record(dir: &Path) -> io::Result<()> {
+    match fs::remove_file(dir.join(super::host::HOST_FILE)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// `bytes` into a fresh `tmp` (synced), renamed over `path`, the directory synced.
+fn replace(dir: &Path, tmp: &Path, path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let (tmp, path) = (tmp.to_path_buf(), path.to_path_buf());
+    write_fresh(&tmp, bytes).map_err(|source| CheckpointError::Write {
         path: tmp.clone(),
         source,
     })?;

@@ -193,7 +193,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
                 let step = match w.step {
                     WriteStep::Widen => "widen ",
                     WriteStep::Narrow => "narrow",
-                    WriteStep::LiftQuota => "quota ",
+                    WriteStep::LiftQuota | WriteStep::RestoreQuota => "quota ",
                 };
                 println!("  {step} {}/{} = {}", w.path, w.file.name(), w.value);
             }

@@ -1,7 +1,8 @@
 //! `cpusetd reset`: the way out. Widens every cgroup under the kubepods root back to every
 //! online CPU and memory node (top-down, so the kernel accepts every write), restores the CFS
 //! quotas the agent lifted (recorded in its checkpoint), puts back the interrupt affinities,
-//! scheduler load balancing flags and host cpusets it changed (also recorded there), and removes the checkpoint. Refuses to
+//! scheduler load balancing flags and host cpusets it changed (recorded there and, written ahead
+//! of each change, in `host.json`), and removes both files. Refuses to
 //! run while the agent holds the state lock, since the agent would pin everything again.
 
 use clap::Args;
@@ -11,11 +12,11 @@ use super::{CommandError, EXIT_FAILURE};
 use crate::cgroupfs::{CgroupFs, CgroupPath, CgroupVersion, InterfaceFile};
 use crate::checkpoint::{self, LoadOutcome, StateLock};
 use crate::cpuset::CpuSet;
-use crate::irq::IrqAffinity;
+use crate::irq::{IrqAffinity, IrqSaved};
 use crate::irqbalance::IrqbalanceOutcome;
 use crate::logging::error_chain;
 use crate::planner::{order_writes, parent_indexes, PlannedWrite, SetNode, WriteStep};
-use crate::sched_balance::SchedBalance;
+use crate::sched_balance::{SchedBalance, SchedSaved};
 use crate::writer::{apply, NewChildren};
 
 #[derive(Debug, Args)]
@@ -48,7 +49,7 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
         };
         let irq_failed = irq_failed || sched_failed;
         println!("no kubepods cgroup {kubepods}: no cgroup to reset");
-        remove_checkpoint(&args.state_dir);
+        remove_state(&args.state_dir, !irq_failed);
         return if irq_failed {
             Err(CommandError {
                 status: EXIT_FAILURE,
@@ -176,20 +177,18 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
             bare: false,
         });
     }
-    remove_checkpoint(&args.state_dir);
+    remove_state(&args.state_dir, true);
     Ok(())
 }
 
 /// Puts back the interrupt affinities the checkpoint says the agent changed. Returns whether
 /// some could not be.
 fn restore_irqs(args: &AgentArgs) -> bool {
-    let LoadOutcome::Loaded(cp) = checkpoint::load(&args.state_dir) else {
-        return false;
-    };
-    if cp.irq.is_empty() {
+    let (_, saved) = recorded_host_changes(&args.state_dir);
+    if saved.is_empty() {
         return false;
     }
-    let mut irqs = IrqAffinity::new(&args.tree.proc_root, (*cp.irq).clone());
+    let mut irqs = IrqAffinity::new(&args.tree.proc_root, saved);
     let outcome = irqs.apply(&CpuSet::new());
     println!(
         "interrupt affinities restored: {} file(s) written",
@@ -212,19 +211,13 @@ fn restore_irqs(args: &AgentArgs) -> bool {
 /// Puts back the scheduler load balancing flags and the host cpusets the checkpoint says the
 /// agent changed (on `fs`, the cpuset hierarchy). Returns whether some could not be.
 fn restore_sched(args: &AgentArgs, fs: CgroupFs, version: CgroupVersion) -> bool {
-    let LoadOutcome::Loaded(cp) = checkpoint::load(&args.state_dir) else {
-        return false;
-    };
-    if !cp.sched.has_changes() {
+    let (saved, _) = recorded_host_changes(&args.state_dir);
+    if !saved.has_changes() {
         return false;
     }
-    let (flags, host, partitions) = (
-        cp.sched.flags.len(),
-        cp.sched.host.len(),
-        cp.sched.partitions.len(),
-    );
+    let (flags, host, partitions) = (saved.flags.len(), saved.host.len(), saved.partitions.len());
     // What kubepods is does not matter to a restore: only what was recorded is written.
-    let mut sched = SchedBalance::new(fs, version, CgroupPath::root(), None, *cp.sched);
+    let mut sched = SchedBalance::new(fs, version, CgroupPath::root(), None, saved);
     let outcome = sched.apply(&[]);
     println!(
         "scheduler load balancing restored: {flags} cpuset(s) balance again, {host} host cgroup(s) get their cpus back, {partitions} partition(s) are members again; {} file(s) written",
@@ -234,6 +227,31 @@ fn restore_sched(args: &AgentArgs, fs: CgroupFs, version: CgroupVersion) -> bool
         eprintln!("cpusetd: cannot restore scheduler load balancing: {error}");
     }
     !outcome.errors.is_empty()
+}
+
+/// What the agent changed outside kubepods and recorded: the checkpoint's records, replaced by
+/// those of `host.json` (written ahead of each change, so never older) when there is one.
+fn recorded_host_changes(state_dir: &std::path::Path) -> (SchedSaved, IrqSaved) {
+    let (mut sched, mut irq) = match checkpoint::load(state_dir) {
+        LoadOutcome::Loaded(cp) => (*cp.sched, *cp.irq),
+        _ => Default::default(),
+    };
+    match checkpoint::host::load_host_record(state_dir) {
+        Ok(Some(record)) => record.replace_in(&mut sched, &mut irq),
+        Ok(None) => {}
+        Err(why) => eprintln!("cpusetd: {why}: the checkpoint's record of host changes is used"),
+    }
+    (sched, irq)
+}
+
+/// Removes the checkpoint, and the host record when everything in it was restored.
+fn remove_state(state_dir: &std::path::Path, host_restored: bool) {
+    remove_checkpoint(state_dir);
+    if host_restored {
+        if let Err(e) = checkpoint::host::remove_host_record_file(state_dir) {
+            log::warn!("cannot remove the host record: {e}");
+        }
+    }
 }
 
 fn remove_checkpoint(state_dir: &std::path::Path) {

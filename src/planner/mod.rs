@@ -56,6 +56,9 @@ pub enum WriteStep {
     Narrow,
     /// Lift the CFS quota of an exclusive container.
     LiftQuota,
+    /// Put back a quota lifted earlier that is no longer to be lifted (the agent adds these
+    /// from its record; the planner never does).
+    RestoreQuota,
 }
 
 /// One write of a plan.
@@ -386,12 +389,9 @@ fn cpuset_writes(
 /// kubelet's (and the kernel's) default CFS period.
 const DEFAULT_CFS_PERIOD_US: u64 = 100_000;
 
-/// `cpu.cfs_quota_us = -1` (v1) or `cpu.max = max PERIOD` (v2) for every exclusive container that is
-/// still throttled.
-/// CFS quota lifts: every container holding exclusive cpus, and its pod (kubelet's
-/// `DisableCPUQuotaWithExclusiveCPUs` leaves the pod-level quota unenforced too, or the pod's
-/// quota would still throttle the container). In scan (pre-)order: a pod before its containers.
-/// With `--keep-cfs-quota` only the containers whose pod says `cpu-quota.crio.io: "disable"`.
+/// The quota lifts of the plan: `cpu.cfs_quota_us = -1` (v1) or `cpu.max = max PERIOD` (v2)
+/// for each cgroup [`quota_lifted_cgroups`] names that is still throttled, in scan (pre-)order:
+/// a pod before its containers.
 fn quota_lifts<C: Borrow<Classification>>(
     scan: &Scan,
     classes: &[C],
@@ -399,6 +399,22 @@ fn quota_lifts<C: Borrow<Classification>>(
     assignments: &Assignments,
     keep_cfs_quota: bool,
 ) -> WritePlan {
+    let lift = quota_lifted_cgroups(scan, classes, parents, assignments, keep_cfs_quota);
+    quota_lifts_of(scan, &lift)
+}
+
+/// Which cgroups of `scan` are to run without a CFS quota: every container holding exclusive
+/// cpus, and its pod (kubelet's `DisableCPUQuotaWithExclusiveCPUs` leaves the pod-level quota
+/// unenforced too, or the pod's quota would still throttle the container). With
+/// `--keep-cfs-quota` only the containers whose pod says `cpu-quota.crio.io: "disable"`, and
+/// their pods.
+pub fn quota_lifted_cgroups<C: Borrow<Classification>>(
+    scan: &Scan,
+    classes: &[C],
+    parents: &[Option<usize>],
+    assignments: &Assignments,
+    keep_cfs_quota: bool,
+) -> Vec<bool> {
     let mut lift = vec![false; scan.cgroups.len()];
     for (i, class) in classes.iter().map(Borrow::borrow).enumerate() {
         let exclusive = class.kind == CgroupKind::Container
@@ -412,6 +428,10 @@ fn quota_lifts<C: Borrow<Classification>>(
             }
         }
     }
+    lift
+}
+
+fn quota_lifts_of(scan: &Scan, lift: &[bool]) -> WritePlan {
     let mut plan = Vec::new();
     for (i, cgroup) in scan.cgroups.iter().enumerate() {
         if !lift[i] {

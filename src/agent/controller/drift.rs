@@ -69,6 +69,9 @@ impl Controller {
             || self.deadlines.held_back.is_owed()
             || self.deadlines.full_pass.is_owed()
             || !self.deadlines.settling.is_empty()
+            // CPU hotplug rewrites every v1 cpuset; the planned values may hold a cpu that is
+            // offline now (the kernel refuses it: EINVAL): a full pass plans within the limits.
+            || self.limits_moved()
         {
             return None;
         }

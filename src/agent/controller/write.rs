@@ -82,7 +82,9 @@ impl Controller {
             &self.parts.assignments,
             &self.plan_config(limits),
         );
-        if !mode.is_full() {
+        if mode.is_full() {
+            self.plan_quota_restores(scan, classes, &mut planned);
+        } else {
             let all = planned.writes.len();
             planned
                 .writes
@@ -95,6 +97,48 @@ impl Controller {
             }
         }
         planned
+    }
+
+    /// Quotas the agent lifted earlier (its record, from the checkpoint) that are not to be
+    /// lifted now (`--keep-cfs-quota` given since, the pin gone) and are still unlimited get
+    /// their originals back: containers before their pods, so a pod's is never below a child's.
+    fn plan_quota_restores(&self, scan: &Scan, classes: &[Class], planned: &mut Plan) {
+        use crate::cgroupfs::{CpuSettings, FileValue, Quota};
+        if self.parts.quota_lifted.is_empty() {
+            return;
+        }
+        let lifted = crate::planner::quota_lifted_cgroups(
+            scan,
+            classes,
+            &planned.parents,
+            &planned.assignments,
+            self.parts.keep_cfs_quota,
+        );
+        for (i, cgroup) in scan.cgroups.iter().enumerate().rev() {
+            let Some(original) = self.parts.quota_lifted.get(&cgroup.path) else {
+                continue;
+            };
+            let file = match &cgroup.cpu {
+                CpuSettings::V1 {
+                    cfs_quota: FileValue::Value(Quota::Unlimited),
+                    ..
+                } => InterfaceFile::CpuCfsQuotaUs,
+                CpuSettings::V2 {
+                    max: FileValue::Value(max),
+                    ..
+                } if max.quota == Quota::Unlimited => InterfaceFile::CpuMax,
+                _ => continue,
+            };
+            if !lifted[i] {
+                planned.writes.push(crate::planner::PlannedWrite {
+                    cgroup: i,
+                    path: cgroup.path.clone(),
+                    file,
+                    value: original.clone(),
+                    step: WriteStep::RestoreQuota,
+                });
+            }
+        }
     }
 
     /// Forgets the pin failures of containers no longer asking: neither entitled to exclusive
@@ -215,7 +259,8 @@ impl Controller {
             .applied_writes
             .iter()
             .map(|&i| &planned.writes[i])
-            .filter(|w| w.step != WriteStep::LiftQuota && drifted.contains(&w.path))
+            .filter(|w| matches!(w.step, WriteStep::Widen | WriteStep::Narrow))
+            .filter(|w| drifted.contains(&w.path))
             .map(|w| &w.path)
             .collect();
         self.metrics.drift_repairs += repaired.len() as u64;
@@ -356,11 +401,12 @@ impl Controller {
         classes: &[Class],
         mode: &Mode,
     ) -> PassOutcome {
+        self.forget_restored_quotas(&planned, report);
         let changed = planned.assignments != self.parts.assignments
             || planned
                 .writes
                 .iter()
-                .any(|w| w.step == WriteStep::LiftQuota);
+                .any(|w| matches!(w.step, WriteStep::LiftQuota | WriteStep::RestoreQuota));
         self.metrics.record_pass(&planned, report);
         let unmet = planned
             .events
@@ -399,6 +445,16 @@ impl Controller {
             assignments_changed: changed,
             writes: report.applied,
             failed_writes: report.failed.len(),
+        }
+    }
+
+    /// A quota put back has nothing left to restore.
+    fn forget_restored_quotas(&mut self, planned: &Plan, report: &WriteReport) {
+        for &i in &report.applied_writes {
+            let write = &planned.writes[i];
+            if write.step == WriteStep::RestoreQuota {
+                self.parts.quota_lifted.remove(&write.path);
+            }
         }
     }
 
