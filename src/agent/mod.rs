@@ -482,6 +482,8 @@ struct PersistSlot {
 struct PersistJob {
     checkpoint: Option<Checkpoint>,
     metrics: Option<String>,
+    /// The last reconcile (Unix ms), for [`checkpoint::LAST_RECONCILE_FILE`].
+    last_reconcile: Option<u64>,
     stop: bool,
     /// The thread is writing a job it took.
     busy: bool,
@@ -517,6 +519,11 @@ impl Persist {
     }
 
     fn save(&mut self, controller: &Controller, checkpoint_changed: bool) {
+        let last_reconcile = controller
+            .metrics
+            .last_reconcile
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as u64);
         let checkpoint = checkpoint_changed.then(|| Checkpoint {
             policy: if controller.policy().is_some() {
                 Policy::Static
@@ -541,17 +548,14 @@ impl Persist {
                 .collect(),
             irq: Box::new(controller.irq_saved()),
             sched: Box::new(controller.sched_saved()),
-            last_reconcile_unix_ms: controller
-                .metrics
-                .last_reconcile
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map(|d| d.as_millis() as u64),
+            last_reconcile_unix_ms: last_reconcile,
         });
         let mut job = self.slot.pending.lock().unwrap_or_else(|e| e.into_inner());
         if checkpoint.is_some() {
             job.checkpoint = checkpoint;
         }
         job.metrics = Some(controller.metrics.render());
+        job.last_reconcile = last_reconcile;
         self.slot.wake.notify_one();
     }
 
@@ -577,6 +581,7 @@ fn persist_loop(
 ) {
     let mut failing = false;
     let mut metrics_failing = false;
+    let mut reconcile_written: Option<u64> = None;
     loop {
         let job = {
             let mut pending = slot.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -604,6 +609,21 @@ fn persist_loop(
                     }
                     failing = true;
                 }
+            }
+        }
+        // Before the metrics file, so what that says `status` already reads.
+        if let Some(ms) = job
+            .last_reconcile
+            .filter(|ms| reconcile_written != Some(*ms))
+        {
+            match checkpoint::write_last_reconcile(state_dir, ms) {
+                Ok(()) => reconcile_written = Some(ms),
+                // The checkpoint's failures are said; this file only keeps `status` current.
+                Err(e) => log::debug!(
+                    "cannot write {}/{}: {e}",
+                    state_dir.display(),
+                    checkpoint::LAST_RECONCILE_FILE
+                ),
             }
         }
         if let (Some(path), Some(text)) = (metrics_file, &job.metrics) {

@@ -58,7 +58,7 @@ mod lock;
 mod store;
 
 pub use load::{load, load_on_node, LoadOutcome, UnusableReason};
-pub use lock::{recorded_holder, LockError, StateLock};
+pub use lock::{lock_holder, LockError, LockHolder, StateLock};
 pub use store::{quarantine, save, CheckpointError, QUARANTINE_KEEP};
 
 use std::fmt;
@@ -85,6 +85,10 @@ pub const STATE_FILE: &str = "state.json";
 pub const TMP_FILE: &str = "state.json.tmp";
 /// The lock file in the state directory.
 pub const LOCK_FILE: &str = "lock";
+/// The agent's last reconcile (Unix milliseconds, one line), rewritten by its persist thread
+/// after every reconcile: the checkpoint is written only when something changed, so its
+/// `last_reconcile_unix_ms` lags by up to six periods on a quiet node.
+pub const LAST_RECONCILE_FILE: &str = "last-reconcile";
 /// Files larger than this are refused unread (ours are a few KiB; kubelet's are smaller).
 pub const MAX_FILE_SIZE: u64 = 1 << 20;
 
@@ -329,6 +333,37 @@ fn read_bounded(path: &Path, limit: u64) -> io::Result<Bounded> {
         return Ok(Bounded::TooLarge(data.len() as u64));
     }
     Ok(Bounded::Data(data))
+}
+
+/// The agent's last reconcile from [`LAST_RECONCILE_FILE`] (`None`: missing or unreadable).
+/// Read without following a symlink, at most 32 bytes.
+pub fn read_last_reconcile(dir: &Path) -> Option<u64> {
+    match read_bounded(&dir.join(LAST_RECONCILE_FILE), 32).ok()? {
+        Bounded::Data(bytes) => std::str::from_utf8(&bytes).ok()?.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+/// Writes [`LAST_RECONCILE_FILE`]: a fresh temporary file renamed over it (nothing planted
+/// there is followed), not synced: a crash loses at most a value the checkpoint also has.
+pub fn write_last_reconcile(dir: &Path, unix_ms: u64) -> io::Result<()> {
+    let tmp = dir.join(format!(".{LAST_RECONCILE_FILE}.tmp"));
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let written = File::options()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(OFlag::O_NOFOLLOW.bits())
+        .open(&tmp)
+        .and_then(|mut file| io::Write::write_all(&mut file, format!("{unix_ms}\n").as_bytes()))
+        .and_then(|()| std::fs::rename(&tmp, dir.join(LAST_RECONCILE_FILE)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// `<dir>/state.json`.

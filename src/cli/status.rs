@@ -1,5 +1,7 @@
 //! `cpusetd status`: every container, its class, the CPUs it should have and the CPUs it has,
 //! from the agent's checkpoint and the live tree. Works while the agent runs; needs no IPC.
+//! Whether an agent runs at all is said first (the state directory's lock tested, its holder a
+//! cpusetd): without one, exit 3 after the rest.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -10,7 +12,7 @@ use serde::Serialize;
 
 use super::node::{AgentArgs, NodeView};
 use super::CommandError;
-use crate::checkpoint::{self, LoadOutcome};
+use crate::checkpoint::{self, LoadOutcome, LockHolder};
 use crate::cpuset::CpuSet;
 use crate::planner::{desired_tree, names_from_assignments, parent_indexes, Plan, Pools};
 use crate::report::{render_table, rows, CgroupRow};
@@ -36,8 +38,24 @@ pub struct StatusArgs {
     map: bool,
 }
 
+/// `status` exits with this when no agent runs on the state directory (LSB's "program is not
+/// running", as `systemctl status` exits), after showing what the checkpoint and tree hold.
+pub const EXIT_NOT_RUNNING: u8 = 3;
+
+/// Whether an agent runs on the state directory.
+#[derive(Debug, Serialize)]
+struct AgentDoc {
+    running: bool,
+    /// Its pid, when it runs and recorded one.
+    pid: Option<u32>,
+    /// Why no agent runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    not_running: Option<String>,
+}
+
 #[derive(Debug, Serialize)]
 struct StatusDoc {
+    agent: AgentDoc,
     policy: String,
     reserved: String,
     shared_pool: String,
@@ -57,6 +75,7 @@ struct StatusDoc {
 #[derive(Debug)]
 pub struct StatusView {
     doc: StatusDoc,
+    state_dir: std::path::PathBuf,
     topology: Topology,
     reserved: CpuSet,
     irq: crate::irq::IrqSaved,
@@ -107,7 +126,24 @@ impl StatusView {
         for (index, (cpus, name)) in owners.iter().enumerate() {
             legend.push(format!("{:<2} {name}  cpus {cpus}", owner_key(index)));
         }
-        render_map(&self.topology, mark, &legend, style)
+        self.not_running_line() + &render_map(&self.topology, mark, &legend, style)
+    }
+
+    /// Why no agent runs on the state directory (`None`: one does).
+    pub fn not_running(&self) -> Option<&str> {
+        self.doc.agent.not_running.as_deref()
+    }
+
+    /// The line said first when no agent runs, or nothing.
+    fn not_running_line(&self) -> String {
+        match self.not_running() {
+            Some(why) => format!(
+                "cpusetd is not running on {}: {why}. Below: its last checkpoint and the live \
+                 tree, which nothing keeps in line\n\n",
+                self.state_dir.display()
+            ),
+            None => String::new(),
+        }
     }
 
     /// The header line and the table, as `cpusetd status` prints them (`wide`: with UIDs and
@@ -120,7 +156,8 @@ impl StatusView {
                 .map(|e| format!("{}s ago", e.as_secs()))
                 .unwrap_or_else(|_| "just now".into())
         });
-        let mut out = format!(
+        let mut out = self.not_running_line();
+        out += &format!(
             "policy {}: reserved {}, shared pool {} ({} cpus), exclusive {} ({} cpus), last reconcile {}\n\n",
             d.policy,
             d.reserved,
@@ -152,14 +189,36 @@ pub fn collect(
     state_dir: &Path,
     policy: Option<&crate::allocator::StaticPolicy>,
 ) -> Result<StatusView, CommandError> {
+    let agent = match checkpoint::lock_holder(state_dir) {
+        LockHolder::Agent(pid) => AgentDoc {
+            running: true,
+            pid,
+            not_running: None,
+        },
+        LockHolder::NotRunning(why) => AgentDoc {
+            running: false,
+            pid: None,
+            not_running: Some(why),
+        },
+    };
     let cp = match checkpoint::load(state_dir) {
         LoadOutcome::Loaded(cp) => cp,
         LoadOutcome::Missing => {
-            return Err(CommandError::usage(format!(
-                "no checkpoint in {}: is cpusetd running with --state-dir {}?",
-                state_dir.display(),
-                state_dir.display()
-            )))
+            return Err(match &agent.not_running {
+                Some(why) => CommandError {
+                    status: EXIT_NOT_RUNNING,
+                    message: format!(
+                        "cpusetd is not running on {}: {why}; no checkpoint there either",
+                        state_dir.display()
+                    ),
+                    bare: false,
+                },
+                None => CommandError::failure(&std::io::Error::other(format!(
+                    "the agent on {} has not written its first checkpoint yet (starting, or \
+                     waiting for the kubepods cgroup)",
+                    state_dir.display()
+                ))),
+            })
         }
         LoadOutcome::Unusable { path, reason } => {
             return Err(CommandError::failure(&std::io::Error::other(
@@ -234,11 +293,16 @@ pub fn collect(
     };
     let table = rows(&scan, &classes, &view, &in_force);
     let differing = table.iter().filter(|r| r.differs()).count();
+    let last_reconcile_unix_ms = cp
+        .last_reconcile_unix_ms
+        .max(checkpoint::read_last_reconcile(state_dir));
     Ok(StatusView {
+        state_dir: state_dir.to_path_buf(),
         topology: node.topology.clone(),
         reserved: cp.reserved.clone(),
         irq: (*cp.irq).clone(),
         doc: StatusDoc {
+            agent,
             policy: cp.policy.to_string(),
             reserved: cp.reserved.to_string(),
             shared_pool: cp.shared_pool.to_string(),
@@ -249,7 +313,7 @@ pub fn collect(
                 exclusive.to_string()
             },
             exclusive_cpu_count: exclusive.len(),
-            last_reconcile_unix_ms: cp.last_reconcile_unix_ms,
+            last_reconcile_unix_ms,
             containers: table,
             differing,
             irqbalance: None,
@@ -275,5 +339,12 @@ pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
     } else {
         print!("{}", view.render(args.wide));
     }
-    Ok(())
+    match view.not_running() {
+        Some(why) => Err(CommandError {
+            status: EXIT_NOT_RUNNING,
+            message: format!("not running on {}: {why}", args.agent.state_dir.display()),
+            bare: false,
+        }),
+        None => Ok(()),
+    }
 }

@@ -1,0 +1,135 @@
+//! `cpusetd status` and `cpusetd health` tell the truth (issue 23, items 13–18): what policy
+//! `none` means, the agent's own refusals, the live request, the last reconcile, whether an
+//! agent runs at all, and a table and map an operator can read. On fake nodes with the real
+//! agent binary; waiting always polls with a deadline.
+
+use std::fs;
+use std::process::{Child, Command, Stdio};
+
+use nix::fcntl::{Flock, FlockArg};
+use nix::sys::signal::Signal;
+
+use cpusetd::cgroupfs::CgroupVersion;
+
+use crate::agent_util::{best_effort, poll_until, TestNode, DEADLINE};
+use crate::util::{stderr, stdout};
+
+/// `status` exits with this when no agent runs on the state directory (LSB's "program is not
+/// running", as `systemctl status` exits).
+const NOT_RUNNING: i32 = 3;
+
+/// A process that is not cpusetd, alive until dropped.
+struct Sleeper(Child);
+
+impl Sleeper {
+    fn start() -> Sleeper {
+        Sleeper(
+            Command::new("sleep")
+                .arg("300")
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("start sleep"),
+        )
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// agent running `status` says so first and exits non-zero.
+#[test]
+fn status_shows_the_last_reconcile_and_says_when_no_agent_runs() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&["--cpu-manager-reconcile-period", "300ms"]);
+    node.fake.start_pod(&best_effort("be")).unwrap();
+    node.wait_status("settled", |s| s.converged() && !s.containers.is_empty());
+    // Quiet ticks (no full scan, no checkpoint) follow: the metrics file has each.
+    let quiet = node.metric("cpusetd_quiet_reconciles_total");
+    let found = poll_until(DEADLINE, || {
+        (node.metric("cpusetd_quiet_reconciles_total") >= quiet + 2.0).then_some(())
+    });
+    assert!(found.is_some(), "{:?}", node.metrics());
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let metric = node.metric("cpusetd_last_reconcile_timestamp_seconds");
+        let status = node.status().unwrap();
+        let shown = status.last_reconcile_unix_ms.unwrap_or(0) as f64 / 1000.0;
+        seen.push((metric, shown));
+        if shown + 0.002 < metric {
+            break;
+        }
+    }
+    assert!(
+        seen.iter().all(|(metric, shown)| shown + 0.002 >= *metric),
+        "status showed an older reconcile than the agent's last (metric, shown): {seen:?}"
+    );
+
+    // Stopped: said first, exit 3.
+    assert!(agent.stop().success());
+    let out = node.cpusetd("status", &[]);
+    assert_eq!(out.status.code(), Some(NOT_RUNNING), "{}", stdout(&out));
+    let table = stdout(&out);
+    assert!(table.starts_with("cpusetd is not running on "), "{table}");
+    assert!(table.contains("POD"), "the table follows: {table}");
+    let json = node.cpusetd("status", &["--json"]);
+    assert_eq!(json.status.code(), Some(NOT_RUNNING));
+    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(doc["agent"]["running"], false, "{doc}");
+
+    // Killed, and its pid now another program's.
+    let mut agent = node.start_agent(&[]);
+    agent.signal(Signal::SIGKILL);
+    agent.wait_exit(DEADLINE);
+    let sleeper = Sleeper::start();
+    fs::write(
+        node.state_dir().join("lock"),
+        format!("{}\n", sleeper.pid()),
+    )
+    .unwrap();
+    let out = node.cpusetd("status", &[]);
+    assert_eq!(out.status.code(), Some(NOT_RUNNING), "{}", stdout(&out));
+    assert!(
+        stdout(&out).starts_with("cpusetd is not running on "),
+        "{}",
+        stdout(&out)
+    );
+}
+
+/// Item 17: `health` checks that a cpusetd holds the lock, not that the pid in it exists.
+#[test]
+fn health_is_unhealthy_unless_a_cpusetd_holds_the_lock() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let health = || {
+        let out = node.cpusetd("health", &[]);
+        (out.status.code(), stdout(&out), stderr(&out))
+    };
+    let mut agent = node.start_agent(&[]);
+    let healthy = poll_until(DEADLINE, || (health().0 == Some(0)).then_some(()));
+    assert!(healthy.is_some(), "{:?}", health());
+    agent.signal(Signal::SIGKILL);
+    agent.wait_exit(DEADLINE);
+
+    // The lock is free; the pid it names runs, but is not cpusetd (pid reuse).
+    let sleeper = Sleeper::start();
+    let lock = node.state_dir().join("lock");
+    fs::write(&lock, format!("{}\n", sleeper.pid())).unwrap();
+    let (code, out, err) = health();
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(err.contains("unhealthy: no agent holds"), "{err}");
+
+    // Another program holds the lock and names itself in it.
+    let held = Flock::lock(fs::File::open(&lock).unwrap(), FlockArg::LockExclusive).unwrap();
+    fs::write(&lock, format!("{}\n", std::process::id())).unwrap();
+    let (code, out, err) = health();
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(err.contains("not cpusetd"), "{err}");
+    drop(held);
+}
