@@ -126,6 +126,7 @@ pub fn rows(
             })
         });
         let note = match (&class.kind, assigned, failure, &class.exclusivity) {
+            _ if plan.pools.is_none() => "not managed (policy none)".to_string(),
             (_, Some(held), failure, _) if held.wanted.is_some() => format!(
                 "exclusive, {} of {} cpus (the others went offline or out of reach){}",
                 held.cpus.len(),
@@ -140,9 +141,6 @@ pub fn rows(
             (CgroupKind::Unknown { reason }, ..) => format!("unknown: {reason}"),
             (CgroupKind::ContainerChild, ..) => "inside its container's set".to_string(),
             (_, None, None, Exclusivity::Shared { reason }) => format!("shared: {reason}"),
-            (_, None, None, Exclusivity::Exclusive { .. }) if plan.pools.is_none() => {
-                "shared: policy none".to_string()
-            }
             (_, None, None, Exclusivity::Exclusive { cpus }) => {
                 format!("shared: {cpus} exclusive cpus not given yet")
             }

@@ -11,12 +11,23 @@ use nix::sys::signal::Signal;
 
 use cpusetd::cgroupfs::CgroupVersion;
 
-use crate::agent_util::{best_effort, poll_until, TestNode, DEADLINE};
+use crate::agent_util::{best_effort, guaranteed, poll_until, TestNode, DEADLINE};
 use crate::util::{stderr, stdout};
 
 /// `status` exits with this when no agent runs on the state directory (LSB's "program is not
 /// running", as `systemctl status` exits).
 const NOT_RUNNING: i32 = 3;
+
+/// The table's data rows (after the header line `POD …`), split on whitespace.
+fn table_rows(table: &str) -> Vec<Vec<String>> {
+    table
+        .lines()
+        .skip_while(|l| !l.starts_with("POD"))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect()
+}
 
 /// A process that is not cpusetd, alive until dropped.
 struct Sleeper(Child);
@@ -42,6 +53,39 @@ impl Drop for Sleeper {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// empty, the header says what `none` means and no footer counts differences.
+#[test]
+fn status_under_policy_none_marks_nothing_and_says_what_none_means() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&["--cpu-manager-policy", "none"]);
+    let db = guaranteed("db", 2000);
+    let db_id = node.fake.start_pod(&db).unwrap().remove(0);
+    let be_id = node.fake.start_pod(&best_effort("be")).unwrap().remove(0);
+    node.wait_status("both pods seen", |s| {
+        s.by_id(&db_id).is_some() && s.by_id(&be_id).is_some()
+    });
+    let out = node.cpusetd("status", &[]);
+    let table = stdout(&out);
+    assert!(out.status.success(), "{table}{}", stderr(&out));
+    assert!(
+        table.starts_with("policy none: cpusetd manages no cpusets"),
+        "{table}"
+    );
+    assert!(!table.contains("reserved ,"), "{table}");
+    assert!(!table.contains('*'), "{table}");
+    assert!(!table.contains("differ"), "{table}");
+    let rows = table_rows(&table);
+    assert_eq!(rows.len(), 4, "{table}");
+    for row in rows {
+        let line = row.join(" ");
+        assert!(line.contains("not managed (policy none)"), "{table}");
+    }
+    let status = node.status().unwrap();
+    assert_eq!(status.differing, 0, "{status:#?}");
+    assert!(status.containers.iter().all(|r| r.desired.is_none()));
+    assert!(agent.stop().success());
 }
 
 /// agent running `status` says so first and exits non-zero.

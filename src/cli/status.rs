@@ -157,6 +157,15 @@ impl StatusView {
                 .unwrap_or_else(|_| "just now".into())
         });
         let mut out = self.not_running_line();
+        if d.policy == checkpoint::Policy::None.to_string() {
+            out += &format!(
+                "policy none: cpusetd manages no cpusets (each container keeps the cpus its \
+                 runtime gave it), last reconcile {}\n\n",
+                age.unwrap_or_else(|| "never".into())
+            );
+            out.push_str(&render_table(&d.containers, wide));
+            return out;
+        }
         out += &format!(
             "policy {}: reserved {}, shared pool {} ({} cpus), exclusive {} ({} cpus), last reconcile {}\n\n",
             d.policy,
@@ -235,15 +244,21 @@ pub fn collect(
         memory_nodes: node.topology.memory_nodes().clone(),
     };
     let parents = parent_indexes(&scan);
-    let desired = desired_tree(
-        &scan,
-        &classes,
-        &parents,
-        &cp.assignments,
-        &pools,
-        &node.topology,
-        false,
-    );
+    let managed = cp.policy == checkpoint::Policy::Static;
+    // Under `none` the agent leaves every cgroup alone: nothing is desired.
+    let desired = if managed {
+        desired_tree(
+            &scan,
+            &classes,
+            &parents,
+            &cp.assignments,
+            &pools,
+            &node.topology,
+            false,
+        )
+    } else {
+        vec![Default::default(); scan.cgroups.len()]
+    };
     // Why a container entitled to exclusive cpus holds none: the allocation the agent would
     // make now, from what it holds, fails with kubelet's reason.
     let events = match policy {
@@ -271,7 +286,7 @@ pub fn collect(
         None => Vec::new(),
     };
     let view = Plan {
-        pools: (cp.policy == checkpoint::Policy::Static).then_some(pools),
+        pools: managed.then_some(pools),
         desired,
         parents,
         assignments: cp.assignments.clone(),
