@@ -10,6 +10,7 @@ use crate::classify::{CgroupKind, Classification, Exclusivity};
 use crate::cpuset::CpuSet;
 use crate::devices::{describe_all, ContainerDevice};
 use crate::planner::{AssignEvent, Plan};
+use crate::state::Refusals;
 
 /// One cgroup as an operator sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -82,17 +83,22 @@ pub struct InForce<'a> {
     pub sched: &'a CpuSet,
     /// Why `cpu-load-balancing.crio.io` is not (wholly) in force, when it is not.
     pub sched_not_in_force: Option<&'a str>,
+    /// The exclusive cpus the agent refused, by container, with kubelet's reason (the
+    /// checkpoint's): what a row says when the plan has no event of its own for it.
+    pub refused: &'a Refusals,
 }
 
 impl InForce<'static> {
     /// Nothing in force (`plan`).
     pub fn none() -> InForce<'static> {
         static EMPTY: std::sync::OnceLock<CpuSet> = std::sync::OnceLock::new();
+        static NO_REFUSALS: Refusals = Refusals::new();
         let empty = EMPTY.get_or_init(CpuSet::new);
         InForce {
             irq: empty,
             sched: empty,
             sched_not_in_force: None,
+            refused: &NO_REFUSALS,
         }
     }
 }
@@ -114,16 +120,30 @@ pub fn rows(
         }
         let key = class.assignment_key();
         let assigned = key.as_ref().and_then(|k| plan.assignments.get(k));
+        // The plan's own decision (`plan`), else the agent's, as its checkpoint keeps it.
         let failure = key.as_ref().and_then(|k| {
-            plan.events.iter().find_map(|e| match e {
-                AssignEvent::Failed { key: fk, error, .. }
-                | AssignEvent::Short { key: fk, error, .. }
-                    if fk == k =>
-                {
-                    Some(error.to_string())
-                }
-                _ => None,
-            })
+            plan.events
+                .iter()
+                .find_map(|e| match e {
+                    AssignEvent::Failed {
+                        key: fk,
+                        requested,
+                        error,
+                    } if fk == k => Some((*requested, error.to_string())),
+                    AssignEvent::Short {
+                        key: fk,
+                        wanted,
+                        error,
+                        ..
+                    } if fk == k => Some((*wanted, error.to_string())),
+                    _ => None,
+                })
+                .or_else(|| {
+                    in_force
+                        .refused
+                        .get(k)
+                        .map(|r| (r.requested, r.reason.clone()))
+                })
         });
         let note = match (&class.kind, assigned, failure, &class.exclusivity) {
             _ if plan.pools.is_none() => "not managed (policy none)".to_string(),
@@ -131,13 +151,15 @@ pub fn rows(
                 "exclusive, {} of {} cpus (the others went offline or out of reach){}",
                 held.cpus.len(),
                 held.entitled(),
-                failure.map(|e| format!(": {e}")).unwrap_or_default()
+                failure.map(|(_, e)| format!(": {e}")).unwrap_or_default()
             ),
             (_, Some(held), _, _) => match held.adopted {
                 Some(how) => format!("exclusive, {how}"),
                 None => "exclusive".to_string(),
             },
-            (_, None, Some(error), _) => format!("shared: {error}"),
+            (_, None, Some((requested, error)), _) => {
+                format!("shared: {requested} exclusive cpus refused: {error}")
+            }
             (CgroupKind::Unknown { reason }, ..) => format!("unknown: {reason}"),
             (CgroupKind::ContainerChild, ..) => "inside its container's set".to_string(),
             (_, None, None, Exclusivity::Shared { reason }) => format!("shared: {reason}"),

@@ -88,6 +88,55 @@ fn status_under_policy_none_marks_nothing_and_says_what_none_means() {
     assert!(agent.stop().success());
 }
 
+/// it, with or without the agent's flags; never "not given yet", never a recomputation.
+#[test]
+fn status_shows_the_refusal_the_agent_made() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let four = guaranteed("four", 4000);
+    let four_id = node.fake.start_pod(&four).unwrap().remove(0);
+    let six = guaranteed("six", 6000);
+    let six_id = node.fake.start_pod(&six).unwrap().remove(0);
+    node.wait_status("four and six pinned", |s| {
+        s.converged()
+            && [&four_id, &six_id]
+                .iter()
+                .all(|id| s.by_id(id).is_some_and(|r| r.exclusive))
+    });
+    // 15 allocatable cpus, 10 held: 5 free for a request of 8.
+    let eight = guaranteed("eight", 8000);
+    let eight_id = node.fake.start_pod(&eight).unwrap().remove(0);
+    agent.wait_for_log("requested=8");
+    let logged = agent.log_lines("requested=8");
+    assert_eq!(logged.len(), 1, "{}", agent.log());
+    assert!(logged[0].contains("available=5"), "{}", logged[0]);
+    // A 2-cpu pod takes two of the five afterwards: the agent said its refusal once.
+    let two = guaranteed("two", 2000);
+    let two_id = node.fake.start_pod(&two).unwrap().remove(0);
+    node.wait_status("two pinned", |s| {
+        s.converged() && s.by_id(&two_id).is_some_and(|r| r.exclusive)
+    });
+    let kubelet_text = "not enough cpus available to satisfy request: requested=8, available=5";
+    for flags in [&[][..], &["--reserved-cpus", "0"][..]] {
+        let status = node.status().unwrap();
+        let row = status.by_id(&eight_id).unwrap();
+        assert!(!row.exclusive);
+        assert!(
+            row.note.contains("refused") && row.note.contains(kubelet_text),
+            "{flags:?}: {}",
+            row.note
+        );
+        let table = stdout(&node.cpusetd("status", flags));
+        let line = table
+            .lines()
+            .find(|l| l.split_whitespace().take(2).eq(["default/eight", "eight"]))
+            .unwrap_or_else(|| panic!("{table}"));
+        assert!(line.contains(kubelet_text), "{flags:?}: {table}");
+        assert!(!table.contains("not given yet"), "{flags:?}: {table}");
+    }
+    assert!(agent.stop().success());
+}
+
 /// agent running `status` says so first and exits non-zero.
 #[test]
 fn status_shows_the_last_reconcile_and_says_when_no_agent_runs() {

@@ -548,6 +548,7 @@ impl Persist {
                 .collect(),
             irq: Box::new(controller.irq_saved()),
             sched: Box::new(controller.sched_saved()),
+            refused: controller.refusals().clone(),
             last_reconcile_unix_ms: last_reconcile,
         });
         let mut job = self.slot.pending.lock().unwrap_or_else(|e| e.into_inner());

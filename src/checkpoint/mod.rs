@@ -21,6 +21,8 @@
 //!   "assignments": [{"named": {"pod_uid": "…", "container": "app"}, "cpus": "2-3"},
 //!                   {"named": {"pod_uid": "…", "container": "db"}, "cpus": "5", "wanted": 2}],
 //!   "quota_lifted": [{"cgroup": "kubepods/pod…/…", "original": "200000 100000"}],
+//!   "refused": [{"named": {"pod_uid": "…", "container": "big"}, "requested": 8, "available": 5,
+//!                "reason": "not enough cpus available to satisfy request: requested=8, available=5"}],
 //!   "last_reconcile_unix_ms": 1700000000000,
 //!   "checksum": "9f1c0a6d3b2e4f58"
 //! }
@@ -28,7 +30,9 @@
 //!
 //! `options` is [`PolicyOptions`]' display form; CPU sets are list strings; `assignments` is
 //! [`Assignments`]' JSON list (an assignment whose cpus went offline with no replacement free
-//! has `wanted`, the count it is entitled to, and omits it otherwise); `last_reconcile_unix_ms` is left out until the first reconcile.
+//! has `wanted`, the count it is entitled to, and omits it otherwise); `refused` (left out when
+//! empty) names the containers whose exclusive cpus the agent refused, with kubelet's text as the
+//! log said it; `last_reconcile_unix_ms` is left out until the first reconcile.
 //! Unknown members are refused: a file of version 1 has exactly these.
 //!
 //! # Checksum
@@ -75,7 +79,7 @@ use crate::allocator::PolicyOptions;
 use crate::cpuset::CpuSet;
 use crate::irq::IrqSaved;
 use crate::sched_balance::SchedSaved;
-use crate::state::{AssignmentKey, Assignments};
+use crate::state::{AssignmentKey, Assignments, Refusal, Refusals};
 
 /// The format version this build writes and the newest it reads.
 pub const VERSION: u32 = 1;
@@ -136,6 +140,8 @@ pub struct Checkpoint {
     /// Scheduler load balancing the agent turned off (and host cpusets it confined), to restore.
     /// Boxed: most checkpoints have none, and [`LoadOutcome`] stays small.
     pub sched: Box<SchedSaved>,
+    /// The exclusive cpus the agent refused, by container, with kubelet's reason.
+    pub refused: Refusals,
     pub last_reconcile_unix_ms: Option<u64>,
 }
 
@@ -176,6 +182,8 @@ struct Document {
     irq: IrqSaved,
     #[serde(default, skip_serializing_if = "SchedSaved::is_empty")]
     sched: SchedSaved,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    refused: Vec<DocumentRefusal>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last_reconcile_unix_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -195,6 +203,15 @@ struct DocumentAssignment {
     adopted: Option<crate::state::Adoption>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     wanted: Option<usize>,
+}
+
+/// One element of `refused`: the container's key and its [`Refusal`].
+#[derive(Debug, Serialize, Deserialize)]
+struct DocumentRefusal {
+    #[serde(flatten)]
+    key: AssignmentKey,
+    #[serde(flatten)]
+    refusal: Refusal,
 }
 
 impl From<&Checkpoint> for Document {
@@ -220,6 +237,14 @@ impl From<&Checkpoint> for Document {
             quota_lifted: c.quota_lifted.clone(),
             irq: (*c.irq).clone(),
             sched: (*c.sched).clone(),
+            refused: c
+                .refused
+                .iter()
+                .map(|(key, refusal)| DocumentRefusal {
+                    key: key.clone(),
+                    refusal: refusal.clone(),
+                })
+                .collect(),
             last_reconcile_unix_ms: c.last_reconcile_unix_ms,
             checksum: None,
         }

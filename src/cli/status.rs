@@ -190,14 +190,10 @@ impl StatusView {
     }
 }
 
-/// Reads the agent's checkpoint and the live tree. With the agent's policy (the same flags),
-/// a container that should hold exclusive cpus but does not says why (kubelet's error text:
-/// SMT alignment, not enough cpus), as the agent decided it.
-pub fn collect(
-    node: &mut NodeView,
-    state_dir: &Path,
-    policy: Option<&crate::allocator::StaticPolicy>,
-) -> Result<StatusView, CommandError> {
+/// Reads the agent's checkpoint and the live tree. A container that should hold exclusive cpus
+/// but does not says why as the agent decided it (kubelet's text, kept in the checkpoint), not
+/// as a recomputation here would.
+pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, CommandError> {
     let agent = match checkpoint::lock_holder(state_dir) {
         LockHolder::Agent(pid) => AgentDoc {
             running: true,
@@ -259,38 +255,12 @@ pub fn collect(
     } else {
         vec![Default::default(); scan.cgroups.len()]
     };
-    // Why a container entitled to exclusive cpus holds none: the allocation the agent would
-    // make now, from what it holds, fails with kubelet's reason.
-    let events = match policy {
-        Some(policy) => {
-            let limits = node.limits();
-            let config = crate::planner::PlanConfig {
-                topology: &node.topology,
-                policy: Some(policy),
-                align_memory: false,
-                keep_cfs_quota: true,
-                limits: Some(&limits),
-            };
-            crate::planner::plan(&scan, &classes, &cp.assignments, &config)
-                .events
-                .into_iter()
-                .filter(|e| {
-                    matches!(
-                        e,
-                        crate::planner::AssignEvent::Failed { .. }
-                            | crate::planner::AssignEvent::Short { .. }
-                    )
-                })
-                .collect()
-        }
-        None => Vec::new(),
-    };
     let view = Plan {
         pools: managed.then_some(pools),
         desired,
         parents,
         assignments: cp.assignments.clone(),
-        events,
+        events: Vec::new(),
         writes: Vec::new(),
     };
     // cgroup v2 without remote partitions: said whatever the checkpoint holds (an agent that
@@ -305,6 +275,7 @@ pub fn collect(
         irq: &cp.irq.banned,
         sched: &cp.sched.isolated,
         sched_not_in_force: refusal.or(cp.sched.not_in_force.as_deref()),
+        refused: &cp.refused,
     };
     let table = rows(&scan, &classes, &view, &in_force);
     let differing = table.iter().filter(|r| r.differs()).count();
@@ -339,10 +310,7 @@ pub fn collect(
 pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
     args.agent.validate()?;
     let mut node = args.agent.tree.open()?;
-    // The policy only explains; flags that do not make one (no reserved cpus given) leave
-    // the reasons out.
-    let policy = args.agent.policy.policy(&node.topology).ok().flatten();
-    let mut view = collect(&mut node, &args.agent.state_dir, policy.as_ref())?;
+    let mut view = collect(&mut node, &args.agent.state_dir)?;
     view.note_irqbalance(&args.agent.tree.proc_root);
     if args.json {
         let text =
