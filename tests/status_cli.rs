@@ -11,7 +11,8 @@ use nix::sys::signal::Signal;
 
 use cpusetd::cgroupfs::CgroupVersion;
 
-use crate::agent_util::{best_effort, guaranteed, poll_until, TestNode, DEADLINE};
+use crate::agent::resize;
+use crate::agent_util::{best_effort, cpus, guaranteed, poll_until, TestNode, DEADLINE};
 use crate::util::{stderr, stdout};
 
 /// `status` exits with this when no agent runs on the state directory (LSB's "program is not
@@ -134,6 +135,31 @@ fn status_shows_the_refusal_the_agent_made() {
         assert!(line.contains(kubelet_text), "{flags:?}: {table}");
         assert!(!table.contains("not given yet"), "{flags:?}: {table}");
     }
+    assert!(agent.stop().success());
+}
+
+/// Item 15: after an in-place resize, REQUEST is what the container asks for now.
+#[test]
+fn status_shows_the_live_request_after_an_in_place_resize() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let g = guaranteed("g", 1000);
+    let id = node.fake.start_pod(&g).unwrap().remove(0);
+    node.wait_cpus(&id, "8");
+    resize(&node, &g, &id, 2000);
+    node.wait_status("resized to 2 cpus", |s| {
+        s.converged()
+            && s.by_id(&id).is_some_and(|r| {
+                r.exclusive && r.current.as_deref().map(cpus).map(|c| c.len()) == Some(2)
+            })
+    });
+    let table = stdout(&node.cpusetd("status", &[]));
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("default/g ") && l.contains(" g "))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(line.contains("2000m"), "{table}");
+    assert!(!line.contains("1000m"), "{table}");
     assert!(agent.stop().success());
 }
 

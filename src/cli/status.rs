@@ -12,10 +12,13 @@ use serde::Serialize;
 
 use super::node::{AgentArgs, NodeView};
 use super::CommandError;
+use crate::cgroupfs::{CpuSettings, Quota, Scan};
 use crate::checkpoint::{self, LoadOutcome, LockHolder};
+use crate::classify::{classify, config_matches_cgroup, CgroupKind, Classification};
 use crate::cpuset::CpuSet;
 use crate::planner::{desired_tree, names_from_assignments, parent_indexes, Plan, Pools};
 use crate::report::{render_table, rows, CgroupRow};
+use crate::runtime::OciCpu;
 use crate::topology::{owner_key, render_map, MapStyle, Mark, Topology};
 
 /// The legend line of the CPU states in `--map`.
@@ -232,6 +235,7 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
         }
     };
     let (scan, mut classes) = node.scan_and_classify()?;
+    with_live_requests(node, &scan, &mut classes);
     names_from_assignments(&mut classes, &cp.assignments);
     let exclusive = cp.assignments.exclusive_cpus();
     let pools = Pools {
@@ -305,6 +309,42 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
             irqbalance: None,
         },
     })
+}
+
+/// Containers resized in place: the runtime's config still has the request they were created
+/// with, their cgroup the one they have now. As a starting agent does, the cgroup wins where
+/// the two disagree, unless it still holds the kernel's defaults (a container being created,
+/// whose runtime has not written its settings yet).
+fn with_live_requests(node: &mut NodeView, scan: &Scan, classes: &mut [Classification]) {
+    for (cgroup, class) in scan.cgroups.iter().zip(classes.iter_mut()) {
+        let Some(id) = class.container_id.as_deref() else {
+            continue;
+        };
+        if class.kind != CgroupKind::Container || at_kernel_defaults(&cgroup.cpu) {
+            continue;
+        }
+        let Some(mut info) = node.runtime.lookup(id) else {
+            continue;
+        };
+        if config_matches_cgroup(&cgroup.cpu, &info.cpu) != Some(false) {
+            continue;
+        }
+        info.cpu = OciCpu::default();
+        *class = classify(&node.naming, &cgroup.relative, &cgroup.cpu, Some(&info));
+    }
+}
+
+/// A cgroup's CPU settings are still what the kernel made it with (v1 `cpu.shares` 1024 and
+/// no quota, v2 `cpu.weight` 100 and `cpu.max` `max`).
+fn at_kernel_defaults(settings: &CpuSettings) -> bool {
+    match settings {
+        CpuSettings::V1 {
+            shares, cfs_quota, ..
+        } => shares.value() == Some(&1024) && cfs_quota.value() == Some(&Quota::Unlimited),
+        CpuSettings::V2 { max, weight } => {
+            weight.value() == Some(&100) && max.value().map(|m| m.quota) == Some(Quota::Unlimited)
+        }
+    }
 }
 
 pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
