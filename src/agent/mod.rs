@@ -583,6 +583,8 @@ fn persist_loop(
     let mut failing = false;
     let mut metrics_failing = false;
     let mut reconcile_written: Option<u64> = None;
+    // The lock taken again after the state directory was removed (see `relock`).
+    let mut relocked: Option<StateLock> = None;
     loop {
         let job = {
             let mut pending = slot.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -600,6 +602,7 @@ fn persist_loop(
                         log::info!("checkpoint written again to {}", state_dir.display());
                     }
                     failing = false;
+                    relock(state_dir, &mut relocked);
                 }
                 Err(e) => {
                     if !failing {
@@ -647,6 +650,25 @@ fn persist_loop(
         if job.stop {
             return;
         }
+    }
+}
+
+/// After the state directory was removed while the agent ran (and made again by the checkpoint
+/// write), its lock file is gone with it: taken again, so a second agent is still refused and
+/// `status` and `health` still see this one.
+fn relock(state_dir: &std::path::Path, relocked: &mut Option<StateLock>) {
+    if state_dir.join(checkpoint::LOCK_FILE).exists() {
+        return;
+    }
+    match StateLock::acquire(state_dir) {
+        Ok(lock) => {
+            log::warn!(
+                "the state directory {} was removed while the agent ran: its lock is taken again",
+                state_dir.display()
+            );
+            *relocked = Some(lock);
+        }
+        Err(e) => log::warn!("cannot lock the state directory again: {}", error_chain(&e)),
     }
 }
 
