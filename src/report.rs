@@ -25,6 +25,7 @@ pub struct CgroupRow {
     pub container: Option<String>,
     pub container_id: Option<String>,
     pub qos: Option<String>,
+    /// `None` where there is none (a sandbox, a BestEffort container).
     pub request: Option<String>,
     pub limit: Option<String>,
     /// `cpuset.cpus` now (`None`: missing or unreadable; "" not yet initialised).
@@ -32,6 +33,9 @@ pub struct CgroupRow {
     /// What the plan wants (`None`: left alone).
     pub desired: Option<String>,
     pub exclusive: bool,
+    /// The cpus it holds exclusively (also while it is not running: see [`held_rows`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
     /// Why the row is what it is: exclusive, or why shared.
     pub note: String,
     /// The high-performance annotations in force for an exclusive container: `cpu-quota`
@@ -205,7 +209,11 @@ pub fn rows(
             container: class.container_name.clone(),
             container_id: class.container_id.clone(),
             qos: class.qos.map(|q| q.to_string()),
-            request: class.resources.as_ref().map(|r| r.request.to_string()),
+            request: class
+                .resources
+                .as_ref()
+                .filter(|_| has_request(class))
+                .map(|r| r.request.to_string()),
             limit: class
                 .resources
                 .as_ref()
@@ -214,12 +222,132 @@ pub fn rows(
             current: cgroup.cpus.value().map(|c| c.to_string()),
             desired: plan.desired[i].cpus.as_ref().map(|c| c.to_string()),
             exclusive: assigned.is_some(),
+            held: assigned.map(|a| a.cpus.to_string()),
             note,
             isolation,
             devices: class.devices.iter().map(DeviceRow::of).collect(),
         });
     }
     rows
+}
+
+/// Whether a row has a CPU request to show: a sandbox and a BestEffort container have none
+/// (kubelet's minimum `cpu.shares` 2, read back as `0m..2m`, or `0m..28m` from a v2 weight).
+fn has_request(class: &Classification) -> bool {
+    class.kind != CgroupKind::Sandbox
+        && class.qos != Some(crate::classify::QosClass::BestEffort)
+        && class
+            .resources
+            .as_ref()
+            .is_some_and(|r| r.request != crate::classify::Millicores::Exact(0))
+}
+
+/// Rows for the assignments no scanned container holds now: a container that exited and
+/// will restart, or whose cpus the pod's next container may take (kubelet's init-container
+/// reuse). The agent keeps their cpus exclusive, so they are shown, with the pod's names
+/// and class as its other rows have them.
+pub fn held_rows(
+    scan: &Scan,
+    classes: &[Classification],
+    assignments: &crate::state::Assignments,
+) -> Vec<CgroupRow> {
+    use crate::state::AssignmentKey;
+    let seen: std::collections::HashSet<AssignmentKey> =
+        classes.iter().filter_map(|c| c.assignment_key()).collect();
+    let mut rows = Vec::new();
+    for (key, held) in assignments.iter().filter(|(k, _)| !seen.contains(*k)) {
+        let uid = key.pod_uid();
+        let of_pod = || {
+            scan.cgroups
+                .iter()
+                .zip(classes)
+                .filter(move |(_, c)| c.pod_uid.as_deref() == Some(uid))
+        };
+        let pod_dir = of_pod().find(|(_, c)| c.kind == CgroupKind::Pod);
+        let named = of_pod().find(|(_, c)| c.pod_name.is_some()).map(|(_, c)| c);
+        let (container, container_id) = match key {
+            // No container runs under the name: no id (the last one's is gone).
+            AssignmentKey::Named { container, .. } => (Some(container.clone()), None),
+            AssignmentKey::Id { container_id, .. } => (None, Some(container_id.clone())),
+        };
+        rows.push(CgroupRow {
+            path: pod_dir
+                .map(|(g, _)| g.relative.to_string())
+                .unwrap_or_default(),
+            kind: "held".to_string(),
+            pod_uid: Some(uid.to_string()),
+            pod_name: named.and_then(|c| c.pod_name.clone()),
+            namespace: named.and_then(|c| c.pod_namespace.clone()),
+            container,
+            container_id,
+            qos: pod_dir.and_then(|(_, c)| c.qos).map(|q| q.to_string()),
+            request: None,
+            limit: None,
+            current: None,
+            desired: None,
+            exclusive: true,
+            held: Some(held.cpus.to_string()),
+            note: format!(
+                "exclusive cpus {} held while it is not running (its restart, or the pod's \
+                 next container, takes them)",
+                held.cpus
+            ),
+            isolation: Vec::new(),
+            devices: Vec::new(),
+        });
+    }
+    rows
+}
+
+/// Orders rows as an operator looks for them: by pod (`namespace/name`, then UID; rows of no
+/// pod last), in a pod the sandbox first, then containers by name, each followed by the
+/// cgroups it made itself.
+pub fn sort_rows(rows: &mut [CgroupRow]) {
+    let sandbox = CgroupKind::Sandbox.to_string();
+    let child = CgroupKind::ContainerChild.to_string();
+    // A child cgroup sorts with the row whose path contains it.
+    let owner = |row: &CgroupRow| -> (u8, String) {
+        let owner = if row.kind == child {
+            rows.iter()
+                .filter(|o| o.kind != child && row.path.starts_with(&format!("{}/", o.path)))
+                .max_by_key(|o| o.path.len())
+                .unwrap_or(row)
+        } else {
+            row
+        };
+        (u8::from(owner.kind != sandbox), owner.container_label())
+    };
+    // A pod's names as any of its rows has them (a child cgroup has no runtime config).
+    let mut names: std::collections::HashMap<&str, (String, String)> = Default::default();
+    for r in rows.iter().filter(|r| r.pod_name.is_some()) {
+        if let Some(uid) = r.pod_uid.as_deref() {
+            names.entry(uid).or_insert_with(|| {
+                (
+                    r.namespace.clone().unwrap_or_default(),
+                    r.pod_name.clone().unwrap_or_default(),
+                )
+            });
+        }
+    }
+    let mut keyed: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            let (rank, label) = owner(r);
+            let uid = r.pod_uid.clone().unwrap_or_default();
+            let (namespace, name) = names.get(uid.as_str()).cloned().unwrap_or_default();
+            (
+                (r.pod_uid.is_none(), namespace, name, uid),
+                rank,
+                label,
+                r.path.clone(),
+                r.clone(),
+            )
+        })
+        .collect();
+    keyed.sort_by(|a, b| (&a.0, a.1, &a.2, &a.3).cmp(&(&b.0, b.1, &b.2, &b.3)));
+    for (slot, keyed) in rows.iter_mut().zip(keyed) {
+        *slot = keyed.4;
+    }
 }
 
 /// Cuts `s` to `n` characters (with `…`); `-` for nothing, `""` for empty.

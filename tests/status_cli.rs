@@ -10,9 +10,13 @@ use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::Signal;
 
 use cpusetd::cgroupfs::CgroupVersion;
+use cpusetd::kubesim::{ContainerSpec, Qos};
 
 use crate::agent::resize;
-use crate::agent_util::{best_effort, cpus, guaranteed, poll_until, TestNode, DEADLINE};
+use crate::agent_process::cpusetd_command;
+use crate::agent_util::{
+    best_effort, cpus, guaranteed, pod, poll_until, Status, TestNode, DEADLINE,
+};
 use crate::util::{stderr, stdout};
 
 /// `status` exits with this when no agent runs on the state directory (LSB's "program is not
@@ -56,6 +60,7 @@ impl Drop for Sleeper {
     }
 }
 
+/// Item 13: under policy `none` nothing is managed: no row is marked, no DESIRED is shown as
 /// empty, the header says what `none` means and no footer counts differences.
 #[test]
 fn status_under_policy_none_marks_nothing_and_says_what_none_means() {
@@ -89,6 +94,7 @@ fn status_under_policy_none_marks_nothing_and_says_what_none_means() {
     assert!(agent.stop().success());
 }
 
+/// Item 14: the refusal `status` shows is the agent's own, with kubelet's text as the log said
 /// it, with or without the agent's flags; never "not given yet", never a recomputation.
 #[test]
 fn status_shows_the_refusal_the_agent_made() {
@@ -163,6 +169,7 @@ fn status_shows_the_live_request_after_an_in_place_resize() {
     assert!(agent.stop().success());
 }
 
+/// Item 16: the last reconcile is the agent's last (not the checkpoint's age), and with no
 /// agent running `status` says so first and exits non-zero.
 #[test]
 fn status_shows_the_last_reconcile_and_says_when_no_agent_runs() {
@@ -251,4 +258,108 @@ fn health_is_unhealthy_unless_a_cpusetd_holds_the_lock() {
     assert_eq!(code, Some(1), "{out}{err}");
     assert!(err.contains("not cpusetd"), "{err}");
     drop(held);
+}
+
+/// Item 18: rows sorted by pod (namespace/name), the sandbox first, then containers by name;
+/// no request reads `-`; no log line on stderr.
+#[test]
+fn status_rows_are_sorted_and_readable() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let zeta = pod(
+        "zeta",
+        Qos::Burstable,
+        vec![
+            ContainerSpec::burstable("web", 100, None),
+            ContainerSpec::burstable("app", 200, None),
+            ContainerSpec::burstable("sidecar", 300, None),
+        ],
+    );
+    node.fake.start_pod(&zeta).unwrap();
+    node.fake.start_pod(&best_effort("alpha")).unwrap();
+    node.fake.start_pod(&guaranteed("mid", 1000)).unwrap();
+    node.wait_status("all seen, mid pinned", |s| {
+        s.converged() && s.containers.len() == 8 && s.exclusive_cpu_count == 1
+    });
+    let out = cpusetd_command()
+        .arg("status")
+        .args(node.tree_args())
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stderr(&out), "", "no log line on stderr");
+    let table = stdout(&out);
+    let order: Vec<(String, String)> = table_rows(&table)
+        .into_iter()
+        .map(|r| (r[0].clone(), r[1].clone()))
+        .collect();
+    let expected = [
+        ("default/alpha", "POD"),
+        ("default/alpha", "alpha"),
+        ("default/mid", "POD"),
+        ("default/mid", "mid"),
+        ("default/zeta", "POD"),
+        ("default/zeta", "app"),
+        ("default/zeta", "sidecar"),
+        ("default/zeta", "web"),
+    ];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(p, c)| (p.to_string(), c.to_string()))
+        .collect();
+    assert_eq!(order, expected, "{table}");
+    // REQUEST is the fourth column: none for a sandbox or BestEffort container.
+    for row in table_rows(&table) {
+        let request = &row[3];
+        if row[1] == "POD" || row[2] == "BestEffort" {
+            assert_eq!(request, "-", "{table}");
+        }
+        assert!(!request.contains(".."), "{table}");
+    }
+    assert!(agent.stop().success());
+}
+
+/// Item 18: cpus held for a container that is restarting have a row and a mark in the map;
+/// offline cpus are drawn `X` in the grid.
+#[test]
+fn status_shows_cpus_held_for_a_restart_and_offline_cpus() {
+    let node = TestNode::with_writable_sysfs(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let db = pod(
+        "db",
+        Qos::Guaranteed,
+        vec![
+            ContainerSpec::guaranteed("db", 2000),
+            ContainerSpec::guaranteed("log", 1000),
+        ],
+    );
+    let ids = node.fake.start_pod(&db).unwrap();
+    node.wait_cpus(&ids[0], "1,9");
+    node.wait_cpus(&ids[1], "8");
+    node.fake.remove_container(&db, &ids[0]).unwrap();
+    node.wait_status("db gone, its cpus held", |s: &Status| {
+        s.converged() && s.by_id(&ids[0]).is_none() && s.exclusive_cpus == "1,8-9"
+    });
+    let table = stdout(&node.cpusetd("status", &[]));
+    let held = table
+        .lines()
+        .find(|l| l.starts_with("default/db ") && l.split_whitespace().nth(1) == Some("db"))
+        .unwrap_or_else(|| panic!("no row for the restarting container: {table}"));
+    assert!(held.contains("1,9") && held.contains("held"), "{table}");
+    let map = stdout(&node.cpusetd("status", &["--map"]));
+    assert!(map.contains("[ 0R  8b] [ 1a  9a]"), "{map}");
+    assert!(map.contains("a  default/db/db  cpus 1,9"), "{map}");
+
+    node.set_cpu_online(5, false);
+    let offline = poll_until(DEADLINE, || {
+        let map = stdout(&node.cpusetd("status", &["--map"]));
+        map.contains("[ 5X]").then_some(map)
+    });
+    assert!(
+        offline.is_some(),
+        "{}",
+        stdout(&node.cpusetd("status", &["--map"]))
+    );
+    assert!(agent.stop().success());
 }

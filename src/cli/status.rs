@@ -17,7 +17,7 @@ use crate::checkpoint::{self, LoadOutcome, LockHolder};
 use crate::classify::{classify, config_matches_cgroup, CgroupKind, Classification};
 use crate::cpuset::CpuSet;
 use crate::planner::{desired_tree, names_from_assignments, parent_indexes, Plan, Pools};
-use crate::report::{render_table, rows, CgroupRow};
+use crate::report::{held_rows, render_table, rows, sort_rows, CgroupRow};
 use crate::runtime::OciCpu;
 use crate::topology::{owner_key, render_map, MapStyle, Mark, Topology};
 
@@ -107,7 +107,7 @@ impl StatusView {
             .iter()
             .filter(|r| r.exclusive)
             .filter_map(|r| {
-                let cpus = r.desired.as_ref().or(r.current.as_ref())?;
+                let cpus = r.held.as_ref().or(r.desired.as_ref())?;
                 let cpus = CpuSet::parse(cpus).ok()?;
                 let name = format!("{}/{}", r.pod_label(), r.container_label());
                 Some((cpus, crate::logging::printable(&name).into_owned()))
@@ -281,7 +281,9 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
         sched_not_in_force: refusal.or(cp.sched.not_in_force.as_deref()),
         refused: &cp.refused,
     };
-    let table = rows(&scan, &classes, &view, &in_force);
+    let mut table = rows(&scan, &classes, &view, &in_force);
+    table.extend(held_rows(&scan, &classes, &cp.assignments));
+    sort_rows(&mut table);
     let differing = table.iter().filter(|r| r.differs()).count();
     let last_reconcile_unix_ms = cp
         .last_reconcile_unix_ms
@@ -348,6 +350,10 @@ fn at_kernel_defaults(settings: &CpuSettings) -> bool {
 }
 
 pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
+    // A one-shot read: what the agent says at start (the layout found) is not said here.
+    if std::env::var_os("RUST_LOG").is_none() {
+        log::set_max_level(log::LevelFilter::Warn);
+    }
     args.agent.validate()?;
     let mut node = args.agent.tree.open()?;
     let mut view = collect(&mut node, &args.agent.state_dir)?;
