@@ -61,7 +61,7 @@ fn sample() -> Checkpoint {
                 pod_uid: "big".into(),
                 container: "app".into(),
             },
-            crate::state::Refusal {
+            Refusal {
                 reason: "not enough cpus available to satisfy request: requested=8, available=5"
                     .into(),
                 requested: 8,
