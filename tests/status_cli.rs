@@ -240,12 +240,21 @@ fn health_is_unhealthy_unless_a_cpusetd_holds_the_lock() {
     let mut agent = node.start_agent(&[]);
     let healthy = poll_until(DEADLINE, || (health().0 == Some(0)).then_some(()));
     assert!(healthy.is_some(), "{:?}", health());
+    // An agent in a container records the pid of its own namespace: the holder the kernel
+    // names is what counts.
+    let lock = node.state_dir().join("lock");
+    fs::write(&lock, "1\n").unwrap();
+    let (code, out, err) = health();
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.starts_with(&format!("healthy: pid {},", agent.pid())),
+        "{out}"
+    );
     agent.signal(Signal::SIGKILL);
     agent.wait_exit(DEADLINE);
 
     // The lock is free; the pid it names runs, but is not cpusetd (pid reuse).
     let sleeper = Sleeper::start();
-    let lock = node.state_dir().join("lock");
     fs::write(&lock, format!("{}\n", sleeper.pid())).unwrap();
     let (code, out, err) = health();
     assert_eq!(code, Some(1), "{out}{err}");

@@ -292,7 +292,11 @@ pub fn lock_holder(dir: &Path) -> LockHolder {
             ));
         }
     };
-    let pid = read_pid(&mut file);
+    let recorded = read_pid(&mut file);
+    let identity = file.metadata().ok().map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        (m.dev(), m.ino())
+    });
     let held = match Flock::lock(file, FlockArg::LockSharedNonblock) {
         Ok(_probe) => false,
         Err((_, Errno::EWOULDBLOCK)) => true,
@@ -300,6 +304,12 @@ pub fn lock_holder(dir: &Path) -> LockHolder {
             return LockHolder::NotRunning(format!("cannot test {}: {errno}", path.display()))
         }
     };
+    // The holder as the kernel names it, in this process's pid namespace (an agent in a
+    // container recorded the pid of its own namespace); the recorded one otherwise.
+    let pid = held
+        .then(|| identity.and_then(|(dev, ino)| flock_holder(dev, ino)))
+        .flatten()
+        .or(recorded);
     let what = pid.map(|pid| (pid, process_kind(pid)));
     match (held, what) {
         (true, None) => LockHolder::Agent(None),
@@ -329,6 +339,45 @@ pub fn lock_holder(dir: &Path) -> LockHolder {
             path.display()
         )),
     }
+}
+
+/// The pid holding an exclusive `flock` on the file `(dev, ino)`, from `/proc/locks` (pids as
+/// this process's pid namespace sees them; 0 or missing where it cannot). The device must match
+/// too unless the inode alone names exactly one such lock (a filesystem whose `stat` device is
+/// not its superblock's, as btrfs subvolumes).
+fn flock_holder(dev: u64, ino: u64) -> Option<u32> {
+    use std::io::BufRead;
+    let file = File::open("/proc/locks").ok()?;
+    let wanted_dev = format!(
+        "{:02x}:{:02x}",
+        nix::sys::stat::major(dev),
+        nix::sys::stat::minor(dev)
+    );
+    let mut same_dev = None;
+    let mut by_inode = Vec::new();
+    // The kernel's own text; bounded all the same (one line per lock on the node).
+    for line in io::BufReader::new(file.take(16 << 20)).lines() {
+        let line = line.ok()?;
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // `1: FLOCK  ADVISORY  WRITE 1234 fe:00:5744915 0 EOF`; blocked waiters have `->`.
+        if fields.len() < 6 || fields[1] != "FLOCK" || fields[3] != "WRITE" {
+            continue;
+        }
+        let Some((device, inode)) = fields[5].rsplit_once(':') else {
+            continue;
+        };
+        if inode.parse::<u64>().ok() != Some(ino) {
+            continue;
+        }
+        let Some(pid) = fields[4].parse::<u32>().ok().filter(|p| *p > 0) else {
+            continue;
+        };
+        if device == wanted_dev {
+            same_dev = Some(pid);
+        }
+        by_inode.push(pid);
+    }
+    same_dev.or_else(|| (by_inode.len() == 1).then(|| by_inode[0]))
 }
 
 /// Whether the state directory itself is locked (the agent's fallback when it cannot make
