@@ -655,7 +655,8 @@ fn persist_loop(
 
 /// After the state directory was removed while the agent ran (and made again by the checkpoint
 /// write), its lock file is gone with it: taken again, so a second agent is still refused and
-/// `status` and `health` still see this one.
+/// `status` and `health` still see this one. (Also when the directory could take no lock file
+/// at start and takes files now: the pid is then recorded.)
 fn relock(state_dir: &std::path::Path, relocked: &mut Option<StateLock>) {
     if state_dir.join(checkpoint::LOCK_FILE).exists() {
         return;
@@ -663,7 +664,8 @@ fn relock(state_dir: &std::path::Path, relocked: &mut Option<StateLock>) {
     match StateLock::acquire(state_dir) {
         Ok(lock) => {
             log::warn!(
-                "the state directory {} was removed while the agent ran: its lock is taken again",
+                "{} has no lock file (the state directory was removed, or could not take one \
+                 when the agent started): the lock is taken on a new one",
                 state_dir.display()
             );
             *relocked = Some(lock);
