@@ -10,6 +10,7 @@ use crate::classify::{CgroupKind, Classification, Exclusivity};
 use crate::cpuset::CpuSet;
 use crate::devices::{describe_all, ContainerDevice};
 use crate::planner::{AssignEvent, Plan};
+use crate::state::Refusals;
 
 /// One cgroup as an operator sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -24,6 +25,7 @@ pub struct CgroupRow {
     pub container: Option<String>,
     pub container_id: Option<String>,
     pub qos: Option<String>,
+    /// `None` where there is none (a sandbox, a BestEffort container).
     pub request: Option<String>,
     pub limit: Option<String>,
     /// `cpuset.cpus` now (`None`: missing or unreadable; "" not yet initialised).
@@ -31,6 +33,9 @@ pub struct CgroupRow {
     /// What the plan wants (`None`: left alone).
     pub desired: Option<String>,
     pub exclusive: bool,
+    /// The cpus it holds exclusively (also while it is not running: see [`held_rows`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
     /// Why the row is what it is: exclusive, or why shared.
     pub note: String,
     /// The high-performance annotations in force for an exclusive container: `cpu-quota`
@@ -82,17 +87,22 @@ pub struct InForce<'a> {
     pub sched: &'a CpuSet,
     /// Why `cpu-load-balancing.crio.io` is not (wholly) in force, when it is not.
     pub sched_not_in_force: Option<&'a str>,
+    /// The exclusive cpus the agent refused, by container, with kubelet's reason (the
+    /// checkpoint's): what a row says when the plan has no event of its own for it.
+    pub refused: &'a Refusals,
 }
 
 impl InForce<'static> {
     /// Nothing in force (`plan`).
     pub fn none() -> InForce<'static> {
         static EMPTY: std::sync::OnceLock<CpuSet> = std::sync::OnceLock::new();
+        static NO_REFUSALS: Refusals = Refusals::new();
         let empty = EMPTY.get_or_init(CpuSet::new);
         InForce {
             irq: empty,
             sched: empty,
             sched_not_in_force: None,
+            refused: &NO_REFUSALS,
         }
     }
 }
@@ -114,35 +124,49 @@ pub fn rows(
         }
         let key = class.assignment_key();
         let assigned = key.as_ref().and_then(|k| plan.assignments.get(k));
+        // The plan's own decision (`plan`), else the agent's, as its checkpoint keeps it.
         let failure = key.as_ref().and_then(|k| {
-            plan.events.iter().find_map(|e| match e {
-                AssignEvent::Failed { key: fk, error, .. }
-                | AssignEvent::Short { key: fk, error, .. }
-                    if fk == k =>
-                {
-                    Some(error.to_string())
-                }
-                _ => None,
-            })
+            plan.events
+                .iter()
+                .find_map(|e| match e {
+                    AssignEvent::Failed {
+                        key: fk,
+                        requested,
+                        error,
+                    } if fk == k => Some((*requested, error.to_string())),
+                    AssignEvent::Short {
+                        key: fk,
+                        wanted,
+                        error,
+                        ..
+                    } if fk == k => Some((*wanted, error.to_string())),
+                    _ => None,
+                })
+                .or_else(|| {
+                    in_force
+                        .refused
+                        .get(k)
+                        .map(|r| (r.requested, r.reason.clone()))
+                })
         });
         let note = match (&class.kind, assigned, failure, &class.exclusivity) {
+            _ if plan.pools.is_none() => "not managed (policy none)".to_string(),
             (_, Some(held), failure, _) if held.wanted.is_some() => format!(
                 "exclusive, {} of {} cpus (the others went offline or out of reach){}",
                 held.cpus.len(),
                 held.entitled(),
-                failure.map(|e| format!(": {e}")).unwrap_or_default()
+                failure.map(|(_, e)| format!(": {e}")).unwrap_or_default()
             ),
             (_, Some(held), _, _) => match held.adopted {
                 Some(how) => format!("exclusive, {how}"),
                 None => "exclusive".to_string(),
             },
-            (_, None, Some(error), _) => format!("shared: {error}"),
+            (_, None, Some((requested, error)), _) => {
+                format!("shared: {requested} exclusive cpus refused: {error}")
+            }
             (CgroupKind::Unknown { reason }, ..) => format!("unknown: {reason}"),
             (CgroupKind::ContainerChild, ..) => "inside its container's set".to_string(),
             (_, None, None, Exclusivity::Shared { reason }) => format!("shared: {reason}"),
-            (_, None, None, Exclusivity::Exclusive { .. }) if plan.pools.is_none() => {
-                "shared: policy none".to_string()
-            }
             (_, None, None, Exclusivity::Exclusive { cpus }) => {
                 format!("shared: {cpus} exclusive cpus not given yet")
             }
@@ -185,7 +209,11 @@ pub fn rows(
             container: class.container_name.clone(),
             container_id: class.container_id.clone(),
             qos: class.qos.map(|q| q.to_string()),
-            request: class.resources.as_ref().map(|r| r.request.to_string()),
+            request: class
+                .resources
+                .as_ref()
+                .filter(|_| has_request(class))
+                .map(|r| r.request.to_string()),
             limit: class
                 .resources
                 .as_ref()
@@ -194,12 +222,132 @@ pub fn rows(
             current: cgroup.cpus.value().map(|c| c.to_string()),
             desired: plan.desired[i].cpus.as_ref().map(|c| c.to_string()),
             exclusive: assigned.is_some(),
+            held: assigned.map(|a| a.cpus.to_string()),
             note,
             isolation,
             devices: class.devices.iter().map(DeviceRow::of).collect(),
         });
     }
     rows
+}
+
+/// Whether a row has a CPU request to show: a sandbox and a BestEffort container have none
+/// (kubelet's minimum `cpu.shares` 2, read back as `0m..2m`, or `0m..28m` from a v2 weight).
+fn has_request(class: &Classification) -> bool {
+    class.kind != CgroupKind::Sandbox
+        && class.qos != Some(crate::classify::QosClass::BestEffort)
+        && class
+            .resources
+            .as_ref()
+            .is_some_and(|r| r.request != crate::classify::Millicores::Exact(0))
+}
+
+/// Rows for the assignments no scanned container holds now: a container that exited and
+/// will restart, or whose cpus the pod's next container may take (kubelet's init-container
+/// reuse). The agent keeps their cpus exclusive, so they are shown, with the pod's names
+/// and class as its other rows have them.
+pub fn held_rows(
+    scan: &Scan,
+    classes: &[Classification],
+    assignments: &crate::state::Assignments,
+) -> Vec<CgroupRow> {
+    use crate::state::AssignmentKey;
+    let seen: std::collections::HashSet<AssignmentKey> =
+        classes.iter().filter_map(|c| c.assignment_key()).collect();
+    let mut rows = Vec::new();
+    for (key, held) in assignments.iter().filter(|(k, _)| !seen.contains(*k)) {
+        let uid = key.pod_uid();
+        let of_pod = || {
+            scan.cgroups
+                .iter()
+                .zip(classes)
+                .filter(move |(_, c)| c.pod_uid.as_deref() == Some(uid))
+        };
+        let pod_dir = of_pod().find(|(_, c)| c.kind == CgroupKind::Pod);
+        let named = of_pod().find(|(_, c)| c.pod_name.is_some()).map(|(_, c)| c);
+        let (container, container_id) = match key {
+            // No container runs under the name: no id (the last one's is gone).
+            AssignmentKey::Named { container, .. } => (Some(container.clone()), None),
+            AssignmentKey::Id { container_id, .. } => (None, Some(container_id.clone())),
+        };
+        rows.push(CgroupRow {
+            path: pod_dir
+                .map(|(g, _)| g.relative.to_string())
+                .unwrap_or_default(),
+            kind: "held".to_string(),
+            pod_uid: Some(uid.to_string()),
+            pod_name: named.and_then(|c| c.pod_name.clone()),
+            namespace: named.and_then(|c| c.pod_namespace.clone()),
+            container,
+            container_id,
+            qos: pod_dir.and_then(|(_, c)| c.qos).map(|q| q.to_string()),
+            request: None,
+            limit: None,
+            current: None,
+            desired: None,
+            exclusive: true,
+            held: Some(held.cpus.to_string()),
+            note: format!(
+                "exclusive cpus {} held while it is not running (its restart, or the pod's \
+                 next container, takes them)",
+                held.cpus
+            ),
+            isolation: Vec::new(),
+            devices: Vec::new(),
+        });
+    }
+    rows
+}
+
+/// Orders rows as an operator looks for them: by pod (`namespace/name`, then UID; rows of no
+/// pod last), in a pod the sandbox first, then containers by name, each followed by the
+/// cgroups it made itself.
+pub fn sort_rows(rows: &mut [CgroupRow]) {
+    let sandbox = CgroupKind::Sandbox.to_string();
+    let child = CgroupKind::ContainerChild.to_string();
+    // A child cgroup sorts with the row whose path contains it.
+    let owner = |row: &CgroupRow| -> (u8, String) {
+        let owner = if row.kind == child {
+            rows.iter()
+                .filter(|o| o.kind != child && row.path.starts_with(&format!("{}/", o.path)))
+                .max_by_key(|o| o.path.len())
+                .unwrap_or(row)
+        } else {
+            row
+        };
+        (u8::from(owner.kind != sandbox), owner.container_label())
+    };
+    // A pod's names as any of its rows has them (a child cgroup has no runtime config).
+    let mut names: std::collections::HashMap<&str, (String, String)> = Default::default();
+    for r in rows.iter().filter(|r| r.pod_name.is_some()) {
+        if let Some(uid) = r.pod_uid.as_deref() {
+            names.entry(uid).or_insert_with(|| {
+                (
+                    r.namespace.clone().unwrap_or_default(),
+                    r.pod_name.clone().unwrap_or_default(),
+                )
+            });
+        }
+    }
+    let mut keyed: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            let (rank, label) = owner(r);
+            let uid = r.pod_uid.clone().unwrap_or_default();
+            let (namespace, name) = names.get(uid.as_str()).cloned().unwrap_or_default();
+            (
+                (r.pod_uid.is_none(), namespace, name, uid),
+                rank,
+                label,
+                r.path.clone(),
+                r.clone(),
+            )
+        })
+        .collect();
+    keyed.sort_by(|a, b| (&a.0, a.1, &a.2, &a.3).cmp(&(&b.0, b.1, &b.2, &b.3)));
+    for (slot, keyed) in rows.iter_mut().zip(keyed) {
+        *slot = keyed.4;
+    }
 }
 
 /// Cuts `s` to `n` characters (with `…`); `-` for nothing, `""` for empty.

@@ -88,6 +88,21 @@ impl ExclusiveAssignment {
     }
 }
 
+/// Why the agent could not give a container the exclusive cpus it asks for, as its log said it
+/// (once, until the container gets them or goes): kubelet's text, the count asked for and,
+/// where the reason counts them, the cpus that were available. Kept in the checkpoint, so
+/// `status` shows the agent's decision rather than one of its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    pub reason: String,
+    pub requested: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available: Option<usize>,
+}
+
+/// The refusals in force, by container.
+pub type Refusals = BTreeMap<AssignmentKey, Refusal>;
+
 /// Every exclusive assignment on the node. CPUs of two assignments never overlap.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]

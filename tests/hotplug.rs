@@ -168,11 +168,12 @@ fn hotplug_without_a_free_cpu_the_container_keeps_what_it_has_left() {
     });
     let row = status.by_id(&db_id).unwrap();
     assert!(row.exclusive);
+    // `status` says why as the agent said it (from its checkpoint), with or without its flags.
     assert_eq!(
         row.note,
-        "exclusive, 1 of 2 cpus (the others went offline or out of reach)"
+        "exclusive, 1 of 2 cpus (the others went offline or out of reach): not enough cpus \
+         available to satisfy request: requested=1, available=0"
     );
-    // With the agent's policy flags, `status` says why, as the agent does.
     let out = node.cpusetd("status", &["--json", "--reserved-cpus", "0"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let with_policy: Status = serde_json::from_slice(&out.stdout).unwrap();

@@ -31,6 +31,7 @@ mod plan_cli;
 mod real_containers;
 mod real_kernel;
 mod runc;
+mod status_cli;
 mod systemd_unit;
 mod topology_cli;
 mod watcher;

@@ -242,7 +242,11 @@ fn every_fixture_draws_its_map() {
         );
         let expected: serde_json::Value =
             serde_json::from_str(&fs::read_to_string(root.join("expected.json")).unwrap()).unwrap();
-        let online = expected["cpus"].as_array().unwrap().len();
+        // Online cpus in their place, offline ones (`X`) in a block of their own.
+        let offline = expected["offline"].as_str().map_or(0, |list| {
+            cpusetd::cpuset::CpuSet::parse(list).unwrap().len()
+        });
+        let online = expected["cpus"].as_array().unwrap().len() + offline;
         let drawn: usize = map
             .lines()
             .filter(|l| l.starts_with("  ["))

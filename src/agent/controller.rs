@@ -225,6 +225,10 @@ pub struct Controller {
     sched: Option<SchedBalance>,
     /// Where the online cpus are read from while the agent runs (see [`Controller::follow_hotplug`]).
     hotplug: Option<Hotplug>,
+    /// The exclusive cpus refused, by container, as the log said it (for the checkpoint).
+    refused: crate::state::Refusals,
+    /// `refused` changed since the last pass's outcome said so.
+    refusals_changed: bool,
     pub metrics: Metrics,
 }
 
@@ -244,6 +248,8 @@ impl Controller {
             irq: None,
             sched: None,
             hotplug: None,
+            refused: Default::default(),
+            refusals_changed: false,
             last_limits: None,
             drifted: HashSet::new(),
             pins_pending: 0,

@@ -496,6 +496,8 @@ struct PersistSlot {
 struct PersistJob {
     checkpoint: Option<Checkpoint>,
     metrics: Option<String>,
+    /// The last reconcile (Unix ms), for [`checkpoint::LAST_RECONCILE_FILE`].
+    last_reconcile: Option<u64>,
     stop: bool,
     /// The thread is writing a job it took.
     busy: bool,
@@ -531,6 +533,11 @@ impl Persist {
     }
 
     fn save(&mut self, controller: &Controller, checkpoint_changed: bool) {
+        let last_reconcile = controller
+            .metrics
+            .last_reconcile
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as u64);
         let checkpoint = checkpoint_changed.then(|| Checkpoint {
             policy: if controller.policy().is_some() {
                 Policy::Static
@@ -555,17 +562,15 @@ impl Persist {
                 .collect(),
             irq: Box::new(controller.irq_saved()),
             sched: Box::new(controller.sched_saved()),
-            last_reconcile_unix_ms: controller
-                .metrics
-                .last_reconcile
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map(|d| d.as_millis() as u64),
+            refused: controller.refusals().clone(),
+            last_reconcile_unix_ms: last_reconcile,
         });
         let mut job = self.slot.pending.lock().unwrap_or_else(|e| e.into_inner());
         if checkpoint.is_some() {
             job.checkpoint = checkpoint;
         }
         job.metrics = Some(controller.metrics.render());
+        job.last_reconcile = last_reconcile;
         self.slot.wake.notify_one();
     }
 
@@ -591,6 +596,9 @@ fn persist_loop(
 ) {
     let mut failing = false;
     let mut metrics_failing = false;
+    let mut reconcile_written: Option<u64> = None;
+    // The lock taken again after the state directory was removed (see `relock`).
+    let mut relocked: Option<StateLock> = None;
     loop {
         let job = {
             let mut pending = slot.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -608,6 +616,7 @@ fn persist_loop(
                         log::info!("checkpoint written again to {}", state_dir.display());
                     }
                     failing = false;
+                    relock(state_dir, &mut relocked);
                 }
                 Err(e) => {
                     if !failing {
@@ -618,6 +627,21 @@ fn persist_loop(
                     }
                     failing = true;
                 }
+            }
+        }
+        // Before the metrics file, so what that says `status` already reads.
+        if let Some(ms) = job
+            .last_reconcile
+            .filter(|ms| reconcile_written != Some(*ms))
+        {
+            match checkpoint::write_last_reconcile(state_dir, ms) {
+                Ok(()) => reconcile_written = Some(ms),
+                // The checkpoint's failures are said; this file only keeps `status` current.
+                Err(e) => log::debug!(
+                    "cannot write {}/{}: {e}",
+                    state_dir.display(),
+                    checkpoint::LAST_RECONCILE_FILE
+                ),
             }
         }
         if let (Some(path), Some(text)) = (metrics_file, &job.metrics) {
@@ -640,6 +664,27 @@ fn persist_loop(
         if job.stop {
             return;
         }
+    }
+}
+
+/// After the state directory was removed while the agent ran (and made again by the checkpoint
+/// write), its lock file is gone with it: taken again, so a second agent is still refused and
+/// `status` and `health` still see this one. (Also when the directory could take no lock file
+/// at start and takes files now: the pid is then recorded.)
+fn relock(state_dir: &std::path::Path, relocked: &mut Option<StateLock>) {
+    if state_dir.join(checkpoint::LOCK_FILE).exists() {
+        return;
+    }
+    match StateLock::acquire(state_dir) {
+        Ok(lock) => {
+            log::warn!(
+                "{} has no lock file (the state directory was removed, or could not take one \
+                 when the agent started): the lock is taken on a new one",
+                state_dir.display()
+            );
+            *relocked = Some(lock);
+        }
+        Err(e) => log::warn!("cannot lock the state directory again: {}", error_chain(&e)),
     }
 }
 

@@ -125,6 +125,19 @@ pub enum AllocationError {
     },
 }
 
+impl AllocationError {
+    /// The cpus the reason says were available, where it counts them.
+    pub fn available(&self) -> Option<usize> {
+        match self {
+            AllocationError::Take(TakeError::NotEnoughCpus { available, .. }) => Some(*available),
+            AllocationError::SmtNotEnoughPhysicalCpus {
+                available_physical, ..
+            } => Some(*available_physical),
+            _ => None,
+        }
+    }
+}
+
 /// Exclusive assignments as kubelet's state holds them: pod → container → CPUs.
 pub type Assignments = BTreeMap<String, BTreeMap<String, CpuSet>>;
 

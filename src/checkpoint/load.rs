@@ -218,6 +218,11 @@ impl Document {
             quota_lifted: self.quota_lifted,
             irq: Box::new(self.irq),
             sched: Box::new(self.sched),
+            refused: self
+                .refused
+                .into_iter()
+                .map(|r| (r.key, r.refusal))
+                .collect(),
             last_reconcile_unix_ms: self.last_reconcile_unix_ms,
         })
     }

@@ -110,7 +110,7 @@ impl StateLock {
             }
             Err(e) => return Err(e),
         };
-        let mut file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        let mut file = match lock_exclusive(file) {
             Ok(locked) => locked,
             Err((mut file, Errno::EWOULDBLOCK)) => {
                 let pid = if own_file { read_pid(&mut file) } else { None };
@@ -152,6 +152,26 @@ impl StateLock {
     /// The lock file (or the state directory, when it could not hold one).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// How long [`StateLock::acquire`] tries again while the lock is held: `status` and `health`
+/// take a shared lock for an instant to see whether an agent holds it, and an agent starting
+/// in that instant must not take them for another agent.
+const PROBE_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// A non-blocking exclusive lock, tried again for [`PROBE_GRACE`] while someone holds it.
+fn lock_exclusive(file: File) -> Result<Flock<File>, (File, Errno)> {
+    let deadline = std::time::Instant::now() + PROBE_GRACE;
+    let mut file = file;
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Err((back, Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                file = back;
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            other => return other,
+        }
     }
 }
 
@@ -230,24 +250,193 @@ impl Drop for StateLock {
     }
 }
 
-/// The pid recorded in `<dir>/lock`, read without locking (for `cpusetd health`): the agent
-/// that holds the lock, or one that died without clearing it (check that it runs).
-pub fn recorded_holder(dir: &Path) -> Option<u32> {
-    let mut file = File::options()
-        .read(true)
-        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits())
-        .open(dir.join(LOCK_FILE))
-        .ok()?;
-    if !file.metadata().ok()?.is_file() {
-        return None;
-    }
-    read_pid(&mut file)
-}
-
 /// The pid the holder wrote, if the file holds one (it may not yet).
 fn read_pid(file: &mut File) -> Option<u32> {
     let mut text = String::new();
     file.seek(SeekFrom::Start(0)).ok()?;
     file.take(32).read_to_string(&mut text).ok()?;
     text.trim().parse().ok()
+}
+
+/// Whether an agent runs on a state directory, as `status` and `health` see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockHolder {
+    /// A cpusetd holds the lock: its pid (`None`: none recorded, as when the lock is on the
+    /// state directory itself or the agent is between locking and writing its pid).
+    Agent(Option<u32>),
+    /// No cpusetd holds it: why, for a person.
+    NotRunning(String),
+}
+
+/// Who holds `<dir>/lock`: the lock is tested (a non-blocking shared `flock`, released at
+/// once), not the pid in the file, which outlives a killed agent and may be reused; a held
+/// lock counts only when the pid recorded in it is a cpusetd (`/proc/<pid>/exe` is this
+/// program or named `cpusetd…`, or its `comm` is). Reads the real `/proc`: pids are the
+/// kernel's, whatever `--proc-root` says.
+pub fn lock_holder(dir: &Path) -> LockHolder {
+    let path = dir.join(LOCK_FILE);
+    let file = File::options()
+        .read(true)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits())
+        .open(&path);
+    let mut file = match file {
+        Ok(file) if file.metadata().is_ok_and(|m| m.is_file()) => file,
+        // A read-only state directory: the agent locks the directory itself.
+        _ => {
+            if directory_locked(dir) {
+                return LockHolder::Agent(None);
+            }
+            return LockHolder::NotRunning(format!(
+                "no agent holds {} (not started, or stopped)",
+                path.display()
+            ));
+        }
+    };
+    let recorded = read_pid(&mut file);
+    let identity = file.metadata().ok().map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        (m.dev(), m.ino())
+    });
+    let held = match Flock::lock(file, FlockArg::LockSharedNonblock) {
+        Ok(_probe) => false,
+        Err((_, Errno::EWOULDBLOCK)) => true,
+        Err((_, errno)) => {
+            return LockHolder::NotRunning(format!("cannot test {}: {errno}", path.display()))
+        }
+    };
+    // The holder as the kernel names it, in this process's pid namespace (an agent in a
+    // container recorded the pid of its own namespace); the recorded one otherwise.
+    let pid = held
+        .then(|| identity.and_then(|(dev, ino)| flock_holder(dev, ino)))
+        .flatten()
+        .or(recorded);
+    let what = pid.map(|pid| (pid, process_kind(pid)));
+    match (held, what) {
+        (true, None) => LockHolder::Agent(None),
+        (true, Some((pid, ProcessKind::Cpusetd))) => LockHolder::Agent(Some(pid)),
+        (true, Some((pid, ProcessKind::Gone))) => LockHolder::NotRunning(format!(
+            "{} is held by a process other than the one it names (pid {pid}, gone): not a cpusetd",
+            path.display()
+        )),
+        (true, Some((pid, ProcessKind::Other(name)))) => LockHolder::NotRunning(format!(
+            "{} is held, and the pid it names ({pid}) is {name}, not cpusetd",
+            path.display()
+        )),
+        (false, None) => LockHolder::NotRunning(format!(
+            "no agent holds {} (not started, or stopped)",
+            path.display()
+        )),
+        (false, Some((pid, ProcessKind::Gone))) => LockHolder::NotRunning(format!(
+            "no agent holds {}: the agent recorded in it (pid {pid}) is gone",
+            path.display()
+        )),
+        (false, Some((pid, ProcessKind::Other(name)))) => LockHolder::NotRunning(format!(
+            "no agent holds {}: the pid it names ({pid}) is now {name}, not cpusetd",
+            path.display()
+        )),
+        (false, Some((pid, ProcessKind::Cpusetd))) => LockHolder::NotRunning(format!(
+            "no agent holds {}: the cpusetd it names (pid {pid}) does not hold it",
+            path.display()
+        )),
+    }
+}
+
+/// The pid holding an exclusive `flock` on the file `(dev, ino)`, from `/proc/locks` (pids as
+/// this process's pid namespace sees them; 0 or missing where it cannot). The device must match
+/// too unless the inode alone names exactly one such lock (a filesystem whose `stat` device is
+/// not its superblock's, as btrfs subvolumes).
+fn flock_holder(dev: u64, ino: u64) -> Option<u32> {
+    use std::io::BufRead;
+    let file = File::open("/proc/locks").ok()?;
+    let wanted_dev = format!(
+        "{:02x}:{:02x}",
+        nix::sys::stat::major(dev),
+        nix::sys::stat::minor(dev)
+    );
+    let mut same_dev = None;
+    let mut by_inode = Vec::new();
+    // The kernel's own text; bounded all the same (one line per lock on the node).
+    for line in io::BufReader::new(file.take(16 << 20)).lines() {
+        let line = line.ok()?;
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // `1: FLOCK  ADVISORY  WRITE 1234 fe:00:5744915 0 EOF`; blocked waiters have `->`.
+        if fields.len() < 6 || fields[1] != "FLOCK" || fields[3] != "WRITE" {
+            continue;
+        }
+        let Some((device, inode)) = fields[5].rsplit_once(':') else {
+            continue;
+        };
+        if inode.parse::<u64>().ok() != Some(ino) {
+            continue;
+        }
+        let Some(pid) = fields[4].parse::<u32>().ok().filter(|p| *p > 0) else {
+            continue;
+        };
+        if device == wanted_dev {
+            same_dev = Some(pid);
+        }
+        by_inode.push(pid);
+    }
+    same_dev.or_else(|| (by_inode.len() == 1).then(|| by_inode[0]))
+}
+
+/// Whether the state directory itself is locked (the agent's fallback when it cannot make
+/// its lock file).
+fn directory_locked(dir: &Path) -> bool {
+    let Ok(file) = File::options()
+        .read(true)
+        .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW).bits())
+        .open(dir)
+    else {
+        return false;
+    };
+    matches!(
+        Flock::lock(file, FlockArg::LockSharedNonblock),
+        Err((_, Errno::EWOULDBLOCK))
+    )
+}
+
+/// What a pid is now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ProcessKind {
+    Cpusetd,
+    /// No such process, or a zombie.
+    Gone,
+    /// Another program: its name, quoted.
+    Other(String),
+}
+
+fn process_kind(pid: u32) -> ProcessKind {
+    if pid == std::process::id() {
+        return ProcessKind::Cpusetd;
+    }
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    let zombie = std::fs::read_to_string(proc_dir.join("stat"))
+        .ok()
+        .and_then(|stat| Some(stat.rsplit_once(')')?.1.trim_start().starts_with('Z')));
+    match zombie {
+        None | Some(true) => return ProcessKind::Gone,
+        Some(false) => {}
+    }
+    let exe = proc_dir.join("exe");
+    let same_program = || {
+        use std::os::unix::fs::MetadataExt;
+        let (Ok(theirs), Ok(ours)) = (std::fs::metadata(&exe), std::fs::metadata("/proc/self/exe"))
+        else {
+            return false;
+        };
+        (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino())
+    };
+    let named = |name: &str| name.starts_with("cpusetd");
+    let exe_name = std::fs::read_link(&exe)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let comm = std::fs::read_to_string(proc_dir.join("comm"))
+        .map(|c| c.trim_end().to_string())
+        .unwrap_or_default();
+    if same_program() || exe_name.as_deref().is_some_and(named) || named(&comm) {
+        ProcessKind::Cpusetd
+    } else {
+        ProcessKind::Other(format!("{:?}", crate::logging::printable(&comm)))
+    }
 }

@@ -22,6 +22,8 @@
 //!   "assignments": [{"named": {"pod_uid": "…", "container": "app"}, "cpus": "2-3"},
 //!                   {"named": {"pod_uid": "…", "container": "db"}, "cpus": "5", "wanted": 2}],
 //!   "quota_lifted": [{"cgroup": "kubepods/pod…/…", "original": "200000 100000"}],
+//!   "refused": [{"named": {"pod_uid": "…", "container": "big"}, "requested": 8, "available": 5,
+//!                "reason": "not enough cpus available to satisfy request: requested=8, available=5"}],
 //!   "last_reconcile_unix_ms": 1700000000000,
 //!   "checksum": "9f1c0a6d3b2e4f58"
 //! }
@@ -29,7 +31,9 @@
 //!
 //! `options` is [`PolicyOptions`]' display form; CPU sets are list strings; `assignments` is
 //! [`Assignments`]' JSON list (an assignment whose cpus went offline with no replacement free
-//! has `wanted`, the count it is entitled to, and omits it otherwise); `last_reconcile_unix_ms` is left out until the first reconcile.
+//! has `wanted`, the count it is entitled to, and omits it otherwise); `refused` (left out when
+//! empty) names the containers whose exclusive cpus the agent refused, with kubelet's text as the
+//! log said it; `last_reconcile_unix_ms` is left out until the first reconcile.
 //! Unknown members are refused: a file of version 1 has exactly these.
 //!
 //! # Checksum
@@ -60,7 +64,7 @@ mod lock;
 mod store;
 
 pub use load::{load, load_on_node, LoadOutcome, UnusableReason};
-pub use lock::{recorded_holder, LockError, StateLock};
+pub use lock::{lock_holder, LockError, LockHolder, StateLock};
 pub use store::{quarantine, save, CheckpointError, QUARANTINE_KEEP};
 
 use std::fmt;
@@ -77,7 +81,7 @@ use crate::allocator::PolicyOptions;
 use crate::cpuset::CpuSet;
 use crate::irq::IrqSaved;
 use crate::sched_balance::SchedSaved;
-use crate::state::{AssignmentKey, Assignments};
+use crate::state::{AssignmentKey, Assignments, Refusal, Refusals};
 
 /// The format version this build writes and the newest it reads.
 pub const VERSION: u32 = 1;
@@ -87,6 +91,10 @@ pub const STATE_FILE: &str = "state.json";
 pub const TMP_FILE: &str = "state.json.tmp";
 /// The lock file in the state directory.
 pub const LOCK_FILE: &str = "lock";
+/// The agent's last reconcile (Unix milliseconds, one line), rewritten by its persist thread
+/// after every reconcile: the checkpoint is written only when something changed, so its
+/// `last_reconcile_unix_ms` lags by up to six periods on a quiet node.
+pub const LAST_RECONCILE_FILE: &str = "last-reconcile";
 /// Files larger than this are refused unread (ours are a few KiB; kubelet's are smaller).
 pub const MAX_FILE_SIZE: u64 = 1 << 20;
 
@@ -134,6 +142,8 @@ pub struct Checkpoint {
     /// Scheduler load balancing the agent turned off (and host cpusets it confined), to restore.
     /// Boxed: most checkpoints have none, and [`LoadOutcome`] stays small.
     pub sched: Box<SchedSaved>,
+    /// The exclusive cpus the agent refused, by container, with kubelet's reason.
+    pub refused: Refusals,
     pub last_reconcile_unix_ms: Option<u64>,
 }
 
@@ -174,6 +184,8 @@ struct Document {
     irq: IrqSaved,
     #[serde(default, skip_serializing_if = "SchedSaved::is_empty")]
     sched: SchedSaved,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    refused: Vec<DocumentRefusal>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last_reconcile_unix_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -193,6 +205,15 @@ struct DocumentAssignment {
     adopted: Option<crate::state::Adoption>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     wanted: Option<usize>,
+}
+
+/// One element of `refused`: the container's key and its [`Refusal`].
+#[derive(Debug, Serialize, Deserialize)]
+struct DocumentRefusal {
+    #[serde(flatten)]
+    key: AssignmentKey,
+    #[serde(flatten)]
+    refusal: Refusal,
 }
 
 impl From<&Checkpoint> for Document {
@@ -218,6 +239,14 @@ impl From<&Checkpoint> for Document {
             quota_lifted: c.quota_lifted.clone(),
             irq: (*c.irq).clone(),
             sched: (*c.sched).clone(),
+            refused: c
+                .refused
+                .iter()
+                .map(|(key, refusal)| DocumentRefusal {
+                    key: key.clone(),
+                    refusal: refusal.clone(),
+                })
+                .collect(),
             last_reconcile_unix_ms: c.last_reconcile_unix_ms,
             checksum: None,
         }
@@ -331,6 +360,37 @@ fn read_bounded(path: &Path, limit: u64) -> io::Result<Bounded> {
         return Ok(Bounded::TooLarge(data.len() as u64));
     }
     Ok(Bounded::Data(data))
+}
+
+/// The agent's last reconcile from [`LAST_RECONCILE_FILE`] (`None`: missing or unreadable).
+/// Read without following a symlink, at most 32 bytes.
+pub fn read_last_reconcile(dir: &Path) -> Option<u64> {
+    match read_bounded(&dir.join(LAST_RECONCILE_FILE), 32).ok()? {
+        Bounded::Data(bytes) => std::str::from_utf8(&bytes).ok()?.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+/// Writes [`LAST_RECONCILE_FILE`]: a fresh temporary file renamed over it (nothing planted
+/// there is followed), not synced: a crash loses at most a value the checkpoint also has.
+pub fn write_last_reconcile(dir: &Path, unix_ms: u64) -> io::Result<()> {
+    let tmp = dir.join(format!(".{LAST_RECONCILE_FILE}.tmp"));
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let written = File::options()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(OFlag::O_NOFOLLOW.bits())
+        .open(&tmp)
+        .and_then(|mut file| io::Write::write_all(&mut file, format!("{unix_ms}\n").as_bytes()))
+        .and_then(|()| std::fs::rename(&tmp, dir.join(LAST_RECONCILE_FILE)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// `<dir>/state.json`.

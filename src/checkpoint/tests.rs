@@ -56,6 +56,20 @@ fn sample() -> Checkpoint {
         }],
         irq: Default::default(),
         sched: Default::default(),
+        refused: [(
+            AssignmentKey::Named {
+                pod_uid: "big".into(),
+                container: "app".into(),
+            },
+            Refusal {
+                reason: "not enough cpus available to satisfy request: requested=8, available=5"
+                    .into(),
+                requested: 8,
+                available: Some(5),
+            },
+        )]
+        .into_iter()
+        .collect(),
         last_reconcile_unix_ms: Some(1_700_000_000_123),
     }
 }
@@ -93,6 +107,7 @@ fn round_trip_keeps_every_field() {
         quota_lifted: Vec::new(),
         irq: Default::default(),
         sched: Default::default(),
+        refused: Default::default(),
         last_reconcile_unix_ms: None,
     };
     let bytes = none.to_json().unwrap();

@@ -389,7 +389,7 @@ impl Show {
             match self
                 .tree
                 .open()
-                .and_then(|mut n| collect(&mut n, &self.state_dir, None))
+                .and_then(|mut n| collect(&mut n, &self.state_dir))
             {
                 // Settled: the step's condition holds and nothing differs from the plan.
                 Ok(view) if done(view.rows()) && view.rows().iter().all(|r| !r.differs()) => {

@@ -1,17 +1,15 @@
 //! `cpusetd health`: whether an agent runs on this state directory and has reconciled lately,
-//! from its own state (the pid in `<state-dir>/lock`, the checkpoint's last reconcile). The
+//! from its own state: a cpusetd holds `<state-dir>/lock` (the lock tested, the pid in it a
+//! cpusetd), and its last reconcile (`<state-dir>/last-reconcile`, else the checkpoint's). The
 //! DaemonSet's liveness probe; needs no port.
 
 use std::time::{Duration, UNIX_EPOCH};
 
 use clap::Args;
-use nix::errno::Errno;
-use nix::sys::signal::kill;
-use nix::unistd::Pid;
 
 use super::node::{parse_duration, AgentArgs};
 use super::{CommandError, EXIT_FAILURE};
-use crate::checkpoint::{self, recorded_holder, LoadOutcome};
+use crate::checkpoint::{self, lock_holder, LoadOutcome, LockHolder};
 
 #[derive(Debug, Args)]
 pub struct HealthArgs {
@@ -19,7 +17,7 @@ pub struct HealthArgs {
     #[command(flatten)]
     agent: AgentArgs,
     /// Unhealthy when the last reconcile is older than this. Default: ten reconcile periods
-    /// plus 30 s (the agent writes its checkpoint at least every sixth period).
+    /// plus 30 s.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     max_age: Option<Duration>,
 }
@@ -34,30 +32,18 @@ pub fn run(args: &HealthArgs) -> Result<(), CommandError> {
         message: format!("unhealthy: {why}"),
         bare: true,
     };
-    let pid = recorded_holder(dir).ok_or_else(|| {
-        unhealthy(format!(
-            "no agent holds {}/lock (not started, or stopped)",
-            dir.display()
-        ))
-    })?;
-    let pid_value =
-        i32::try_from(pid).map_err(|_| unhealthy(format!("bad pid {pid} in the lock")))?;
-    // A zombie (killed, not yet reaped by its parent) is gone too.
-    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| Some(stat.rsplit_once(')')?.1.trim_start().starts_with('Z')))
-        .unwrap_or(false);
-    match kill(Pid::from_raw(pid_value), None) {
-        Ok(()) | Err(Errno::EPERM) if !zombie => {}
-        _ => {
-            return Err(unhealthy(format!(
-                "the agent recorded in {}/lock (pid {pid}) is gone",
-                dir.display()
-            )))
-        }
-    }
+    let pid = match lock_holder(dir) {
+        LockHolder::Agent(pid) => pid,
+        LockHolder::NotRunning(why) => return Err(unhealthy(why)),
+    };
+    let who = pid.map_or_else(
+        || "the agent (pid not recorded)".to_string(),
+        |p| format!("pid {p}"),
+    );
     let last = match checkpoint::load(dir) {
-        LoadOutcome::Loaded(cp) => cp.last_reconcile_unix_ms,
+        LoadOutcome::Loaded(cp) => cp
+            .last_reconcile_unix_ms
+            .max(checkpoint::read_last_reconcile(dir)),
         LoadOutcome::Missing => None,
         LoadOutcome::Unusable { path, reason } => {
             return Err(unhealthy(reason.describe(&path)));
@@ -65,7 +51,7 @@ pub fn run(args: &HealthArgs) -> Result<(), CommandError> {
     };
     let Some(ms) = last else {
         return Err(unhealthy(format!(
-            "pid {pid} has not finished its first pass (no checkpoint in {})",
+            "{who} has not finished its first pass (no checkpoint in {})",
             dir.display()
         )));
     };
@@ -74,11 +60,11 @@ pub fn run(args: &HealthArgs) -> Result<(), CommandError> {
         .unwrap_or_default();
     if age > max_age {
         return Err(unhealthy(format!(
-            "pid {pid} last reconciled {}s ago (more than {}s)",
+            "{who} last reconciled {}s ago (more than {}s)",
             age.as_secs(),
             max_age.as_secs()
         )));
     }
-    println!("healthy: pid {pid}, last reconcile {}s ago", age.as_secs());
+    println!("healthy: {who}, last reconcile {}s ago", age.as_secs());
     Ok(())
 }

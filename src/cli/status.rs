@@ -1,5 +1,7 @@
 //! `cpusetd status`: every container, its class, the CPUs it should have and the CPUs it has,
 //! from the agent's checkpoint and the live tree. Works while the agent runs; needs no IPC.
+//! Whether an agent runs at all is said first (the state directory's lock tested, its holder a
+//! cpusetd): without one, exit 3 after the rest.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -10,10 +12,13 @@ use serde::Serialize;
 
 use super::node::{AgentArgs, NodeView};
 use super::CommandError;
-use crate::checkpoint::{self, LoadOutcome};
+use crate::cgroupfs::{CpuSettings, Quota, Scan};
+use crate::checkpoint::{self, LoadOutcome, LockHolder};
+use crate::classify::{classify, config_matches_cgroup, CgroupKind, Classification};
 use crate::cpuset::CpuSet;
 use crate::planner::{desired_tree, names_from_assignments, parent_indexes, Plan, Pools};
-use crate::report::{render_table, rows, CgroupRow};
+use crate::report::{held_rows, render_table, rows, sort_rows, CgroupRow};
+use crate::runtime::OciCpu;
 use crate::topology::{owner_key, render_map, MapStyle, Mark, Topology};
 
 /// The legend line of the CPU states in `--map`.
@@ -36,8 +41,24 @@ pub struct StatusArgs {
     map: bool,
 }
 
+/// `status` exits with this when no agent runs on the state directory (LSB's "program is not
+/// running", as `systemctl status` exits), after showing what the checkpoint and tree hold.
+pub const EXIT_NOT_RUNNING: u8 = 3;
+
+/// Whether an agent runs on the state directory.
+#[derive(Debug, Serialize)]
+struct AgentDoc {
+    running: bool,
+    /// Its pid, when it runs and recorded one.
+    pid: Option<u32>,
+    /// Why no agent runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    not_running: Option<String>,
+}
+
 #[derive(Debug, Serialize)]
 struct StatusDoc {
+    agent: AgentDoc,
     policy: String,
     reserved: String,
     shared_pool: String,
@@ -57,6 +78,7 @@ struct StatusDoc {
 #[derive(Debug)]
 pub struct StatusView {
     doc: StatusDoc,
+    state_dir: std::path::PathBuf,
     topology: Topology,
     reserved: CpuSet,
     irq: crate::irq::IrqSaved,
@@ -85,7 +107,7 @@ impl StatusView {
             .iter()
             .filter(|r| r.exclusive)
             .filter_map(|r| {
-                let cpus = r.desired.as_ref().or(r.current.as_ref())?;
+                let cpus = r.held.as_ref().or(r.desired.as_ref())?;
                 let cpus = CpuSet::parse(cpus).ok()?;
                 let name = format!("{}/{}", r.pod_label(), r.container_label());
                 Some((cpus, crate::logging::printable(&name).into_owned()))
@@ -107,7 +129,24 @@ impl StatusView {
         for (index, (cpus, name)) in owners.iter().enumerate() {
             legend.push(format!("{:<2} {name}  cpus {cpus}", owner_key(index)));
         }
-        render_map(&self.topology, mark, &legend, style)
+        self.not_running_line() + &render_map(&self.topology, mark, &legend, style)
+    }
+
+    /// Why no agent runs on the state directory (`None`: one does).
+    pub fn not_running(&self) -> Option<&str> {
+        self.doc.agent.not_running.as_deref()
+    }
+
+    /// The line said first when no agent runs, or nothing.
+    fn not_running_line(&self) -> String {
+        match self.not_running() {
+            Some(why) => format!(
+                "cpusetd is not running on {}: {why}. Below: its last checkpoint and the live \
+                 tree, which nothing keeps in line\n\n",
+                self.state_dir.display()
+            ),
+            None => String::new(),
+        }
     }
 
     /// The header line and the table, as `cpusetd status` prints them (`wide`: with UIDs and
@@ -120,7 +159,17 @@ impl StatusView {
                 .map(|e| format!("{}s ago", e.as_secs()))
                 .unwrap_or_else(|_| "just now".into())
         });
-        let mut out = format!(
+        let mut out = self.not_running_line();
+        if d.policy == checkpoint::Policy::None.to_string() {
+            out += &format!(
+                "policy none: cpusetd manages no cpusets (each container keeps the cpus its \
+                 runtime gave it), last reconcile {}\n\n",
+                age.unwrap_or_else(|| "never".into())
+            );
+            out.push_str(&render_table(&d.containers, wide));
+            return out;
+        }
+        out += &format!(
             "policy {}: reserved {}, shared pool {} ({} cpus), exclusive {} ({} cpus), last reconcile {}\n\n",
             d.policy,
             d.reserved,
@@ -144,22 +193,40 @@ impl StatusView {
     }
 }
 
-/// Reads the agent's checkpoint and the live tree. With the agent's policy (the same flags),
-/// a container that should hold exclusive cpus but does not says why (kubelet's error text:
-/// SMT alignment, not enough cpus), as the agent decided it.
-pub fn collect(
-    node: &mut NodeView,
-    state_dir: &Path,
-    policy: Option<&crate::allocator::StaticPolicy>,
-) -> Result<StatusView, CommandError> {
+/// Reads the agent's checkpoint and the live tree. A container that should hold exclusive cpus
+/// but does not says why as the agent decided it (kubelet's text, kept in the checkpoint), not
+/// as a recomputation here would.
+pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, CommandError> {
+    let agent = match checkpoint::lock_holder(state_dir) {
+        LockHolder::Agent(pid) => AgentDoc {
+            running: true,
+            pid,
+            not_running: None,
+        },
+        LockHolder::NotRunning(why) => AgentDoc {
+            running: false,
+            pid: None,
+            not_running: Some(why),
+        },
+    };
     let cp = match checkpoint::load(state_dir) {
         LoadOutcome::Loaded(cp) => cp,
         LoadOutcome::Missing => {
-            return Err(CommandError::usage(format!(
-                "no checkpoint in {}: is cpusetd running with --state-dir {}?",
-                state_dir.display(),
-                state_dir.display()
-            )))
+            return Err(match &agent.not_running {
+                Some(why) => CommandError {
+                    status: EXIT_NOT_RUNNING,
+                    message: format!(
+                        "cpusetd is not running on {}: {why}; no checkpoint there either",
+                        state_dir.display()
+                    ),
+                    bare: false,
+                },
+                None => CommandError::failure(&std::io::Error::other(format!(
+                    "the agent on {} has not written its first checkpoint yet (starting, or \
+                     waiting for the kubepods cgroup)",
+                    state_dir.display()
+                ))),
+            })
         }
         LoadOutcome::Unusable { path, reason } => {
             return Err(CommandError::failure(&std::io::Error::other(
@@ -168,6 +235,7 @@ pub fn collect(
         }
     };
     let (scan, mut classes) = node.scan_and_classify()?;
+    with_live_requests(node, &scan, &mut classes);
     names_from_assignments(&mut classes, &cp.assignments);
     let exclusive = cp.assignments.exclusive_cpus();
     let pools = Pools {
@@ -176,47 +244,27 @@ pub fn collect(
         memory_nodes: node.topology.memory_nodes().clone(),
     };
     let parents = parent_indexes(&scan);
-    let desired = desired_tree(
-        &scan,
-        &classes,
-        &parents,
-        &cp.assignments,
-        &pools,
-        &node.topology,
-        false,
-    );
-    // Why a container entitled to exclusive cpus holds none: the allocation the agent would
-    // make now, from what it holds, fails with kubelet's reason.
-    let events = match policy {
-        Some(policy) => {
-            let limits = node.limits();
-            let config = crate::planner::PlanConfig {
-                topology: &node.topology,
-                policy: Some(policy),
-                align_memory: false,
-                keep_cfs_quota: true,
-                limits: Some(&limits),
-            };
-            crate::planner::plan(&scan, &classes, &cp.assignments, &config)
-                .events
-                .into_iter()
-                .filter(|e| {
-                    matches!(
-                        e,
-                        crate::planner::AssignEvent::Failed { .. }
-                            | crate::planner::AssignEvent::Short { .. }
-                    )
-                })
-                .collect()
-        }
-        None => Vec::new(),
+    let managed = cp.policy == checkpoint::Policy::Static;
+    // Under `none` the agent leaves every cgroup alone: nothing is desired.
+    let desired = if managed {
+        desired_tree(
+            &scan,
+            &classes,
+            &parents,
+            &cp.assignments,
+            &pools,
+            &node.topology,
+            false,
+        )
+    } else {
+        vec![Default::default(); scan.cgroups.len()]
     };
     let view = Plan {
-        pools: (cp.policy == checkpoint::Policy::Static).then_some(pools),
+        pools: managed.then_some(pools),
         desired,
         parents,
         assignments: cp.assignments.clone(),
-        events,
+        events: Vec::new(),
         writes: Vec::new(),
     };
     // cgroup v2 without remote partitions: said whatever the checkpoint holds (an agent that
@@ -231,14 +279,22 @@ pub fn collect(
         irq: &cp.irq.banned,
         sched: &cp.sched.isolated,
         sched_not_in_force: refusal.or(cp.sched.not_in_force.as_deref()),
+        refused: &cp.refused,
     };
-    let table = rows(&scan, &classes, &view, &in_force);
+    let mut table = rows(&scan, &classes, &view, &in_force);
+    table.extend(held_rows(&scan, &classes, &cp.assignments));
+    sort_rows(&mut table);
     let differing = table.iter().filter(|r| r.differs()).count();
+    let last_reconcile_unix_ms = cp
+        .last_reconcile_unix_ms
+        .max(checkpoint::read_last_reconcile(state_dir));
     Ok(StatusView {
+        state_dir: state_dir.to_path_buf(),
         topology: node.topology.clone(),
         reserved: cp.reserved.clone(),
         irq: (*cp.irq).clone(),
         doc: StatusDoc {
+            agent,
             policy: cp.policy.to_string(),
             reserved: cp.reserved.to_string(),
             shared_pool: cp.shared_pool.to_string(),
@@ -249,7 +305,7 @@ pub fn collect(
                 exclusive.to_string()
             },
             exclusive_cpu_count: exclusive.len(),
-            last_reconcile_unix_ms: cp.last_reconcile_unix_ms,
+            last_reconcile_unix_ms,
             containers: table,
             differing,
             irqbalance: None,
@@ -257,13 +313,50 @@ pub fn collect(
     })
 }
 
+/// Containers resized in place: the runtime's config still has the request they were created
+/// with, their cgroup the one they have now. As a starting agent does, the cgroup wins where
+/// the two disagree, unless it still holds the kernel's defaults (a container being created,
+/// whose runtime has not written its settings yet).
+fn with_live_requests(node: &mut NodeView, scan: &Scan, classes: &mut [Classification]) {
+    for (cgroup, class) in scan.cgroups.iter().zip(classes.iter_mut()) {
+        let Some(id) = class.container_id.as_deref() else {
+            continue;
+        };
+        if class.kind != CgroupKind::Container || at_kernel_defaults(&cgroup.cpu) {
+            continue;
+        }
+        let Some(mut info) = node.runtime.lookup(id) else {
+            continue;
+        };
+        if config_matches_cgroup(&cgroup.cpu, &info.cpu) != Some(false) {
+            continue;
+        }
+        info.cpu = OciCpu::default();
+        *class = classify(&node.naming, &cgroup.relative, &cgroup.cpu, Some(&info));
+    }
+}
+
+/// A cgroup's CPU settings are still what the kernel made it with (v1 `cpu.shares` 1024 and
+/// no quota, v2 `cpu.weight` 100 and `cpu.max` `max`).
+fn at_kernel_defaults(settings: &CpuSettings) -> bool {
+    match settings {
+        CpuSettings::V1 {
+            shares, cfs_quota, ..
+        } => shares.value() == Some(&1024) && cfs_quota.value() == Some(&Quota::Unlimited),
+        CpuSettings::V2 { max, weight } => {
+            weight.value() == Some(&100) && max.value().map(|m| m.quota) == Some(Quota::Unlimited)
+        }
+    }
+}
+
 pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
+    // A one-shot read: what the agent says at start (the layout found) is not said here.
+    if std::env::var_os("RUST_LOG").is_none() {
+        log::set_max_level(log::LevelFilter::Warn);
+    }
     args.agent.validate()?;
     let mut node = args.agent.tree.open()?;
-    // The policy only explains; flags that do not make one (no reserved cpus given) leave
-    // the reasons out.
-    let policy = args.agent.policy.policy(&node.topology).ok().flatten();
-    let mut view = collect(&mut node, &args.agent.state_dir, policy.as_ref())?;
+    let mut view = collect(&mut node, &args.agent.state_dir)?;
     view.note_irqbalance(&args.agent.tree.proc_root);
     if args.json {
         let text =
@@ -275,5 +368,12 @@ pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
     } else {
         print!("{}", view.render(args.wide));
     }
-    Ok(())
+    match view.not_running() {
+        Some(why) => Err(CommandError {
+            status: EXIT_NOT_RUNNING,
+            message: format!("not running on {}: {why}", args.agent.state_dir.display()),
+            bare: false,
+        }),
+        None => Ok(()),
+    }
 }

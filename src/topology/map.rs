@@ -79,7 +79,8 @@ pub fn owner_key(n: usize) -> String {
 }
 
 /// Draws `topo` with `mark` for each online CPU; `legend` lines (already formatted) follow the
-/// grid. Offline CPUs, whose place the kernel no longer reports, are listed after it.
+/// grid. Offline CPUs, whose place the kernel no longer reports, are drawn `X` in a block of
+/// their own after it.
 pub fn render_map(
     topo: &Topology,
     mark: impl Fn(u32) -> Mark,
@@ -150,8 +151,26 @@ pub fn render_map(
         out.push_str(line.trim_end());
         out.push('\n');
     }
+    // Offline cpus: the kernel no longer says where they are, so they have a block of their
+    // own, each drawn `X`.
     if !topo.offline().is_empty() {
-        let _ = writeln!(out, "offline: {} (X)", topo.offline());
+        let _ = writeln!(
+            out,
+            "offline · place not reported by the kernel · cpus {}",
+            topo.offline()
+        );
+        let mut line = String::from(" ");
+        for id in topo.offline().iter() {
+            let cell = format!(" [{id:>id_width$}{:<key_width$}]", "X");
+            if line.chars().count() + cell.chars().count() > style.width && line.len() > 1 {
+                out.push_str(line.trim_end());
+                out.push('\n');
+                line = String::from(" ");
+            }
+            line.push_str(&cell);
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
     }
     for line in legend {
         let _ = writeln!(out, "{line}");
@@ -225,6 +244,31 @@ mod tests {
         assert!(map.contains(" 10a 154a]"), "{map}");
         assert!(map.contains("socket 1 · NUMA node 3 · L3 7"), "{map}");
         assert!(map.ends_with("a  default/db/db\n"));
+    }
+
+    #[test]
+    fn offline_cpus_are_drawn_x() {
+        let online = machine(1, 1, 1, 2, 2);
+        let topo = Topology::new(
+            online.cpus().to_vec(),
+            CpuSet::parse("4-5").unwrap(),
+            CpuSet::new(),
+            online.memory_nodes().clone(),
+        )
+        .unwrap();
+        let map = render_map(
+            &topo,
+            |_| Mark::Shared,
+            &[],
+            MapStyle {
+                width: 120,
+                colour: false,
+            },
+        );
+        assert!(
+            map.contains("offline · place not reported by the kernel · cpus 4-5\n  [4X] [5X]\n"),
+            "{map}"
+        );
     }
 
     #[test]

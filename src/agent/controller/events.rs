@@ -60,6 +60,7 @@ impl Controller {
     pub(super) fn log_events(&mut self, events: &[AssignEvent], classes: &[Class]) {
         self.learn_pod_names(events.iter().map(AssignEvent::key), classes);
         for event in events {
+            self.note_refusal(event);
             if !self.count_event(event) {
                 continue;
             }
@@ -78,6 +79,42 @@ impl Controller {
                 self.pod_names.remove(key.pod_uid());
             }
         }
+    }
+
+    /// The refusals the checkpoint keeps: the first of a container's (the one the log says)
+    /// until it gets its cpus or goes.
+    fn note_refusal(&mut self, event: &AssignEvent) {
+        use std::collections::btree_map::Entry;
+        let (key, requested, error) = match event {
+            AssignEvent::Failed {
+                key,
+                requested,
+                error,
+            } => (key, *requested, error),
+            AssignEvent::Short {
+                key, wanted, error, ..
+            } => (key, *wanted, error),
+            AssignEvent::Allocated { key, .. }
+            | AssignEvent::Released { key, .. }
+            | AssignEvent::Replaced { key, .. } => {
+                self.refusals_changed |= self.refused.remove(key).is_some();
+                return;
+            }
+            _ => return,
+        };
+        if let Entry::Vacant(entry) = self.refused.entry(key.clone()) {
+            entry.insert(crate::state::Refusal {
+                reason: error.to_string(),
+                requested,
+                available: error.available(),
+            });
+            self.refusals_changed = true;
+        }
+    }
+
+    /// The exclusive cpus refused, by container, with kubelet's reason as the log said it.
+    pub fn refusals(&self) -> &crate::state::Refusals {
+        &self.refused
     }
 
     /// Counts `event` in the metrics; whether the log says it: a failure is said once per

@@ -50,7 +50,9 @@ impl Controller {
             self.track_settings_wait(&scan, &classes, now);
         }
         self.count_containers(&scan, &classes, &mode);
-        let outcome = self.record_pass(planned, &report, &classes, &mode);
+        let mut outcome = self.record_pass(planned, &report, &classes, &mode);
+        // The checkpoint keeps the refusals `status` shows.
+        outcome.assignments_changed |= std::mem::take(&mut self.refusals_changed);
         let paths = |indexes: &[usize]| -> Vec<CgroupPath> {
             indexes
                 .iter()
@@ -157,6 +159,9 @@ impl Controller {
             )
             .collect();
         self.metrics.retain_pin_failures(|k| asking.contains(k));
+        let before = self.refused.len();
+        self.refused.retain(|k, _| asking.contains(k));
+        self.refusals_changed |= self.refused.len() != before;
     }
 
     /// Per scanned cgroup, whether its writes are urgent: it gets exclusive cpus (a pin), or
