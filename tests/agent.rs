@@ -314,8 +314,10 @@ fn cpu_limit_resize(version: CgroupVersion) {
                 r.exclusive && r.current.as_deref().map(cpus).map(|c| c.len()) == Some(2)
             })
     });
+    // It keeps the cpu it was given (8, beside the reserved 0) and gets one more near it
+    // (issue 23, item 24: a resize adds to the original set).
     let held = status.by_id(&id).unwrap().current.clone().unwrap();
-    assert_eq!(held, "1,9");
+    assert_eq!(held, "1,8");
     let lifted = match version {
         CgroupVersion::V1 => ("cpu.cfs_quota_us", "-1"),
         CgroupVersion::V2 => ("cpu.max", "max 100000"),
@@ -370,6 +372,41 @@ fn agent_cpu_limit_resize_v1() {
 #[test]
 fn agent_cpu_limit_resize_v2() {
     cpu_limit_resize(CgroupVersion::V2);
+}
+
+/// Issue 23, item 24: an in-place resize keeps the cpus the container was given first: 4 → 6
+/// adds two, 6 → 4 (after a restart of the agent, from its checkpoint) gives back exactly those
+/// two, and 6 → 2 keeps a whole core of the original on its NUMA node (node 0 = 0-3,8-11).
+#[test]
+fn agent_resizes_give_back_what_they_added_across_a_restart() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let a = guaranteed("a", 4000);
+    let id = node.fake.start_pod(&a).unwrap().remove(0);
+    node.wait_cpus(&id, "1-2,9-10");
+    let b = guaranteed("b", 2000);
+    let b_id = node.fake.start_pod(&b).unwrap().remove(0);
+    node.wait_cpus(&b_id, "3,11");
+
+    resize(&node, &a, &id, 6000);
+    node.wait_cpus(&id, "1-2,4,8-10");
+    agent.wait_for_log("resized in place from cpus=1-2,9-10 to cpus=1-2,4,8-10 (added 4,8)");
+    assert!(agent.stop().success());
+
+    let mut agent = node.start_agent(&[]);
+    node.wait_cpus(&id, "1-2,4,8-10");
+    resize(&node, &a, &id, 4000);
+    node.wait_cpus(&id, "1-2,9-10");
+    resize(&node, &a, &id, 6000);
+    node.wait_cpus(&id, "1-2,4,8-10");
+    resize(&node, &a, &id, 2000);
+    let status = node.wait_cpus(&id, "1,9");
+    assert_eq!(
+        status.by_id(&b_id).unwrap().current.as_deref(),
+        Some("3,11")
+    );
+    assert!(agent.stop().success());
+    node.assert_clean();
 }
 
 /// A Guaranteed 2-CPU pod with a sidecar and a BestEffort pod, pinned; returns the ids.

@@ -9,9 +9,12 @@
 //!    released. The shared pool is never empty: when the CPUs no one holds went (reserved CPUs
 //!    offline), the smallest assignments are released until one is free.
 //! 2. A container that keeps its entitlement keeps its CPUs (matched by key: (pod UID, name), or
-//!    (pod UID, id)); one whose entitlement changed size or went to shared is released and
-//!    re-planned. One whose entitlement is *unknown* (e.g. cgroup v2 after the quota was lifted)
-//!    keeps what it has.
+//!    (pod UID, id)); one whose entitlement went to shared is released. One resized in place
+//!    keeps its original set (what it was first given): a growth keeps what it holds and gets
+//!    the rest near it (as a short assignment, step 4), and the additions are remembered in
+//!    order; a shrink gives back the CPUs added last first, and below the original keeps whole
+//!    cores of the original on its NUMA node ([`shrink_in_place`]). One whose entitlement is
+//!    *unknown* (e.g. cgroup v2 after the quota was lifted) keeps what it has.
 //! 3. **The live tree wins**: a container without an assignment whose current `cpuset.cpus` has
 //!    exactly its entitlement, lies within the allocatable CPUs and overlaps no other assignment
 //!    is adopted as it is (so planning twice writes nothing, and a restarted agent keeps pins).
@@ -78,6 +81,13 @@ pub enum AssignEvent {
         cpus: CpuSet,
         why: ReleaseReason,
     },
+    /// Resized in place to more cpus: it keeps those it held and `added` join them.
+    Grown {
+        key: AssignmentKey,
+        from: CpuSet,
+        added: CpuSet,
+        cpus: CpuSet,
+    },
     /// Resized in place to fewer cpus: it keeps these of the ones it held.
     Shrunk {
         key: AssignmentKey,
@@ -117,6 +127,7 @@ impl AssignEvent {
             | AssignEvent::Adopted { key, .. }
             | AssignEvent::Reused { key, .. }
             | AssignEvent::Released { key, .. }
+            | AssignEvent::Grown { key, .. }
             | AssignEvent::Shrunk { key, .. }
             | AssignEvent::Replaced { key, .. }
             | AssignEvent::Short { key, .. }
@@ -140,16 +151,70 @@ pub enum ReleaseReason {
     SharedPoolEmpty,
 }
 
-/// The `n` cpus a container holding `cpus` keeps when it shrinks in place: the policy's pick
-/// among them; `None` when it does not shrink or the pick fails.
-fn shrunk(policy: &StaticPolicy, cpus: &CpuSet, n: usize) -> Option<CpuSet> {
+/// The `n` cpus a container keeps when resized in place to fewer, and what is left of what
+/// resizes added to it (`grown`, oldest first): the cpus added last go first (a step given
+/// back in part keeps whole cores near the rest); below its original set it keeps whole cores
+/// of the original on the NUMA node holding most of it. `None` when it does not shrink or the
+/// policy cannot pick.
+fn shrink_in_place(
+    policy: &StaticPolicy,
+    cpus: &CpuSet,
+    grown: &[CpuSet],
+    n: usize,
+) -> Option<(CpuSet, Vec<CpuSet>)> {
     if n == 0 || n >= cpus.len() {
         return None;
     }
-    policy
-        .take_by_topology(cpus, n)
-        .ok()
-        .filter(|kept| kept.len() == n && kept.is_subset(cpus))
+    let mut steps = grown.to_vec();
+    let mut kept = cpus.clone();
+    while kept.len() > n {
+        let Some(last) = steps.pop() else {
+            break;
+        };
+        let excess = kept.len() - n;
+        if last.len() <= excess {
+            kept.remove_all(&last);
+            continue;
+        }
+        let rest = kept.difference(&last);
+        let keep = keep_near(policy, &last, last.len() - excess, &rest)?;
+        kept = rest.union(&keep);
+        steps.push(keep);
+    }
+    if kept.len() > n {
+        kept = keep_near(policy, &kept, n, &kept)?;
+    }
+    (kept.len() == n && kept.is_subset(cpus)).then_some((kept, steps))
+}
+
+/// `n` of `from`, NUMA node by node (the nodes holding most of `anchor` first, then most of
+/// `from`, then the lowest id), each node's share the policy's pick (whole cores first).
+fn keep_near(policy: &StaticPolicy, from: &CpuSet, n: usize, anchor: &CpuSet) -> Option<CpuSet> {
+    let index = policy.topology_index();
+    let mut nodes: Vec<(usize, usize, u32, CpuSet)> = index
+        .numa_node_ids()
+        .iter()
+        .map(|&id| {
+            let node = index.numa_node_cpus(&CpuSet::from_iter([id]));
+            let part = from.intersection(&node);
+            (anchor.intersection_len(&node), part.len(), id, part)
+        })
+        .filter(|(_, len, _, _)| *len > 0)
+        .collect();
+    nodes.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
+    let mut kept = CpuSet::new();
+    for (_, len, _, part) in &nodes {
+        let take = (n - kept.len()).min(*len);
+        if take == 0 {
+            break;
+        }
+        kept.extend_from(&policy.take_by_topology(part, take).ok()?);
+    }
+    if kept.len() < n {
+        // Cpus of no known node: the policy's pick among them all.
+        kept = policy.take_by_topology(from, n).ok()?;
+    }
+    (kept.len() == n && kept.is_subset(from)).then_some(kept)
 }
 
 /// Runs the rules of the module documentation. `pool_cpus` is every CPU pods may use (the
@@ -210,6 +275,7 @@ pub fn assign(
     // 2. Keep, or release what changed.
     let mut pending: Vec<&ContainerDemand> = Vec::new();
     let mut short: Vec<(&ContainerDemand, usize)> = Vec::new();
+    let mut growing: BTreeSet<AssignmentKey> = BTreeSet::new();
     for demand in demands {
         let held = assignments.get(&demand.key).cloned();
         let wanted = held.as_ref().and_then(|a| a.wanted);
@@ -231,12 +297,24 @@ pub fn assign(
                     short.push((demand, n));
                 }
             }
-            // An in-place shrink keeps cpus it has: the policy picks the `n` it would pick
-            // from them (whole cores first, the same NUMA node and socket), so the container
-            // neither moves nor loses its memory locality. (A pick that fails is released
-            // and allocated afresh, below.)
-            (Entitlement::Exclusive(n), Some(cpus)) if shrunk(policy, &cpus, n).is_some() => {
-                let kept = shrunk(policy, &cpus, n).unwrap_or_default();
+            // An in-place growth keeps what it holds and asks for the rest near it, as a
+            // short assignment does (step 4); until it can be given it keeps what it has.
+            (Entitlement::Exclusive(n), Some(cpus)) if n > cpus.len() => {
+                refresh_container_id(&mut assignments, demand);
+                set_wanted(&mut assignments, &demand.key, Some(n));
+                growing.insert(demand.key.clone());
+                short.push((demand, n));
+            }
+            // An in-place shrink gives back the cpus added last; below the original set it
+            // keeps whole cores of the original on its NUMA node (see `shrink_in_place`), so
+            // the container neither moves nor loses its memory locality. (A pick that fails
+            // is released and allocated afresh, below.)
+            (Entitlement::Exclusive(n), Some(cpus))
+                if shrink_in_place(policy, &cpus, assignments.grown(&demand.key), n).is_some() =>
+            {
+                let (kept, steps) =
+                    shrink_in_place(policy, &cpus, assignments.grown(&demand.key), n)
+                        .unwrap_or_default();
                 // A subset of its own cpus overlaps no one else's.
                 let _ = assignments.remove(&demand.key);
                 let _ = assignments.insert(
@@ -248,6 +326,7 @@ pub fn assign(
                         wanted: None,
                     },
                 );
+                assignments.set_grown(&demand.key, steps);
                 events.push(AssignEvent::Shrunk {
                     key: demand.key.clone(),
                     from: cpus,
@@ -333,6 +412,7 @@ pub fn assign(
         match replacements(policy, &held.cpus, n, &shared_pool) {
             Ok(cpus) => {
                 let added = cpus.difference(&held.cpus);
+                let from = held.cpus.clone();
                 // Moved in part: the agent's choice now, no longer an adopted pin.
                 let whole = ExclusiveAssignment {
                     cpus: cpus.clone(),
@@ -342,11 +422,27 @@ pub fn assign(
                 };
                 // Its own cpus and some of the shared pool's: no one else's.
                 if assignments.insert(demand.key.clone(), whole).is_ok() {
-                    events.push(AssignEvent::Replaced {
-                        key: demand.key.clone(),
-                        lost,
-                        added,
-                        cpus,
+                    // Cpus added to those it kept are its newest: a shrink gives them back
+                    // first (a move keeps only what is left of earlier additions).
+                    if from.is_subset(&cpus) && !added.is_empty() {
+                        let mut steps = assignments.grown(&demand.key).to_vec();
+                        steps.push(added.clone());
+                        assignments.set_grown(&demand.key, steps);
+                    }
+                    events.push(if growing.contains(&demand.key) {
+                        AssignEvent::Grown {
+                            key: demand.key.clone(),
+                            from,
+                            added,
+                            cpus,
+                        }
+                    } else {
+                        AssignEvent::Replaced {
+                            key: demand.key.clone(),
+                            lost,
+                            added,
+                            cpus,
+                        }
                     });
                 }
             }
@@ -1017,6 +1113,109 @@ mod tests {
             "{kept}"
         );
         assert!(matches!(ev[0], AssignEvent::Shrunk { .. }), "{ev:?}");
+    }
+
+    /// 2 sockets, one NUMA node each, 4 HT cores per node: core c = cpus c and c+8; node 0 =
+    /// 0-3,8-11, node 1 = 4-7,12-15 (the agent tests' node); cpu 0 reserved.
+    fn two_node_ht_policy(options: &str) -> (StaticPolicy, CpuSet) {
+        use crate::topology::RegularShape;
+        let topo = Topology::regular(RegularShape {
+            sockets: 2,
+            numa_nodes_per_socket: 1,
+            uncore_caches_per_numa_node: 1,
+            cores_per_uncore_cache: 4,
+            threads_per_core: 2,
+        })
+        .unwrap();
+        let p = StaticPolicy::new(
+            &topo,
+            PolicyOptions::parse(options).unwrap(),
+            ReservedCpus::List(CpuSet::parse("0").unwrap()),
+            false,
+        )
+        .unwrap();
+        (p, CpuSet::range(0, 15))
+    }
+
+    /// Issue 23, item 24: an in-place resize keeps the set the container was given first (its
+    /// original): growth adds to it, a shrink gives back the cpus added last, so 4 → 6 → 4
+    /// returns exactly the original; below the original it keeps whole cores of the original
+    /// on its NUMA node (before, the policy's best fit among the cpus held kept the other
+    /// node's: `1-2,7,9-10,15 → 7,15`).
+    #[test]
+    fn an_in_place_resize_gives_back_what_it_added_and_keeps_the_originals_node() {
+        for options in ["", "full-pcpus-only=true"] {
+            let (p, all) = two_node_ht_policy(options);
+            let (a, b) = (named("a", "app"), named("b", "fill"));
+            let live = pods(&["a", "b"]);
+            let want = |n: usize| {
+                vec![
+                    demand(a.clone(), Entitlement::Exclusive(n), None),
+                    demand(b.clone(), Entitlement::Exclusive(2), None),
+                ]
+            };
+            // a gets two whole cores of node 0, b the third: node 0 keeps only cpu 8 free.
+            let (first, _) = assign(&p, &all, &want(4), &live, &Assignments::new());
+            assert_eq!(held(&first, &a), "1-2,9-10", "{options}");
+            assert_eq!(held(&first, &b), "3,11", "{options}");
+            // 4 → 6: it keeps its four and gets two more near them: node 0's last free cpu and
+            // one of node 1 (kubelet's hint rule), or under full-pcpus-only a whole core of
+            // node 1.
+            let (grown, ev) = assign(&p, &all, &want(6), &live, &first);
+            let expected = if options.is_empty() {
+                "1-2,4,8-10"
+            } else {
+                "1-2,4,9-10,12"
+            };
+            assert_eq!(held(&grown, &a), expected, "{options}: {ev:?}");
+            // 6 → 4: exactly the original again.
+            let (back, ev) = assign(&p, &all, &want(4), &live, &grown);
+            assert_eq!(held(&back, &a), "1-2,9-10", "{options}: {ev:?}");
+            assert!(
+                matches!(&ev[..], [AssignEvent::Shrunk { cpus, .. }] if cpus.to_string() == "1-2,9-10"),
+                "{ev:?}"
+            );
+            assert_eq!(grown.original(&a).unwrap().to_string(), "1-2,9-10");
+            assert!(back.grown(&a).is_empty());
+            // 6 → 2: below the original, a whole core of it on node 0.
+            let (small, ev) = assign(&p, &all, &want(2), &live, &grown);
+            assert_eq!(held(&small, &a), "1,9", "{options}: {ev:?}");
+            // Planned again: nothing moves.
+            let (again, ev) = assign(&p, &all, &want(2), &live, &small);
+            assert_eq!((again, ev), (small, Vec::new()));
+        }
+    }
+
+    /// Issue 23, item 24: steps added in turn go back last-first, a partly returned step
+    /// keeping a whole core; a short resize's addition (nothing free) keeps what it has.
+    #[test]
+    fn resizes_give_back_the_last_added_cpus_first() {
+        let (p, all) = two_node_ht_policy("");
+        let a = named("a", "app");
+        let live = pods(&["a"]);
+        let want = |n: usize| vec![demand(a.clone(), Entitlement::Exclusive(n), None)];
+        let (two, _) = assign(&p, &all, &want(2), &live, &Assignments::new());
+        assert_eq!(held(&two, &a), "1,9");
+        let (four, _) = assign(&p, &all, &want(4), &live, &two);
+        let (eight, _) = assign(&p, &all, &want(8), &live, &four);
+        let added_first = four.grown(&a).to_vec();
+        assert_eq!(added_first.len(), 1, "{four:?}");
+        assert_eq!(eight.grown(&a).len(), 2, "{eight:?}");
+        assert_eq!(eight.grown(&a)[0], added_first[0]);
+        let step1 = CpuSet::parse("1,9").unwrap().union(&added_first[0]);
+        // 8 → 5: the last step (4 cpus) goes but one thread.
+        let (five, _) = assign(&p, &all, &want(5), &live, &eight);
+        let kept = CpuSet::parse(&held(&five, &a)).unwrap();
+        assert!(kept.len() == 5 && step1.is_subset(&kept), "{kept}");
+        assert_eq!(five.grown(&a).len(), 2, "{five:?}");
+        // 8 → 3: the last step goes, and one thread of the first one.
+        let (three, _) = assign(&p, &all, &want(3), &live, &eight);
+        let kept = CpuSet::parse(&held(&three, &a)).unwrap();
+        assert!(kept.len() == 3 && kept.is_subset(&step1), "{kept}");
+        assert!(CpuSet::parse("1,9").unwrap().is_subset(&kept), "{kept}");
+        // 5 → 2: the original.
+        let (back, _) = assign(&p, &all, &want(2), &live, &five);
+        assert_eq!(held(&back, &a), "1,9");
     }
 
     #[test]

@@ -94,6 +94,7 @@ impl Controller {
                 true
             }
             AssignEvent::Adopted { .. }
+            | AssignEvent::Grown { .. }
             | AssignEvent::Shrunk { .. }
             | AssignEvent::Reused { .. } => true,
             AssignEvent::Short { key, .. } => self.metrics.first_pin_failure(key),
@@ -167,6 +168,12 @@ fn describe(event: &AssignEvent) -> (log::Level, String) {
     match event {
         AssignEvent::Allocated { cpus, .. } => (Info, format!("allocated cpus={cpus}")),
         AssignEvent::Adopted { cpus, .. } => (Info, format!("adopted cpus={cpus}")),
+        AssignEvent::Grown {
+            from, added, cpus, ..
+        } => (
+            Info,
+            format!("resized in place from cpus={from} to cpus={cpus} (added {added})"),
+        ),
         AssignEvent::Shrunk { from, cpus, .. } => (
             Info,
             format!("resized in place from cpus={from} to cpus={cpus}"),
