@@ -1395,3 +1395,76 @@ fn health_says_whether_an_agent_runs_and_reconciles() {
     });
     assert!(gone.is_some(), "{:?}", health(&[]));
 }
+
+/// Issue 23, item 26: under `full-pcpus-only` a pod with one even and one odd container is one
+/// kubelet rejects at admission (SMTAlignmentError): no container of it is pinned, the reason
+/// is said once for the pod (log, `status` NOTE, `cpusetd_pods_rejected`), and a restart keeps
+/// it so. Before, the even container was pinned and the odd one shared.
+#[test]
+fn agent_a_pod_kubelet_would_reject_gets_no_exclusive_cpus() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let flags = ["--cpu-manager-policy-options", "full-pcpus-only=true"];
+    let mut agent = node.start_agent(&flags);
+    let mixed = pod(
+        "mixed",
+        Qos::Guaranteed,
+        vec![
+            ContainerSpec::guaranteed("even", 2000),
+            ContainerSpec::guaranteed("odd", 1000),
+        ],
+    );
+    let ids = node.fake.start_pod(&mixed).unwrap();
+    let rejected = "cpusetd_pods_rejected{reason=\"SMTAlignmentError\"}";
+    let settled = |node: &TestNode| {
+        node.wait_status("the mixed pod settled, shared", |s| {
+            s.converged()
+                && ids.iter().all(|id| {
+                    s.by_id(id)
+                        .is_some_and(|r| !r.exclusive && !r.note.contains("not given yet"))
+                })
+        })
+    };
+    let status = settled(&node);
+    for id in &ids {
+        let row = status.by_id(id).unwrap();
+        assert!(!row.exclusive, "{row:?}");
+        assert!(
+            row.note
+                .contains("pod rejected as kubelet would reject it (SMTAlignmentError")
+                && row
+                    .note
+                    .contains("requested 1 cpus not multiple cpus per core = 2"),
+            "{row:?}"
+        );
+        assert_eq!(node.cpus_of(&mixed, id), "0-15");
+    }
+    assert!(
+        poll_until(DEADLINE, || (node.metric(rejected) == 1.0).then_some(())).is_some(),
+        "{:?}",
+        node.metrics()
+    );
+    // More passes (another pod pinned beside it): the reason is said once.
+    let other = guaranteed("other", 2000);
+    let other_id = node.fake.start_pod(&other).unwrap().remove(0);
+    node.wait_cpus(&other_id, "1,9");
+    assert_eq!(agent.log_lines("pod rejected").len(), 1, "{}", agent.log());
+    assert!(agent.stop().success());
+
+    // A restarted agent keeps it so.
+    let mut agent = node.start_agent(&flags);
+    settled(&node);
+    node.wait_cpus(&other_id, "1,9");
+    assert!(
+        poll_until(DEADLINE, || (node.metric(rejected) == 1.0).then_some(())).is_some(),
+        "{:?}",
+        node.metrics()
+    );
+    node.fake.remove_pod(&mixed).unwrap();
+    assert!(
+        poll_until(DEADLINE, || (node.metric(rejected) == 0.0).then_some(())).is_some(),
+        "{:?}",
+        node.metrics()
+    );
+    assert!(agent.stop().success());
+    node.assert_clean();
+}

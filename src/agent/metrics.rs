@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::cgroupfs::{CgroupPath, InterfaceFile};
 use crate::planner::Plan;
-use crate::state::AssignmentKey;
+use crate::state::{AdmissionReason, AssignmentKey};
 use crate::writer::WriteReport;
 
 /// How many recent samples the latency summary keeps for its quantiles.
@@ -116,9 +116,12 @@ pub struct Metrics {
     pub exclusive_cpus_missing: u64,
     /// The agent could not set up inotify (a per-user limit) and scans every period instead.
     pub without_inotify: bool,
+    /// Pods kubelet would reject at admission now, by kubelet's reason.
+    pub pods_rejected: BTreeMap<AdmissionReason, u64>,
     // Log-once bookkeeping: failures already reported.
     reported_writes: HashSet<(CgroupPath, InterfaceFile, i32)>,
     reported_pins: HashSet<AssignmentKey>,
+    reported_rejections: HashSet<String>,
 }
 
 impl Metrics {
@@ -135,6 +138,10 @@ impl Metrics {
             .iter()
             .map(|(_, a)| a.entitled().saturating_sub(a.cpus.len()) as u64)
             .sum();
+        self.pods_rejected.clear();
+        for (_, rejection) in plan.assignments.rejected() {
+            *self.pods_rejected.entry(rejection.reason).or_default() += 1;
+        }
         if report.is_clean() {
             // A write that succeeds again may fail again later and deserves a new report.
             self.reported_writes.clear();
@@ -154,6 +161,16 @@ impl Metrics {
     /// The container is pinned (or its pin released): a later failure is new again.
     pub fn pin_succeeded(&mut self, key: &AssignmentKey) {
         self.reported_pins.remove(key);
+    }
+
+    /// Whether this pod's rejection is new (to be logged).
+    pub fn first_pod_rejection(&mut self, pod_uid: &str) -> bool {
+        self.reported_rejections.insert(pod_uid.to_string())
+    }
+
+    /// Forgets the rejections of pods kubelet would no longer reject (gone, or admitted now).
+    pub fn retain_pod_rejections(&mut self, rejected: impl Fn(&str) -> bool) {
+        self.reported_rejections.retain(|uid| rejected(uid));
     }
 
     /// Forgets failures of containers that are no longer asking (gone, or now shared).
@@ -183,6 +200,18 @@ impl Metrics {
             "counter",
             "Exclusive CPU allocations that could not be met (the container stays shared).",
             &plain(self.pinning_errors),
+        );
+        metric(
+            "cpusetd_pods_rejected",
+            "gauge",
+            "Pods kubelet would reject at admission (by kubelet's reason): no container of them holds exclusive CPUs.",
+            &AdmissionReason::ALL
+                .iter()
+                .map(|reason| {
+                    let n = self.pods_rejected.get(reason).copied().unwrap_or(0);
+                    (format!("{{reason=\"{reason}\"}}"), n.to_string())
+                })
+                .collect::<Vec<_>>(),
         );
         metric(
             "cpusetd_shared_pool_size_millicores",

@@ -123,6 +123,14 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
                  of {wanted}): {error}",
                 cpus.len()
             ),
+            AssignEvent::PodRejected { key, rejection } => log::warn!(
+                "pod{}: pod rejected as kubelet would reject it ({}, container {}): {}: no \
+                 container of the pod gets exclusive cpus",
+                key.pod_uid(),
+                rejection.reason,
+                rejection.container,
+                rejection.message
+            ),
             _ => {}
         }
     }

@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::allocator::{AllocationError, StaticPolicy};
 use crate::cpuset::CpuSet;
-use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment};
+use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment, PodRejection};
 
 /// What a container is entitled to, as classification decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +111,12 @@ pub enum AssignEvent {
         wanted: usize,
         error: AllocationError,
     },
+    /// kubelet would reject the pod at admission (`rejection`, for the container `key`, or the
+    /// pod's first container when that one is gone): no container of it holds exclusive cpus.
+    PodRejected {
+        key: AssignmentKey,
+        rejection: PodRejection,
+    },
     /// The request cannot be met: the container stays in the shared pool.
     Failed {
         key: AssignmentKey,
@@ -131,6 +137,7 @@ impl AssignEvent {
             | AssignEvent::Shrunk { key, .. }
             | AssignEvent::Replaced { key, .. }
             | AssignEvent::Short { key, .. }
+            | AssignEvent::PodRejected { key, .. }
             | AssignEvent::Failed { key, .. } => key,
         }
     }
@@ -149,6 +156,8 @@ pub enum ReleaseReason {
     OutOfReach,
     /// The shared pool would have been empty (its reserved cpus went offline).
     SharedPoolEmpty,
+    /// kubelet would reject its pod at admission.
+    PodRejected,
 }
 
 /// The `n` cpus a container keeps when resized in place to fewer, and what is left of what
@@ -272,11 +281,58 @@ pub fn assign(
     }
     release_for_shared_pool(pool_cpus, &mut assignments, &mut events);
 
+    // Pods kubelet would reject at admission whatever is free (a request that is not whole
+    // cores): one so decided stands while the pod lives; the others are decided again, the
+    // pod's containers together (steps 5 and 6).
+    assignments.retain_rejections(|uid, _| live_pods.contains(uid));
+    let mut refused: Vec<(&ContainerDemand, Option<(usize, AllocationError)>)> = Vec::new();
+    let mut rejected_now: BTreeSet<String> = BTreeSet::new();
+    for demand in demands {
+        let uid = demand.key.pod_uid();
+        if rejected_now.contains(uid) {
+            continue;
+        }
+        let error = match demand.entitlement {
+            Entitlement::Exclusive(n) => policy.request_error(n).map(|e| (n, e)),
+            _ => None,
+        };
+        if error.is_some() || assignments.rejection(uid).is_some_and(|r| r.permanent) {
+            refused.push((demand, error));
+            rejected_now.insert(uid.to_string());
+        }
+    }
+    for (demand, error) in &refused {
+        let uid = demand.key.pod_uid();
+        match error {
+            Some((n, error)) => {
+                events.push(AssignEvent::Failed {
+                    key: demand.key.clone(),
+                    requested: *n,
+                    error: error.clone(),
+                });
+                reject_pod(uid, demand, error, &mut assignments, &mut events);
+            }
+            None => {
+                let rejection = assignments.rejection(uid).cloned();
+                release_pod(uid, &mut assignments, &mut events);
+                if let Some(rejection) = rejection {
+                    events.push(AssignEvent::PodRejected {
+                        key: demand.key.clone(),
+                        rejection,
+                    });
+                }
+            }
+        }
+    }
+
     // 2. Keep, or release what changed.
     let mut pending: Vec<&ContainerDemand> = Vec::new();
     let mut short: Vec<(&ContainerDemand, usize)> = Vec::new();
     let mut growing: BTreeSet<AssignmentKey> = BTreeSet::new();
     for demand in demands {
+        if rejected_now.contains(demand.key.pod_uid()) {
+            continue;
+        }
         let held = assignments.get(&demand.key).cloned();
         let wanted = held.as_ref().and_then(|a| a.wanted);
         match (demand.entitlement, held.map(|a| a.cpus)) {
@@ -456,97 +512,227 @@ pub fn assign(
         }
     }
 
-    // 5 and 6. Reuse idle assignments of the pod, else allocate.
+    // 5 and 6. Reuse idle assignments of the pod, else allocate: a pod's containers together,
+    // as kubelet admits a pod. The first that cannot be met rejects the pod: what its other
+    // containers were given in this pass is undone and what they held is released.
     let present: BTreeSet<&AssignmentKey> = demands.iter().map(|d| &d.key).collect();
+    let mut by_pod: Vec<(&str, Vec<&ContainerDemand>)> = Vec::new();
     for demand in to_allocate {
-        let Entitlement::Exclusive(n) = demand.entitlement else {
-            continue;
-        };
-        let idle: Vec<(AssignmentKey, CpuSet)> = assignments
-            .iter()
-            .filter(|(k, _)| k.pod_uid() == demand.key.pod_uid() && !present.contains(k))
-            .map(|(k, a)| (k.clone(), a.cpus.clone()))
-            .collect();
-
-        // A restart seen only through a new container id.
-        if matches!(demand.key, AssignmentKey::Id { .. }) {
-            if let Some((from, cpus)) = idle
-                .iter()
-                .find(|(k, c)| matches!(k, AssignmentKey::Id { .. }) && c.len() == n)
-            {
-                assignments.remove(from);
-                let assignment = ExclusiveAssignment {
-                    cpus: cpus.clone(),
-                    container_id: demand.container_id.clone(),
-                    adopted: None,
-                    wanted: None,
-                };
-                if assignments.insert(demand.key.clone(), assignment).is_ok() {
-                    events.push(AssignEvent::Reused {
-                        key: demand.key.clone(),
-                        from: from.clone(),
-                        cpus: cpus.clone(),
-                    });
-                    continue;
-                }
-            }
-        }
-
-        let reusable: CpuSet = idle.iter().fold(CpuSet::new(), |mut acc, (_, c)| {
-            acc.extend_from(c);
-            acc
-        });
-        let shared_pool = pool_cpus.difference(&assignments.exclusive_cpus());
-        // The devices' NUMA nodes are the hint when known (the device plugins' hint, which a
-        // Topology Manager merges with the CPU manager's to the devices' nodes; with
-        // `align-by-socket` the policy widens it to their sockets). Otherwise: kubelet without
-        // a Topology Manager gives no hint, so `align-by-socket` would do nothing: with it,
-        // the hint a best-effort Topology Manager would give (see `socket_aligned_hint`) is
-        // computed here.
-        let hint = if demand.device_numa.is_empty() {
-            policy
-                .aligns_by_socket()
-                .then(|| policy.socket_aligned_hint(n, &shared_pool, &reusable))
-                .flatten()
-        } else {
-            Some(demand.device_numa.clone())
-        };
-        match policy.allocate(n, &shared_pool, hint.as_ref(), &reusable) {
-            Ok(cpus) => {
-                for (from, idle_cpus) in &idle {
-                    if !idle_cpus.is_disjoint(&cpus) {
-                        assignments.remove(from);
-                        events.push(AssignEvent::Released {
-                            key: from.clone(),
-                            cpus: idle_cpus.clone(),
-                            why: ReleaseReason::Reused,
-                        });
-                    }
-                }
-                let assignment = ExclusiveAssignment {
-                    cpus: cpus.clone(),
-                    container_id: demand.container_id.clone(),
-                    adopted: None,
-                    wanted: None,
-                };
-                match assignments.insert(demand.key.clone(), assignment) {
-                    Ok(()) => events.push(AssignEvent::Allocated {
-                        key: demand.key.clone(),
-                        cpus,
-                    }),
-                    // Cannot happen: the policy only picks from the shared pool and this pod's
-                    // idle CPUs, which were just released. Kept shared if it ever does.
-                    Err(e) => log::error!("cg={} allocation refused: {e}", demand.key),
-                }
-            }
-            Err(error) => events.push(AssignEvent::Failed {
-                key: demand.key.clone(),
-                requested: n,
-                error,
-            }),
+        let uid = demand.key.pod_uid();
+        match by_pod.iter_mut().find(|(u, _)| *u == uid) {
+            Some((_, group)) => group.push(demand),
+            None => by_pod.push((uid, vec![demand])),
         }
     }
+    for (uid, group) in by_pod {
+        let mut undo = Undo::default();
+        let first_event = events.len();
+        for demand in group {
+            let Entitlement::Exclusive(n) = demand.entitlement else {
+                continue;
+            };
+            if let Err(error) = allocate_one(
+                policy,
+                pool_cpus,
+                demand,
+                n,
+                &present,
+                &mut assignments,
+                &mut events,
+                &mut undo,
+            ) {
+                undo.roll_back(&mut assignments);
+                events.truncate(first_event);
+                events.push(AssignEvent::Failed {
+                    key: demand.key.clone(),
+                    requested: n,
+                    error: error.clone(),
+                });
+                reject_pod(uid, demand, &error, &mut assignments, &mut events);
+                rejected_now.insert(uid.to_string());
+                break;
+            }
+        }
+    }
+    // A pod seen asking and not rejected in this pass is admitted (or asks for nothing now).
+    let asking: BTreeSet<&str> = demands.iter().map(|d| d.key.pod_uid()).collect();
+    assignments.retain_rejections(|uid, _| rejected_now.contains(uid) || !asking.contains(uid));
     (assignments, events)
+}
+
+/// Changes to the assignments that a pod's rejection takes back: each key with what it held
+/// before (`None`: nothing).
+#[derive(Default)]
+struct Undo(Vec<(AssignmentKey, Option<ExclusiveAssignment>, Vec<CpuSet>)>);
+
+impl Undo {
+    fn record(&mut self, assignments: &Assignments, key: &AssignmentKey) {
+        let grown = assignments.grown(key).to_vec();
+        self.0
+            .push((key.clone(), assignments.get(key).cloned(), grown));
+    }
+
+    fn roll_back(self, assignments: &mut Assignments) {
+        for (key, before, grown) in self.0.into_iter().rev() {
+            assignments.remove(&key);
+            if let Some(before) = before {
+                // What it held before this pass's changes, which are all undone by now.
+                let _ = assignments.insert(key.clone(), before);
+                assignments.set_grown(&key, grown);
+            }
+        }
+    }
+}
+
+/// kubelet would reject pod `uid` at admission (`error` for its container `demand`): no
+/// container of it keeps exclusive cpus; the rejection is recorded and said.
+fn reject_pod(
+    uid: &str,
+    demand: &ContainerDemand,
+    error: &AllocationError,
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+) {
+    release_pod(uid, assignments, events);
+    let container = match &demand.key {
+        AssignmentKey::Named { container, .. } => container.clone(),
+        AssignmentKey::Id { container_id, .. } => format!("id:{container_id}"),
+    };
+    let fresh = PodRejection {
+        reason: error.admission_reason(),
+        container,
+        message: error.admission_message(),
+        permanent: error.is_permanent(),
+    };
+    // Rejected again for the same reason: kept as first said (the free counts in the message
+    // may differ from pass to pass; the decision does not).
+    let rejection = match assignments.rejection(uid) {
+        Some(known) if known.reason == fresh.reason && known.container == fresh.container => {
+            known.clone()
+        }
+        _ => fresh,
+    };
+    assignments.reject(uid, rejection.clone());
+    events.push(AssignEvent::PodRejected {
+        key: demand.key.clone(),
+        rejection,
+    });
+}
+
+/// Every assignment of pod `uid` is released: kubelet would reject the pod.
+fn release_pod(uid: &str, assignments: &mut Assignments, events: &mut Vec<AssignEvent>) {
+    let held: Vec<(AssignmentKey, CpuSet)> = assignments
+        .iter()
+        .filter(|(k, _)| k.pod_uid() == uid)
+        .map(|(k, a)| (k.clone(), a.cpus.clone()))
+        .collect();
+    for (key, cpus) in held {
+        assignments.remove(&key);
+        events.push(AssignEvent::Released {
+            key,
+            cpus,
+            why: ReleaseReason::PodRejected,
+        });
+    }
+}
+
+/// Rule 5 or 6 for one container entitled to `n` cpus: an idle set of its pod taken over, or
+/// the policy's allocation. Every change is recorded in `undo`.
+#[allow(clippy::too_many_arguments)]
+fn allocate_one(
+    policy: &StaticPolicy,
+    pool_cpus: &CpuSet,
+    demand: &ContainerDemand,
+    n: usize,
+    present: &BTreeSet<&AssignmentKey>,
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+    undo: &mut Undo,
+) -> Result<(), AllocationError> {
+    let idle: Vec<(AssignmentKey, CpuSet)> = assignments
+        .iter()
+        .filter(|(k, _)| k.pod_uid() == demand.key.pod_uid() && !present.contains(k))
+        .map(|(k, a)| (k.clone(), a.cpus.clone()))
+        .collect();
+
+    // A restart seen only through a new container id.
+    if matches!(demand.key, AssignmentKey::Id { .. }) {
+        if let Some((from, cpus)) = idle
+            .iter()
+            .find(|(k, c)| matches!(k, AssignmentKey::Id { .. }) && c.len() == n)
+        {
+            undo.record(assignments, from);
+            assignments.remove(from);
+            let assignment = ExclusiveAssignment {
+                cpus: cpus.clone(),
+                container_id: demand.container_id.clone(),
+                adopted: None,
+                wanted: None,
+            };
+            undo.record(assignments, &demand.key);
+            if assignments.insert(demand.key.clone(), assignment).is_ok() {
+                events.push(AssignEvent::Reused {
+                    key: demand.key.clone(),
+                    from: from.clone(),
+                    cpus: cpus.clone(),
+                });
+                return Ok(());
+            }
+        }
+    }
+
+    let reusable: CpuSet = idle.iter().fold(CpuSet::new(), |mut acc, (_, c)| {
+        acc.extend_from(c);
+        acc
+    });
+    let shared_pool = pool_cpus.difference(&assignments.exclusive_cpus());
+    // The devices' NUMA nodes are the hint when known (the device plugins' hint, which a
+    // Topology Manager merges with the CPU manager's to the devices' nodes; with
+    // `align-by-socket` the policy widens it to their sockets). Otherwise: kubelet without
+    // a Topology Manager gives no hint, so `align-by-socket` would do nothing: with it,
+    // the hint a best-effort Topology Manager would give (see `socket_aligned_hint`) is
+    // computed here.
+    let hint = if demand.device_numa.is_empty() {
+        policy
+            .aligns_by_socket()
+            .then(|| policy.socket_aligned_hint(n, &shared_pool, &reusable))
+            .flatten()
+    } else {
+        Some(demand.device_numa.clone())
+    };
+    match policy.allocate(n, &shared_pool, hint.as_ref(), &reusable) {
+        Ok(cpus) => {
+            for (from, idle_cpus) in &idle {
+                if !idle_cpus.is_disjoint(&cpus) {
+                    undo.record(assignments, from);
+                    assignments.remove(from);
+                    events.push(AssignEvent::Released {
+                        key: from.clone(),
+                        cpus: idle_cpus.clone(),
+                        why: ReleaseReason::Reused,
+                    });
+                }
+            }
+            let assignment = ExclusiveAssignment {
+                cpus: cpus.clone(),
+                container_id: demand.container_id.clone(),
+                adopted: None,
+                wanted: None,
+            };
+            undo.record(assignments, &demand.key);
+            match assignments.insert(demand.key.clone(), assignment) {
+                Ok(()) => events.push(AssignEvent::Allocated {
+                    key: demand.key.clone(),
+                    cpus,
+                }),
+                // Cannot happen: the policy only picks from the shared pool and this pod's
+                // idle CPUs, which were just released. Kept shared if it ever does.
+                Err(e) => log::error!("cg={} allocation refused: {e}", demand.key),
+            }
+        }
+        Err(error) => return Err(error),
+    }
+    Ok(())
 }
 
 /// The cpus a short assignment holding `held` should hold to have `n` again: `n - held` more
@@ -1216,6 +1402,107 @@ mod tests {
         // 5 → 2: the original.
         let (back, _) = assign(&p, &all, &want(2), &live, &five);
         assert_eq!(held(&back, &a), "1,9");
+    }
+
+    /// Issue 23, item 26: kubelet admits a pod as a whole. Under `full-pcpus-only` a pod with
+    /// an even and an odd container is rejected (SMTAlignmentError): neither is pinned, one
+    /// pinned before the odd one appeared is released, and the rejection stands while the pod
+    /// lives (the odd container may be an init container that is gone); other pods are not
+    /// touched.
+    #[test]
+    fn a_pod_kubelet_would_reject_gets_no_exclusive_cpus() {
+        let (p, all) = two_node_ht_policy("full-pcpus-only=true");
+        let (even, odd, other) = (named("m", "even"), named("m", "odd"), named("o", "app"));
+        let live = pods(&["m", "o"]);
+        let mut d = vec![
+            demand(even.clone(), Entitlement::Exclusive(2), None),
+            demand(other.clone(), Entitlement::Exclusive(2), None),
+        ];
+        let (first, _) = assign(&p, &all, &d, &live, &Assignments::new());
+        assert_eq!(
+            (held(&first, &even), held(&first, &other)),
+            ("1,9".into(), "2,10".into())
+        );
+        d.insert(1, demand(odd.clone(), Entitlement::Exclusive(1), None));
+        let (rejected, ev) = assign(&p, &all, &d, &live, &first);
+        assert_eq!(held(&rejected, &even), "");
+        assert_eq!(held(&rejected, &odd), "");
+        assert_eq!(held(&rejected, &other), "2,10");
+        let r = rejected.rejection("m").unwrap();
+        assert_eq!(r.reason.to_string(), "SMTAlignmentError");
+        assert_eq!(
+            (r.container.as_str(), r.message.as_str(), r.permanent),
+            (
+                "odd",
+                "SMT Alignment Error: requested 1 cpus not multiple cpus per core = 2",
+                true
+            )
+        );
+        assert!(
+            matches!(&ev[..], [
+            AssignEvent::Failed { key, .. },
+            AssignEvent::Released { why: ReleaseReason::PodRejected, .. },
+            AssignEvent::PodRejected { .. },
+        ] if *key == odd),
+            "{ev:?}"
+        );
+        // The odd container goes: the pod stays rejected.
+        d.remove(1);
+        let (still, ev) = assign(&p, &all, &d, &live, &rejected);
+        assert_eq!(held(&still, &even), "");
+        assert!(still.rejection("m").is_some());
+        assert!(
+            matches!(&ev[..], [AssignEvent::PodRejected { key, .. }] if *key == even),
+            "{ev:?}"
+        );
+        // The pod goes: so does its rejection.
+        let (gone, _) = assign(&p, &all, &d[1..], &pods(&["o"]), &still);
+        assert!(gone.rejection("m").is_none());
+    }
+
+    /// Issue 23, item 26: a pod whose second container finds too few cpus is rejected as a
+    /// whole (kubelet's UnexpectedAdmissionError): what the first was given is undone. It is
+    /// admitted again, all at once, when it fits.
+    #[test]
+    fn a_pod_that_does_not_fit_is_admitted_whole_or_not_at_all() {
+        let (p, all) = policy("0");
+        let (a, b, c) = (named("m", "a"), named("m", "b"), named("x", "c"));
+        let live = pods(&["m", "x"]);
+        let big = vec![
+            demand(c.clone(), Entitlement::Exclusive(2), None),
+            demand(a.clone(), Entitlement::Exclusive(3), None),
+            demand(b.clone(), Entitlement::Exclusive(3), None),
+        ];
+        let (none, ev) = assign(&p, &all, &big, &live, &Assignments::new());
+        assert_eq!(held(&none, &c), "1,5");
+        assert_eq!(
+            (held(&none, &a), held(&none, &b)),
+            (String::new(), String::new())
+        );
+        let r = none.rejection("m").unwrap();
+        assert_eq!(
+            (r.reason.to_string(), r.message.as_str(), r.permanent),
+            (
+                "UnexpectedAdmissionError".to_string(),
+                "Allocate failed due to not enough cpus available to satisfy request: \
+                 requested=3, available=2, which is unexpected",
+                false
+            )
+        );
+        assert!(
+            !ev.iter()
+                .any(|e| matches!(e, AssignEvent::Allocated { key, .. } if *key == a)),
+            "{ev:?}"
+        );
+        // Planned again: the same.
+        let (again, _) = assign(&p, &all, &big, &live, &none);
+        assert_eq!(again, none);
+        // c goes: the pod fits and is admitted whole.
+        let (fits, _) = assign(&p, &all, &big[1..], &pods(&["m"]), &again);
+        assert!(fits.rejection("m").is_none());
+        for key in [&a, &b] {
+            assert_eq!(fits.get(key).map(|x| x.cpus.len()), Some(3), "{fits:?}");
+        }
     }
 
     #[test]

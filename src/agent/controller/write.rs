@@ -113,6 +113,8 @@ impl Controller {
             )
             .collect();
         self.metrics.retain_pin_failures(|k| asking.contains(k));
+        self.metrics
+            .retain_pod_rejections(|uid| planned.assignments.rejection(uid).is_some());
     }
 
     /// Per scanned cgroup, whether its writes are urgent: it gets exclusive cpus (a pin), or
@@ -343,10 +345,14 @@ impl Controller {
                 .iter()
                 .any(|w| w.step == WriteStep::LiftQuota);
         self.metrics.record_pass(&planned, report);
-        let unmet = planned
-            .events
-            .iter()
-            .any(|e| matches!(e, AssignEvent::Failed { .. } | AssignEvent::Short { .. }));
+        let unmet = planned.events.iter().any(|e| {
+            matches!(
+                e,
+                AssignEvent::Failed { .. }
+                    | AssignEvent::Short { .. }
+                    | AssignEvent::PodRejected { .. }
+            )
+        });
         let settled = report.is_clean()
             && report.held_back == 0
             && report.skipped == 0
