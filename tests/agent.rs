@@ -1468,3 +1468,42 @@ fn agent_a_pod_kubelet_would_reject_gets_no_exclusive_cpus() {
     assert!(agent.stop().success());
     node.assert_clean();
 }
+
+/// Issue 23, item 25: `--respect-isolcpus` under policy `none`: the shared pool leaves the
+/// isolated cpus alone, so every container's cpuset (and every pod's) excludes them; without
+/// the flag `none` writes nothing.
+#[test]
+fn agent_policy_none_keeps_pods_off_isolated_cpus() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let proc = node.base.join("proc");
+    fs::create_dir(&proc).unwrap();
+    fs::write(proc.join("cmdline"), "ro isolcpus=2-3,10-11\n").unwrap();
+    let mut agent = node.spawn_agent(&[
+        "--proc-root",
+        proc.to_str().unwrap(),
+        "--respect-isolcpus",
+        "--cpu-manager-policy",
+        "none",
+    ]);
+    agent.wait_for_log("first pass:");
+    let db = guaranteed("db", 4000);
+    let db_id = node.fake.start_pod(&db).unwrap().remove(0);
+    let be = best_effort("be");
+    let be_id = node.fake.start_pod(&be).unwrap().remove(0);
+    let off_isolated = "0-1,4-9,12-15";
+    let done = poll_until(DEADLINE, || {
+        (node.cpus_of(&db, &db_id) == off_isolated
+            && node.cpus_of(&be, &be_id) == off_isolated
+            && node.read(&db, "", "cpuset.cpus") == off_isolated)
+            .then_some(())
+    });
+    assert!(
+        done.is_some(),
+        "db {} be {}: {}",
+        node.cpus_of(&db, &db_id),
+        node.cpus_of(&be, &be_id),
+        agent.log()
+    );
+    assert!(agent.stop().success());
+    node.assert_clean();
+}

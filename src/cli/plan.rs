@@ -99,6 +99,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
         align_memory: args.policy.align_memory,
         keep_cfs_quota: args.policy.keep_cfs_quota,
         limits: Some(&limits),
+        respect_isolcpus: args.policy.respect_isolcpus,
     };
     let planned = plan(&scan, &classes, &previous, &config);
     for event in &planned.events {

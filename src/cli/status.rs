@@ -196,6 +196,7 @@ pub fn collect(
                 align_memory: false,
                 keep_cfs_quota: true,
                 limits: Some(&limits),
+                respect_isolcpus: false,
             };
             crate::planner::plan(&scan, &classes, &cp.assignments, &config)
                 .events

@@ -13,6 +13,7 @@ impl Controller {
             align_memory: self.parts.align_memory,
             keep_cfs_quota: self.parts.keep_cfs_quota,
             limits: Some(limits),
+            respect_isolcpus: self.parts.respect_isolcpus,
         }
     }
 
