@@ -1505,6 +1505,42 @@ mod tests {
         }
     }
 
+    /// Issue 23, item 24: a growth that cannot be given yet keeps what the container holds
+    /// (it is never moved or dropped for it) and asks again every pass; once cpus are free it
+    /// grows in place.
+    #[test]
+    fn a_growth_with_nothing_free_keeps_what_it_holds_until_it_can_grow() {
+        let (p, all) = policy("0");
+        let (a, b) = (named("a", "app"), named("b", "big"));
+        let start = vec![
+            demand(a.clone(), Entitlement::Exclusive(2), None),
+            demand(b.clone(), Entitlement::Exclusive(4), None),
+        ];
+        let (first, _) = assign(&p, &all, &start, &pods(&["a", "b"]), &Assignments::new());
+        assert_eq!(held(&first, &a), "1,5");
+        let grow = vec![
+            demand(a.clone(), Entitlement::Exclusive(4), None),
+            start[1].clone(),
+        ];
+        let (waiting, ev) = assign(&p, &all, &grow, &pods(&["a", "b"]), &first);
+        assert_eq!(held(&waiting, &a), "1,5");
+        assert_eq!(waiting.get(&a).unwrap().wanted, Some(4));
+        assert!(matches!(&ev[..], [AssignEvent::Short { .. }]), "{ev:?}");
+        // b goes: a grows in place.
+        let (grown, ev) = assign(&p, &all, &grow[..1], &pods(&["a"]), &waiting);
+        let cpus = CpuSet::parse(&held(&grown, &a)).unwrap();
+        assert!(
+            cpus.len() == 4 && CpuSet::parse("1,5").unwrap().is_subset(&cpus),
+            "{cpus}"
+        );
+        assert_eq!(grown.original(&a).unwrap().to_string(), "1,5");
+        assert!(
+            ev.iter()
+                .any(|e| matches!(e, AssignEvent::Replaced { .. } | AssignEvent::Grown { .. })),
+            "{ev:?}"
+        );
+    }
+
     #[test]
     fn resize_and_opt_out_release_and_unknown_keeps() {
         let (p, all) = policy("0");

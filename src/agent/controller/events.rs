@@ -202,9 +202,16 @@ fn describe(event: &AssignEvent) -> (log::Level, String) {
         } => (
             Warn,
             format!(
-                "{}no replacement can be given: keeps cpus={cpus} ({} of {wanted}) and asks \
-                 again every pass: {error}",
-                lost_cpus(lost, " and "),
+                "{}: keeps cpus={cpus} ({} of {wanted}) and asks again every pass: {error}",
+                if lost.is_empty() {
+                    // An in-place resize's growth, or a shortage said before.
+                    format!(
+                        "{} more cpus cannot be given",
+                        wanted.saturating_sub(cpus.len())
+                    )
+                } else {
+                    format!("{}no replacement can be given", lost_cpus(lost, " and "))
+                },
                 cpus.len()
             ),
         ),
