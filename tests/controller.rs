@@ -560,3 +560,66 @@ fn an_incremental_pass_rejects_a_pod_as_a_full_plan_would() {
     assert!(controller.assignments().rejection(&uid).is_none());
     assert_nested(node);
 }
+
+/// Issue 23, item 26: a pod rejected for a request that is not whole cores stays rejected
+/// while it lives, also when none of its containers is left for a while and another pod's
+/// incremental pass (which does not see it) runs: a container of it starting again is not
+/// pinned.
+#[test]
+fn a_rejection_outlives_its_containers_and_incremental_passes() {
+    let test = TestNode::new(CgroupVersion::V1);
+    let node = &test.fake;
+    let mut controller = test.controller(&["--cpu-manager-policy-options", "full-pcpus-only=true"]);
+    controller.full_scan().unwrap();
+    controller.pass(Instant::now());
+    let mut pods = Vec::new();
+    let mixed = pod(
+        "mixed",
+        Qos::Guaranteed,
+        vec![
+            ContainerSpec::guaranteed("even", 2000),
+            ContainerSpec::guaranteed("odd", 1000),
+        ],
+    );
+    let uid = mixed.uid.clone();
+    let event = start(node, &mut pods, mixed.clone());
+    controller.apply_event(event, Instant::now()).unwrap();
+    controller.pass(Instant::now());
+    assert!(controller.assignments().rejection(&uid).is_some());
+    // Both containers go (the odd one an init container, the other restarting).
+    for (id, _) in pods[0].1.clone() {
+        node.remove_container(&mixed, &id).unwrap();
+        let cgroup = CgroupPath::new(&format!("{}/{id}", node.pod_dir(&mixed))).unwrap();
+        controller
+            .apply_event(TreeEvent::Removed { cgroup }, Instant::now())
+            .unwrap();
+        controller.pass(Instant::now());
+    }
+    controller.full_scan().unwrap();
+    controller.pass(Instant::now());
+    // Another pod: planned by an incremental pass that does not see the rejected one.
+    let before = controller.metrics.incremental_passes;
+    let other = pod(
+        "other",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("app", 2000)],
+    );
+    let event = start(node, &mut pods, other);
+    controller.apply_event(event, Instant::now()).unwrap();
+    controller.pass(Instant::now());
+    assert_eq!(controller.metrics.incremental_passes, before + 1);
+    assert!(controller.assignments().rejection(&uid).is_some());
+    // The even container starts again: still not pinned.
+    let id = node.add_container(&mixed, &mixed.containers[0]).unwrap();
+    let cgroup = CgroupPath::new(&format!("{}/{id}", node.pod_dir(&mixed))).unwrap();
+    controller
+        .apply_event(TreeEvent::Created { cgroup }, Instant::now())
+        .unwrap();
+    controller.pass(Instant::now());
+    assert!(controller
+        .assignments()
+        .iter()
+        .all(|(k, _)| k.pod_uid() != uid));
+    assert_ne!(node.container_cpus(&mixed, &id).unwrap(), "1,9");
+    assert_nested(node);
+}

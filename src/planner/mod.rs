@@ -226,11 +226,12 @@ fn plan_named<C: Borrow<Classification>>(
     }
     if !scan.complete {
         // Pods beyond the scan limit (or outside an incremental pass's part of the tree) were
-        // not seen: keep their assignments, unless they are known to be gone.
+        // not seen: keep their assignments and rejections, unless they are known to be gone.
         live_pods.extend(
             previous
                 .iter()
                 .map(|(k, _)| k.pod_uid())
+                .chain(previous.rejected().map(|(uid, _)| uid.as_str()))
                 .filter(|uid| !scan.gone_pods.contains(*uid))
                 .map(str::to_string),
         );
