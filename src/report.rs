@@ -149,8 +149,20 @@ pub fn rows(
                         .map(|r| (r.requested, r.reason.clone()))
                 })
         });
+        // kubelet would reject the pod: said on each of its rows that would be exclusive.
+        let rejection = class
+            .pod_uid
+            .as_deref()
+            .and_then(|uid| plan.assignments.rejection(uid));
         let note = match (&class.kind, assigned, failure, &class.exclusivity) {
             _ if plan.pools.is_none() => "not managed (policy none)".to_string(),
+            (_, None, _, Exclusivity::Exclusive { .. }) if rejection.is_some() => {
+                let r = rejection.expect("checked");
+                format!(
+                    "shared: pod rejected as kubelet would reject it ({}, container {}): {}",
+                    r.reason, r.container, r.message
+                )
+            }
             (_, Some(held), failure, _) if held.wanted.is_some() => format!(
                 "exclusive, {} of {} cpus (the others went offline or out of reach){}",
                 held.cpus.len(),

@@ -102,14 +102,79 @@ pub struct Refusal {
 
 /// The refusals in force, by container.
 pub type Refusals = BTreeMap<AssignmentKey, Refusal>;
+/// Why kubelet would refuse a pod at admission: its `PodAdmitResult.Reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum AdmissionReason {
+    /// `full-pcpus-only`: a request that is not whole cores, or not enough free whole cores.
+    #[serde(rename = "SMTAlignmentError")]
+    SmtAlignment,
+    /// Any other allocation failure (not enough cpus): kubelet's `UnexpectedAdmissionError`.
+    #[serde(rename = "UnexpectedAdmissionError")]
+    Unexpected,
+}
+
+impl AdmissionReason {
+    /// Every reason, in the order metrics list them.
+    pub const ALL: [AdmissionReason; 2] =
+        [AdmissionReason::SmtAlignment, AdmissionReason::Unexpected];
+}
+
+impl fmt::Display for AdmissionReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AdmissionReason::SmtAlignment => "SMTAlignmentError",
+            AdmissionReason::Unexpected => "UnexpectedAdmissionError",
+        })
+    }
+}
+
+/// A pod kubelet would reject at admission: no container of it holds exclusive cpus.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRejection {
+    pub reason: AdmissionReason,
+    /// The container whose request failed (kubelet stops at the first).
+    pub container: String,
+    /// kubelet's admission message.
+    pub message: String,
+    /// Decided by the request alone (not a whole number of cores): it stands while the pod
+    /// lives, even after that container is gone (an init container). Otherwise the pod is
+    /// admitted again, all its containers at once, every pass.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub permanent: bool,
+}
+
+impl fmt::Display for PodRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}): {}", self.reason, self.container, self.message)
+    }
+}
 
 /// Every exclusive assignment on the node. CPUs of two assignments never overlap.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
+///
+/// Besides the cpus, each assignment remembers the cpus in-place resizes added to it, in the
+/// order they came ([`Self::grown`]; what it held before them is its original set), and the
+/// node remembers the pods kubelet would reject ([`Self::rejection`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Assignments {
-    // A list rather than a map in JSON: the key is a struct.
-    #[serde(with = "entries")]
     by_key: BTreeMap<AssignmentKey, ExclusiveAssignment>,
+    /// Cpus added to an assignment after it was made, oldest first: non-empty, disjoint
+    /// subsets of its cpus that leave some of them out (its original set).
+    grown: BTreeMap<AssignmentKey, Vec<CpuSet>>,
+    rejected: BTreeMap<String, PodRejection>,
+}
+
+// A list rather than a map in JSON: the key is a struct. Rejections are not in it (the
+// checkpoint keeps them beside it).
+impl Serialize for Assignments {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        entries::serialize(self, s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Assignments {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        entries::deserialize(d)
+    }
 }
 
 /// Why an assignment was refused.
@@ -180,17 +245,84 @@ impl Assignments {
                 key: Box::new(key),
             });
         }
-        self.by_key.insert(key, assignment);
+        let steps = self.grown.remove(&key).unwrap_or_default();
+        self.by_key.insert(key.clone(), assignment);
+        self.set_grown(&key, steps);
         Ok(())
     }
 
     pub fn remove(&mut self, key: &AssignmentKey) -> Option<ExclusiveAssignment> {
+        self.grown.remove(key);
         self.by_key.remove(key)
     }
 
     /// Keeps only the assignments for which `keep` returns true.
     pub fn retain(&mut self, mut keep: impl FnMut(&AssignmentKey, &ExclusiveAssignment) -> bool) {
         self.by_key.retain(|k, a| keep(k, a));
+        let by_key = &self.by_key;
+        self.grown.retain(|k, _| by_key.contains_key(k));
+    }
+
+    /// The cpus in-place resizes added to `key`'s assignment, oldest first (empty: it holds
+    /// its original set).
+    pub fn grown(&self, key: &AssignmentKey) -> &[CpuSet] {
+        self.grown.get(key).map(Vec::as_slice).unwrap_or_default()
+    }
+
+    /// The cpus `key` held before in-place resizes added to them.
+    pub fn original(&self, key: &AssignmentKey) -> Option<CpuSet> {
+        let held = self.by_key.get(key)?;
+        let mut original = held.cpus.clone();
+        for step in self.grown(key) {
+            original.remove_all(step);
+        }
+        Some(original)
+    }
+
+    /// Records what resizes added to `key`'s assignment, oldest first. Kept only as far as it
+    /// holds: each step within its cpus and not in an earlier one, empty steps dropped, and
+    /// never all of its cpus (the oldest step becomes part of the original set then).
+    pub fn set_grown(&mut self, key: &AssignmentKey, steps: Vec<CpuSet>) {
+        let Some(held) = self.by_key.get(key) else {
+            return;
+        };
+        let mut seen = CpuSet::new();
+        let mut kept: Vec<CpuSet> = Vec::new();
+        for step in steps {
+            let step = step.intersection(&held.cpus).difference(&seen);
+            if !step.is_empty() {
+                seen.extend_from(&step);
+                kept.push(step);
+            }
+        }
+        if seen == held.cpus && !kept.is_empty() {
+            kept.remove(0);
+        }
+        if kept.is_empty() {
+            self.grown.remove(key);
+        } else {
+            self.grown.insert(key.clone(), kept);
+        }
+    }
+
+    /// Why kubelet would reject pod `pod_uid`, if it would.
+    pub fn rejection(&self, pod_uid: &str) -> Option<&PodRejection> {
+        self.rejected.get(pod_uid)
+    }
+
+    /// The pods kubelet would reject, by UID.
+    pub fn rejected(&self) -> impl Iterator<Item = (&String, &PodRejection)> {
+        self.rejected.iter()
+    }
+
+    /// Records that kubelet would reject pod `pod_uid`.
+    pub fn reject(&mut self, pod_uid: &str, rejection: PodRejection) {
+        self.rejected.insert(pod_uid.to_string(), rejection);
+    }
+
+    /// Keeps only the rejections for which `keep` returns true.
+    pub fn retain_rejections(&mut self, mut keep: impl FnMut(&str, &PodRejection) -> bool) {
+        self.rejected.retain(|uid, r| keep(uid, r));
     }
 }
 
@@ -209,13 +341,13 @@ mod entries {
         adopted: Option<Adoption>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         wanted: Option<usize>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        grown: Vec<CpuSet>,
     }
 
-    pub fn serialize<S: Serializer>(
-        map: &BTreeMap<AssignmentKey, ExclusiveAssignment>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        let list: Vec<Entry> = map
+    pub fn serialize<S: Serializer>(assignments: &Assignments, s: S) -> Result<S::Ok, S::Error> {
+        let list: Vec<Entry> = assignments
+            .by_key
             .iter()
             .map(|(k, a)| Entry {
                 key: k.clone(),
@@ -223,15 +355,14 @@ mod entries {
                 container_id: a.container_id.clone(),
                 adopted: a.adopted,
                 wanted: a.wanted,
+                grown: assignments.grown(k).to_vec(),
             })
             .collect();
         list.serialize(s)
     }
 
     /// Goes through [`Assignments::insert`], so a file naming one CPU twice is refused.
-    pub fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<BTreeMap<AssignmentKey, ExclusiveAssignment>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Assignments, D::Error> {
         let mut assignments = Assignments::new();
         for e in Vec::<Entry>::deserialize(d)? {
             let assignment = ExclusiveAssignment {
@@ -241,10 +372,11 @@ mod entries {
                 wanted: e.wanted,
             };
             assignments
-                .insert(e.key, assignment)
+                .insert(e.key.clone(), assignment)
                 .map_err(serde::de::Error::custom)?;
+            assignments.set_grown(&e.key, e.grown);
         }
-        Ok(assignments.by_key)
+        Ok(assignments)
     }
 }
 

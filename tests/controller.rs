@@ -499,3 +499,127 @@ fn start(node: &FakeNode, pods: &mut Vec<(PodSpec, Vec<(String, u64)>)>, p: PodS
     pods.push((p, containers));
     event
 }
+
+/// Issue 23, item 26: a pod kubelet would reject, arriving on a settled node, is planned by
+/// an incremental pass (its pod's chain alone), which debug builds hold to a full plan of the
+/// same model: the same rejection, the same released cpus, the same events. Then full passes
+/// agree with it, and the pod's going ends the rejection.
+#[test]
+fn an_incremental_pass_rejects_a_pod_as_a_full_plan_would() {
+    let test = TestNode::new(CgroupVersion::V1);
+    let node = &test.fake;
+    let mut controller = test.controller(&["--cpu-manager-policy-options", "full-pcpus-only=true"]);
+    controller.full_scan().unwrap();
+    controller.pass(Instant::now());
+    let mut pods = Vec::new();
+    let first = pod(
+        "first",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("app", 2000)],
+    );
+    let event = start(node, &mut pods, first);
+    controller.apply_event(event, Instant::now()).unwrap();
+    controller.pass(Instant::now());
+    let before = controller.metrics.incremental_passes;
+    assert!(before >= 1, "the first pod was not planned incrementally");
+
+    let mixed = pod(
+        "mixed",
+        Qos::Guaranteed,
+        vec![
+            ContainerSpec::guaranteed("even", 2000),
+            ContainerSpec::guaranteed("odd", 1000),
+        ],
+    );
+    let uid = mixed.uid.clone();
+    let event = start(node, &mut pods, mixed.clone());
+    controller.apply_event(event, Instant::now()).unwrap();
+    controller.pass(Instant::now());
+    assert_eq!(controller.metrics.incremental_passes, before + 1);
+    let rejection = controller.assignments().rejection(&uid).cloned().unwrap();
+    assert_eq!(rejection.reason.to_string(), "SMTAlignmentError");
+    assert!(controller
+        .assignments()
+        .iter()
+        .all(|(k, _)| k.pod_uid() != uid));
+    for (id, _) in &pods[1].1 {
+        assert_eq!(node.container_cpus(&mixed, id).unwrap(), "0,2-8,10-15");
+    }
+    // A full pass decides the same.
+    controller.full_scan().unwrap();
+    controller.pass(Instant::now());
+    assert_eq!(controller.assignments().rejection(&uid), Some(&rejection));
+    assert_eq!(controller.assignments().len(), 1);
+
+    node.remove_pod(&mixed).unwrap();
+    let cgroup = CgroupPath::new(&node.pod_dir(&mixed)).unwrap();
+    controller
+        .apply_event(TreeEvent::Removed { cgroup }, Instant::now())
+        .unwrap();
+    controller.pass(Instant::now());
+    assert!(controller.assignments().rejection(&uid).is_none());
+    assert_nested(node);
+}
+
+/// Issue 23, item 26: a pod rejected for a request that is not whole cores stays rejected
+/// while it lives, also when none of its containers is left for a while and another pod's
+/// incremental pass (which does not see it) runs: a container of it starting again is not
+/// pinned.
+#[test]
+fn a_rejection_outlives_its_containers_and_incremental_passes() {
+    let test = TestNode::new(CgroupVersion::V1);
+    let node = &test.fake;
+    let mut controller = test.controller(&["--cpu-manager-policy-options", "full-pcpus-only=true"]);
+    controller.full_scan().unwrap();
+    controller.pass(Instant::now());
+    let mut pods = Vec::new();
+    let mixed = pod(
+        "mixed",
+        Qos::Guaranteed,
+        vec![
+            ContainerSpec::guaranteed("even", 2000),
+            ContainerSpec::guaranteed("odd", 1000),
+        ],
+    );
+    let uid = mixed.uid.clone();
+    let event = start(node, &mut pods, mixed.clone());
+    controller.apply_event(event, Instant::now()).unwrap();
+    controller.pass(Instant::now());
+    assert!(controller.assignments().rejection(&uid).is_some());
+    // Both containers go (the odd one an init container, the other restarting).
+    for (id, _) in pods[0].1.clone() {
+        node.remove_container(&mixed, &id).unwrap();
+        let cgroup = CgroupPath::new(&format!("{}/{id}", node.pod_dir(&mixed))).unwrap();
+        controller
+            .apply_event(TreeEvent::Removed { cgroup }, Instant::now())
+            .unwrap();
+        controller.pass(Instant::now());
+    }
+    controller.full_scan().unwrap();
+    controller.pass(Instant::now());
+    // Another pod: planned by an incremental pass that does not see the rejected one.
+    let before = controller.metrics.incremental_passes;
+    let other = pod(
+        "other",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("app", 2000)],
+    );
+    let event = start(node, &mut pods, other);
+    controller.apply_event(event, Instant::now()).unwrap();
+    controller.pass(Instant::now());
+    assert_eq!(controller.metrics.incremental_passes, before + 1);
+    assert!(controller.assignments().rejection(&uid).is_some());
+    // The even container starts again: still not pinned.
+    let id = node.add_container(&mixed, &mixed.containers[0]).unwrap();
+    let cgroup = CgroupPath::new(&format!("{}/{id}", node.pod_dir(&mixed))).unwrap();
+    controller
+        .apply_event(TreeEvent::Created { cgroup }, Instant::now())
+        .unwrap();
+    controller.pass(Instant::now());
+    assert!(controller
+        .assignments()
+        .iter()
+        .all(|(k, _)| k.pod_uid() != uid));
+    assert_ne!(node.container_cpus(&mixed, &id).unwrap(), "1,9");
+    assert_nested(node);
+}

@@ -89,13 +89,14 @@ fn each_tree_is_planned_applied_and_then_stable() {
         assert!(!first["writes"].as_array().unwrap().is_empty(), "{name}");
         // kubelet's packed order on 1 socket × 4 cores × 2 threads with cpu 0 reserved: the
         // 2-cpu app gets core 1 (1,5); 1-cpu containers fill the half-used core 0 (4) then 2.
-        // v2-systemd already holds pins (4-7, and 2 with its quota lifted): they are adopted
-        // and the 2-cpu app gets what is left (1,3).
+        // v2-systemd already holds pins (4-7, and 2 with its quota lifted): they are adopted,
+        // and pod `pinned` (2 cpus and 1 cpu) does not fit in what is left (1,3): kubelet
+        // rejects it at admission, so neither of its containers is pinned (issue 23, item 26).
         let expected: &[(&str, &str)] = match name {
             "v1-cgroupfs" => &[("app", "1,5"), ("init", "4"), ("1c", "2")],
             "v1-systemd" => &[("app", "1,5"), ("init", "4"), ("2c", "2")],
             "v2-cgroupfs" => &[("4a", "1,5"), ("4c", "4")],
-            _ => &[("3a", "1,3"), ("app", "2"), ("37", "4-7")],
+            _ => &[("app", "2"), ("37", "4-7")],
         };
         let pinned = exclusive(&first);
         let want: Vec<(String, String)> = expected
@@ -257,6 +258,7 @@ fn every_planned_write_is_one_the_v1_kernel_accepts() {
                 align_memory: false,
                 keep_cfs_quota: false,
                 limits: None,
+                respect_isolcpus: false,
             };
             let planned = plan(&scan, &classes, &Assignments::new(), &config);
             type Read =
@@ -574,4 +576,62 @@ fn reset_without_a_checkpoint_recovers_quotas_from_the_runtime_configs() {
         "{}",
         stdout(&out)
     );
+}
+
+/// Issue 23, item 25: `--respect-isolcpus` under policy `none` (the respect-isolcpus KEP makes
+/// it policy-agnostic): the shared pool leaves the isolated cpus alone, so every cgroup is
+/// planned without them and nothing else is managed; without the flag `none` plans nothing.
+#[test]
+fn policy_none_with_respect_isolcpus_keeps_every_cgroup_off_isolated_cpus() {
+    for name in ["v1-cgroupfs", "v2-systemd"] {
+        let dir = fake_tree(name);
+        let root = dir.path().join(name);
+        let proc = dir.path().join("proc");
+        fs::create_dir(&proc).unwrap();
+        fs::write(proc.join("cmdline"), "ro isolcpus=2,6\n").unwrap();
+        let args = |extra: &[&str]| {
+            let mut args = plan_args(&root, &[&["--cpu-manager-policy", "none"], extra].concat());
+            let at = args.iter().position(|a| a == "--proc-root").unwrap();
+            args[at + 1] = proc.to_str().unwrap().to_string();
+            args
+        };
+        let json = |extra: &[&str]| -> serde_json::Value {
+            let out = run(&args(&[&["--json"], extra].concat()));
+            assert!(out.status.success(), "{}", stderr(&out));
+            serde_json::from_str(&stdout(&out)).unwrap()
+        };
+        assert!(json(&[])
+            .get("writes")
+            .and_then(|w| w.as_array())
+            .unwrap()
+            .is_empty());
+
+        let doc = json(&["--respect-isolcpus"]);
+        let cpuset_writes: Vec<&serde_json::Value> = doc["writes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| w["file"] == "cpuset.cpus")
+            .collect();
+        assert!(!cpuset_writes.is_empty(), "{name}");
+        assert!(
+            doc["writes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|w| w["file"] != "cpu.cfs_quota_us" && w["file"] != "cpu.max"),
+            "{name}: none lifts no quota"
+        );
+        for row in doc["containers"].as_array().unwrap() {
+            let kind = row["kind"].as_str().unwrap();
+            if kind == "container" || kind == "sandbox" {
+                assert_eq!(row["desired"], "0-1,3-5,7", "{name}: {row}");
+                assert_eq!(row["exclusive"], false, "{name}: {row}");
+            }
+        }
+        let out = run(&args(&["--respect-isolcpus", "--apply"]));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let again = json(&["--respect-isolcpus"]);
+        assert_eq!(again["writes"], serde_json::json!([]), "{name}");
+    }
 }

@@ -437,6 +437,7 @@ fn planner_case(u: &mut Unstructured<'_>) -> Result<()> {
         align_memory: u.arbitrary()?,
         keep_cfs_quota: u.arbitrary()?,
         limits: None,
+        respect_isolcpus: false,
     };
 
     let mut pods = Vec::new();

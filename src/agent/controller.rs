@@ -131,6 +131,9 @@ pub struct ControllerParts {
     pub policy: Option<StaticPolicy>,
     pub align_memory: bool,
     pub keep_cfs_quota: bool,
+    /// `--respect-isolcpus` (the static policy carries it too; under `none` the planner keeps
+    /// pods off the isolated cpus with it).
+    pub respect_isolcpus: bool,
     /// Assignments from the checkpoint (names and intent; the live tree still wins).
     pub assignments: Assignments,
     /// CFS quotas this agent lifted, with their original values (from the checkpoint).

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::cgroupfs::{CgroupPath, InterfaceFile};
 use crate::planner::Plan;
-use crate::state::AssignmentKey;
+use crate::state::{AdmissionReason, AssignmentKey};
 use crate::writer::WriteReport;
 
 /// How many recent samples the latency summary keeps for its quantiles.
@@ -119,9 +119,12 @@ pub struct Metrics {
     pub without_inotify: bool,
     /// The last full scan stopped at its limit: no new exclusive CPUs are given.
     pub scan_incomplete: bool,
+    /// Pods kubelet would reject at admission now, by kubelet's reason.
+    pub pods_rejected: BTreeMap<AdmissionReason, u64>,
     // Log-once bookkeeping: failures already reported.
     reported_writes: HashSet<(CgroupPath, InterfaceFile, i32)>,
     reported_pins: HashSet<AssignmentKey>,
+    reported_rejections: HashSet<String>,
 }
 
 impl Metrics {
@@ -138,6 +141,10 @@ impl Metrics {
             .iter()
             .map(|(_, a)| a.entitled().saturating_sub(a.cpus.len()) as u64)
             .sum();
+        self.pods_rejected.clear();
+        for (_, rejection) in plan.assignments.rejected() {
+            *self.pods_rejected.entry(rejection.reason).or_default() += 1;
+        }
         if report.is_clean() {
             // A write that succeeds again may fail again later and deserves a new report.
             self.reported_writes.clear();
@@ -157,6 +164,16 @@ impl Metrics {
     /// The container is pinned (or its pin released): a later failure is new again.
     pub fn pin_succeeded(&mut self, key: &AssignmentKey) {
         self.reported_pins.remove(key);
+    }
+
+    /// Whether this pod's rejection is new (to be logged).
+    pub fn first_pod_rejection(&mut self, pod_uid: &str) -> bool {
+        self.reported_rejections.insert(pod_uid.to_string())
+    }
+
+    /// Forgets the rejections of pods kubelet would no longer reject (gone, or admitted now).
+    pub fn retain_pod_rejections(&mut self, rejected: impl Fn(&str) -> bool) {
+        self.reported_rejections.retain(|uid| rejected(uid));
     }
 
     /// Forgets failures of containers that are no longer asking (gone, or now shared).
@@ -186,6 +203,18 @@ impl Metrics {
             "counter",
             "Exclusive CPU allocations that could not be met (the container stays shared).",
             &plain(self.pinning_errors),
+        );
+        metric(
+            "cpusetd_pods_rejected",
+            "gauge",
+            "Pods kubelet would reject at admission (by kubelet's reason): no container of them holds exclusive CPUs.",
+            &AdmissionReason::ALL
+                .iter()
+                .map(|reason| {
+                    let n = self.pods_rejected.get(reason).copied().unwrap_or(0);
+                    (format!("{{reason=\"{reason}\"}}"), n.to_string())
+                })
+                .collect::<Vec<_>>(),
         );
         metric(
             "cpusetd_shared_pool_size_millicores",

@@ -136,6 +136,32 @@ impl AllocationError {
             _ => None,
         }
     }
+    /// The reason kubelet's pod admission gives for this error (`PodAdmitResult.Reason`): every
+    /// allocation failure of any container rejects the whole pod.
+    pub fn admission_reason(&self) -> crate::state::AdmissionReason {
+        match self {
+            AllocationError::SmtNotMultipleOfCore { .. }
+            | AllocationError::SmtNotEnoughPhysicalCpus { .. }
+            | AllocationError::SmtSplitsCore { .. } => crate::state::AdmissionReason::SmtAlignment,
+            _ => crate::state::AdmissionReason::Unexpected,
+        }
+    }
+
+    /// kubelet's admission message (`PodAdmitResult.Message`): an SMT alignment error's own
+    /// text; any other wrapped as `Allocate failed due to …, which is unexpected`.
+    pub fn admission_message(&self) -> String {
+        match self.admission_reason() {
+            crate::state::AdmissionReason::SmtAlignment => self.to_string(),
+            crate::state::AdmissionReason::Unexpected => {
+                format!("Allocate failed due to {self}, which is unexpected")
+            }
+        }
+    }
+
+    /// Whether the request alone decides it (not a whole number of cores), whatever is free.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, AllocationError::SmtNotMultipleOfCore { .. })
+    }
 }
 
 /// Exclusive assignments as kubelet's state holds them: pod → container → CPUs.
@@ -367,6 +393,18 @@ impl StaticPolicy {
             count,
             strategy,
             self.options.prefer_align_cpus_by_uncorecache,
+        )
+    }
+
+    /// kubelet's admission check that the request alone decides: under `full-pcpus-only` a
+    /// request that is not a whole number of cores.
+    pub fn request_error(&self, request: usize) -> Option<AllocationError> {
+        let group_size = self.cpu_group_size.max(1);
+        (self.options.full_pcpus_only && request % group_size != 0).then_some(
+            AllocationError::SmtNotMultipleOfCore {
+                requested: request,
+                cpus_per_core: self.cpu_group_size,
+            },
         )
     }
 

@@ -204,9 +204,25 @@ impl Document {
                 container_id: entry.container_id,
                 adopted: entry.adopted,
             };
+            let grown = entry
+                .grown
+                .iter()
+                .map(|step| list(&format!("the grown cpus of {}", entry.key), step))
+                .collect::<Result<Vec<_>, _>>()?;
             assignments
-                .insert(entry.key, assignment)
+                .insert(entry.key.clone(), assignment)
                 .map_err(|source| UnusableReason::BadAssignment { source })?;
+            // Kept only as far as it holds (within its cpus, leaving an original set).
+            assignments.set_grown(&entry.key, grown);
+        }
+        for rejected in self.rejected_pods {
+            let rejection = crate::state::PodRejection {
+                reason: rejected.reason,
+                container: rejected.container,
+                message: rejected.message,
+                permanent: rejected.permanent,
+            };
+            assignments.reject(&rejected.pod_uid, rejection);
         }
         Ok(Checkpoint {
             policy: self.policy,

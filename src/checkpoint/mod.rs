@@ -7,20 +7,25 @@
 //! reconcile). So a checkpoint that cannot be used is reported and set aside, never a reason to
 //! refuse to start ([`load`] cannot fail; it says [`LoadOutcome::Unusable`] and why).
 //!
-//! # Format (version 1)
+//! # Format (version 2)
 //!
 //! Pretty-printed JSON, one object:
 //!
 //! ```json
 //! {
-//!   "version": 1,
+//!   "version": 2,
 //!   "policy": "static",
 //!   "options": "full-pcpus-only=true",
 //!   "reserved": "0",
 //!   "online": "0-7",
 //!   "shared_pool": "0-1,4-7",
 //!   "assignments": [{"named": {"pod_uid": "…", "container": "app"}, "cpus": "2-3"},
-//!                   {"named": {"pod_uid": "…", "container": "db"}, "cpus": "5", "wanted": 2}],
+//!                   {"named": {"pod_uid": "…", "container": "db"}, "cpus": "5", "wanted": 2},
+//!                   {"named": {"pod_uid": "…", "container": "big"}, "cpus": "1-2,4,9-10,12",
+//!                    "grown": ["4,12"]}],
+//!   "rejected_pods": [{"pod_uid": "…", "reason": "SMTAlignmentError", "container": "odd",
+//!                      "message": "SMT Alignment Error: requested 1 cpus not multiple cpus per core = 2",
+//!                      "permanent": true}],
 //!   "quota_lifted": [{"cgroup": "kubepods/pod…/…", "original": "200000 100000"}],
 //!   "refused": [{"named": {"pod_uid": "…", "container": "big"}, "requested": 8, "available": 5,
 //!                "reason": "not enough cpus available to satisfy request: requested=8, available=5"}],
@@ -31,10 +36,14 @@
 //!
 //! `options` is [`PolicyOptions`]' display form; CPU sets are list strings; `assignments` is
 //! [`Assignments`]' JSON list (an assignment whose cpus went offline with no replacement free
-//! has `wanted`, the count it is entitled to, and omits it otherwise); `refused` (left out when
-//! empty) names the containers whose exclusive cpus the agent refused, with kubelet's text as the
-//! log said it; `last_reconcile_unix_ms` is left out until the first reconcile.
-//! Unknown members are refused: a file of version 1 has exactly these.
+//! has `wanted`, the count it is entitled to, and omits it otherwise; one that in-place resizes
+//! grew has `grown`, the cpus they added, oldest first: its original set is `cpus` without
+//! them); `rejected_pods` are the pods kubelet would reject at admission, with kubelet's reason
+//! and message (left out when none); `refused` (left out when empty) names the containers whose
+//! exclusive cpus the agent refused, with kubelet's text as the log said it;
+//! `last_reconcile_unix_ms` is left out until the first reconcile. Unknown members are refused:
+//! a file of version 2 has exactly these. Version 1 (before `grown`, `rejected_pods` and
+//! `refused`) is read as a version 2 file without them.
 //!
 //! # Checksum
 //!
@@ -84,7 +93,7 @@ use crate::sched_balance::SchedSaved;
 use crate::state::{AssignmentKey, Assignments, Refusal, Refusals};
 
 /// The format version this build writes and the newest it reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// The checkpoint's file name in the state directory.
 pub const STATE_FILE: &str = "state.json";
 /// The temporary file [`save`] writes before renaming it over [`STATE_FILE`].
@@ -180,6 +189,8 @@ struct Document {
     shared_pool: String,
     assignments: Vec<DocumentAssignment>,
     quota_lifted: Vec<QuotaLift>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    rejected_pods: Vec<DocumentRejection>,
     #[serde(default, skip_serializing_if = "IrqSaved::is_empty")]
     irq: IrqSaved,
     #[serde(default, skip_serializing_if = "SchedSaved::is_empty")]
@@ -205,6 +216,20 @@ struct DocumentAssignment {
     adopted: Option<crate::state::Adoption>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     wanted: Option<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    grown: Vec<String>,
+}
+
+/// One element of `rejected_pods`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DocumentRejection {
+    pod_uid: String,
+    reason: crate::state::AdmissionReason,
+    container: String,
+    message: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    permanent: bool,
 }
 
 /// One element of `refused`: the container's key and its [`Refusal`].
@@ -234,9 +259,26 @@ impl From<&Checkpoint> for Document {
                     container_id: a.container_id.clone(),
                     adopted: a.adopted,
                     wanted: a.wanted,
+                    grown: c
+                        .assignments
+                        .grown(key)
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect(),
                 })
                 .collect(),
             quota_lifted: c.quota_lifted.clone(),
+            rejected_pods: c
+                .assignments
+                .rejected()
+                .map(|(uid, r)| DocumentRejection {
+                    pod_uid: uid.clone(),
+                    reason: r.reason,
+                    container: r.container.clone(),
+                    message: r.message.clone(),
+                    permanent: r.permanent,
+                })
+                .collect(),
             irq: (*c.irq).clone(),
             sched: (*c.sched).clone(),
             refused: c

@@ -43,6 +43,20 @@ fn sample() -> Checkpoint {
             },
         )
         .unwrap();
+    // Grown in place from 2 to 2-3.
+    assignments.set_grown(
+        &named("11111111-2222-3333-4444-555555555555", "app"),
+        vec![set("3")],
+    );
+    assignments.reject(
+        "aaaaaaaa-2222-3333-4444-555555555555",
+        crate::state::PodRejection {
+            reason: crate::state::AdmissionReason::SmtAlignment,
+            container: "odd".into(),
+            message: "SMT Alignment Error: requested 1 cpus not multiple cpus per core = 2".into(),
+            permanent: true,
+        },
+    );
     Checkpoint {
         policy: Policy::Static,
         options: PolicyOptions::parse("full-pcpus-only=true").unwrap(),
@@ -115,11 +129,44 @@ fn round_trip_keeps_every_field() {
     assert_eq!(Checkpoint::from_json(&bytes).unwrap(), none);
 }
 
+/// Issue 23, items 24 and 26: the cpus resizes added (in order) and the pods kubelet would
+/// reject are kept; a version 1 file, from before them, still loads, without them.
+#[test]
+fn grown_cpus_and_rejected_pods_are_kept_and_version_1_still_loads() {
+    let text = String::from_utf8(sample().to_json().unwrap()).unwrap();
+    assert!(
+        text.contains("\"grown\": [\n        \"3\"\n      ]"),
+        "{text}"
+    );
+    assert!(text.contains("\"reason\": \"SMTAlignmentError\""), "{text}");
+    let back = Checkpoint::from_json(text.as_bytes()).unwrap();
+    let app = named("11111111-2222-3333-4444-555555555555", "app");
+    assert_eq!(back.assignments.original(&app).unwrap(), set("2"));
+    assert_eq!(
+        back.assignments
+            .rejection("aaaaaaaa-2222-3333-4444-555555555555")
+            .map(|r| r.container.as_str()),
+        Some("odd")
+    );
+
+    let mut old = unsigned_sample();
+    old["version"] = 1.into();
+    old.as_object_mut().unwrap().remove("rejected_pods");
+    old["assignments"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("grown");
+    let loaded = Checkpoint::from_json(&signed(old)).unwrap();
+    assert_eq!(loaded.assignments.get(&app).unwrap().cpus, set("2-3"));
+    assert!(loaded.assignments.grown(&app).is_empty());
+    assert_eq!(loaded.assignments.rejected().count(), 0);
+}
+
 #[test]
 fn the_file_is_pretty_versioned_and_ends_with_its_checksum() {
     let text = String::from_utf8(sample().to_json().unwrap()).unwrap();
     assert!(
-        text.starts_with("{\n  \"version\": 1,\n  \"policy\": \"static\",\n"),
+        text.starts_with("{\n  \"version\": 2,\n  \"policy\": \"static\",\n"),
         "{text}"
     );
     assert!(text.contains("\"options\": \"full-pcpus-only=true\""));
@@ -205,16 +252,16 @@ fn each_refusal_names_its_reason() {
     let cases: Vec<(Vec<u8>, &str)> = vec![
         (b"{\"version\": 1, \"pol".to_vec(), "it is not JSON or is truncated: EOF while parsing"),
         (b"".to_vec(), "it is not JSON or is truncated"),
-        (b"[1]".to_vec(), "it is not a version 1 checkpoint: expected a JSON object"),
-        (b"{}".to_vec(), "it is not a version 1 checkpoint: missing field `version`"),
+        (b"[1]".to_vec(), "it is not a version 2 checkpoint: expected a JSON object"),
+        (b"{}".to_vec(), "it is not a version 2 checkpoint: missing field `version`"),
         (
             b"{\"version\": \"1\"}".to_vec(),
-            "it is not a version 1 checkpoint: `version` is not a whole number",
+            "it is not a version 2 checkpoint: `version` is not a whole number",
         ),
         (
             // A newer format is reported as such whatever else it holds.
-            b"{\"version\": 2, \"anything\": [\"else\"]}".to_vec(),
-            "it was written by a newer cpusetd (format version 2; this one reads up to version 1)",
+            b"{\"version\": 3, \"anything\": [\"else\"]}".to_vec(),
+            "it was written by a newer cpusetd (format version 3; this one reads up to version 2)",
         ),
         (b"{\"version\": 0}".to_vec(), "format version 0 is not one cpusetd writes"),
         (
@@ -223,11 +270,11 @@ fn each_refusal_names_its_reason() {
         ),
         (
             with(&|d| d["surprise"] = Value::Bool(true)),
-            "it is not a version 1 checkpoint: unknown field `surprise`",
+            "it is not a version 2 checkpoint: unknown field `surprise`",
         ),
         (
             with(&|d| d["policy"] = "dynamic".into()),
-            "it is not a version 1 checkpoint: unknown variant `dynamic`",
+            "it is not a version 2 checkpoint: unknown variant `dynamic`",
         ),
         (
             with(&|d| d["options"] = "fast=true".into()),

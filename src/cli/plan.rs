@@ -99,6 +99,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
         align_memory: args.policy.align_memory,
         keep_cfs_quota: args.policy.keep_cfs_quota,
         limits: Some(&limits),
+        respect_isolcpus: args.policy.respect_isolcpus,
     };
     let planned = plan(&scan, &classes, &previous, &config);
     for event in &planned.events {
@@ -122,6 +123,14 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
                 "{key}: no replacement for the cpus it lost can be given: keeps cpus={cpus} ({} \
                  of {wanted}): {error}",
                 cpus.len()
+            ),
+            AssignEvent::PodRejected { key, rejection } => log::warn!(
+                "pod{}: pod rejected as kubelet would reject it ({}, container {}): {}: no \
+                 container of the pod gets exclusive cpus",
+                key.pod_uid(),
+                rejection.reason,
+                rejection.container,
+                rejection.message
             ),
             _ => {}
         }

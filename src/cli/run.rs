@@ -81,6 +81,7 @@ fn controller_parts(
         policy,
         align_memory: args.policy.align_memory,
         keep_cfs_quota: args.policy.keep_cfs_quota,
+        respect_isolcpus: args.policy.respect_isolcpus,
         assignments: Assignments::new(),
         quota_lifted: Default::default(),
     };

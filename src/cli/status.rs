@@ -160,7 +160,7 @@ impl StatusView {
                 .unwrap_or_else(|_| "just now".into())
         });
         let mut out = self.not_running_line();
-        if d.policy == checkpoint::Policy::None.to_string() {
+        if d.policy == checkpoint::Policy::None.to_string() && d.shared_pool.is_empty() {
             out += &format!(
                 "policy none: cpusetd manages no cpusets (each container keeps the cpus its \
                  runtime gave it), last reconcile {}\n\n",
@@ -244,8 +244,9 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
         memory_nodes: node.topology.memory_nodes().clone(),
     };
     let parents = parent_indexes(&scan);
-    let managed = cp.policy == checkpoint::Policy::Static;
-    // Under `none` the agent leaves every cgroup alone: nothing is desired.
+    // Under `none` the agent leaves every cgroup alone (nothing is desired) unless
+    // `--respect-isolcpus` keeps them off the isolated cpus: then its pool is in the checkpoint.
+    let managed = cp.policy == checkpoint::Policy::Static || !cp.shared_pool.is_empty();
     let desired = if managed {
         desired_tree(
             &scan,

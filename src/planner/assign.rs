@@ -9,9 +9,12 @@
 //!    released. The shared pool is never empty: when the CPUs no one holds went (reserved CPUs
 //!    offline), the smallest assignments are released until one is free.
 //! 2. A container that keeps its entitlement keeps its CPUs (matched by key: (pod UID, name), or
-//!    (pod UID, id)); one whose entitlement changed size or went to shared is released and
-//!    re-planned. One whose entitlement is *unknown* (e.g. cgroup v2 after the quota was lifted)
-//!    keeps what it has.
+//!    (pod UID, id)); one whose entitlement went to shared is released. One resized in place
+//!    keeps its original set (what it was first given): a growth keeps what it holds and gets
+//!    the rest near it (as a short assignment, step 4), and the additions are remembered in
+//!    order; a shrink gives back the CPUs added last first, and below the original keeps whole
+//!    cores of the original on its NUMA node ([`shrink_in_place`]). One whose entitlement is
+//!    *unknown* (e.g. cgroup v2 after the quota was lifted) keeps what it has.
 //! 3. **The live tree wins**: a container without an assignment whose current `cpuset.cpus` has
 //!    exactly its entitlement, lies within the allocatable CPUs and overlaps no other assignment
 //!    is adopted as it is (so planning twice writes nothing, and a restarted agent keeps pins).
@@ -34,7 +37,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::allocator::{AllocationError, StaticPolicy};
 use crate::cpuset::CpuSet;
-use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment};
+use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment, PodRejection};
 
 /// What a container is entitled to, as classification decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +84,13 @@ pub enum AssignEvent {
         cpus: CpuSet,
         why: ReleaseReason,
     },
+    /// Resized in place to more cpus: it keeps those it held and `added` join them.
+    Grown {
+        key: AssignmentKey,
+        from: CpuSet,
+        added: CpuSet,
+        cpus: CpuSet,
+    },
     /// Resized in place to fewer cpus: it keeps these of the ones it held.
     Shrunk {
         key: AssignmentKey,
@@ -104,6 +114,12 @@ pub enum AssignEvent {
         wanted: usize,
         error: AllocationError,
     },
+    /// kubelet would reject the pod at admission (`rejection`, for the container `key`, or the
+    /// pod's first container when that one is gone): no container of it holds exclusive cpus.
+    PodRejected {
+        key: AssignmentKey,
+        rejection: PodRejection,
+    },
     /// The request cannot be met: the container stays in the shared pool.
     Failed {
         key: AssignmentKey,
@@ -120,9 +136,11 @@ impl AssignEvent {
             | AssignEvent::Adopted { key, .. }
             | AssignEvent::Reused { key, .. }
             | AssignEvent::Released { key, .. }
+            | AssignEvent::Grown { key, .. }
             | AssignEvent::Shrunk { key, .. }
             | AssignEvent::Replaced { key, .. }
             | AssignEvent::Short { key, .. }
+            | AssignEvent::PodRejected { key, .. }
             | AssignEvent::Failed { key, .. } => key,
         }
     }
@@ -141,18 +159,74 @@ pub enum ReleaseReason {
     OutOfReach,
     /// The shared pool would have been empty (its reserved cpus went offline).
     SharedPoolEmpty,
+    /// kubelet would reject its pod at admission.
+    PodRejected,
 }
 
-/// The `n` cpus a container holding `cpus` keeps when it shrinks in place: the policy's pick
-/// among them; `None` when it does not shrink or the pick fails.
-fn shrunk(policy: &StaticPolicy, cpus: &CpuSet, n: usize) -> Option<CpuSet> {
+/// The `n` cpus a container keeps when resized in place to fewer, and what is left of what
+/// resizes added to it (`grown`, oldest first): the cpus added last go first (a step given
+/// back in part keeps whole cores near the rest); below its original set it keeps whole cores
+/// of the original on the NUMA node holding most of it. `None` when it does not shrink or the
+/// policy cannot pick.
+fn shrink_in_place(
+    policy: &StaticPolicy,
+    cpus: &CpuSet,
+    grown: &[CpuSet],
+    n: usize,
+) -> Option<(CpuSet, Vec<CpuSet>)> {
     if n == 0 || n >= cpus.len() {
         return None;
     }
-    policy
-        .take_by_topology(cpus, n)
-        .ok()
-        .filter(|kept| kept.len() == n && kept.is_subset(cpus))
+    let mut steps = grown.to_vec();
+    let mut kept = cpus.clone();
+    while kept.len() > n {
+        let Some(last) = steps.pop() else {
+            break;
+        };
+        let excess = kept.len() - n;
+        if last.len() <= excess {
+            kept.remove_all(&last);
+            continue;
+        }
+        let rest = kept.difference(&last);
+        let keep = keep_near(policy, &last, last.len() - excess, &rest)?;
+        kept = rest.union(&keep);
+        steps.push(keep);
+    }
+    if kept.len() > n {
+        kept = keep_near(policy, &kept, n, &kept)?;
+    }
+    (kept.len() == n && kept.is_subset(cpus)).then_some((kept, steps))
+}
+
+/// `n` of `from`, NUMA node by node (the nodes holding most of `anchor` first, then most of
+/// `from`, then the lowest id), each node's share the policy's pick (whole cores first).
+fn keep_near(policy: &StaticPolicy, from: &CpuSet, n: usize, anchor: &CpuSet) -> Option<CpuSet> {
+    let index = policy.topology_index();
+    let mut nodes: Vec<(usize, usize, u32, CpuSet)> = index
+        .numa_node_ids()
+        .iter()
+        .map(|&id| {
+            let node = index.numa_node_cpus(&CpuSet::from_iter([id]));
+            let part = from.intersection(&node);
+            (anchor.intersection_len(&node), part.len(), id, part)
+        })
+        .filter(|(_, len, _, _)| *len > 0)
+        .collect();
+    nodes.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
+    let mut kept = CpuSet::new();
+    for (_, len, _, part) in &nodes {
+        let take = (n - kept.len()).min(*len);
+        if take == 0 {
+            break;
+        }
+        kept.extend_from(&policy.take_by_topology(part, take).ok()?);
+    }
+    if kept.len() < n {
+        // Cpus of no known node: the policy's pick among them all.
+        kept = policy.take_by_topology(from, n).ok()?;
+    }
+    (kept.len() == n && kept.is_subset(from)).then_some(kept)
 }
 
 /// Whether a pass may give CPUs no one held before it (allocations, replacements).
@@ -239,10 +313,58 @@ pub fn assign_with(
     }
     release_for_shared_pool(pool_cpus, &mut assignments, &mut events);
 
+    // Pods kubelet would reject at admission whatever is free (a request that is not whole
+    // cores): one so decided stands while the pod lives; the others are decided again, the
+    // pod's containers together (steps 5 and 6).
+    assignments.retain_rejections(|uid, _| live_pods.contains(uid));
+    let mut refused: Vec<(&ContainerDemand, Option<(usize, AllocationError)>)> = Vec::new();
+    let mut rejected_now: BTreeSet<String> = BTreeSet::new();
+    for demand in demands {
+        let uid = demand.key.pod_uid();
+        if rejected_now.contains(uid) {
+            continue;
+        }
+        let error = match demand.entitlement {
+            Entitlement::Exclusive(n) => policy.request_error(n).map(|e| (n, e)),
+            _ => None,
+        };
+        if error.is_some() || assignments.rejection(uid).is_some_and(|r| r.permanent) {
+            refused.push((demand, error));
+            rejected_now.insert(uid.to_string());
+        }
+    }
+    for (demand, error) in &refused {
+        let uid = demand.key.pod_uid();
+        match error {
+            Some((n, error)) => {
+                events.push(AssignEvent::Failed {
+                    key: demand.key.clone(),
+                    requested: *n,
+                    error: error.clone(),
+                });
+                reject_pod(uid, demand, error, &mut assignments, &mut events);
+            }
+            None => {
+                let rejection = assignments.rejection(uid).cloned();
+                release_pod(uid, &mut assignments, &mut events);
+                if let Some(rejection) = rejection {
+                    events.push(AssignEvent::PodRejected {
+                        key: demand.key.clone(),
+                        rejection,
+                    });
+                }
+            }
+        }
+    }
+
     // 2. Keep, or release what changed.
     let mut pending: Vec<&ContainerDemand> = Vec::new();
     let mut short: Vec<(&ContainerDemand, usize)> = Vec::new();
+    let mut growing: BTreeSet<AssignmentKey> = BTreeSet::new();
     for demand in demands {
+        if rejected_now.contains(demand.key.pod_uid()) {
+            continue;
+        }
         let held = assignments.get(&demand.key).cloned();
         let wanted = held.as_ref().and_then(|a| a.wanted);
         match (demand.entitlement, held.map(|a| a.cpus)) {
@@ -263,12 +385,24 @@ pub fn assign_with(
                     short.push((demand, n));
                 }
             }
-            // An in-place shrink keeps cpus it has: the policy picks the `n` it would pick
-            // from them (whole cores first, the same NUMA node and socket), so the container
-            // neither moves nor loses its memory locality. (A pick that fails is released
-            // and allocated afresh, below.)
-            (Entitlement::Exclusive(n), Some(cpus)) if shrunk(policy, &cpus, n).is_some() => {
-                let kept = shrunk(policy, &cpus, n).unwrap_or_default();
+            // An in-place growth keeps what it holds and asks for the rest near it, as a
+            // short assignment does (step 4); until it can be given it keeps what it has.
+            (Entitlement::Exclusive(n), Some(cpus)) if n > cpus.len() => {
+                refresh_container_id(&mut assignments, demand);
+                set_wanted(&mut assignments, &demand.key, Some(n));
+                growing.insert(demand.key.clone());
+                short.push((demand, n));
+            }
+            // An in-place shrink gives back the cpus added last; below the original set it
+            // keeps whole cores of the original on its NUMA node (see `shrink_in_place`), so
+            // the container neither moves nor loses its memory locality. (A pick that fails
+            // is released and allocated afresh, below.)
+            (Entitlement::Exclusive(n), Some(cpus))
+                if shrink_in_place(policy, &cpus, assignments.grown(&demand.key), n).is_some() =>
+            {
+                let (kept, steps) =
+                    shrink_in_place(policy, &cpus, assignments.grown(&demand.key), n)
+                        .unwrap_or_default();
                 // A subset of its own cpus overlaps no one else's.
                 let _ = assignments.remove(&demand.key);
                 let _ = assignments.insert(
@@ -280,6 +414,7 @@ pub fn assign_with(
                         wanted: None,
                     },
                 );
+                assignments.set_grown(&demand.key, steps);
                 events.push(AssignEvent::Shrunk {
                     key: demand.key.clone(),
                     from: cpus,
@@ -369,6 +504,7 @@ pub fn assign_with(
         match replaced {
             Ok(cpus) => {
                 let added = cpus.difference(&held.cpus);
+                let from = held.cpus.clone();
                 // Moved in part: the agent's choice now, no longer an adopted pin.
                 let whole = ExclusiveAssignment {
                     cpus: cpus.clone(),
@@ -378,11 +514,27 @@ pub fn assign_with(
                 };
                 // Its own cpus and some of the shared pool's: no one else's.
                 if assignments.insert(demand.key.clone(), whole).is_ok() {
-                    events.push(AssignEvent::Replaced {
-                        key: demand.key.clone(),
-                        lost,
-                        added,
-                        cpus,
+                    // Cpus added to those it kept are its newest: a shrink gives them back
+                    // first (a move keeps only what is left of earlier additions).
+                    if from.is_subset(&cpus) && !added.is_empty() {
+                        let mut steps = assignments.grown(&demand.key).to_vec();
+                        steps.push(added.clone());
+                        assignments.set_grown(&demand.key, steps);
+                    }
+                    events.push(if growing.contains(&demand.key) {
+                        AssignEvent::Grown {
+                            key: demand.key.clone(),
+                            from,
+                            added,
+                            cpus,
+                        }
+                    } else {
+                        AssignEvent::Replaced {
+                            key: demand.key.clone(),
+                            lost,
+                            added,
+                            cpus,
+                        }
                     });
                 }
             }
@@ -396,105 +548,241 @@ pub fn assign_with(
         }
     }
 
-    // 5 and 6. Reuse idle assignments of the pod, else allocate.
+    // 5 and 6. Reuse idle assignments of the pod, else allocate: a pod's containers together,
+    // as kubelet admits a pod. The first that cannot be met rejects the pod: what its other
+    // containers were given in this pass is undone and what they held is released.
     let present: BTreeSet<&AssignmentKey> = demands.iter().map(|d| &d.key).collect();
+    let mut by_pod: Vec<(&str, Vec<&ContainerDemand>)> = Vec::new();
     for demand in to_allocate {
-        let Entitlement::Exclusive(n) = demand.entitlement else {
-            continue;
-        };
-        let idle: Vec<(AssignmentKey, CpuSet)> = assignments
-            .iter()
-            .filter(|(k, _)| k.pod_uid() == demand.key.pod_uid() && !present.contains(k))
-            .map(|(k, a)| (k.clone(), a.cpus.clone()))
-            .collect();
-
-        // A restart seen only through a new container id.
-        if matches!(demand.key, AssignmentKey::Id { .. }) {
-            if let Some((from, cpus)) = idle
-                .iter()
-                .find(|(k, c)| matches!(k, AssignmentKey::Id { .. }) && c.len() == n)
-            {
-                assignments.remove(from);
-                let assignment = ExclusiveAssignment {
-                    cpus: cpus.clone(),
-                    container_id: demand.container_id.clone(),
-                    adopted: None,
-                    wanted: None,
-                };
-                if assignments.insert(demand.key.clone(), assignment).is_ok() {
-                    events.push(AssignEvent::Reused {
-                        key: demand.key.clone(),
-                        from: from.clone(),
-                        cpus: cpus.clone(),
-                    });
-                    continue;
-                }
-            }
-        }
-
-        if new_cpus == NewCpus::Withheld {
-            events.push(AssignEvent::Failed {
-                key: demand.key.clone(),
-                requested: n,
-                error: AllocationError::ScanIncomplete,
-            });
-            continue;
-        }
-        let reusable: CpuSet = idle.iter().fold(CpuSet::new(), |mut acc, (_, c)| {
-            acc.extend_from(c);
-            acc
-        });
-        let shared_pool = pool_cpus.difference(&assignments.exclusive_cpus());
-        // The devices' NUMA nodes are the hint when known (the device plugins' hint, which a
-        // Topology Manager merges with the CPU manager's to the devices' nodes; with
-        // `align-by-socket` the policy widens it to their sockets). Otherwise: kubelet without
-        // a Topology Manager gives no hint, so `align-by-socket` would do nothing: with it,
-        // the hint a best-effort Topology Manager would give (see `socket_aligned_hint`) is
-        // computed here.
-        let hint = if demand.device_numa.is_empty() {
-            policy
-                .aligns_by_socket()
-                .then(|| policy.socket_aligned_hint(n, &shared_pool, &reusable))
-                .flatten()
-        } else {
-            Some(demand.device_numa.clone())
-        };
-        match policy.allocate(n, &shared_pool, hint.as_ref(), &reusable) {
-            Ok(cpus) => {
-                for (from, idle_cpus) in &idle {
-                    if !idle_cpus.is_disjoint(&cpus) {
-                        assignments.remove(from);
-                        events.push(AssignEvent::Released {
-                            key: from.clone(),
-                            cpus: idle_cpus.clone(),
-                            why: ReleaseReason::Reused,
-                        });
-                    }
-                }
-                let assignment = ExclusiveAssignment {
-                    cpus: cpus.clone(),
-                    container_id: demand.container_id.clone(),
-                    adopted: None,
-                    wanted: None,
-                };
-                match assignments.insert(demand.key.clone(), assignment) {
-                    Ok(()) => events.push(AssignEvent::Allocated {
-                        key: demand.key.clone(),
-                        cpus,
-                    }),
-                    // Cannot happen: the policy only picks from the shared pool and this pod's
-                    // idle CPUs, which were just released. Kept shared if it ever does.
-                    Err(e) => log::error!("cg={} allocation refused: {e}", demand.key),
-                }
-            }
-            Err(error) => events.push(AssignEvent::Failed {
-                key: demand.key.clone(),
-                requested: n,
-                error,
-            }),
+        let uid = demand.key.pod_uid();
+        match by_pod.iter_mut().find(|(u, _)| *u == uid) {
+            Some((_, group)) => group.push(demand),
+            None => by_pod.push((uid, vec![demand])),
         }
     }
+    for (uid, group) in by_pod {
+        let mut undo = Undo::default();
+        let first_event = events.len();
+        for demand in group {
+            let Entitlement::Exclusive(n) = demand.entitlement else {
+                continue;
+            };
+            let allocated = allocate_one(
+                policy,
+                (pool_cpus, new_cpus),
+                demand,
+                n,
+                &present,
+                &mut assignments,
+                &mut events,
+                &mut undo,
+            );
+            if let Err(AllocationError::ScanIncomplete) = allocated {
+                // Not kubelet's refusal: the agent cannot see every holder yet. The pod is
+                // neither rejected nor released; it is asked again once a scan sees the tree.
+                events.push(AssignEvent::Failed {
+                    key: demand.key.clone(),
+                    requested: n,
+                    error: AllocationError::ScanIncomplete,
+                });
+                continue;
+            }
+            if let Err(error) = allocated {
+                undo.roll_back(&mut assignments);
+                events.truncate(first_event);
+                events.push(AssignEvent::Failed {
+                    key: demand.key.clone(),
+                    requested: n,
+                    error: error.clone(),
+                });
+                reject_pod(uid, demand, &error, &mut assignments, &mut events);
+                rejected_now.insert(uid.to_string());
+                break;
+            }
+        }
+    }
+    // A pod seen asking and not rejected in this pass is admitted (or asks for nothing now).
+    let asking: BTreeSet<&str> = demands.iter().map(|d| d.key.pod_uid()).collect();
+    assignments.retain_rejections(|uid, _| rejected_now.contains(uid) || !asking.contains(uid));
     (assignments, events)
+}
+
+/// Changes to the assignments that a pod's rejection takes back: each key with what it held
+/// before (`None`: nothing).
+#[derive(Default)]
+struct Undo(Vec<(AssignmentKey, Option<ExclusiveAssignment>, Vec<CpuSet>)>);
+
+impl Undo {
+    fn record(&mut self, assignments: &Assignments, key: &AssignmentKey) {
+        let grown = assignments.grown(key).to_vec();
+        self.0
+            .push((key.clone(), assignments.get(key).cloned(), grown));
+    }
+
+    fn roll_back(self, assignments: &mut Assignments) {
+        for (key, before, grown) in self.0.into_iter().rev() {
+            assignments.remove(&key);
+            if let Some(before) = before {
+                // What it held before this pass's changes, which are all undone by now.
+                let _ = assignments.insert(key.clone(), before);
+                assignments.set_grown(&key, grown);
+            }
+        }
+    }
+}
+
+/// kubelet would reject pod `uid` at admission (`error` for its container `demand`): no
+/// container of it keeps exclusive cpus; the rejection is recorded and said.
+fn reject_pod(
+    uid: &str,
+    demand: &ContainerDemand,
+    error: &AllocationError,
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+) {
+    release_pod(uid, assignments, events);
+    let container = match &demand.key {
+        AssignmentKey::Named { container, .. } => container.clone(),
+        AssignmentKey::Id { container_id, .. } => format!("id:{container_id}"),
+    };
+    let fresh = PodRejection {
+        reason: error.admission_reason(),
+        container,
+        message: error.admission_message(),
+        permanent: error.is_permanent(),
+    };
+    // Rejected again for the same reason: kept as first said (the free counts in the message
+    // may differ from pass to pass; the decision does not).
+    let rejection = match assignments.rejection(uid) {
+        Some(known) if known.reason == fresh.reason && known.container == fresh.container => {
+            known.clone()
+        }
+        _ => fresh,
+    };
+    assignments.reject(uid, rejection.clone());
+    events.push(AssignEvent::PodRejected {
+        key: demand.key.clone(),
+        rejection,
+    });
+}
+
+/// Every assignment of pod `uid` is released: kubelet would reject the pod.
+fn release_pod(uid: &str, assignments: &mut Assignments, events: &mut Vec<AssignEvent>) {
+    let held: Vec<(AssignmentKey, CpuSet)> = assignments
+        .iter()
+        .filter(|(k, _)| k.pod_uid() == uid)
+        .map(|(k, a)| (k.clone(), a.cpus.clone()))
+        .collect();
+    for (key, cpus) in held {
+        assignments.remove(&key);
+        events.push(AssignEvent::Released {
+            key,
+            cpus,
+            why: ReleaseReason::PodRejected,
+        });
+    }
+}
+
+/// Rule 5 or 6 for one container entitled to `n` cpus: an idle set of its pod taken over, or
+/// the policy's allocation. Every change is recorded in `undo`.
+#[allow(clippy::too_many_arguments)]
+fn allocate_one(
+    policy: &StaticPolicy,
+    (pool_cpus, new_cpus): (&CpuSet, NewCpus),
+    demand: &ContainerDemand,
+    n: usize,
+    present: &BTreeSet<&AssignmentKey>,
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+    undo: &mut Undo,
+) -> Result<(), AllocationError> {
+    let idle: Vec<(AssignmentKey, CpuSet)> = assignments
+        .iter()
+        .filter(|(k, _)| k.pod_uid() == demand.key.pod_uid() && !present.contains(k))
+        .map(|(k, a)| (k.clone(), a.cpus.clone()))
+        .collect();
+
+    // A restart seen only through a new container id.
+    if matches!(demand.key, AssignmentKey::Id { .. }) {
+        if let Some((from, cpus)) = idle
+            .iter()
+            .find(|(k, c)| matches!(k, AssignmentKey::Id { .. }) && c.len() == n)
+        {
+            undo.record(assignments, from);
+            assignments.remove(from);
+            let assignment = ExclusiveAssignment {
+                cpus: cpus.clone(),
+                container_id: demand.container_id.clone(),
+                adopted: None,
+                wanted: None,
+            };
+            undo.record(assignments, &demand.key);
+            if assignments.insert(demand.key.clone(), assignment).is_ok() {
+                events.push(AssignEvent::Reused {
+                    key: demand.key.clone(),
+                    from: from.clone(),
+                    cpus: cpus.clone(),
+                });
+                return Ok(());
+            }
+        }
+    }
+
+    if new_cpus == NewCpus::Withheld {
+        return Err(AllocationError::ScanIncomplete);
+    }
+    let reusable: CpuSet = idle.iter().fold(CpuSet::new(), |mut acc, (_, c)| {
+        acc.extend_from(c);
+        acc
+    });
+    let shared_pool = pool_cpus.difference(&assignments.exclusive_cpus());
+    // The devices' NUMA nodes are the hint when known (the device plugins' hint, which a
+    // Topology Manager merges with the CPU manager's to the devices' nodes; with
+    // `align-by-socket` the policy widens it to their sockets). Otherwise: kubelet without
+    // a Topology Manager gives no hint, so `align-by-socket` would do nothing: with it,
+    // the hint a best-effort Topology Manager would give (see `socket_aligned_hint`) is
+    // computed here.
+    let hint = if demand.device_numa.is_empty() {
+        policy
+            .aligns_by_socket()
+            .then(|| policy.socket_aligned_hint(n, &shared_pool, &reusable))
+            .flatten()
+    } else {
+        Some(demand.device_numa.clone())
+    };
+    match policy.allocate(n, &shared_pool, hint.as_ref(), &reusable) {
+        Ok(cpus) => {
+            for (from, idle_cpus) in &idle {
+                if !idle_cpus.is_disjoint(&cpus) {
+                    undo.record(assignments, from);
+                    assignments.remove(from);
+                    events.push(AssignEvent::Released {
+                        key: from.clone(),
+                        cpus: idle_cpus.clone(),
+                        why: ReleaseReason::Reused,
+                    });
+                }
+            }
+            let assignment = ExclusiveAssignment {
+                cpus: cpus.clone(),
+                container_id: demand.container_id.clone(),
+                adopted: None,
+                wanted: None,
+            };
+            undo.record(assignments, &demand.key);
+            match assignments.insert(demand.key.clone(), assignment) {
+                Ok(()) => events.push(AssignEvent::Allocated {
+                    key: demand.key.clone(),
+                    cpus,
+                }),
+                // Cannot happen: the policy only picks from the shared pool and this pod's
+                // idle CPUs, which were just released. Kept shared if it ever does.
+                Err(e) => log::error!("cg={} allocation refused: {e}", demand.key),
+            }
+        }
+        Err(error) => return Err(error),
+    }
+    Ok(())
 }
 
 /// The cpus a short assignment holding `held` should hold to have `n` again: `n - held` more
@@ -1092,6 +1380,246 @@ mod tests {
             "{kept}"
         );
         assert!(matches!(ev[0], AssignEvent::Shrunk { .. }), "{ev:?}");
+    }
+
+    /// 2 sockets, one NUMA node each, 4 HT cores per node: core c = cpus c and c+8; node 0 =
+    /// 0-3,8-11, node 1 = 4-7,12-15 (the agent tests' node); cpu 0 reserved.
+    fn two_node_ht_policy(options: &str) -> (StaticPolicy, CpuSet) {
+        use crate::topology::RegularShape;
+        let topo = Topology::regular(RegularShape {
+            sockets: 2,
+            numa_nodes_per_socket: 1,
+            uncore_caches_per_numa_node: 1,
+            cores_per_uncore_cache: 4,
+            threads_per_core: 2,
+        })
+        .unwrap();
+        let p = StaticPolicy::new(
+            &topo,
+            PolicyOptions::parse(options).unwrap(),
+            ReservedCpus::List(CpuSet::parse("0").unwrap()),
+            false,
+        )
+        .unwrap();
+        (p, CpuSet::range(0, 15))
+    }
+
+    /// Issue 23, item 24: an in-place resize keeps the set the container was given first (its
+    /// original): growth adds to it, a shrink gives back the cpus added last, so 4 → 6 → 4
+    /// returns exactly the original; below the original it keeps whole cores of the original
+    /// on its NUMA node (before, the policy's best fit among the cpus held kept the other
+    /// node's: `1-2,7,9-10,15 → 7,15`).
+    #[test]
+    fn an_in_place_resize_gives_back_what_it_added_and_keeps_the_originals_node() {
+        for options in ["", "full-pcpus-only=true"] {
+            let (p, all) = two_node_ht_policy(options);
+            let (a, b) = (named("a", "app"), named("b", "fill"));
+            let live = pods(&["a", "b"]);
+            let want = |n: usize| {
+                vec![
+                    demand(a.clone(), Entitlement::Exclusive(n), None),
+                    demand(b.clone(), Entitlement::Exclusive(2), None),
+                ]
+            };
+            // a gets two whole cores of node 0, b the third: node 0 keeps only cpu 8 free.
+            let (first, _) = assign(&p, &all, &want(4), &live, &Assignments::new());
+            assert_eq!(held(&first, &a), "1-2,9-10", "{options}");
+            assert_eq!(held(&first, &b), "3,11", "{options}");
+            // 4 → 6: it keeps its four and gets two more near them: node 0's last free cpu and
+            // one of node 1 (kubelet's hint rule), or under full-pcpus-only a whole core of
+            // node 1.
+            let (grown, ev) = assign(&p, &all, &want(6), &live, &first);
+            let expected = if options.is_empty() {
+                "1-2,4,8-10"
+            } else {
+                "1-2,4,9-10,12"
+            };
+            assert_eq!(held(&grown, &a), expected, "{options}: {ev:?}");
+            // 6 → 4: exactly the original again.
+            let (back, ev) = assign(&p, &all, &want(4), &live, &grown);
+            assert_eq!(held(&back, &a), "1-2,9-10", "{options}: {ev:?}");
+            assert!(
+                matches!(&ev[..], [AssignEvent::Shrunk { cpus, .. }] if cpus.to_string() == "1-2,9-10"),
+                "{ev:?}"
+            );
+            assert_eq!(grown.original(&a).unwrap().to_string(), "1-2,9-10");
+            assert!(back.grown(&a).is_empty());
+            // 6 → 2: below the original, a whole core of it on node 0.
+            let (small, ev) = assign(&p, &all, &want(2), &live, &grown);
+            assert_eq!(held(&small, &a), "1,9", "{options}: {ev:?}");
+            // Planned again: nothing moves.
+            let (again, ev) = assign(&p, &all, &want(2), &live, &small);
+            assert_eq!((again, ev), (small, Vec::new()));
+        }
+    }
+
+    /// Issue 23, item 24: steps added in turn go back last-first, a partly returned step
+    /// keeping a whole core; a short resize's addition (nothing free) keeps what it has.
+    #[test]
+    fn resizes_give_back_the_last_added_cpus_first() {
+        let (p, all) = two_node_ht_policy("");
+        let a = named("a", "app");
+        let live = pods(&["a"]);
+        let want = |n: usize| vec![demand(a.clone(), Entitlement::Exclusive(n), None)];
+        let (two, _) = assign(&p, &all, &want(2), &live, &Assignments::new());
+        assert_eq!(held(&two, &a), "1,9");
+        let (four, _) = assign(&p, &all, &want(4), &live, &two);
+        let (eight, _) = assign(&p, &all, &want(8), &live, &four);
+        let added_first = four.grown(&a).to_vec();
+        assert_eq!(added_first.len(), 1, "{four:?}");
+        assert_eq!(eight.grown(&a).len(), 2, "{eight:?}");
+        assert_eq!(eight.grown(&a)[0], added_first[0]);
+        let step1 = CpuSet::parse("1,9").unwrap().union(&added_first[0]);
+        // 8 → 5: the last step (4 cpus) goes but one thread.
+        let (five, _) = assign(&p, &all, &want(5), &live, &eight);
+        let kept = CpuSet::parse(&held(&five, &a)).unwrap();
+        assert!(kept.len() == 5 && step1.is_subset(&kept), "{kept}");
+        assert_eq!(five.grown(&a).len(), 2, "{five:?}");
+        // 8 → 3: the last step goes, and one thread of the first one.
+        let (three, _) = assign(&p, &all, &want(3), &live, &eight);
+        let kept = CpuSet::parse(&held(&three, &a)).unwrap();
+        assert!(kept.len() == 3 && kept.is_subset(&step1), "{kept}");
+        assert!(CpuSet::parse("1,9").unwrap().is_subset(&kept), "{kept}");
+        // 5 → 2: the original.
+        let (back, _) = assign(&p, &all, &want(2), &live, &five);
+        assert_eq!(held(&back, &a), "1,9");
+    }
+
+    /// Issue 23, item 26: kubelet admits a pod as a whole. Under `full-pcpus-only` a pod with
+    /// an even and an odd container is rejected (SMTAlignmentError): neither is pinned, one
+    /// pinned before the odd one appeared is released, and the rejection stands while the pod
+    /// lives (the odd container may be an init container that is gone); other pods are not
+    /// touched.
+    #[test]
+    fn a_pod_kubelet_would_reject_gets_no_exclusive_cpus() {
+        let (p, all) = two_node_ht_policy("full-pcpus-only=true");
+        let (even, odd, other) = (named("m", "even"), named("m", "odd"), named("o", "app"));
+        let live = pods(&["m", "o"]);
+        let mut d = vec![
+            demand(even.clone(), Entitlement::Exclusive(2), None),
+            demand(other.clone(), Entitlement::Exclusive(2), None),
+        ];
+        let (first, _) = assign(&p, &all, &d, &live, &Assignments::new());
+        assert_eq!(
+            (held(&first, &even), held(&first, &other)),
+            ("1,9".into(), "2,10".into())
+        );
+        d.insert(1, demand(odd.clone(), Entitlement::Exclusive(1), None));
+        let (rejected, ev) = assign(&p, &all, &d, &live, &first);
+        assert_eq!(held(&rejected, &even), "");
+        assert_eq!(held(&rejected, &odd), "");
+        assert_eq!(held(&rejected, &other), "2,10");
+        let r = rejected.rejection("m").unwrap();
+        assert_eq!(r.reason.to_string(), "SMTAlignmentError");
+        assert_eq!(
+            (r.container.as_str(), r.message.as_str(), r.permanent),
+            (
+                "odd",
+                "SMT Alignment Error: requested 1 cpus not multiple cpus per core = 2",
+                true
+            )
+        );
+        assert!(
+            matches!(&ev[..], [
+            AssignEvent::Failed { key, .. },
+            AssignEvent::Released { why: ReleaseReason::PodRejected, .. },
+            AssignEvent::PodRejected { .. },
+        ] if *key == odd),
+            "{ev:?}"
+        );
+        // The odd container goes: the pod stays rejected.
+        d.remove(1);
+        let (still, ev) = assign(&p, &all, &d, &live, &rejected);
+        assert_eq!(held(&still, &even), "");
+        assert!(still.rejection("m").is_some());
+        assert!(
+            matches!(&ev[..], [AssignEvent::PodRejected { key, .. }] if *key == even),
+            "{ev:?}"
+        );
+        // The pod goes: so does its rejection.
+        let (gone, _) = assign(&p, &all, &d[1..], &pods(&["o"]), &still);
+        assert!(gone.rejection("m").is_none());
+    }
+
+    /// Issue 23, item 26: a pod whose second container finds too few cpus is rejected as a
+    /// whole (kubelet's UnexpectedAdmissionError): what the first was given is undone. It is
+    /// admitted again, all at once, when it fits.
+    #[test]
+    fn a_pod_that_does_not_fit_is_admitted_whole_or_not_at_all() {
+        let (p, all) = policy("0");
+        let (a, b, c) = (named("m", "a"), named("m", "b"), named("x", "c"));
+        let live = pods(&["m", "x"]);
+        let big = vec![
+            demand(c.clone(), Entitlement::Exclusive(2), None),
+            demand(a.clone(), Entitlement::Exclusive(3), None),
+            demand(b.clone(), Entitlement::Exclusive(3), None),
+        ];
+        let (none, ev) = assign(&p, &all, &big, &live, &Assignments::new());
+        assert_eq!(held(&none, &c), "1,5");
+        assert_eq!(
+            (held(&none, &a), held(&none, &b)),
+            (String::new(), String::new())
+        );
+        let r = none.rejection("m").unwrap();
+        assert_eq!(
+            (r.reason.to_string(), r.message.as_str(), r.permanent),
+            (
+                "UnexpectedAdmissionError".to_string(),
+                "Allocate failed due to not enough cpus available to satisfy request: \
+                 requested=3, available=2, which is unexpected",
+                false
+            )
+        );
+        assert!(
+            !ev.iter()
+                .any(|e| matches!(e, AssignEvent::Allocated { key, .. } if *key == a)),
+            "{ev:?}"
+        );
+        // Planned again: the same.
+        let (again, _) = assign(&p, &all, &big, &live, &none);
+        assert_eq!(again, none);
+        // c goes: the pod fits and is admitted whole.
+        let (fits, _) = assign(&p, &all, &big[1..], &pods(&["m"]), &again);
+        assert!(fits.rejection("m").is_none());
+        for key in [&a, &b] {
+            assert_eq!(fits.get(key).map(|x| x.cpus.len()), Some(3), "{fits:?}");
+        }
+    }
+
+    /// Issue 23, item 24: a growth that cannot be given yet keeps what the container holds
+    /// (it is never moved or dropped for it) and asks again every pass; once cpus are free it
+    /// grows in place.
+    #[test]
+    fn a_growth_with_nothing_free_keeps_what_it_holds_until_it_can_grow() {
+        let (p, all) = policy("0");
+        let (a, b) = (named("a", "app"), named("b", "big"));
+        let start = vec![
+            demand(a.clone(), Entitlement::Exclusive(2), None),
+            demand(b.clone(), Entitlement::Exclusive(4), None),
+        ];
+        let (first, _) = assign(&p, &all, &start, &pods(&["a", "b"]), &Assignments::new());
+        assert_eq!(held(&first, &a), "1,5");
+        let grow = vec![
+            demand(a.clone(), Entitlement::Exclusive(4), None),
+            start[1].clone(),
+        ];
+        let (waiting, ev) = assign(&p, &all, &grow, &pods(&["a", "b"]), &first);
+        assert_eq!(held(&waiting, &a), "1,5");
+        assert_eq!(waiting.get(&a).unwrap().wanted, Some(4));
+        assert!(matches!(&ev[..], [AssignEvent::Short { .. }]), "{ev:?}");
+        // b goes: a grows in place.
+        let (grown, ev) = assign(&p, &all, &grow[..1], &pods(&["a"]), &waiting);
+        let cpus = CpuSet::parse(&held(&grown, &a)).unwrap();
+        assert!(
+            cpus.len() == 4 && CpuSet::parse("1,5").unwrap().is_subset(&cpus),
+            "{cpus}"
+        );
+        assert_eq!(grown.original(&a).unwrap().to_string(), "1,5");
+        assert!(
+            ev.iter()
+                .any(|e| matches!(e, AssignEvent::Replaced { .. } | AssignEvent::Grown { .. })),
+            "{ev:?}"
+        );
     }
 
     #[test]

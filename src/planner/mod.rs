@@ -37,6 +37,10 @@ pub struct PlanConfig<'a> {
     /// What kubepods' parent lets pods have now (its effective cpus and memory nodes), when
     /// known: CPUs outside it (offline, or held back by the parent) are never planned.
     pub limits: Option<&'a NodeLimits>,
+    /// `--respect-isolcpus` under the `none` policy: no pod runs on the topology's isolated
+    /// CPUs, so every cgroup gets the shared pool without them (the static policy carries the
+    /// flag itself).
+    pub respect_isolcpus: bool,
 }
 
 /// The CPUs and memory nodes the node gives kubepods now.
@@ -173,14 +177,7 @@ fn plan_named<C: Borrow<Classification>>(
 ) -> Plan {
     let parents = parent_indexes(scan);
     let Some(policy) = config.policy else {
-        return Plan {
-            pools: None,
-            desired: vec![DesiredCgroup::default(); scan.cgroups.len()],
-            parents,
-            assignments: Assignments::new(),
-            events: Vec::new(),
-            writes: Vec::new(),
-        };
+        return plan_without_policy(scan, classes, parents, config);
     };
 
     let mut pod_cpus = policy.initial_shared_pool();
@@ -234,11 +231,12 @@ fn plan_named<C: Borrow<Classification>>(
     }
     if !scan.complete {
         // Pods beyond the scan limit (or outside an incremental pass's part of the tree) were
-        // not seen: keep their assignments, unless they are known to be gone.
+        // not seen: keep their assignments and rejections, unless they are known to be gone.
         live_pods.extend(
             previous
                 .iter()
                 .map(|(k, _)| k.pod_uid())
+                .chain(previous.rejected().map(|(uid, _)| uid.as_str()))
                 .filter(|uid| !scan.gone_pods.contains(*uid))
                 .map(str::to_string),
         );
@@ -323,6 +321,67 @@ fn shared_pool_not_grown<C: Borrow<Classification>>(
     match held_now.map(|held| shared.intersection(&held)) {
         Some(kept) if !kept.is_empty() => kept,
         _ => shared,
+    }
+}
+
+/// The `none` policy: nothing is managed, nothing written; with `--respect-isolcpus` (which
+/// the respect-isolcpus KEP makes policy-agnostic) every cgroup gets the shared pool: every
+/// CPU pods may use but the isolated ones.
+fn plan_without_policy<C: Borrow<Classification>>(
+    scan: &Scan,
+    classes: &[C],
+    parents: Vec<Option<usize>>,
+    config: &PlanConfig<'_>,
+) -> Plan {
+    let mut pod_cpus = config
+        .topology
+        .all_cpus()
+        .difference(config.topology.isolated());
+    if let Some(cpus) = config.limits.and_then(|l| l.cpus.as_ref()) {
+        pod_cpus = pod_cpus.intersection(cpus);
+    }
+    let isolated = config
+        .topology
+        .isolated()
+        .intersection(config.topology.all_cpus());
+    // Never an empty pool: with every cpu isolated (or held back), pods are left alone.
+    if !config.respect_isolcpus || isolated.is_empty() || pod_cpus.is_empty() {
+        return Plan {
+            pools: None,
+            desired: vec![DesiredCgroup::default(); scan.cgroups.len()],
+            parents,
+            assignments: Assignments::new(),
+            events: Vec::new(),
+            writes: Vec::new(),
+        };
+    }
+    let assignments = Assignments::new();
+    let pools = Pools {
+        shared: pod_cpus.clone(),
+        pod_cpus,
+        memory_nodes: config.topology.memory_nodes().clone(),
+    };
+    let desired = desired_tree(
+        scan,
+        classes,
+        &parents,
+        &assignments,
+        &pools,
+        config.topology,
+        false,
+    );
+    let mut reachable = config.topology.all_cpus().clone();
+    if let Some(cpus) = config.limits.and_then(|l| l.cpus.as_ref()) {
+        reachable = reachable.intersection(cpus);
+    }
+    let writes = cpuset_writes(scan, &parents, &desired, &reachable);
+    Plan {
+        pools: Some(pools),
+        desired,
+        parents,
+        assignments,
+        events: Vec::new(),
+        writes,
     }
 }
 

@@ -59,9 +59,17 @@ impl Controller {
     /// until it is met or its container goes).
     pub(super) fn log_events(&mut self, events: &[AssignEvent], classes: &[Class]) {
         self.learn_pod_names(events.iter().map(AssignEvent::key), classes);
+        // A rejected pod's reason is said once, for the pod, not again for its container.
+        let rejected: HashSet<String> = events
+            .iter()
+            .filter(|e| matches!(e, AssignEvent::PodRejected { .. }))
+            .map(|e| e.key().pod_uid().to_string())
+            .collect();
         for event in events {
             self.note_refusal(event);
-            if !self.count_event(event) {
+            let said_for_the_pod = matches!(event, AssignEvent::Failed { key, .. }
+                if rejected.contains(key.pod_uid()));
+            if !self.count_event(event) || said_for_the_pod {
                 continue;
             }
             let key = event.key();
@@ -131,9 +139,11 @@ impl Controller {
                 true
             }
             AssignEvent::Adopted { .. }
+            | AssignEvent::Grown { .. }
             | AssignEvent::Shrunk { .. }
             | AssignEvent::Reused { .. } => true,
             AssignEvent::Short { key, .. } => self.metrics.first_pin_failure(key),
+            AssignEvent::PodRejected { key, .. } => self.metrics.first_pod_rejection(key.pod_uid()),
             AssignEvent::Failed { key, .. } => {
                 let first = self.metrics.first_pin_failure(key);
                 if first {
@@ -204,10 +214,6 @@ fn describe(event: &AssignEvent) -> (log::Level, String) {
     match event {
         AssignEvent::Allocated { cpus, .. } => (Info, format!("allocated cpus={cpus}")),
         AssignEvent::Adopted { cpus, .. } => (Info, format!("adopted cpus={cpus}")),
-        AssignEvent::Shrunk { from, cpus, .. } => (
-            Info,
-            format!("resized in place from cpus={from} to cpus={cpus}"),
-        ),
         AssignEvent::Reused { from, cpus, .. } => {
             (Info, format!("took over cpus={cpus} from {from}"))
         }
@@ -233,18 +239,54 @@ fn describe(event: &AssignEvent) -> (log::Level, String) {
         } => (
             Warn,
             format!(
-                "{}no replacement can be given: keeps cpus={cpus} ({} of {wanted}) and asks \
-                 again every pass: {error}",
-                lost_cpus(lost, " and "),
+                "{}: keeps cpus={cpus} ({} of {wanted}) and asks again every pass: {error}",
+                if lost.is_empty() {
+                    // An in-place resize's growth, or a shortage said before.
+                    format!(
+                        "{} more cpus cannot be given",
+                        wanted.saturating_sub(cpus.len())
+                    )
+                } else {
+                    format!("{}no replacement can be given", lost_cpus(lost, " and "))
+                },
                 cpus.len()
             ),
         ),
+        AssignEvent::Grown { .. }
+        | AssignEvent::Shrunk { .. }
+        | AssignEvent::PodRejected { .. } => describe_pod_change(event),
         AssignEvent::Failed {
             requested, error, ..
         } => (
             Warn,
             format!("{requested} exclusive cpus cannot be given, stays shared: {error}"),
         ),
+    }
+}
+
+/// How the log says a resize or a pod's rejection.
+fn describe_pod_change(event: &AssignEvent) -> (log::Level, String) {
+    use log::Level::{Info, Warn};
+    match event {
+        AssignEvent::Grown {
+            from, added, cpus, ..
+        } => (
+            Info,
+            format!("resized in place from cpus={from} to cpus={cpus} (added {added})"),
+        ),
+        AssignEvent::Shrunk { from, cpus, .. } => (
+            Info,
+            format!("resized in place from cpus={from} to cpus={cpus}"),
+        ),
+        AssignEvent::PodRejected { rejection, .. } => (
+            Warn,
+            format!(
+                "pod rejected as kubelet would reject it ({}, container {}): {}: no container \
+                 of the pod gets exclusive cpus",
+                rejection.reason, rejection.container, rejection.message
+            ),
+        ),
+        other => describe(other),
     }
 }
 
@@ -256,6 +298,7 @@ fn release_reason(why: &ReleaseReason) -> &'static str {
         ReleaseReason::Resized => "resized",
         ReleaseReason::Reused => "reused by its pod",
         ReleaseReason::OutOfReach => "offline or out of reach: allocated afresh",
+        ReleaseReason::PodRejected => "kubelet would reject its pod",
         ReleaseReason::SharedPoolEmpty => {
             "the shared pool would be empty: its reserved cpus are offline"
         }

@@ -13,6 +13,7 @@ impl Controller {
             align_memory: self.parts.align_memory,
             keep_cfs_quota: self.parts.keep_cfs_quota,
             limits: Some(limits),
+            respect_isolcpus: self.parts.respect_isolcpus,
         }
     }
 
@@ -162,6 +163,8 @@ impl Controller {
         let before = self.refused.len();
         self.refused.retain(|k, _| asking.contains(k));
         self.refusals_changed |= self.refused.len() != before;
+        self.metrics
+            .retain_pod_rejections(|uid| planned.assignments.rejection(uid).is_some());
     }
 
     /// Per scanned cgroup, whether its writes are urgent: it gets exclusive cpus (a pin), or
@@ -413,10 +416,14 @@ impl Controller {
                 .iter()
                 .any(|w| matches!(w.step, WriteStep::LiftQuota | WriteStep::RestoreQuota));
         self.metrics.record_pass(&planned, report);
-        let unmet = planned
-            .events
-            .iter()
-            .any(|e| matches!(e, AssignEvent::Failed { .. } | AssignEvent::Short { .. }));
+        let unmet = planned.events.iter().any(|e| {
+            matches!(
+                e,
+                AssignEvent::Failed { .. }
+                    | AssignEvent::Short { .. }
+                    | AssignEvent::PodRejected { .. }
+            )
+        });
         let settled = report.is_clean()
             && report.held_back == 0
             && report.skipped == 0
