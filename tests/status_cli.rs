@@ -129,7 +129,7 @@ fn status_shows_the_refusal_the_agent_made() {
         let row = status.by_id(&eight_id).unwrap();
         assert!(!row.exclusive);
         assert!(
-            row.note.contains("refused") && row.note.contains(kubelet_text),
+            row.note.contains("rejected") && row.note.contains(kubelet_text),
             "{flags:?}: {}",
             row.note
         );
