@@ -34,6 +34,7 @@ use crate::cgroupfs::{
     CgroupDriver, CgroupPath, CpuSettings, FileValue, Quota, Scan, ScannedCgroup,
 };
 use crate::devices::ContainerDevice;
+use crate::logging::excerpt;
 use crate::runtime::{OciCpu, RuntimeInfo};
 use crate::state::AssignmentKey;
 
@@ -348,7 +349,8 @@ impl fmt::Display for Notice {
             ),
             Notice::PodUidMismatch { path, runtime } => write!(
                 f,
-                "pod uid {runtime} from the runtime config differs from {path} in the cgroup path; using the cgroup path's"
+                "pod uid {} from the runtime config differs from {path} in the cgroup path; using the cgroup path's",
+                excerpt(runtime)
             ),
             Notice::RuntimeConfigDisagrees { detail } => {
                 write!(f, "runtime config and cgroup disagree ({detail}); using the runtime config")
@@ -359,15 +361,20 @@ impl fmt::Display for Notice {
             ),
             Notice::IgnoredAnnotation { key, value } => write!(
                 f,
-                "annotation {key}: {value:?} ignored: only \"false\" has an effect"
+                "annotation {}: {:?} ignored: only \"false\" has an effect",
+                excerpt(key),
+                excerpt(value)
             ),
             Notice::DeprecatedAnnotationValue { key } => write!(
                 f,
-                "annotation {key}: \"true\" is CRI-O's deprecated spelling of \"disable\" (honoured)"
+                "annotation {}: \"true\" is CRI-O's deprecated spelling of \"disable\" (honoured)",
+                excerpt(key)
             ),
             Notice::UnknownAnnotationValue { key, value } => write!(
                 f,
-                "annotation {key}: {value:?} ignored: \"disable\" turns it on, \"enable\" leaves it off"
+                "annotation {}: {:?} ignored: \"disable\" turns it on, \"enable\" leaves it off",
+                excerpt(key),
+                excerpt(value)
             ),
         }
     }
