@@ -89,12 +89,16 @@ impl ExclusiveAssignment {
 }
 
 /// Every exclusive assignment on the node. CPUs of two assignments never overlap.
+///
+/// In JSON a list (the key is a struct) of entries, each with its key's members, its cpus and,
+/// when known, `pod`: the pod's `namespace/name`, so that a pod gone while the agent was down
+/// is still named in the log when its cpus are released.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
+#[serde(into = "entries::List", try_from = "entries::List")]
 pub struct Assignments {
-    // A list rather than a map in JSON: the key is a struct.
-    #[serde(with = "entries")]
     by_key: BTreeMap<AssignmentKey, ExclusiveAssignment>,
+    /// `namespace/name` by pod uid, for pods holding an assignment.
+    pod_names: BTreeMap<String, String>,
 }
 
 /// Why an assignment was refused.
@@ -177,14 +181,50 @@ impl Assignments {
     pub fn retain(&mut self, mut keep: impl FnMut(&AssignmentKey, &ExclusiveAssignment) -> bool) {
         self.by_key.retain(|k, a| keep(k, a));
     }
+
+    /// The `namespace/name` of the pod with this uid, when recorded.
+    pub fn pod_name(&self, pod_uid: &str) -> Option<&str> {
+        self.pod_names.get(pod_uid).map(String::as_str)
+    }
+
+    /// Records the `namespace/name` of the pod with this uid.
+    pub fn set_pod_name(&mut self, pod_uid: &str, name: String) {
+        self.pod_names.insert(pod_uid.to_string(), name);
+    }
+
+    /// Every recorded pod name, by uid.
+    pub fn pod_names(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.pod_names
+            .iter()
+            .map(|(uid, name)| (uid.as_str(), name.as_str()))
+    }
+
+    /// Records the names of the pods that hold assignments, from `names` (by uid). With
+    /// `prune`, names of pods that hold none are dropped (after assignments changed);
+    /// otherwise only missing names are added (no allocation when none is missing).
+    pub fn name_pods(&mut self, names: &std::collections::HashMap<String, String>, prune: bool) {
+        if prune {
+            let held: std::collections::HashSet<&str> =
+                self.by_key.keys().map(AssignmentKey::pod_uid).collect();
+            self.pod_names.retain(|uid, _| held.contains(uid.as_str()));
+        }
+        for key in self.by_key.keys() {
+            let uid = key.pod_uid();
+            if self.pod_names.contains_key(uid) {
+                continue;
+            }
+            if let Some(name) = names.get(uid) {
+                self.pod_names.insert(uid.to_string(), name.clone());
+            }
+        }
+    }
 }
 
 mod entries {
     use super::*;
-    use serde::{Deserializer, Serializer};
 
-    #[derive(Serialize, Deserialize)]
-    struct Entry {
+    #[derive(Debug, Serialize, Deserialize)]
+    pub struct Entry {
         #[serde(flatten)]
         key: AssignmentKey,
         cpus: CpuSet,
@@ -194,42 +234,56 @@ mod entries {
         adopted: Option<Adoption>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         wanted: Option<usize>,
+        /// The pod's `namespace/name`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pod: Option<String>,
     }
 
-    pub fn serialize<S: Serializer>(
-        map: &BTreeMap<AssignmentKey, ExclusiveAssignment>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        let list: Vec<Entry> = map
-            .iter()
-            .map(|(k, a)| Entry {
-                key: k.clone(),
-                cpus: a.cpus.clone(),
-                container_id: a.container_id.clone(),
-                adopted: a.adopted,
-                wanted: a.wanted,
-            })
-            .collect();
-        list.serialize(s)
+    /// The JSON form of [`Assignments`].
+    #[derive(Debug, Serialize, Deserialize)]
+    #[serde(transparent)]
+    pub struct List(Vec<Entry>);
+
+    impl From<Assignments> for List {
+        fn from(assignments: Assignments) -> List {
+            let names = &assignments.pod_names;
+            List(
+                assignments
+                    .by_key
+                    .iter()
+                    .map(|(k, a)| Entry {
+                        key: k.clone(),
+                        cpus: a.cpus.clone(),
+                        container_id: a.container_id.clone(),
+                        adopted: a.adopted,
+                        wanted: a.wanted,
+                        pod: names.get(k.pod_uid()).cloned(),
+                    })
+                    .collect(),
+            )
+        }
     }
 
     /// Goes through [`Assignments::insert`], so a file naming one CPU twice is refused.
-    pub fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<BTreeMap<AssignmentKey, ExclusiveAssignment>, D::Error> {
-        let mut assignments = Assignments::new();
-        for e in Vec::<Entry>::deserialize(d)? {
-            let assignment = ExclusiveAssignment {
-                cpus: e.cpus,
-                container_id: e.container_id,
-                adopted: e.adopted,
-                wanted: e.wanted,
-            };
-            assignments
-                .insert(e.key, assignment)
-                .map_err(serde::de::Error::custom)?;
+    impl TryFrom<List> for Assignments {
+        type Error = AssignmentError;
+
+        fn try_from(list: List) -> Result<Assignments, AssignmentError> {
+            let mut assignments = Assignments::new();
+            for e in list.0 {
+                let assignment = ExclusiveAssignment {
+                    cpus: e.cpus,
+                    container_id: e.container_id,
+                    adopted: e.adopted,
+                    wanted: e.wanted,
+                };
+                if let Some(pod) = e.pod {
+                    assignments.set_pod_name(e.key.pod_uid(), pod);
+                }
+                assignments.insert(e.key, assignment)?;
+            }
+            Ok(assignments)
         }
-        Ok(assignments.by_key)
     }
 }
 

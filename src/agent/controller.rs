@@ -233,6 +233,13 @@ impl Controller {
     pub fn new(parts: ControllerParts) -> Self {
         let mut metrics = Metrics::default();
         metrics.online_cpus = parts.topology.all_cpus().len() as u64;
+        // Names of pods holding pins, from the checkpoint: a pod gone while the agent was down
+        // is still named when its cpus are released.
+        let pod_names = parts
+            .assignments
+            .pod_names()
+            .map(|(uid, name)| (uid.to_string(), name.to_string()))
+            .collect();
         Controller {
             parts,
             model: BTreeMap::new(),
@@ -241,7 +248,7 @@ impl Controller {
             unreadable_said_irq: HashSet::new(),
             rescan_said: None,
             rescans_unsaid: 0,
-            pod_names: HashMap::new(),
+            pod_names,
             irq: None,
             sched: None,
             hotplug: None,

@@ -18,7 +18,7 @@
 //!   "reserved": "0",
 //!   "online": "0-7",
 //!   "shared_pool": "0-1,4-7",
-//!   "assignments": [{"named": {"pod_uid": "…", "container": "app"}, "cpus": "2-3"},
+//!   "assignments": [{"named": {"pod_uid": "…", "container": "app"}, "cpus": "2-3", "pod": "shop/web"},
 //!                   {"named": {"pod_uid": "…", "container": "db"}, "cpus": "5", "wanted": 2}],
 //!   "quota_lifted": [{"cgroup": "kubepods/pod…/…", "original": "200000 100000"}],
 //!   "last_reconcile_unix_ms": 1700000000000,
@@ -28,7 +28,8 @@
 //!
 //! `options` is [`PolicyOptions`]' display form; CPU sets are list strings; `assignments` is
 //! [`Assignments`]' JSON list (an assignment whose cpus went offline with no replacement free
-//! has `wanted`, the count it is entitled to, and omits it otherwise); `last_reconcile_unix_ms` is left out until the first reconcile.
+//! has `wanted`, the count it is entitled to, and omits it otherwise; `pod`, the pod's
+//! `namespace/name` when known, names a pod gone while the agent was down in the log); `last_reconcile_unix_ms` is left out until the first reconcile.
 //! Unknown members are refused: a file of version 1 has exactly these.
 //!
 //! # Checksum
@@ -191,6 +192,9 @@ struct DocumentAssignment {
     adopted: Option<crate::state::Adoption>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     wanted: Option<usize>,
+    /// The pod's `namespace/name`, to name it in the log should it go while the agent is down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pod: Option<String>,
 }
 
 impl From<&Checkpoint> for Document {
@@ -211,6 +215,7 @@ impl From<&Checkpoint> for Document {
                     container_id: a.container_id.clone(),
                     adopted: a.adopted,
                     wanted: a.wanted,
+                    pod: c.assignments.pod_name(key.pod_uid()).map(str::to_string),
                 })
                 .collect(),
             quota_lifted: c.quota_lifted.clone(),
