@@ -93,6 +93,21 @@ fn run_with_an_unusable_state_dir_exits_78() {
     }
 }
 
+/// `reset` with a state directory that cannot be one: a usage error naming the flag, not
+/// "stop cpusetd" (no agent runs there).
+#[test]
+fn reset_with_an_unusable_state_dir_names_the_flag() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut args = node.node_args();
+    args.extend(["--state-dir".to_string(), "/dev/null".to_string()]);
+    let (code, stderr) = code_and_stderr(&cpusetd("reset", &args, &[]));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--state-dir /dev/null") && !stderr.contains("stop cpusetd"),
+        "{stderr}"
+    );
+}
+
 /// A bad `--sysfs-root` is a usage error of every one-shot command (2), as `plan` already
 /// said, and a configuration error of `run` (78).
 #[test]
