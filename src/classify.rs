@@ -34,6 +34,7 @@ use crate::cgroupfs::{
     CgroupDriver, CgroupPath, CpuSettings, FileValue, Quota, Scan, ScannedCgroup,
 };
 use crate::devices::ContainerDevice;
+use crate::logging::excerpt;
 use crate::runtime::{OciCpu, RuntimeInfo};
 use crate::state::AssignmentKey;
 
@@ -348,7 +349,8 @@ impl fmt::Display for Notice {
             ),
             Notice::PodUidMismatch { path, runtime } => write!(
                 f,
-                "pod uid {runtime} from the runtime config differs from {path} in the cgroup path; using the cgroup path's"
+                "pod uid {} from the runtime config differs from {path} in the cgroup path; using the cgroup path's",
+                excerpt(runtime)
             ),
             Notice::RuntimeConfigDisagrees { detail } => {
                 write!(f, "runtime config and cgroup disagree ({detail}); using the runtime config")
@@ -359,15 +361,20 @@ impl fmt::Display for Notice {
             ),
             Notice::IgnoredAnnotation { key, value } => write!(
                 f,
-                "annotation {key}: {value:?} ignored: only \"false\" has an effect"
+                "annotation {}: {:?} ignored: only \"false\" has an effect",
+                excerpt(key),
+                excerpt(value)
             ),
             Notice::DeprecatedAnnotationValue { key } => write!(
                 f,
-                "annotation {key}: \"true\" is CRI-O's deprecated spelling of \"disable\" (honoured)"
+                "annotation {}: \"true\" is CRI-O's deprecated spelling of \"disable\" (honoured)",
+                excerpt(key)
             ),
             Notice::UnknownAnnotationValue { key, value } => write!(
                 f,
-                "annotation {key}: {value:?} ignored: \"disable\" turns it on, \"enable\" leaves it off"
+                "annotation {}: {:?} ignored: \"disable\" turns it on, \"enable\" leaves it off",
+                excerpt(key),
+                excerpt(value)
             ),
         }
     }
@@ -884,6 +891,20 @@ pub fn config_matches_cgroup(settings: &CpuSettings, config: &OciCpu) -> Option<
     }
 }
 
+/// The kernel's `cpu.shares` of a new v1 cgroup.
+pub const KERNEL_DEFAULT_SHARES: u64 = 1024;
+/// The kernel's `cpu.weight` of a new v2 cgroup.
+pub const KERNEL_DEFAULT_WEIGHT: u64 = 100;
+
+/// Whether the cgroup's CPU request is still what the kernel gives a new cgroup: one the
+/// runtime has made but not written yet (or written the same value).
+pub fn holds_kernel_default(settings: &CpuSettings) -> bool {
+    match settings {
+        CpuSettings::V1 { shares, .. } => value(shares) == Some(KERNEL_DEFAULT_SHARES),
+        CpuSettings::V2 { weight, .. } => value(weight) == Some(KERNEL_DEFAULT_WEIGHT),
+    }
+}
+
 fn value_text<T: Copy + fmt::Display>(v: &FileValue<T>) -> String {
     v.value().map_or_else(|| "?".to_string(), |v| v.to_string())
 }
@@ -903,7 +924,9 @@ fn cpu_resources(
             )),
             _ => None,
         };
-        if config_matches_cgroup(settings, &cpu) == Some(false) {
+        // A cgroup that still holds the kernel's default is being set up (runc makes it, then
+        // writes the config's value): settling, not disagreeing.
+        if config_matches_cgroup(settings, &cpu) == Some(false) && !holds_kernel_default(settings) {
             let on_disk = match settings {
                 CpuSettings::V1 { shares, .. } => format!("cpu.shares {}", value_text(shares)),
                 CpuSettings::V2 { weight, .. } => format!("cpu.weight {}", value_text(weight)),
@@ -1587,8 +1610,14 @@ mod tests {
                 container: "app".into()
             })
         );
-        // Disagreement with the cgroup is noticed.
+        // A cgroup still on the kernel's default is settling (issue 23, item 22): the config
+        // wins and nothing is noticed; a value that is neither is noticed.
         let c = exclusivity(&n, &format!("pod{UID}/{ID}"), &v1(1024, None), Some(&rt));
+        assert_eq!(c.exclusive_cpus(), 3);
+        assert!(c.notices.is_empty(), "{:?}", c.notices);
+        let c = exclusivity(&n, &format!("pod{UID}/{ID}"), &v2(100, None), Some(&rt));
+        assert!(c.notices.is_empty(), "{:?}", c.notices);
+        let c = exclusivity(&n, &format!("pod{UID}/{ID}"), &v1(1536, None), Some(&rt));
         assert_eq!(c.exclusive_cpus(), 3);
         assert!(matches!(
             c.notices.as_slice(),

@@ -201,10 +201,22 @@ pub fn vfio_group_of_path(path: &str) -> Option<u32> {
     group.parse().ok().filter(|g| *g <= MAX_VFIO_GROUP)
 }
 
+/// What a device plugin's `process.env` entry names: the PCI addresses, and how many of its
+/// comma-separated entries are not PCI addresses with the first of them said (a pod author
+/// writes the container's environment, so there may be millions: they are counted, never
+/// listed).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceEnv {
+    pub addresses: Vec<PciAddress>,
+    pub bad: usize,
+    /// The first bad entry, as a sentence naming the variable (both cut for the log).
+    pub first_bad: Option<String>,
+}
+
 /// The PCI addresses a `process.env` entry names, when it is a device plugin's variable
-/// (`PCIDEVICE_*` or `PCI_RESOURCE_*`), with a sentence for each entry of it that is not a PCI
-/// address (the good ones are kept); `None` for any other variable.
-pub fn pci_addresses_of_env(entry: &str) -> Option<(Vec<PciAddress>, Vec<String>)> {
+/// (`PCIDEVICE_*` or `PCI_RESOURCE_*`), with the entries of it that are not PCI addresses
+/// counted (the good ones are kept); `None` for any other variable.
+pub fn pci_addresses_of_env(entry: &str) -> Option<DeviceEnv> {
     let (name, value) = entry.split_once('=')?;
     if !PCI_ENV_PREFIXES
         .iter()
@@ -216,15 +228,22 @@ pub fn pci_addresses_of_env(entry: &str) -> Option<(Vec<PciAddress>, Vec<String>
     if name.ends_with("_INFO") {
         return None;
     }
-    let mut addresses = Vec::new();
-    let mut bad = Vec::new();
+    let mut found = DeviceEnv::default();
     for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         match part.parse::<PciAddress>() {
-            Ok(address) => addresses.push(address),
-            Err(err) => bad.push(format!("environment variable {name}: {err}")),
+            Ok(address) => found.addresses.push(address),
+            Err(err) => {
+                found.bad += 1;
+                if found.first_bad.is_none() {
+                    found.first_bad = Some(format!(
+                        "environment variable {}: {err}",
+                        crate::logging::excerpt(name)
+                    ));
+                }
+            }
         }
     }
-    Some((addresses, bad))
+    Some(found)
 }
 
 /// Why a sysfs file about a device could not be used (the node stays unknown).
@@ -413,17 +432,24 @@ mod tests {
     }
 
     #[test]
-    fn device_plugin_variables_give_addresses_and_garbage_is_said() {
-        let (good, bad) =
+    fn device_plugin_variables_give_addresses_and_garbage_is_counted() {
+        let found =
             pci_addresses_of_env("PCIDEVICE_INTEL_COM_SRIOV_NETDEVICE=0000:3b:02.0,0000:3b:02.1")
                 .unwrap();
-        assert_eq!(good, [addr("0000:3b:02.0"), addr("0000:3b:02.1")]);
-        assert!(bad.is_empty());
-        let (good, bad) =
-            pci_addresses_of_env("PCI_RESOURCE_NVIDIA_COM_GPU=0000:5e:00.0,gpu-7,").unwrap();
-        assert_eq!(good, [addr("0000:5e:00.0")]);
-        assert_eq!(bad.len(), 1, "{bad:?}");
-        assert!(bad[0].contains("gpu-7"), "{bad:?}");
+        assert_eq!(
+            found.addresses,
+            [addr("0000:3b:02.0"), addr("0000:3b:02.1")]
+        );
+        assert_eq!((found.bad, found.first_bad), (0, None));
+        let found =
+            pci_addresses_of_env("PCI_RESOURCE_NVIDIA_COM_GPU=0000:5e:00.0,gpu-7,gpu-8").unwrap();
+        assert_eq!(found.addresses, [addr("0000:5e:00.0")]);
+        assert_eq!(found.bad, 2);
+        let first = found.first_bad.unwrap();
+        assert!(
+            first.contains("gpu-7") && !first.contains("gpu-8"),
+            "{first}"
+        );
         assert!(pci_addresses_of_env("PATH=/usr/bin").is_none());
         assert!(pci_addresses_of_env("PCIDEVICE_=0000:3b:02.0").is_none());
         assert!(pci_addresses_of_env("MDEV_PCI_RESOURCE_X=0000:3b:02.0").is_none());

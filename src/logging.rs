@@ -1,7 +1,9 @@
 //! Logging helpers shared by the edges: [`LogOnce`], which remembers which problems were already
 //! logged so that a periodic pass (a reconcile scan every few seconds) reports a lasting problem
-//! once instead of on every pass, and [`error_chain`], which puts an error and its sources on one
-//! log line.
+//! once instead of on every pass, [`error_chain`], which puts an error and its sources on one
+//! log line, and [`excerpt`] and [`summary`], which keep values from outside the agent (a
+//! pod's annotations and environment, names from runtime configs) and long lists of problems
+//! from flooding the log.
 //!
 //! A problem is identified by a key string. It is reported when it is first seen, stays quiet
 //! while it is seen in every following pass, and is forgotten after a pass that did not see it,
@@ -70,6 +72,47 @@ impl LogOnce {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Longest value from outside the agent (an annotation, an environment entry, a name from a
+/// runtime config) that a log line quotes whole; past it, [`excerpt`] cuts.
+pub const MAX_LOGGED_VALUE: usize = 200;
+
+/// How many problems of one kind [`summary`] spells out before it only counts.
+pub const MAX_LOGGED_PROBLEMS: usize = 3;
+
+/// `text`, a value from outside the agent, as a log line may quote it: whole when at most
+/// [`MAX_LOGGED_VALUE`] bytes, else its first [`MAX_LOGGED_VALUE`] bytes (cut at a character
+/// boundary) followed by `… (N bytes)`, so a pod author's 100 kB annotation makes a short line
+/// that still says how long the value was. The one helper every log line quoting such a value
+/// goes through.
+pub fn excerpt(text: &str) -> Cow<'_, str> {
+    if text.len() <= MAX_LOGGED_VALUE {
+        return Cow::Borrowed(text);
+    }
+    let mut end = MAX_LOGGED_VALUE;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!("{}… ({} bytes)", &text[..end], text.len()))
+}
+
+/// Problems of one source on one line: the first [`MAX_LOGGED_PROBLEMS`], each cut by
+/// [`excerpt`], joined by `; `, then `; and N more` when there are more.
+pub fn summary(problems: &[String]) -> String {
+    let mut text = problems
+        .iter()
+        .take(MAX_LOGGED_PROBLEMS)
+        .map(|p| excerpt(p))
+        .collect::<Vec<_>>()
+        .join("; ");
+    if problems.len() > MAX_LOGGED_PROBLEMS {
+        text.push_str(&format!(
+            "; and {} more",
+            problems.len() - MAX_LOGGED_PROBLEMS
+        ));
+    }
+    text
 }
 
 /// An error and its sources on one line: `cannot read X: Permission denied (os error 13)`.
@@ -159,6 +202,23 @@ mod log_once_tests {
         // Still bounded over passes, and a remembered problem stays quiet.
         assert!(!once.first_time("cg=kubepods/pod0: bad value"));
         assert!(once.len() <= 2 * LOG_ONCE_CAPACITY);
+    }
+}
+
+#[cfg(test)]
+mod excerpt_tests {
+    use super::{excerpt, summary, MAX_LOGGED_VALUE};
+
+    #[test]
+    fn long_outside_values_are_cut_with_their_length() {
+        assert_eq!(excerpt("short"), "short");
+        let long = "é".repeat(60_000);
+        let cut = excerpt(&long);
+        assert!(cut.len() <= MAX_LOGGED_VALUE + 32, "{}", cut.len());
+        assert!(cut.ends_with("… (120000 bytes)"), "{cut}");
+        let problems: Vec<String> = (0..10).map(|i| format!("p{i}")).collect();
+        assert_eq!(summary(&problems[..2]), "p0; p1");
+        assert_eq!(summary(&problems), "p0; p1; p2; and 7 more");
     }
 }
 

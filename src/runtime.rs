@@ -542,13 +542,25 @@ fn string_values(
     ignored: &mut Vec<String>,
 ) -> BTreeMap<String, String> {
     let mut strings = BTreeMap::new();
+    let mut not_strings = 0usize;
+    let mut first = None;
     for (key, value) in map {
         match value {
             serde_json::Value::String(text) => {
                 strings.insert(key, text);
             }
-            _ => ignored.push(format!("{what} {key:?} is not a string")),
+            _ => {
+                not_strings += 1;
+                first.get_or_insert(key);
+            }
         }
+    }
+    // Counted, not listed: a config may hold many thousands.
+    if let Some(first) = first {
+        ignored.push(format!(
+            "{not_strings} {what} values are not strings (the first: {:?})",
+            crate::logging::excerpt(&first)
+        ));
     }
     strings
 }
@@ -636,14 +648,27 @@ fn container_devices(
             add(DeviceId::VfioGroup(group), &mut ids);
         }
     }
+    // Bad entries are counted over every variable and said once, with the first of them:
+    // a pod author writes the environment, and one variable may hold millions.
+    let (mut bad, mut bad_variables, mut first_bad) = (0usize, 0usize, None);
     for entry in &process.device_env {
-        let Some((addresses, bad)) = crate::devices::pci_addresses_of_env(entry) else {
+        let Some(found) = crate::devices::pci_addresses_of_env(entry) else {
             continue;
         };
-        ignored.extend(bad);
-        for address in addresses {
+        if found.bad > 0 {
+            bad += found.bad;
+            bad_variables += 1;
+            first_bad = first_bad.or(found.first_bad);
+        }
+        for address in found.addresses {
             add(DeviceId::Pci(address), &mut ids);
         }
+    }
+    if let Some(first) = first_bad {
+        ignored.push(format!(
+            "{bad} entries of {bad_variables} device plugin variable(s) are not PCI addresses \
+             (the first: {first})"
+        ));
     }
     if dropped > 0 {
         ignored.push(format!(
@@ -823,13 +848,19 @@ impl RuntimeLookup {
             };
             match load_config(&path) {
                 Ok(Some(mut info)) => {
-                    for what in &info.ignored {
-                        log::warn!("{}: ignored: {what}", path.display());
+                    if !info.ignored.is_empty() {
+                        log::warn!(
+                            "{}: ignored: {}",
+                            path.display(),
+                            crate::logging::summary(&info.ignored)
+                        );
                     }
                     if let (Some(locator), false) = (&self.locator, info.devices.is_empty()) {
-                        for problem in locator.locate(&mut info.devices) {
+                        let problems = locator.locate(&mut info.devices);
+                        if !problems.is_empty() {
                             log::warn!(
-                                "container {container_id}: device numa node unknown: {problem}"
+                                "container {container_id}: device numa node unknown: {}",
+                                crate::logging::summary(&problems)
                             );
                         }
                         log::debug!(
@@ -922,7 +953,10 @@ mod tests {
                 period: Some(100_000)
             }
         );
-        assert_eq!(info.ignored, ["annotation \"weird\" is not a string"]);
+        assert_eq!(
+            info.ignored,
+            ["1 annotation values are not strings (the first: \"weird\")"]
+        );
     }
 
     #[test]
@@ -1015,14 +1049,11 @@ mod tests {
             device_ids(&info),
             ["0000:3b:02.0", "0000:3b:02.1", "0000:86:00.2"]
         );
-        assert_eq!(info.ignored.len(), 2, "{:?}", info.ignored);
+        // Counted once for the container, with the first (issue 23, item 12).
+        assert_eq!(info.ignored.len(), 1, "{:?}", info.ignored);
         assert!(
-            info.ignored[0].contains("0000:3b:2.0"),
-            "{:?}",
-            info.ignored
-        );
-        assert!(
-            info.ignored[1].contains("not-an-address"),
+            info.ignored[0].starts_with("2 entries of 1 device plugin variable(s)")
+                && info.ignored[0].contains("0000:3b:2.0"),
             "{:?}",
             info.ignored
         );

@@ -161,6 +161,10 @@ pub struct Assignments {
     /// subsets of its cpus that leave some of them out (its original set).
     grown: BTreeMap<AssignmentKey, Vec<CpuSet>>,
     rejected: BTreeMap<String, PodRejection>,
+    /// `namespace/name` by pod uid, for pods holding an assignment: in JSON each entry's
+    /// `pod`, so that a pod gone while the agent was down is still named in the log when its
+    /// cpus are released.
+    pod_names: BTreeMap<String, String>,
 }
 
 // A list rather than a map in JSON: the key is a struct. Rejections are not in it (the
@@ -324,6 +328,43 @@ impl Assignments {
     pub fn retain_rejections(&mut self, mut keep: impl FnMut(&str, &PodRejection) -> bool) {
         self.rejected.retain(|uid, r| keep(uid, r));
     }
+
+    /// The `namespace/name` of the pod with this uid, when recorded.
+    pub fn pod_name(&self, pod_uid: &str) -> Option<&str> {
+        self.pod_names.get(pod_uid).map(String::as_str)
+    }
+
+    /// Records the `namespace/name` of the pod with this uid.
+    pub fn set_pod_name(&mut self, pod_uid: &str, name: String) {
+        self.pod_names.insert(pod_uid.to_string(), name);
+    }
+
+    /// Every recorded pod name, by uid.
+    pub fn pod_names(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.pod_names
+            .iter()
+            .map(|(uid, name)| (uid.as_str(), name.as_str()))
+    }
+
+    /// Records the names of the pods that hold assignments, from `names` (by uid). With
+    /// `prune`, names of pods that hold none are dropped (after assignments changed);
+    /// otherwise only missing names are added (no allocation when none is missing).
+    pub fn name_pods(&mut self, names: &std::collections::HashMap<String, String>, prune: bool) {
+        if prune {
+            let held: std::collections::HashSet<&str> =
+                self.by_key.keys().map(AssignmentKey::pod_uid).collect();
+            self.pod_names.retain(|uid, _| held.contains(uid.as_str()));
+        }
+        for key in self.by_key.keys() {
+            let uid = key.pod_uid();
+            if self.pod_names.contains_key(uid) {
+                continue;
+            }
+            if let Some(name) = names.get(uid) {
+                self.pod_names.insert(uid.to_string(), name.clone());
+            }
+        }
+    }
 }
 
 mod entries {
@@ -343,6 +384,9 @@ mod entries {
         wanted: Option<usize>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         grown: Vec<CpuSet>,
+        /// The pod's `namespace/name`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pod: Option<String>,
     }
 
     pub fn serialize<S: Serializer>(assignments: &Assignments, s: S) -> Result<S::Ok, S::Error> {
@@ -356,6 +400,7 @@ mod entries {
                 adopted: a.adopted,
                 wanted: a.wanted,
                 grown: assignments.grown(k).to_vec(),
+                pod: assignments.pod_names.get(k.pod_uid()).cloned(),
             })
             .collect();
         list.serialize(s)
@@ -375,6 +420,9 @@ mod entries {
                 .insert(e.key.clone(), assignment)
                 .map_err(serde::de::Error::custom)?;
             assignments.set_grown(&e.key, e.grown);
+            if let Some(pod) = e.pod {
+                assignments.set_pod_name(e.key.pod_uid(), pod);
+            }
         }
         Ok(assignments)
     }

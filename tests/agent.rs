@@ -1602,3 +1602,34 @@ fn agent_policy_none_keeps_pods_off_isolated_cpus() {
     assert!(agent.stop().success());
     node.assert_clean();
 }
+
+/// A pod deleted while the agent was down (issue 23, item 21): its release after the restart
+/// is logged with the pod's namespace/name from the checkpoint, as while the agent ran, not
+/// as `pod<uid>/app` alone.
+#[test]
+fn agent_names_the_pods_it_releases_after_a_restart() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let gone = pod(
+        "gone-while-down",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("app", 1000)],
+    );
+    let mut agent = node.start_agent(&[]);
+    let id = node.fake.start_pod(&gone).unwrap().remove(0);
+    node.wait_status("pinned", |s| s.has(&id, "8") && s.converged());
+    assert!(agent.stop().success());
+    node.fake.remove_pod(&gone).unwrap();
+
+    let mut again = node.start_agent(&[]);
+    again.wait_for_log("released cpus=");
+    let released = crate::agent_process::lines_with(&again.log(), "released cpus=");
+    let expected = format!(
+        "default/gone-while-down/app (pod{}/app): released cpus=8",
+        gone.uid
+    );
+    assert!(
+        released.iter().any(|l| l.contains(&expected)),
+        "{expected}\n{released:#?}"
+    );
+    assert!(again.stop().success());
+}

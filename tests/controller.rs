@@ -623,3 +623,62 @@ fn a_rejection_outlives_its_containers_and_incremental_passes() {
     assert_ne!(node.container_cpus(&mixed, &id).unwrap(), "1,9");
     assert_nested(node);
 }
+
+/// runc makes a container's cgroup (`cpu.shares` then reads the kernel's 1024) and writes the
+/// config's value a moment later (issue 23, item 22): a value still being written settles, it
+/// does not disagree, so nothing is said while the cgroup holds the kernel's default; a
+/// settled value other than the config's is still said.
+#[test]
+fn controller_says_nothing_while_a_new_containers_cpu_shares_settle() {
+    crate::util::capture_logs();
+    let test = TestNode::new(CgroupVersion::V1);
+    let node = &test.fake;
+    let mut controller = controller(&test);
+    let said = |id: &str| {
+        crate::util::logged(id)
+            .into_iter()
+            .filter(|l| l.contains("disagree"))
+            .collect::<Vec<_>>()
+    };
+    for (qos, container, in_between) in [
+        (Qos::BestEffort, ContainerSpec::best_effort("app"), "1024"),
+        (
+            Qos::Guaranteed,
+            ContainerSpec::guaranteed("app", 2000),
+            "1024",
+        ),
+        (Qos::BestEffort, ContainerSpec::best_effort("odd"), "1536"),
+    ] {
+        let p = pod("settling", qos, vec![container]);
+        let id = node.start_pod(&p).unwrap().remove(0);
+        let shares = node.file(&format!("{}/{id}", node.pod_dir(&p)), "cpu.shares");
+        let config_value = fs::read_to_string(&shares).unwrap();
+        // As runc's mkdir leaves the cgroup: the config's value not written yet.
+        fs::write(&shares, format!("{in_between}\n")).unwrap();
+        let cgroup = CgroupPath::new(&node.pod_dir(&p)).unwrap();
+        controller
+            .apply_event(TreeEvent::Created { cgroup }, Instant::now())
+            .unwrap();
+        controller.pass(Instant::now());
+        if in_between == "1024" {
+            assert_eq!(said(&id), Vec::<String>::new(), "while settling");
+            // runc writes the config's value.
+            fs::write(&shares, &config_value).unwrap();
+            let cgroup = CgroupPath::new(&format!("{}/{id}", node.pod_dir(&p))).unwrap();
+            let modified = TreeEvent::Modified {
+                cgroup,
+                file: cpusetd::cgroupfs::InterfaceFile::CpuShares,
+            };
+            controller.apply_event(modified, Instant::now()).unwrap();
+            controller.pass(Instant::now());
+            assert_eq!(said(&id), Vec::<String>::new(), "once settled");
+        } else {
+            assert_eq!(
+                said(&id).len(),
+                1,
+                "a value that is no default: {:?}",
+                said(&id)
+            );
+        }
+    }
+}

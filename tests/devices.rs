@@ -129,3 +129,53 @@ fn agent_devices_pull_exclusive_cpus_to_their_numa_node_v2() {
 fn agent_devices_pull_exclusive_cpus_to_their_numa_node_best_fit() {
     device_locality(CgroupVersion::V2, &["--placement", "best-fit"]);
 }
+
+/// A pod author's flood (issue 23, item 12): a `PCIDEVICE_*` variable of 1.5 million bad
+/// entries (a 3 MB config.json), 20,000 annotations that are not strings and a 100 kB
+/// opt-out annotation value make one WARN for the config (how many entries were bad, values
+/// cut to a few hundred bytes with their full length), not one per entry.
+#[test]
+fn a_flood_of_bad_entries_from_a_pod_is_said_once_and_short() {
+    use cpusetd::classify::Notice;
+    use cpusetd::runtime::RuntimeLookup;
+
+    crate::util::capture_logs();
+    let dir = tempfile::tempdir().unwrap();
+    let id = "f".repeat(64);
+    let config_dir = dir.path().join("containerd").join(&id);
+    std::fs::create_dir_all(&config_dir).unwrap();
+    let flood = vec!["x"; 1_500_000].join(",");
+    let annotations: Vec<String> = (0..20_000).map(|i| format!("\"n{i}\": {i}")).collect();
+    let long_value = "v".repeat(100_000);
+    let config = format!(
+        r#"{{"process": {{"env": ["PCIDEVICE_FLOOD={flood}", "PCIDEVICE_OK=0000:3b:02.0,y"]}},
+            "annotations": {{{}, "cpusetd.io/exclusive": "{long_value}"}}}}"#,
+        annotations.join(", ")
+    );
+    std::fs::write(config_dir.join("config.json"), config).unwrap();
+    let mut lookup = RuntimeLookup::new(crate::util::templates(dir.path()));
+    let info = lookup.lookup(&id).unwrap();
+    assert_eq!(info.devices.len(), 1, "the good address is kept");
+    let needle = dir.path().display().to_string();
+    let lines = crate::util::logged(&needle);
+    assert_eq!(
+        lines.len(),
+        1,
+        "one line for the config: {:?}",
+        lines
+            .iter()
+            .map(|l| &l[..l.len().min(300)])
+            .collect::<Vec<_>>()
+    );
+    assert!(lines[0].len() < 2_000, "{} bytes", lines[0].len());
+    assert!(lines[0].contains("1500001 entries"), "{}", lines[0]);
+    assert!(lines[0].contains("20000 annotation values"), "{}", lines[0]);
+
+    let notice = Notice::IgnoredAnnotation {
+        key: "cpusetd.io/exclusive".into(),
+        value: long_value,
+    }
+    .to_string();
+    assert!(notice.len() < 1_000, "{} bytes", notice.len());
+    assert!(notice.contains("(100000 bytes)"), "{notice}");
+}

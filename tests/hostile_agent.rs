@@ -471,13 +471,13 @@ fn flags_out_of_range_are_refused_naming_the_flag() {
         assert!(stderr.contains(needle), "{extra:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{extra:?}: {stderr}");
     }
-    // A state directory that is a file: a runtime failure naming it.
+    // A state directory that is a file: a configuration error naming it (issue 23, item 23).
     let out = run(
         &["--state-dir", file_as_state_dir.to_str().unwrap()],
         Some("--state-dir"),
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
     assert!(stderr.contains("not-a-dir"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }

@@ -161,6 +161,80 @@ fn kubelet_pins_are_adopted_where_the_live_tree_agrees() {
     node.assert_clean();
 }
 
+/// The adoption line counts and names what was adopted; each other entry is said with its
+/// real reason (issue 23, item 20): a Burstable container, a 1500m one and a running sandbox
+/// are not adopted (none is entitled to exclusive cpus), and the sandbox is running.
+#[test]
+fn kubelet_adoption_names_what_it_adopted_and_why_not_the_rest() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let db = guaranteed("db", 2000);
+    let frac = guaranteed("frac", 1500);
+    let burst = pod(
+        "burst",
+        Qos::Burstable,
+        vec![ContainerSpec::burstable("burst", 1000, Some(2000))],
+    );
+    let db_id = pinned_by_kubelet(&node, &db, "1,9");
+    let frac_id = pinned_by_kubelet(&node, &frac, "2,10");
+    let burst_id = pinned_by_kubelet(&node, &burst, "3");
+    let entries = BTreeMap::from([
+        (
+            db.uid.clone(),
+            BTreeMap::from([
+                ("db".to_string(), "1,9".to_string()),
+                ("POD".to_string(), "4".to_string()),
+            ]),
+        ),
+        (
+            frac.uid.clone(),
+            BTreeMap::from([("frac".to_string(), "2,10".to_string())]),
+        ),
+        (
+            burst.uid.clone(),
+            BTreeMap::from([("burst".to_string(), "3".to_string())]),
+        ),
+    ]);
+    let file = node.state_dir().with_file_name("cpu_manager_state");
+    fs::write(&file, kubelet_v2("0,5-8,11-15", &entries)).unwrap();
+    let flag = file.display().to_string();
+
+    let mut agent = node.start_agent(&["--kubelet-state", &flag]);
+    let status = node.wait_status("converged", |s| s.converged() && s.exclusive_cpu_count == 2);
+    assert!(status.has(&db_id, "1,9"), "{status:#?}");
+    assert!(
+        !status.has(&frac_id, "2,10") && !status.has(&burst_id, "3"),
+        "{status:#?}"
+    );
+    let log = agent.log();
+    let adoption = crate::agent_process::lines_with(&log, "adopted");
+    assert!(
+        log.contains(&format!(
+            "adopted 1 of kubelet's 4 pin(s) (format V2): default/db/db (pod{}/db) cpus 1,9",
+            db.uid
+        )),
+        "{adoption:#?}"
+    );
+    for (who, why) in [
+        (
+            format!("default/burst/burst (pod{}/burst) (cpus 3)", burst.uid),
+            "Burstable pod",
+        ),
+        (
+            format!("default/frac/frac (pod{}/frac) (cpus 2,10)", frac.uid),
+            "cpu request 1500m is not a whole number of cpus",
+        ),
+        (
+            format!("default/db/POD (pod{}/POD) (cpus 4)", db.uid),
+            "pod sandbox",
+        ),
+    ] {
+        let said = format!("kubelet's cpu_manager_state: {who} not adopted: {why}");
+        assert!(log.contains(&said), "{said}\n{adoption:#?}");
+    }
+    assert!(!log.contains("is not running"), "{adoption:#?}");
+    assert!(agent.stop().success());
+}
+
 #[test]
 fn legacy_v1_entries_are_matched_by_container_id() {
     let node = TestNode::new(CgroupVersion::V2);

@@ -462,3 +462,74 @@ fn real_kernel_narrows_a_parent_past_an_empty_child() {
         error_chain(&refused)
     );
 }
+
+/// runc's mkdir-then-write on the real v1 cpu controller (issue 23, item 22): a cgroup just
+/// made reads the kernel's default `cpu.shares` (1024) until the runtime writes the config's
+/// value. Classified in between, with the config (shares 2), it is settling: no
+/// `runtime config and cgroup disagree` notice; after the write the two agree.
+#[test]
+fn real_new_cgroup_settles_without_a_disagreement() {
+    use cpusetd::classify::{holds_kernel_default, Notice, KERNEL_DEFAULT_SHARES};
+    use cpusetd::runtime::parse_config;
+    if let Some(reason) = skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let probe = detect_layout(&LayoutConfig {
+        proc_root: PathBuf::from("/proc"),
+        cgroup_root: None,
+        driver: None,
+        kubepods: Some(path("kubepods")),
+    })
+    .unwrap();
+    let tree = Subtree::new(&[&probe.cpuset_root, &probe.cpu_root]);
+    let container = format!("kubepods/besteffort/pod{POD_UID}/{CONTAINER_ID}");
+    // runc's mkdir.
+    tree.create(&container);
+    let layout = detect_layout(&LayoutConfig {
+        proc_root: PathBuf::from("/proc"),
+        cgroup_root: None,
+        driver: None,
+        kubepods: Some(path(&format!("{}/kubepods", tree.name))),
+    })
+    .unwrap();
+    let config = parse_config(
+        br#"{"annotations": {"io.kubernetes.cri.container-type": "container",
+                             "io.kubernetes.cri.container-name": "app"},
+             "linux": {"resources": {"cpu": {"shares": 2}}}}"#,
+    )
+    .unwrap();
+    let naming = CgroupNaming::new(layout.driver, &layout.kubepods);
+    let classify_container = || {
+        let scan = scanner(&layout).scan().unwrap();
+        let classes = classify_scan(&naming, &scan, |_| Some(config.clone()));
+        let at = scan
+            .cgroups
+            .iter()
+            .position(|c| c.path.to_string().ends_with(CONTAINER_ID))
+            .unwrap();
+        (scan.cgroups[at].cpu.clone(), classes[at].clone())
+    };
+    let (settings, class) = classify_container();
+    assert!(
+        matches!(&settings, CpuSettings::V1 { shares: FileValue::Value(s), .. } if *s == KERNEL_DEFAULT_SHARES),
+        "a new cgroup's cpu.shares: {settings:?}"
+    );
+    assert!(holds_kernel_default(&settings));
+    assert!(
+        !class
+            .notices
+            .iter()
+            .any(|n| matches!(n, Notice::RuntimeConfigDisagrees { .. })),
+        "{:?}",
+        class.notices
+    );
+    // The runtime writes the config's value.
+    let cpu = CgroupFs::open(&layout.cpu_root).unwrap();
+    let container_cg = path(&format!("{}/{container}", tree.name));
+    cpu.write(&container_cg, InterfaceFile::CpuShares, "2")
+        .unwrap();
+    let (settings, class) = classify_container();
+    assert!(!holds_kernel_default(&settings));
+    assert!(class.notices.is_empty(), "{:?}", class.notices);
+}

@@ -11,6 +11,7 @@ mod agent_real;
 mod allocate_cli;
 mod cgroup_scan;
 mod checkpoint;
+mod config_errors;
 mod confinement;
 mod containerd;
 mod controller;

@@ -54,6 +54,7 @@ use deadlines::Deadlines;
 use incremental::{Mode, SincePass};
 use model::ModelEntry;
 
+mod adopt;
 mod classes;
 mod deadlines;
 mod drift;
@@ -239,6 +240,13 @@ impl Controller {
     pub fn new(parts: ControllerParts) -> Self {
         let mut metrics = Metrics::default();
         metrics.online_cpus = parts.topology.all_cpus().len() as u64;
+        // Names of pods holding pins, from the checkpoint: a pod gone while the agent was down
+        // is still named when its cpus are released.
+        let pod_names = parts
+            .assignments
+            .pod_names()
+            .map(|(uid, name)| (uid.to_string(), name.to_string()))
+            .collect();
         Controller {
             parts,
             model: BTreeMap::new(),
@@ -247,7 +255,7 @@ impl Controller {
             unreadable_said_irq: HashSet::new(),
             rescan_said: None,
             rescans_unsaid: 0,
-            pod_names: HashMap::new(),
+            pod_names,
             irq: None,
             sched: None,
             hotplug: None,
@@ -407,74 +415,6 @@ impl Controller {
         let outcome = self.pass(now);
         self.arrivals = arrivals;
         Some(outcome)
-    }
-
-    /// Migration from kubelet's static policy (before the first pass): each pin kubelet's
-    /// checkpoint names is adopted when its container runs on exactly those CPUs; a pin the
-    /// live tree contradicts is said and left to the live tree (which wins), one whose
-    /// container is not running is said and skipped. Returns how many were adopted.
-    pub fn adopt_kubelet_pins(&mut self, kubelet: &KubeletState) -> usize {
-        let scan = self.model_scan();
-        let classes = self.classify_model(&scan);
-        // The running containers: by assignment key, and the key by container id (kubelet's
-        // legacy v1 format names containers by id).
-        let mut live: HashMap<AssignmentKey, (Option<String>, Option<CpuSet>)> = HashMap::new();
-        let mut by_id: HashMap<String, AssignmentKey> = HashMap::new();
-        for (cgroup, class) in scan.cgroups.iter().zip(&classes) {
-            if class.kind != CgroupKind::Container {
-                continue;
-            }
-            let Some(key) = class.assignment_key() else {
-                continue;
-            };
-            if let Some(id) = &class.container_id {
-                by_id.insert(id.clone(), key.clone());
-            }
-            live.insert(
-                key,
-                (class.container_id.clone(), cgroup.cpus.value().cloned()),
-            );
-        }
-        let mut wanted: Vec<(AssignmentKey, &CpuSet)> = kubelet
-            .entries
-            .iter()
-            .map(|(k, c)| (k.clone(), c))
-            .collect();
-        for (id, cpus) in &kubelet.legacy_entries {
-            match by_id.get(id) {
-                Some(key) => wanted.push((key.clone(), cpus)),
-                None => log::info!(
-                    "kubelet's cpu_manager_state: container {id} (cpus {cpus}) is not running: nothing to adopt"
-                ),
-            }
-        }
-        self.learn_pod_names(wanted.iter().map(|(k, _)| k), &classes);
-        let mut adopted = 0;
-        for (key, cpus) in wanted {
-            let label = self.label(&key);
-            match live.get(&key) {
-                None => log::info!(
-                    "kubelet's cpu_manager_state: {label} (cpus {cpus}) is not running: nothing to adopt"
-                ),
-                Some((id, Some(current))) if current == cpus => {
-                    let assignment = ExclusiveAssignment {
-                        cpus: cpus.clone(),
-                        container_id: id.clone(),
-                        adopted: Some(Adoption::Kubelet),
-                        wanted: None,
-                    };
-                    match self.parts.assignments.insert(key, assignment) {
-                        Ok(()) => adopted += 1,
-                        Err(e) => log::warn!("kubelet's cpu_manager_state: {label}: {e}; not adopted"),
-                    }
-                }
-                Some((_, current)) => log::warn!(
-                    "kubelet's cpu_manager_state gives {label} cpus {cpus}, but it runs on {}: the live tree wins",
-                    current.as_ref().map_or_else(|| "an unreadable set".to_string(), |c| c.to_string())
-                ),
-            }
-        }
-        adopted
     }
 
     /// Reads the whole tree into the model (at start, and after a watcher overflow).

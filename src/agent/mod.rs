@@ -365,16 +365,20 @@ fn adopt_from_kubelet(controller: &mut Controller, path: &std::path::Path) {
         ),
         Ok(Some(state)) => {
             let adopted = controller.adopt_kubelet_pins(&state);
+            // Counted and named; each entry not adopted was said with its reason.
             log::info!(
-                "{}: adopted {adopted} of kubelet's {} pin(s) (format {:?}{})",
+                "{}: adopted {} of kubelet's {} pin(s) (format {:?}{}){}{}",
                 path.display(),
+                adopted.len(),
                 state.entries.len() + state.legacy_entries.len(),
                 state.format,
                 if state.checksum_verified {
                     ""
                 } else {
                     ", checksum 0: not verified"
-                }
+                },
+                if adopted.is_empty() { "" } else { ": " },
+                adopted.join(", ")
             );
         }
         Err(e) => log::warn!(

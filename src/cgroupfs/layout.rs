@@ -160,6 +160,8 @@ pub enum LayoutError {
         implied: CgroupDriver,
         driver: CgroupDriver,
     },
+    #[error("the kubepods cgroup {kubepods:?} is the cgroup root {root} itself: every cgroup on the host would be taken for a pod's; pass --kubepods-path naming kubelet's kubepods cgroup (kubepods.slice or kubepods)")]
+    KubepodsIsRoot { root: PathBuf, kubepods: String },
     #[error("unknown cgroup driver {text:?}: expected cgroupfs or systemd")]
     UnknownDriver { text: String },
 }
@@ -238,6 +240,18 @@ pub fn detect_layout(config: &LayoutConfig) -> Result<CgroupLayout, LayoutError>
         Some(path) => path.clone(),
         None => find_kubepods(&cpuset_root, config.driver)?,
     };
+    // The root itself (an empty path, or a directory that resolves to the root) would make
+    // every cgroup on the host a pod's and `reset` widen the host's cpusets.
+    let resolved = |p: &Path| fs::canonicalize(p).ok();
+    if kubepods.is_root()
+        || resolved(&kubepods.under(&cpuset_root))
+            .is_some_and(|k| Some(k) == resolved(&cpuset_root))
+    {
+        return Err(LayoutError::KubepodsIsRoot {
+            root: cpuset_root,
+            kubepods: kubepods.to_string(),
+        });
+    }
     let implied = CgroupDriver::of_kubepods(&kubepods);
     let driver = match config.driver {
         Some(driver) if driver != implied && config.kubepods.is_some() => {
@@ -559,6 +573,29 @@ mod tests {
         };
         let err = detect_layout(&mismatch).unwrap_err();
         assert!(matches!(err, LayoutError::DriverMismatch { .. }), "{err}");
+    }
+
+    /// Issue 23, item 9: a kubepods cgroup that is the root itself, named empty or through a
+    /// symlink back to the root, is refused.
+    #[test]
+    fn a_kubepods_cgroup_that_is_the_root_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        fs::write(root.path().join("cgroup.controllers"), "cpuset cpu\n").unwrap();
+        std::os::unix::fs::symlink(".", root.path().join("loop")).unwrap();
+        for kubepods in ["", "loop"] {
+            let config = LayoutConfig {
+                proc_root: PathBuf::from("/nonexistent"),
+                cgroup_root: Some(root.path().to_path_buf()),
+                driver: None,
+                kubepods: Some(CgroupPath::new(kubepods).unwrap()),
+            };
+            let err = detect_layout(&config).unwrap_err();
+            assert!(
+                matches!(err, LayoutError::KubepodsIsRoot { .. }),
+                "{kubepods:?}: {err}"
+            );
+            assert!(err.to_string().contains("--kubepods-path"), "{err}");
+        }
     }
 
     #[test]

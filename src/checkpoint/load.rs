@@ -197,6 +197,9 @@ impl Document {
             if assignments.get(&entry.key).is_some() {
                 return Err(UnusableReason::DuplicateAssignment { key: entry.key });
             }
+            if let Some(pod) = entry.pod {
+                assignments.set_pod_name(entry.key.pod_uid(), pod);
+            }
             let assignment = ExclusiveAssignment {
                 // Only a count above what it holds means it is short.
                 wanted: entry.wanted.filter(|&n| n > cpus.len()),

@@ -19,7 +19,8 @@
 //!   "reserved": "0",
 //!   "online": "0-7",
 //!   "shared_pool": "0-1,4-7",
-//!   "assignments": [{"named": {"pod_uid": "…", "container": "app"}, "cpus": "2-3"},
+//!   "assignments": [{"named": {"pod_uid": "…", "container": "app"}, "cpus": "2-3",
+//!                    "pod": "shop/web"},
 //!                   {"named": {"pod_uid": "…", "container": "db"}, "cpus": "5", "wanted": 2},
 //!                   {"named": {"pod_uid": "…", "container": "big"}, "cpus": "1-2,4,9-10,12",
 //!                    "grown": ["4,12"]}],
@@ -38,7 +39,8 @@
 //! [`Assignments`]' JSON list (an assignment whose cpus went offline with no replacement free
 //! has `wanted`, the count it is entitled to, and omits it otherwise; one that in-place resizes
 //! grew has `grown`, the cpus they added, oldest first: its original set is `cpus` without
-//! them); `rejected_pods` are the pods kubelet would reject at admission, with kubelet's reason
+//! them; `pod`, the pod's `namespace/name` when known, names a pod gone while the agent was
+//! down in the log); `rejected_pods` are the pods kubelet would reject at admission, with kubelet's reason
 //! and message (left out when none); `refused` (left out when empty) names the containers whose
 //! exclusive cpus the agent refused, with kubelet's text as the log said it;
 //! `last_reconcile_unix_ms` is left out until the first reconcile. Unknown members are refused:
@@ -218,6 +220,9 @@ struct DocumentAssignment {
     wanted: Option<usize>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     grown: Vec<String>,
+    /// The pod's `namespace/name`, to name it in the log should it go while the agent is down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pod: Option<String>,
 }
 
 /// One element of `rejected_pods`.
@@ -265,6 +270,7 @@ impl From<&Checkpoint> for Document {
                         .iter()
                         .map(ToString::to_string)
                         .collect(),
+                    pod: c.assignments.pod_name(key.pod_uid()).map(str::to_string),
                 })
                 .collect(),
             quota_lifted: c.quota_lifted.clone(),

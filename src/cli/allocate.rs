@@ -10,7 +10,7 @@ use super::node::{check_placement, PlacementName};
 use super::{cpuset_arg, CommandError};
 use crate::allocator::{PolicyOptions, ReservedCpus, StaticPolicy};
 use crate::cpuset::CpuSet;
-use crate::topology::{discover, Topology};
+use crate::topology::Topology;
 
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("source").required(true).args(["topology", "sysfs_root"])))]
@@ -72,7 +72,7 @@ fn load_topology(args: &AllocateArgs) -> Result<Topology, CommandError> {
             sysfs.display()
         )));
     }
-    discover(sysfs, &args.proc_root).map_err(|e| CommandError::failure(&e))
+    super::node::discover_topology(sysfs, &args.proc_root)
 }
 
 pub fn run(args: &AllocateArgs) -> Result<(), CommandError> {

@@ -26,8 +26,8 @@ pub struct TreeArgs {
     #[arg(long, value_name = "DIR")]
     pub cgroup_root: Option<PathBuf>,
     /// The kubepods cgroup, relative to the root (to each controller's mount on v1).
-    /// Default: `kubepods` or `kubepods.slice`, whichever exists.
-    #[arg(long, value_name = "REL")]
+    /// Default: `kubepods` or `kubepods.slice`, whichever exists. Never the root itself.
+    #[arg(long, value_name = "REL", value_parser = kubepods_path_arg)]
     pub kubepods_path: Option<String>,
     /// kubelet's cgroup driver. Default: from the kubepods name.
     #[arg(long, value_name = "DRIVER", value_parser = ["cgroupfs", "systemd"])]
@@ -43,6 +43,25 @@ pub struct TreeArgs {
     /// Default: containerd's and CRI-O's locations.
     #[arg(long, value_name = "TEMPLATE")]
     pub runtime_config_path: Vec<String>,
+}
+
+/// clap value parser for `--kubepods-path`: a cgroup below the root, without its leading and
+/// trailing `/`. An empty path, `/` or `.` would name the root itself: the agent would take
+/// every cgroup on the host for a pod's and `reset` would widen the host's cpusets, so they
+/// are refused here, before anything is read, by every command that takes the flag.
+pub fn kubepods_path_arg(text: &str) -> Result<String, String> {
+    let fix = "give kubelet's kubepods cgroup relative to the cgroup root, such as \
+               kubepods.slice (systemd driver) or kubepods (cgroupfs driver)";
+    let trimmed = text.trim_matches('/');
+    if trimmed.split('/').all(|c| c.is_empty() || c == ".") {
+        return Err(format!(
+            "{text:?} names the cgroup root itself, which would make every cgroup on the host \
+             a pod's: {fix}"
+        ));
+    }
+    CgroupPath::new(trimmed)
+        .map(|_| trimmed.to_string())
+        .map_err(|e| format!("{e}: {fix}"))
 }
 
 /// kubelet's CPU manager policy names.
@@ -369,10 +388,7 @@ impl TreeArgs {
                 self.sysfs_root.display()
             )));
         }
-        // A topology that cannot be read is a configuration error (a wrong --sysfs-root or
-        // --proc-root): exit 2, or 78 for `run`.
-        let topology = discover(&self.sysfs_root, &self.proc_root)
-            .map_err(|e| CommandError::usage(super::error_chain(&e)))?;
+        let topology = discover_topology(&self.sysfs_root, &self.proc_root)?;
         let templates: Vec<String> = if self.runtime_config_path.is_empty() {
             DEFAULT_CONFIG_TEMPLATES
                 .iter()
@@ -397,6 +413,28 @@ impl TreeArgs {
             runtime: RuntimeLookup::new(templates).with_sysfs(&self.sysfs_root),
         })
     }
+}
+
+/// The topology under `--sysfs-root` and `--proc-root`. One that cannot be read is a
+/// configuration error (exit 2, or 78 for `run`) naming the flag whose directory it is under.
+pub fn discover_topology(
+    sysfs_root: &std::path::Path,
+    proc_root: &std::path::Path,
+) -> Result<Topology, CommandError> {
+    discover(sysfs_root, proc_root).map_err(|e| {
+        // The sysfs files are read first and name most errors; procfs only gives `cmdline`.
+        let under_proc = e.path().starts_with(proc_root) && !e.path().starts_with(sysfs_root);
+        let (flag, root, what) = if under_proc {
+            ("--proc-root", proc_root, "procfs")
+        } else {
+            ("--sysfs-root", sysfs_root, "sysfs")
+        };
+        CommandError::usage(format!(
+            "{flag} {}: {}; pass the directory where {what} is mounted",
+            root.display(),
+            super::error_chain(&e)
+        ))
+    })
 }
 
 /// [`detect_layout`] without its log lines (it is asked again and again while waiting).

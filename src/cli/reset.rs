@@ -29,8 +29,16 @@ pub struct ResetArgs {
 pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     let args = &args.agent;
     args.validate()?;
-    let _lock = StateLock::acquire(&args.state_dir).map_err(|e| {
-        CommandError::usage(format!("{}: stop cpusetd before reset", error_chain(&e)))
+    let _lock = StateLock::acquire(&args.state_dir).map_err(|e| match e {
+        // Not a state directory at all: the flag's fault, not a running agent's.
+        checkpoint::LockError::CreateDir { .. } | checkpoint::LockError::Open { .. } => {
+            CommandError::usage(format!(
+                "--state-dir {}: {}; pass the state directory the agent runs with",
+                args.state_dir.display(),
+                error_chain(&e)
+            ))
+        }
+        e => CommandError::usage(format!("{}: stop cpusetd before reset", error_chain(&e))),
     })?;
     // No kubepods cgroup (kubelet never ran pods here, or it is gone): no cgroup to reset,
     // but what the agent changed elsewhere is still put back and its checkpoint removed, so

@@ -7,6 +7,7 @@ use super::node::{AgentArgs, NodeView};
 use super::CommandError;
 use crate::agent::{self, AgentConfig, Controller, ControllerParts, Hotplug, Notifier, Waited};
 use crate::allocator::PolicyOptions;
+use crate::checkpoint::LockError;
 use crate::logging::error_chain;
 use crate::state::Assignments;
 
@@ -58,10 +59,22 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         hotplug,
         notifier,
     };
-    agent::run(config).map_err(|e| CommandError {
-        status: super::EXIT_FAILURE,
-        message: error_chain(&e),
-        bare: false,
+    agent::run(config).map_err(|e| match e {
+        // A state directory that cannot be made or cannot hold the lock (a file, /dev/null,
+        // /proc/self) is the flag's fault: restarting would not help.
+        agent::AgentError::Lock(
+            ref lock @ (LockError::CreateDir { .. } | LockError::Open { .. }),
+        ) => config_error(CommandError::usage(format!(
+            "--state-dir {}: {}; pass a directory the agent may create and write, such as {}",
+            args.state_dir.display(),
+            error_chain(lock),
+            super::node::DEFAULT_STATE_DIR
+        ))),
+        e => CommandError {
+            status: super::EXIT_FAILURE,
+            message: error_chain(&e),
+            bare: false,
+        },
     })
 }
 
@@ -137,8 +150,9 @@ fn open_when_kubepods_exists(
         };
         if !waiting {
             // Everything but kubepods must be right before the agent settles down to wait.
-            let topology = crate::topology::discover(&args.tree.sysfs_root, &args.tree.proc_root)
-                .map_err(|e| config_error(CommandError::usage(error_chain(&e))))?;
+            let topology =
+                super::node::discover_topology(&args.tree.sysfs_root, &args.tree.proc_root)
+                    .map_err(config_error)?;
             args.policy.policy(&topology).map_err(config_error)?;
             log::warn!(
                 "the kubepods cgroup ({expected}) does not exist yet: waiting for kubelet to \

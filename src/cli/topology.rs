@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::CommandError;
-use crate::topology::{discover, render_map, render_tree, MapStyle, Mark};
+use crate::topology::{render_map, render_tree, MapStyle, Mark};
 
 #[derive(Debug, Args)]
 pub struct TopologyArgs {
@@ -38,8 +38,7 @@ pub fn run(args: &TopologyArgs) -> Result<(), CommandError> {
             )));
         }
     }
-    let topo =
-        discover(&args.sysfs_root, &args.proc_root).map_err(|e| CommandError::failure(&e))?;
+    let topo = super::node::discover_topology(&args.sysfs_root, &args.proc_root)?;
     if args.json {
         println!("{}", topo.to_document().to_json_lines());
     } else if args.map {

@@ -49,6 +49,19 @@ pub enum DiscoverError {
     },
 }
 
+impl DiscoverError {
+    /// The file or directory the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            DiscoverError::Read { path, .. }
+            | DiscoverError::List { path, .. }
+            | DiscoverError::Number { path, .. }
+            | DiscoverError::Missing { path, .. } => path,
+            DiscoverError::Inconsistent { root, .. } => root,
+        }
+    }
+}
+
 /// Reads the topology of the machine whose sysfs is mounted at `sysfs` and procfs at `proc`.
 pub fn discover(sysfs: &Path, proc: &Path) -> Result<Topology, DiscoverError> {
     let cpu_dir = sysfs.join("devices/system/cpu");

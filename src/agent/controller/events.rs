@@ -2,6 +2,7 @@
 
 use super::model::for_each_entry;
 use super::*;
+use crate::logging::excerpt;
 
 impl Controller {
     /// How the log names a container: `namespace/pod/container (pod<uid>/…)` once the runtime
@@ -49,6 +50,8 @@ impl Controller {
             if let Some(class) = named {
                 let namespace = class.pod_namespace.as_deref().unwrap_or("-");
                 let name = class.pod_name.as_deref().unwrap_or("-");
+                // Names from the runtime config: cut if a hostile one is long.
+                let (namespace, name) = (excerpt(namespace), excerpt(name));
                 self.pod_names
                     .insert(uid.to_string(), format!("{namespace}/{name}"));
             }

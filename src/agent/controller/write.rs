@@ -451,6 +451,8 @@ impl Controller {
                 });
         }
         self.parts.assignments = planned.assignments;
+        // The pods' names go into the checkpoint with their pins (for the log after a restart).
+        self.parts.assignments.name_pods(&self.pod_names, changed);
         self.pools = planned.pools;
         self.planned = true;
         PassOutcome {
