@@ -20,7 +20,7 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use serde::{Deserialize, Serialize};
 
-use crate::cpuset::CpuSet;
+use crate::cpuset::{CpuSet, MAX_CPU_ID};
 use crate::irqbalance::{Irqbalance, IrqbalanceOutcome, IrqbalanceSaved};
 
 /// What to restore: the CPUs kept free now and each changed affinity as it was before.
@@ -136,19 +136,19 @@ impl IrqAffinity {
             return;
         };
         let current_text = text.trim().to_string();
-        let Some(current) = parse_mask(&current_text) else {
-            outcome.errors.push(format!(
-                "{}: {current_text:?} is not a CPU mask",
-                path.display()
-            ));
-            return;
+        let current = match parse_mask(&current_text) {
+            Ok(current) => current,
+            Err(e) => {
+                outcome.errors.push(format!("{}: {e}", path.display()));
+                return;
+            }
         };
         let original_text = self
             .saved
             .default_affinity
             .clone()
             .unwrap_or_else(|| current_text.clone());
-        let original = parse_mask(&original_text).unwrap_or_else(|| current.clone());
+        let original = parse_mask(&original_text).unwrap_or_else(|_| current.clone());
         let desired = without(&original, banned);
         if desired != current {
             match write_existing(&path, &format_mask(&desired, &current_text)) {
@@ -232,23 +232,45 @@ fn refused_by_kernel(e: &io::Error) -> bool {
         .any(|errno| e.raw_os_error() == Some(*errno as i32))
 }
 
+/// Why a CPU mask could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MaskError {
+    #[error("{text:?} is not a cpu mask (hex digits, commas between 32-bit words)")]
+    NotHex { text: String },
+    #[error("cpu mask names cpu {cpu}, past the largest cpu id {max}")]
+    TooLarge { cpu: usize, max: u32 },
+}
+
 /// A CPU mask as the kernel prints it (`ff`, `00000000,000000ff`): hex, most significant
-/// first, commas between 32-bit words.
-pub fn parse_mask(text: &str) -> Option<CpuSet> {
-    let digits: String = text.chars().filter(|c| *c != ',').collect();
-    if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
-        return None;
+/// first, commas between 32-bit words. Leading zeros are allowed, however many; a set bit past
+/// [`MAX_CPU_ID`] is an error.
+pub fn parse_mask(text: &str) -> Result<CpuSet, MaskError> {
+    let not_hex = || MaskError::NotHex {
+        text: text.chars().take(80).collect(),
+    };
+    let digits = text.bytes().filter(|c| *c != b',');
+    if digits.clone().next().is_none() || !digits.clone().all(|c| c.is_ascii_hexdigit()) {
+        return Err(not_hex());
     }
     let mut cpus = CpuSet::new();
-    for (i, c) in digits.chars().rev().enumerate() {
-        let nibble = c.to_digit(16)?;
+    for (i, c) in digits.rev().enumerate() {
+        let nibble = char::from(c).to_digit(16).ok_or_else(not_hex)?;
         for bit in 0..4 {
             if nibble & (1 << bit) != 0 {
-                cpus.insert(u32::try_from(i * 4 + bit).ok()?);
+                let cpu = i.saturating_mul(4).saturating_add(bit);
+                match u32::try_from(cpu) {
+                    Ok(id) if id <= MAX_CPU_ID => cpus.insert(id),
+                    _ => {
+                        return Err(MaskError::TooLarge {
+                            cpu,
+                            max: MAX_CPU_ID,
+                        })
+                    }
+                }
             }
         }
     }
-    Some(cpus)
+    Ok(cpus)
 }
 
 /// `cpus` as a mask shaped like `like` (as many hex digits, commas where it has them), widened
@@ -288,13 +310,39 @@ mod tests {
         CpuSet::parse(text).unwrap()
     }
 
+    /// Issue 23 item 3: a mask naming a cpu past the largest id (a 2,049-digit
+    /// `default_smp_affinity`, an irqbalance answer) panicked in `CpuSet::insert`.
+    #[test]
+    fn a_mask_past_the_largest_cpu_is_an_error_not_a_panic() {
+        let past = format!("1{}", "0".repeat(2048));
+        let err = parse_mask(&past).unwrap_err();
+        assert!(
+            err.to_string().contains("8192") && err.to_string().contains("8191"),
+            "{err}"
+        );
+        // Leading zeros are no cpu: as long as the kernel likes.
+        assert_eq!(
+            parse_mask(&format!("{}3", "0".repeat(3000))).unwrap(),
+            set("0-1")
+        );
+        let proc = fake_proc(&past, &[(1, "0-3")]);
+        let mut irqs = IrqAffinity::new(proc.path(), IrqSaved::default());
+        let outcome = irqs.apply(&set("2"));
+        assert!(
+            outcome.errors[0].contains("default_smp_affinity"),
+            "{:?}",
+            outcome.errors
+        );
+        assert_eq!(read(proc.path(), "1/smp_affinity_list"), "0-1,3");
+    }
+
     #[test]
     fn masks_read_and_write_as_the_kernel_prints_them() {
-        assert_eq!(parse_mask("ff"), Some(set("0-7")));
-        assert_eq!(parse_mask("00000000,00000101"), Some(set("0,8")));
-        assert_eq!(parse_mask("1,00000000"), Some(set("32")));
-        assert_eq!(parse_mask("xyz"), None);
-        assert_eq!(parse_mask(""), None);
+        assert_eq!(parse_mask("ff"), Ok(set("0-7")));
+        assert_eq!(parse_mask("00000000,00000101"), Ok(set("0,8")));
+        assert_eq!(parse_mask("1,00000000"), Ok(set("32")));
+        assert!(parse_mask("xyz").is_err());
+        assert!(parse_mask("").is_err());
         assert_eq!(format_mask(&set("0-3,6"), "ff"), "4f");
         assert_eq!(
             format_mask(&set("0,8"), "00000000,000000ff"),

@@ -300,22 +300,22 @@ fn ban_command(cpus: &CpuSet) -> String {
 }
 
 /// The banned CPUs of a `setup` answer: `SLEEP 10 [IRQ …] BANNED 00000000,00000003`.
-fn parse_setup(answer: &str) -> Result<CpuSet, String> {
+pub fn parse_setup(answer: &str) -> Result<CpuSet, String> {
     let mut words = answer.split_whitespace();
-    words
-        .find(|w| *w == "BANNED")
-        .and_then(|_| words.next())
-        .and_then(crate::irq::parse_mask)
-        .ok_or_else(|| {
-            if answer.is_empty() {
-                "it closed the connection without an answer (it answers root only)".to_string()
-            } else {
-                format!(
-                    "no banned cpu mask in its answer {:?}",
-                    answer.chars().take(80).collect::<String>()
-                )
-            }
-        })
+    if words.any(|w| w == "BANNED") {
+        if let Some(mask) = words.next() {
+            return crate::irq::parse_mask(mask)
+                .map_err(|e| format!("its answer's banned cpus: {e}"));
+        }
+    }
+    Err(if answer.is_empty() {
+        "it closed the connection without an answer (it answers root only)".to_string()
+    } else {
+        format!(
+            "no banned cpu mask in its answer {:?}",
+            answer.chars().take(80).collect::<String>()
+        )
+    })
 }
 
 /// `/run/irqbalance` for `/proc`; `<dir>/run/irqbalance` for `<dir>/proc`.
@@ -493,6 +493,13 @@ mod tests {
         );
         assert!(parse_setup("").unwrap_err().contains("root only"));
         assert!(parse_setup("SLEEP 10").unwrap_err().contains("no banned"));
+        // Issue 23 item 3: a cpu past the largest id panicked (`cpu id 8192 out of range`).
+        let past = format!("SLEEP 10 BANNED 1{}", "0".repeat(2048));
+        let err = parse_setup(&past).unwrap_err();
+        assert!(
+            err.contains("cpu 8192, past the largest cpu id 8191"),
+            "{err}"
+        );
     }
 
     #[test]

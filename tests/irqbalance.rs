@@ -297,7 +297,7 @@ fn real_banned(socket: &Path) -> Option<CpuSet> {
     stream.read_to_string(&mut answer).ok()?;
     let mut words = answer.split_whitespace();
     words.find(|w| *w == "BANNED")?;
-    parse_mask(words.next()?)
+    parse_mask(words.next()?).ok()
 }
 
 /// Kills the daemon (and removes the socket directory made for it) whatever happens.
