@@ -21,14 +21,19 @@ use nix::fcntl::OFlag;
 use serde::{Deserialize, Serialize};
 
 use crate::cpuset::{CpuSet, MAX_CPU_ID};
-use crate::irqbalance::{Irqbalance, IrqbalanceOutcome, IrqbalanceSaved};
+use crate::irqbalance::{Irqbalance, IrqbalanceOutcome, IrqbalanceSaved, IrqbalanceWorker};
 
 /// What to restore: the CPUs kept free now and each changed affinity as it was before.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IrqSaved {
-    /// The CPUs interrupts are kept off now.
+    /// The CPUs interrupts are to be kept off now.
     #[serde(default)]
     pub banned: CpuSet,
+    /// Those of `banned` that interrupts are off as read back after the writes: no affinity
+    /// that was to lose them still has them (an IRQ the kernel will not move, or with no other
+    /// cpu, aside). What `status` and the metrics call in force.
+    #[serde(default, skip_serializing_if = "CpuSet::is_empty")]
+    pub in_force: CpuSet,
     /// `default_smp_affinity` before the first change, as the kernel printed it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_affinity: Option<String>,
@@ -61,6 +66,9 @@ pub struct IrqOutcome {
     pub no_other_cpu: usize,
     /// Failures other than the kernel's refusals (the first few), for the log.
     pub errors: Vec<String>,
+    /// CPUs of `banned` that an affinity still has, read back (a write refused by a read-only
+    /// `/proc`, or not taken): not in force.
+    pub not_in_force: CpuSet,
     /// What irqbalance was told, or why not.
     pub irqbalance: IrqbalanceOutcome,
     /// A line about irqbalance to log (`true`: a warning), when it says something new.
@@ -72,9 +80,17 @@ pub struct IrqOutcome {
 pub struct IrqAffinity {
     dir: PathBuf,
     saved: IrqSaved,
-    irqbalance: Irqbalance,
+    irqbalance: Teller,
     /// The last irqbalance line said (each is said once).
     irqbalance_said: Option<String>,
+}
+
+/// How irqbalance is told: in the caller's thread (`cpusetd reset`, which waits for it), or by
+/// a thread of its own (the agent: nothing on the way to a pin waits for the daemon).
+#[derive(Debug)]
+enum Teller {
+    Inline(Irqbalance),
+    Background(IrqbalanceWorker),
 }
 
 impl IrqAffinity {
@@ -83,9 +99,34 @@ impl IrqAffinity {
         IrqAffinity {
             dir: proc_root.join("irq"),
             saved,
-            irqbalance: Irqbalance::new(proc_root),
+            irqbalance: Teller::Inline(Irqbalance::new(proc_root)),
             irqbalance_said: None,
         }
+    }
+
+    /// As [`IrqAffinity::new`], irqbalance told by a thread of its own, which says in the log
+    /// what came of it; `told` is signalled when what it was told changed.
+    pub fn with_irqbalance_in_background(
+        proc_root: &Path,
+        saved: IrqSaved,
+        told: Option<crossbeam_channel::Sender<()>>,
+    ) -> IrqAffinity {
+        let worker = IrqbalanceWorker::start(proc_root, saved.irqbalance.clone(), told);
+        IrqAffinity {
+            irqbalance: Teller::Background(worker),
+            ..IrqAffinity::new(proc_root, saved)
+        }
+    }
+
+    /// Takes in what the irqbalance thread told since (for the checkpoint); whether it changed.
+    pub fn sync_irqbalance(&mut self) -> bool {
+        let Teller::Background(worker) = &self.irqbalance else {
+            return false;
+        };
+        let told = worker.saved();
+        let changed = told != self.saved.irqbalance;
+        self.saved.irqbalance = told;
+        changed
     }
 
     pub fn saved(&self) -> &IrqSaved {
@@ -102,7 +143,14 @@ impl IrqAffinity {
         if banned.is_empty() && self.saved.is_empty() {
             return outcome;
         }
-        outcome.irqbalance = self.irqbalance.apply(banned, &mut self.saved.irqbalance);
+        outcome.irqbalance = match &mut self.irqbalance {
+            Teller::Inline(irqbalance) => irqbalance.apply(banned, &mut self.saved.irqbalance),
+            Teller::Background(worker) => {
+                worker.request(banned);
+                self.sync_irqbalance();
+                IrqbalanceOutcome::Idle
+            }
+        };
         if let Some(line) = outcome.irqbalance.describe() {
             if self.irqbalance_said.as_ref() != Some(&line) {
                 self.irqbalance_said = Some(line.clone());
@@ -127,12 +175,13 @@ impl IrqAffinity {
         // IRQs that went away (their device did) have nothing left to restore.
         self.saved.irqs.retain(|irq, _| seen.contains(irq));
         self.saved.banned = banned.clone();
+        self.saved.in_force = banned.difference(&outcome.not_in_force);
         outcome
     }
 
     fn apply_default(&mut self, banned: &CpuSet, outcome: &mut IrqOutcome) {
         let path = self.dir.join("default_smp_affinity");
-        let Ok(text) = fs::read_to_string(&path) else {
+        let Ok(text) = read_affinity_file(&path) else {
             return;
         };
         let current_text = text.trim().to_string();
@@ -151,20 +200,36 @@ impl IrqAffinity {
         let original = parse_mask(&original_text).unwrap_or_else(|_| current.clone());
         let desired = without(&original, banned);
         if desired != current {
-            match write_existing(&path, &format_mask(&desired, &current_text)) {
-                Ok(()) => outcome.written += 1,
+            let written = write_existing(&path, &format_mask(&desired, &current_text));
+            let now = match written {
+                Ok(()) => {
+                    outcome.written += 1;
+                    read_affinity_file(&path)
+                        .map_err(|e| e.to_string())
+                        .and_then(|t| parse_mask(t.trim()).map_err(|e| e.to_string()))
+                }
+                Err(e) => Err(e.to_string()),
+            };
+            let now = match now {
+                Ok(now) => now,
                 Err(e) => {
                     outcome.errors.push(format!("{}: {e}", path.display()));
+                    outcome
+                        .not_in_force
+                        .extend_from(&still_on(&current, &desired, banned));
                     return;
                 }
-            }
+            };
+            outcome
+                .not_in_force
+                .extend_from(&still_on(&now, &desired, banned));
         }
         self.saved.default_affinity = (!banned.is_empty()).then_some(original_text);
     }
 
     fn apply_irq(&mut self, irq: u32, banned: &CpuSet, outcome: &mut IrqOutcome) {
         let path = self.dir.join(irq.to_string()).join("smp_affinity_list");
-        let Some(current) = fs::read_to_string(&path)
+        let Some(current) = read_affinity_file(&path)
             .ok()
             .and_then(|t| CpuSet::parse(t.trim()).ok())
         else {
@@ -191,9 +256,20 @@ impl IrqAffinity {
                     if outcome.errors.len() < 3 {
                         outcome.errors.push(format!("{}: {e}", path.display()));
                     }
+                    outcome
+                        .not_in_force
+                        .extend_from(&still_on(&current, &desired, banned));
                     return;
                 }
             }
+            // In force only as read back.
+            let now = read_affinity_file(&path)
+                .ok()
+                .and_then(|t| CpuSet::parse(t.trim()).ok())
+                .unwrap_or(current);
+            outcome
+                .not_in_force
+                .extend_from(&still_on(&now, &desired, banned));
         }
         if desired == original {
             self.saved.irqs.remove(&irq);
@@ -201,6 +277,17 @@ impl IrqAffinity {
             self.saved.irqs.insert(irq, original);
         }
     }
+}
+
+/// An affinity file's text: no symlink followed, nothing past the kernel-file limit read.
+fn read_affinity_file(path: &Path) -> io::Result<String> {
+    crate::bounded::read_kernel_file(path, crate::bounded::KERNEL_FILE_LIMIT)
+}
+
+/// The CPUs of `banned` an affinity read back as `now` still has that the `desired` one does
+/// not (an affinity left on its only CPUs keeps them by design).
+fn still_on(now: &CpuSet, desired: &CpuSet, banned: &CpuSet) -> CpuSet {
+    now.intersection(banned).difference(desired)
 }
 
 /// Writes an existing file (procfs' affinity files): never creates one, never follows a
