@@ -811,6 +811,42 @@ mod tests {
         assert!(parse_start_time("no parens").is_err());
     }
 
+    /// Issue 23 item 7: a 1.5 GB answer was read whole (VmHWM 1.58 GB).
+    #[test]
+    fn an_endless_answer_is_cut_at_its_limit() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = proc_of(&root);
+        run_process(root.path(), 12);
+        let dir = root.path().join("run/irqbalance");
+        fs::create_dir_all(&dir).unwrap();
+        let listener = UnixListener::bind(dir.join("irqbalance12.sock")).unwrap();
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let mut stream = stream.unwrap();
+                let mut buf = [0u8; 500];
+                let _ = stream.read(&mut buf);
+                // 8 MiB of words, then the mask: an answer eight times the limit.
+                let chunk = "IRQ 1 LOAD 0 DIFF 0 CLASS 0 ".repeat(1 << 10);
+                for _ in 0..(8 << 20) / chunk.len() {
+                    if stream.write_all(chunk.as_bytes()).is_err() {
+                        break;
+                    }
+                }
+                let _ = stream.write_all(b"BANNED 00000001");
+            }
+        });
+        let mut saved = None;
+        let outcome = Irqbalance::new(&proc).apply(&set("1"), &mut saved);
+        assert!(
+            matches!(&outcome, IrqbalanceOutcome::Failed { pid: 12, error } if error.contains("its answer is larger than the 1 MiB limit")),
+            "{:?}",
+            outcome
+                .describe()
+                .map(|l| l.chars().take(200).collect::<String>())
+        );
+        assert_eq!(saved, None);
+    }
+
     #[test]
     fn the_socket_directory_sits_beside_the_proc_root() {
         assert_eq!(socket_dir(Path::new("/proc")), Path::new("/run/irqbalance"));
