@@ -189,6 +189,8 @@ impl IrqAffinity {
             Ok(current) => current,
             Err(e) => {
                 outcome.errors.push(format!("{}: {e}", path.display()));
+                // Nothing read back: nothing known to be in force.
+                outcome.not_in_force.extend_from(banned);
                 return;
             }
         };
@@ -420,6 +422,7 @@ mod tests {
             "{:?}",
             outcome.errors
         );
+        assert_eq!(irqs.saved().in_force, CpuSet::new(), "not read back");
         assert_eq!(read(proc.path(), "1/smp_affinity_list"), "0-1,3");
     }
 
@@ -475,6 +478,8 @@ mod tests {
         assert_eq!(read(proc.path(), "2/smp_affinity_list"), "3");
         assert_eq!(read(proc.path(), "3/smp_affinity_list"), "2-3");
         assert_eq!((outcome.written, outcome.no_other_cpu), (2, 2));
+        // Read back as written: in force (the IRQs with no other cpu are the exception).
+        assert_eq!(irqs.saved().in_force, set("2-3"));
         // Idempotent.
         assert_eq!(irqs.apply(&set("2-3")).written, 0);
         // A restart (the saved state from the checkpoint) and a release restore everything.
