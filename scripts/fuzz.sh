@@ -16,7 +16,7 @@ seconds="${1:-60}"
 shift || true
 targets=("$@")
 if [ "${#targets[@]}" -eq 0 ]; then
-    targets=(cpu_list classify runtime_config checkpoint planner)
+    targets=(cpu_list classify runtime_config checkpoint planner irqbalance proc_irq)
 fi
 parallel="${FUZZ_PARALLEL:-1}"
 

@@ -22,15 +22,20 @@ use nix::fcntl::OFlag;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::host::HostJournal;
-use crate::cpuset::CpuSet;
-use crate::irqbalance::{Irqbalance, IrqbalanceOutcome, IrqbalanceSaved};
+use crate::cpuset::{CpuSet, MAX_CPU_ID};
+use crate::irqbalance::{Irqbalance, IrqbalanceOutcome, IrqbalanceSaved, IrqbalanceWorker};
 
 /// What to restore: the CPUs kept free now and each changed affinity as it was before.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IrqSaved {
-    /// The CPUs interrupts are kept off now.
+    /// The CPUs interrupts are to be kept off now.
     #[serde(default)]
     pub banned: CpuSet,
+    /// Those of `banned` that interrupts are off as read back after the writes: no affinity
+    /// that was to lose them still has them (an IRQ the kernel will not move, or with no other
+    /// cpu, aside). What `status` and the metrics call in force.
+    #[serde(default, skip_serializing_if = "CpuSet::is_empty")]
+    pub in_force: CpuSet,
     /// `default_smp_affinity` before the first change, as the kernel printed it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_affinity: Option<String>,
@@ -63,6 +68,9 @@ pub struct IrqOutcome {
     pub no_other_cpu: usize,
     /// Failures other than the kernel's refusals (the first few), for the log.
     pub errors: Vec<String>,
+    /// CPUs of `banned` that an affinity still has, read back (a write refused by a read-only
+    /// `/proc`, or not taken): not in force.
+    pub not_in_force: CpuSet,
     /// What irqbalance was told, or why not.
     pub irqbalance: IrqbalanceOutcome,
     /// A line about irqbalance to log (`true`: a warning), when it says something new.
@@ -74,11 +82,19 @@ pub struct IrqOutcome {
 pub struct IrqAffinity {
     dir: PathBuf,
     saved: IrqSaved,
-    irqbalance: Irqbalance,
+    irqbalance: Teller,
     /// The last irqbalance line said (each is said once).
     irqbalance_said: Option<String>,
     /// Where each original is recorded before it is changed (`None`: only in `saved`).
     journal: Option<HostJournal>,
+}
+
+/// How irqbalance is told: in the caller's thread (`cpusetd reset`, which waits for it), or by
+/// a thread of its own (the agent: nothing on the way to a pin waits for the daemon).
+#[derive(Debug)]
+enum Teller {
+    Inline(Irqbalance),
+    Background(IrqbalanceWorker),
 }
 
 impl IrqAffinity {
@@ -87,7 +103,7 @@ impl IrqAffinity {
         IrqAffinity {
             dir: proc_root.join("irq"),
             saved,
-            irqbalance: Irqbalance::new(proc_root),
+            irqbalance: Teller::Inline(Irqbalance::new(proc_root)),
             irqbalance_said: None,
             journal: None,
         }
@@ -120,9 +136,9 @@ impl IrqAffinity {
             return Ok(());
         }
         if self.saved.default_affinity.is_none() {
-            if let Ok(text) = fs::read_to_string(self.dir.join("default_smp_affinity")) {
+            if let Ok(text) = read_affinity_file(&self.dir.join("default_smp_affinity")) {
                 let text = text.trim();
-                if parse_mask(text).is_some() {
+                if parse_mask(text).is_ok() {
                     self.saved.default_affinity = Some(text.to_string());
                 }
             }
@@ -139,7 +155,7 @@ impl IrqAffinity {
                 if self.saved.irqs.contains_key(&irq) {
                     continue;
                 }
-                let Some(current) = fs::read_to_string(entry.path().join("smp_affinity_list"))
+                let Some(current) = read_affinity_file(&entry.path().join("smp_affinity_list"))
                     .ok()
                     .and_then(|t| CpuSet::parse(t.trim()).ok())
                 else {
@@ -151,6 +167,37 @@ impl IrqAffinity {
             }
         }
         self.record()
+    }
+
+    /// As [`IrqAffinity::new`], irqbalance told by a thread of its own, which says in the log
+    /// what came of it; `told` is signalled when what it was told changed.
+    pub fn with_irqbalance_in_background(
+        proc_root: &Path,
+        saved: IrqSaved,
+        told: Option<crossbeam_channel::Sender<()>>,
+    ) -> IrqAffinity {
+        let worker = IrqbalanceWorker::start(proc_root, saved.irqbalance.clone(), told);
+        IrqAffinity {
+            irqbalance: Teller::Background(worker),
+            ..IrqAffinity::new(proc_root, saved)
+        }
+    }
+
+    /// Takes in what the irqbalance thread told since (for the checkpoint); whether it changed.
+    pub fn sync_irqbalance(&mut self) -> bool {
+        let Teller::Background(worker) = &self.irqbalance else {
+            return false;
+        };
+        let told = worker.saved();
+        let changed = told != self.saved.irqbalance;
+        self.saved.irqbalance = told;
+        if changed {
+            // The host record too: restart and `reset` take their originals from it.
+            if let Err(e) = self.record() {
+                log::warn!("{e}");
+            }
+        }
+        changed
     }
 
     pub fn saved(&self) -> &IrqSaved {
@@ -167,16 +214,24 @@ impl IrqAffinity {
         if banned.is_empty() && self.saved.is_empty() {
             return outcome;
         }
-        outcome.irqbalance = self.irqbalance.apply(banned, &mut self.saved.irqbalance);
+        // Write-ahead: nothing changes, irqbalance included, before the originals are durable.
+        if let Err(e) = self.record_originals(banned) {
+            outcome.errors.push(e);
+            return outcome;
+        }
+        outcome.irqbalance = match &mut self.irqbalance {
+            Teller::Inline(irqbalance) => irqbalance.apply(banned, &mut self.saved.irqbalance),
+            Teller::Background(worker) => {
+                worker.request(banned);
+                self.sync_irqbalance();
+                IrqbalanceOutcome::Idle
+            }
+        };
         if let Some(line) = outcome.irqbalance.describe() {
             if self.irqbalance_said.as_ref() != Some(&line) {
                 self.irqbalance_said = Some(line.clone());
                 outcome.irqbalance_news = Some((outcome.irqbalance.is_warning(), line));
             }
-        }
-        if let Err(e) = self.record_originals(banned) {
-            outcome.errors.push(e);
-            return outcome;
         }
         self.apply_default(banned, &mut outcome);
         let mut seen = Vec::new();
@@ -196,6 +251,7 @@ impl IrqAffinity {
         // IRQs that went away (their device did) have nothing left to restore.
         self.saved.irqs.retain(|irq, _| seen.contains(irq));
         self.saved.banned = banned.clone();
+        self.saved.in_force = banned.difference(&outcome.not_in_force);
         if let Err(e) = self.record() {
             outcome.errors.push(e);
         }
@@ -204,39 +260,57 @@ impl IrqAffinity {
 
     fn apply_default(&mut self, banned: &CpuSet, outcome: &mut IrqOutcome) {
         let path = self.dir.join("default_smp_affinity");
-        let Ok(text) = fs::read_to_string(&path) else {
+        let Ok(text) = read_affinity_file(&path) else {
             return;
         };
         let current_text = text.trim().to_string();
-        let Some(current) = parse_mask(&current_text) else {
-            outcome.errors.push(format!(
-                "{}: {current_text:?} is not a CPU mask",
-                path.display()
-            ));
-            return;
+        let current = match parse_mask(&current_text) {
+            Ok(current) => current,
+            Err(e) => {
+                outcome.errors.push(format!("{}: {e}", path.display()));
+                // Nothing read back: nothing known to be in force.
+                outcome.not_in_force.extend_from(banned);
+                return;
+            }
         };
         let original_text = self
             .saved
             .default_affinity
             .clone()
             .unwrap_or_else(|| current_text.clone());
-        let original = parse_mask(&original_text).unwrap_or_else(|| current.clone());
+        let original = parse_mask(&original_text).unwrap_or_else(|_| current.clone());
         let desired = without(&original, banned);
         if desired != current {
-            match write_existing(&path, &format_mask(&desired, &current_text)) {
-                Ok(()) => outcome.written += 1,
+            let written = write_existing(&path, &format_mask(&desired, &current_text));
+            let now = match written {
+                Ok(()) => {
+                    outcome.written += 1;
+                    read_affinity_file(&path)
+                        .map_err(|e| e.to_string())
+                        .and_then(|t| parse_mask(t.trim()).map_err(|e| e.to_string()))
+                }
+                Err(e) => Err(e.to_string()),
+            };
+            let now = match now {
+                Ok(now) => now,
                 Err(e) => {
                     outcome.errors.push(format!("{}: {e}", path.display()));
+                    outcome
+                        .not_in_force
+                        .extend_from(&still_on(&current, &desired, banned));
                     return;
                 }
-            }
+            };
+            outcome
+                .not_in_force
+                .extend_from(&still_on(&now, &desired, banned));
         }
         self.saved.default_affinity = (!banned.is_empty()).then_some(original_text);
     }
 
     fn apply_irq(&mut self, irq: u32, banned: &CpuSet, outcome: &mut IrqOutcome) {
         let path = self.dir.join(irq.to_string()).join("smp_affinity_list");
-        let Some(current) = fs::read_to_string(&path)
+        let Some(current) = read_affinity_file(&path)
             .ok()
             .and_then(|t| CpuSet::parse(t.trim()).ok())
         else {
@@ -263,9 +337,20 @@ impl IrqAffinity {
                     if outcome.errors.len() < 3 {
                         outcome.errors.push(format!("{}: {e}", path.display()));
                     }
+                    outcome
+                        .not_in_force
+                        .extend_from(&still_on(&current, &desired, banned));
                     return;
                 }
             }
+            // In force only as read back.
+            let now = read_affinity_file(&path)
+                .ok()
+                .and_then(|t| CpuSet::parse(t.trim()).ok())
+                .unwrap_or(current);
+            outcome
+                .not_in_force
+                .extend_from(&still_on(&now, &desired, banned));
         }
         if desired == original {
             self.saved.irqs.remove(&irq);
@@ -273,6 +358,17 @@ impl IrqAffinity {
             self.saved.irqs.insert(irq, original);
         }
     }
+}
+
+/// An affinity file's text: no symlink followed, nothing past the kernel-file limit read.
+fn read_affinity_file(path: &Path) -> io::Result<String> {
+    crate::bounded::read_kernel_file(path, crate::bounded::KERNEL_FILE_LIMIT)
+}
+
+/// The CPUs of `banned` an affinity read back as `now` still has that the `desired` one does
+/// not (an affinity left on its only CPUs keeps them by design).
+fn still_on(now: &CpuSet, desired: &CpuSet, banned: &CpuSet) -> CpuSet {
+    now.intersection(banned).difference(desired)
 }
 
 /// Writes an existing file (procfs' affinity files): never creates one, never follows a
@@ -309,23 +405,45 @@ fn refused_by_kernel(e: &io::Error) -> bool {
         .any(|errno| e.raw_os_error() == Some(*errno as i32))
 }
 
+/// Why a CPU mask could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MaskError {
+    #[error("{text:?} is not a cpu mask (hex digits, commas between 32-bit words)")]
+    NotHex { text: String },
+    #[error("cpu mask names cpu {cpu}, past the largest cpu id {max}")]
+    TooLarge { cpu: usize, max: u32 },
+}
+
 /// A CPU mask as the kernel prints it (`ff`, `00000000,000000ff`): hex, most significant
-/// first, commas between 32-bit words.
-pub fn parse_mask(text: &str) -> Option<CpuSet> {
-    let digits: String = text.chars().filter(|c| *c != ',').collect();
-    if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
-        return None;
+/// first, commas between 32-bit words. Leading zeros are allowed, however many; a set bit past
+/// [`MAX_CPU_ID`] is an error.
+pub fn parse_mask(text: &str) -> Result<CpuSet, MaskError> {
+    let not_hex = || MaskError::NotHex {
+        text: text.chars().take(80).collect(),
+    };
+    let digits = text.bytes().filter(|c| *c != b',');
+    if digits.clone().next().is_none() || !digits.clone().all(|c| c.is_ascii_hexdigit()) {
+        return Err(not_hex());
     }
     let mut cpus = CpuSet::new();
-    for (i, c) in digits.chars().rev().enumerate() {
-        let nibble = c.to_digit(16)?;
+    for (i, c) in digits.rev().enumerate() {
+        let nibble = char::from(c).to_digit(16).ok_or_else(not_hex)?;
         for bit in 0..4 {
             if nibble & (1 << bit) != 0 {
-                cpus.insert(u32::try_from(i * 4 + bit).ok()?);
+                let cpu = i.saturating_mul(4).saturating_add(bit);
+                match u32::try_from(cpu) {
+                    Ok(id) if id <= MAX_CPU_ID => cpus.insert(id),
+                    _ => {
+                        return Err(MaskError::TooLarge {
+                            cpu,
+                            max: MAX_CPU_ID,
+                        })
+                    }
+                }
             }
         }
     }
-    Some(cpus)
+    Ok(cpus)
 }
 
 /// `cpus` as a mask shaped like `like` (as many hex digits, commas where it has them), widened
@@ -365,13 +483,40 @@ mod tests {
         CpuSet::parse(text).unwrap()
     }
 
+    /// Issue 23 item 3: a mask naming a cpu past the largest id (a 2,049-digit
+    /// `default_smp_affinity`, an irqbalance answer) panicked in `CpuSet::insert`.
+    #[test]
+    fn a_mask_past_the_largest_cpu_is_an_error_not_a_panic() {
+        let past = format!("1{}", "0".repeat(2048));
+        let err = parse_mask(&past).unwrap_err();
+        assert!(
+            err.to_string().contains("8192") && err.to_string().contains("8191"),
+            "{err}"
+        );
+        // Leading zeros are no cpu: as long as the kernel likes.
+        assert_eq!(
+            parse_mask(&format!("{}3", "0".repeat(3000))).unwrap(),
+            set("0-1")
+        );
+        let proc = fake_proc(&past, &[(1, "0-3")]);
+        let mut irqs = IrqAffinity::new(proc.path(), IrqSaved::default());
+        let outcome = irqs.apply(&set("2"));
+        assert!(
+            outcome.errors[0].contains("default_smp_affinity"),
+            "{:?}",
+            outcome.errors
+        );
+        assert_eq!(irqs.saved().in_force, CpuSet::new(), "not read back");
+        assert_eq!(read(proc.path(), "1/smp_affinity_list"), "0-1,3");
+    }
+
     #[test]
     fn masks_read_and_write_as_the_kernel_prints_them() {
-        assert_eq!(parse_mask("ff"), Some(set("0-7")));
-        assert_eq!(parse_mask("00000000,00000101"), Some(set("0,8")));
-        assert_eq!(parse_mask("1,00000000"), Some(set("32")));
-        assert_eq!(parse_mask("xyz"), None);
-        assert_eq!(parse_mask(""), None);
+        assert_eq!(parse_mask("ff"), Ok(set("0-7")));
+        assert_eq!(parse_mask("00000000,00000101"), Ok(set("0,8")));
+        assert_eq!(parse_mask("1,00000000"), Ok(set("32")));
+        assert!(parse_mask("xyz").is_err());
+        assert!(parse_mask("").is_err());
         assert_eq!(format_mask(&set("0-3,6"), "ff"), "4f");
         assert_eq!(
             format_mask(&set("0,8"), "00000000,000000ff"),
@@ -417,6 +562,8 @@ mod tests {
         assert_eq!(read(proc.path(), "2/smp_affinity_list"), "3");
         assert_eq!(read(proc.path(), "3/smp_affinity_list"), "2-3");
         assert_eq!((outcome.written, outcome.no_other_cpu), (2, 2));
+        // Read back as written: in force (the IRQs with no other cpu are the exception).
+        assert_eq!(irqs.saved().in_force, set("2-3"));
         // Idempotent.
         assert_eq!(irqs.apply(&set("2-3")).written, 0);
         // A restart (the saved state from the checkpoint) and a release restore everything.

@@ -16,11 +16,15 @@
 
 use std::fs;
 use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use nix::fcntl::OFlag;
 
 use serde::{Deserialize, Serialize};
 
@@ -30,14 +34,22 @@ use crate::cpuset::CpuSet;
 const DAEMON: &str = "irqbalance";
 /// irqbalance reads one message into a 500-byte buffer: a longer command would be cut.
 const MAX_COMMAND: usize = 499;
-/// How long one exchange with the daemon may take.
+/// How long one exchange with the daemon may take, from connecting to its last byte.
 const TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest answer read: `setup` lists every IRQ (`IRQ <n> LOAD <l> DIFF <d> CLASS <c>`,
+/// some 40 bytes each), so 1 MiB is room for tens of thousands of them.
+const ANSWER_LIMIT: u64 = 1 << 20;
 
 /// What the agent told irqbalance, to undo it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IrqbalanceSaved {
     /// The daemon that was told (a restarted one forgot it).
     pub pid: u32,
+    /// Its start time (`/proc/<pid>/stat` field 22, clock ticks after boot): a daemon
+    /// restarted with the same pid is another one, which forgot. `None` in checkpoints that
+    /// predate it, or where the stat file cannot be read (the pid alone then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<u64>,
     /// Its banned CPUs before the first change, as its `setup` answer said.
     #[serde(default)]
     pub original: CpuSet,
@@ -165,7 +177,7 @@ impl Irqbalance {
         // The daemon that was told forgot only when its process is gone (a socket not found
         // for a moment is no reason to take its ban for its own later).
         if let Some(told) = saved.as_ref() {
-            if !is_daemon(&self.proc_root, told.pid) {
+            if !is_told_daemon(&self.proc_root, told) {
                 let pid = told.pid;
                 *saved = None;
                 if keep_free.is_empty() {
@@ -176,8 +188,11 @@ impl Irqbalance {
         let daemon = match saved.as_ref() {
             Some(told) => {
                 let socket = self.socket_dir.join(format!("{DAEMON}{}.sock", told.pid));
-                socket.exists().then_some(Daemon {
+                fs::symlink_metadata(&socket).is_ok().then_some(Daemon {
                     pid: told.pid,
+                    started: told
+                        .started
+                        .or_else(|| start_time(&self.proc_root, told.pid)),
                     socket,
                 })
             }
@@ -235,6 +250,7 @@ impl Irqbalance {
             Ok(_) => {
                 *saved = Some(IrqbalanceSaved {
                     pid,
+                    started: daemon.started,
                     original: original.clone(),
                     banned: banned.clone(),
                 });
@@ -279,15 +295,223 @@ impl Irqbalance {
     }
 }
 
+/// irqbalance told from a thread of its own, so that no exchange with it (a daemon that
+/// accepts and never answers holds one for [`TIMEOUT`]) ever waits in the agent's controller:
+/// the controller leaves the CPUs to keep free in a slot ([`IrqbalanceWorker::request`], the
+/// latest replaces one not yet taken) and goes on; the thread tells the daemon and says what
+/// came of it in the log (each line once). What was told ([`IrqbalanceWorker::saved`]) is read
+/// back by the controller for the checkpoint; `told` is signalled when it changed.
+#[derive(Debug)]
+pub struct IrqbalanceWorker {
+    shared: Arc<(Mutex<WorkerState>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug, Default)]
+struct WorkerState {
+    /// The CPUs to keep free, not yet taken by the thread.
+    wanted: Option<CpuSet>,
+    /// What was told (the checkpoint's).
+    saved: Option<IrqbalanceSaved>,
+    /// The thread is telling the daemon now.
+    busy: bool,
+    stop: bool,
+}
+
+impl IrqbalanceWorker {
+    /// Starts the thread; `saved` is what an earlier run told. `told` gets a message each time
+    /// what was told changes (a full channel already says so).
+    pub fn start(
+        proc_root: &Path,
+        saved: Option<IrqbalanceSaved>,
+        told: Option<crossbeam_channel::Sender<()>>,
+    ) -> IrqbalanceWorker {
+        let shared = Arc::new((
+            Mutex::new(WorkerState {
+                saved,
+                ..WorkerState::default()
+            }),
+            Condvar::new(),
+        ));
+        let mut irqbalance = Irqbalance::new(proc_root);
+        let theirs = shared.clone();
+        let thread = thread::Builder::new()
+            .name("irqbalance-teller".into())
+            .spawn(move || {
+                let mut said: Option<String> = None;
+                while let Some((wanted, mut saved)) = next_request(&theirs) {
+                    let before = saved.clone();
+                    let outcome = irqbalance.apply(&wanted, &mut saved);
+                    if let Some(line) = outcome.describe() {
+                        if said.as_ref() != Some(&line) {
+                            if outcome.is_warning() {
+                                log::warn!("{line}");
+                            } else {
+                                log::info!("{line}");
+                            }
+                            said = Some(line);
+                        }
+                    }
+                    let changed = saved != before;
+                    let (lock, cvar) = &*theirs;
+                    let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
+                    state.saved = saved;
+                    state.busy = false;
+                    cvar.notify_all();
+                    drop(state);
+                    if let (true, Some(told)) = (changed, &told) {
+                        let _ = told.try_send(());
+                    }
+                }
+            });
+        let thread = match thread {
+            Ok(thread) => Some(thread),
+            Err(e) => {
+                log::warn!("cannot start the thread that tells irqbalance: {e}");
+                None
+            }
+        };
+        IrqbalanceWorker { shared, thread }
+    }
+
+    /// Asks the thread to make the daemon ban its own CPUs plus `keep_free` (see
+    /// [`Irqbalance::apply`]); returns at once.
+    pub fn request(&self, keep_free: &CpuSet) {
+        let (lock, cvar) = &*self.shared;
+        let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
+        if keep_free.is_empty() && state.saved.is_none() && !state.busy {
+            // Nothing to keep free and nothing told: nothing to do (not even a look).
+            state.wanted = None;
+            return;
+        }
+        state.wanted = Some(keep_free.clone());
+        cvar.notify_all();
+    }
+
+    /// What was told so far.
+    pub fn saved(&self) -> Option<IrqbalanceSaved> {
+        let (lock, _) = &*self.shared;
+        lock.lock().unwrap_or_else(|e| e.into_inner()).saved.clone()
+    }
+
+    /// Waits until every request was taken and answered (or `timeout`); whether it was.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let (lock, cvar) = &*self.shared;
+        let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
+        while state.busy || state.wanted.is_some() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.thread.is_none() {
+                return false;
+            }
+            state = cvar
+                .wait_timeout(state, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+impl Drop for IrqbalanceWorker {
+    /// Stops the thread; one still in an exchange is left to end by its own timeout.
+    fn drop(&mut self) {
+        let (lock, cvar) = &*self.shared;
+        lock.lock().unwrap_or_else(|e| e.into_inner()).stop = true;
+        cvar.notify_all();
+        if let Some(thread) = self.thread.take() {
+            if thread.is_finished() || self.wait_idle(Duration::from_millis(100)) {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+/// The next request for the thread (and what was told), once there is one; `None` to stop.
+fn next_request(
+    shared: &(Mutex<WorkerState>, Condvar),
+) -> Option<(CpuSet, Option<IrqbalanceSaved>)> {
+    let (lock, cvar) = shared;
+    let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        if state.stop {
+            return None;
+        }
+        if let Some(wanted) = state.wanted.take() {
+            state.busy = true;
+            return Some((wanted, state.saved.clone()));
+        }
+        state = cvar.wait(state).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
 fn talk(socket: &Path, command: &str) -> io::Result<String> {
-    let mut stream = UnixStream::connect(socket)?;
-    stream.set_read_timeout(Some(TIMEOUT))?;
+    let deadline = Instant::now() + TIMEOUT;
+    let mut stream = connect_no_symlink(socket)?;
     stream.set_write_timeout(Some(TIMEOUT))?;
     // One write: the daemon takes what one recvmsg returns.
     stream.write_all(command.as_bytes())?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer)?;
-    Ok(answer)
+    read_answer(&mut stream, deadline)
+}
+
+/// Connects to the socket at `socket` itself, never through a symlink planted in its place
+/// (that would send the daemon's commands wherever it points): the path is opened with
+/// `O_PATH | O_NOFOLLOW`, checked to be a socket, and connected to through that descriptor,
+/// so what is checked is what is connected to.
+fn connect_no_symlink(socket: &Path) -> io::Result<UnixStream> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_PATH | OFlag::O_NOFOLLOW).bits())
+        .open(socket)?;
+    let kind = file.metadata()?.file_type();
+    if kind.is_symlink() {
+        return Err(io::Error::other(format!(
+            "{} is a symbolic link, not irqbalance's socket: refused (nothing is sent through a \
+             link)",
+            socket.display()
+        )));
+    }
+    if !kind.is_socket() {
+        return Err(io::Error::other(format!(
+            "{} is not a socket: refused",
+            socket.display()
+        )));
+    }
+    UnixStream::connect(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
+/// The answer, until the daemon closes the connection: at most [`ANSWER_LIMIT`] bytes, by
+/// `deadline` (a daemon that trickles bytes does not hold the exchange for ever).
+fn read_answer(stream: &mut UnixStream, deadline: Instant) -> io::Result<String> {
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no whole answer within {}s", TIMEOUT.as_secs()),
+            ));
+        }
+        stream.set_read_timeout(Some(left))?;
+        let n = match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if (bytes.len() + n) as u64 > ANSWER_LIMIT {
+            return Err(io::Error::new(
+                io::ErrorKind::FileTooLarge,
+                format!(
+                    "its answer is larger than the {} limit",
+                    crate::bounded::human(ANSWER_LIMIT)
+                ),
+            ));
+        }
+        bytes.extend_from_slice(&buf[..n]);
+    }
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// `settings cpus <list>`, or `NULL` for none (the daemon's own configuration again).
@@ -300,22 +524,22 @@ fn ban_command(cpus: &CpuSet) -> String {
 }
 
 /// The banned CPUs of a `setup` answer: `SLEEP 10 [IRQ …] BANNED 00000000,00000003`.
-fn parse_setup(answer: &str) -> Result<CpuSet, String> {
+pub fn parse_setup(answer: &str) -> Result<CpuSet, String> {
     let mut words = answer.split_whitespace();
-    words
-        .find(|w| *w == "BANNED")
-        .and_then(|_| words.next())
-        .and_then(crate::irq::parse_mask)
-        .ok_or_else(|| {
-            if answer.is_empty() {
-                "it closed the connection without an answer (it answers root only)".to_string()
-            } else {
-                format!(
-                    "no banned cpu mask in its answer {:?}",
-                    answer.chars().take(80).collect::<String>()
-                )
-            }
-        })
+    if words.any(|w| w == "BANNED") {
+        if let Some(mask) = words.next() {
+            return crate::irq::parse_mask(mask)
+                .map_err(|e| format!("its answer's banned cpus: {e}"));
+        }
+    }
+    Err(if answer.is_empty() {
+        "it closed the connection without an answer (it answers root only)".to_string()
+    } else {
+        format!(
+            "no banned cpu mask in its answer {:?}",
+            answer.chars().take(80).collect::<String>()
+        )
+    })
 }
 
 /// `/run/irqbalance` for `/proc`; `<dir>/run/irqbalance` for `<dir>/proc`.
@@ -331,6 +555,8 @@ pub fn socket_dir(proc_root: &Path) -> PathBuf {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Daemon {
     pid: u32,
+    /// Its start time, when its stat file says.
+    started: Option<u64>,
     socket: PathBuf,
 }
 
@@ -350,6 +576,7 @@ fn find_daemon(proc_root: &Path, socket_dir: &Path) -> Option<Daemon> {
                 .ok()?;
             is_daemon(proc_root, pid).then(|| Daemon {
                 pid,
+                started: start_time(proc_root, pid),
                 socket: entry.path(),
             })
         })
@@ -359,8 +586,48 @@ fn find_daemon(proc_root: &Path, socket_dir: &Path) -> Option<Daemon> {
 }
 
 fn is_daemon(proc_root: &Path, pid: u32) -> bool {
-    fs::read_to_string(proc_root.join(pid.to_string()).join("comm"))
+    crate::bounded::read_kernel_file(&proc_root.join(pid.to_string()).join("comm"), 4096)
         .is_ok_and(|comm| comm.trim_end() == DAEMON)
+}
+
+/// Whether the daemon that was told still runs: its pid is an irqbalance, started when the
+/// told one was (a restart that got the same pid back is another daemon).
+fn is_told_daemon(proc_root: &Path, told: &IrqbalanceSaved) -> bool {
+    if !is_daemon(proc_root, told.pid) {
+        return false;
+    }
+    match (told.started, start_time(proc_root, told.pid)) {
+        (Some(then), Some(now)) => then == now,
+        _ => true,
+    }
+}
+
+/// The start time of process `pid` (`<proc root>/<pid>/stat` field 22), if it can be read.
+fn start_time(proc_root: &Path, pid: u32) -> Option<u64> {
+    let stat =
+        crate::bounded::read_kernel_file(&proc_root.join(pid.to_string()).join("stat"), 4096)
+            .ok()?;
+    parse_start_time(&stat).ok()
+}
+
+/// Field 22 (`starttime`) of a `/proc/<pid>/stat` line. The second field, the command in
+/// parentheses, may hold spaces and parentheses itself: fields are counted after its last `)`.
+pub fn parse_start_time(stat: &str) -> Result<u64, String> {
+    let after = stat
+        .rfind(')')
+        .map(|at| &stat[at + 1..])
+        .ok_or_else(|| "no command in parentheses in the stat line".to_string())?;
+    // Field 3 (the state) is the first after the command; field 22 the 20th.
+    let field = after
+        .split_ascii_whitespace()
+        .nth(19)
+        .ok_or_else(|| "the stat line has fewer than 22 fields".to_string())?;
+    field.parse::<u64>().map_err(|_| {
+        format!(
+            "start time {:?} is not a number",
+            field.chars().take(40).collect::<String>()
+        )
+    })
 }
 
 /// The pid of a running irqbalance process, socket or not.
@@ -475,6 +742,111 @@ mod tests {
         proc
     }
 
+    fn started_at(root: &Path, pid: u32, ticks: u64) {
+        let stat = format!(
+            "{pid} (irqbalance) S 1 {pid} {pid} 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 2 0 {ticks} 0 0\n"
+        );
+        fs::write(root.join(format!("proc/{pid}/stat")), stat).unwrap();
+    }
+
+    /// Issue 23 item 10: `irqbalance<pid>.sock` a symlink to another socket got `setup` and
+    /// `settings cpus …` sent through it.
+    #[test]
+    fn a_socket_that_is_a_symlink_is_refused_and_told_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = proc_of(&root);
+        let elsewhere = FakeDaemon::start(root.path(), 60, "", true);
+        let dir = root.path().join("run/irqbalance");
+        let target = root.path().join("elsewhere.sock");
+        fs::rename(dir.join("irqbalance60.sock"), &target).unwrap();
+        std::os::unix::fs::symlink(&target, dir.join("irqbalance60.sock")).unwrap();
+        let mut saved = None;
+        let outcome = Irqbalance::new(&proc).apply(&set("1"), &mut saved);
+        assert!(
+            matches!(&outcome, IrqbalanceOutcome::Failed { pid: 60, error } if error.contains("is a symbolic link")),
+            "{outcome:?}"
+        );
+        assert!(outcome.is_warning());
+        assert_eq!(elsewhere.commands(), Vec::<String>::new());
+        assert_eq!(saved, None);
+    }
+
+    /// Issue 23 item 11: a daemon restarted with the same pid (it forgot what it was told)
+    /// was never told, and on release got the old daemon's set.
+    #[test]
+    fn a_daemon_restarted_with_the_same_pid_is_told_afresh() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = proc_of(&root);
+        let old = FakeDaemon::start(root.path(), 4242, "", true);
+        started_at(root.path(), 4242, 1000);
+        let mut irqbalance = Irqbalance::new(&proc);
+        let mut saved = None;
+        irqbalance.apply(&set("2-3"), &mut saved);
+        assert_eq!(old.commands(), ["setup", "settings cpus 2-3"]);
+        // Restarted, with the same pid (pid namespaces, a small pid_max) and a ban of its own.
+        fs::remove_file(root.path().join("run/irqbalance/irqbalance4242.sock")).unwrap();
+        let new = FakeDaemon::start(root.path(), 4242, "5", true);
+        started_at(root.path(), 4242, 2000);
+        assert_eq!(
+            irqbalance.apply(&set("2-3"), &mut saved),
+            IrqbalanceOutcome::Banned {
+                pid: 4242,
+                banned: set("2-3,5"),
+                original: set("5")
+            }
+        );
+        irqbalance.apply(&CpuSet::new(), &mut saved);
+        assert_eq!(
+            new.commands(),
+            ["setup", "settings cpus 2-3,5", "settings cpus 5"]
+        );
+        assert_eq!(old.commands().len(), 2);
+    }
+
+    #[test]
+    fn the_start_time_is_field_22_whatever_the_command() {
+        let line = "7 (a) b (c)) S 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 0 0";
+        assert_eq!(parse_start_time(line), Ok(99));
+        assert!(parse_start_time("7 (a) S 1").is_err());
+        assert!(parse_start_time("no parens").is_err());
+    }
+
+    /// Issue 23 item 7: a 1.5 GB answer was read whole (VmHWM 1.58 GB).
+    #[test]
+    fn an_endless_answer_is_cut_at_its_limit() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = proc_of(&root);
+        run_process(root.path(), 12);
+        let dir = root.path().join("run/irqbalance");
+        fs::create_dir_all(&dir).unwrap();
+        let listener = UnixListener::bind(dir.join("irqbalance12.sock")).unwrap();
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let mut stream = stream.unwrap();
+                let mut buf = [0u8; 500];
+                let _ = stream.read(&mut buf);
+                // 8 MiB of words, then the mask: an answer eight times the limit.
+                let chunk = "IRQ 1 LOAD 0 DIFF 0 CLASS 0 ".repeat(1 << 10);
+                for _ in 0..(8 << 20) / chunk.len() {
+                    if stream.write_all(chunk.as_bytes()).is_err() {
+                        break;
+                    }
+                }
+                let _ = stream.write_all(b"BANNED 00000001");
+            }
+        });
+        let mut saved = None;
+        let outcome = Irqbalance::new(&proc).apply(&set("1"), &mut saved);
+        assert!(
+            matches!(&outcome, IrqbalanceOutcome::Failed { pid: 12, error } if error.contains("its answer is larger than the 1 MiB limit")),
+            "{:?}",
+            outcome
+                .describe()
+                .map(|l| l.chars().take(200).collect::<String>())
+        );
+        assert_eq!(saved, None);
+    }
+
     #[test]
     fn the_socket_directory_sits_beside_the_proc_root() {
         assert_eq!(socket_dir(Path::new("/proc")), Path::new("/run/irqbalance"));
@@ -493,6 +865,13 @@ mod tests {
         );
         assert!(parse_setup("").unwrap_err().contains("root only"));
         assert!(parse_setup("SLEEP 10").unwrap_err().contains("no banned"));
+        // Issue 23 item 3: a cpu past the largest id panicked (`cpu id 8192 out of range`).
+        let past = format!("SLEEP 10 BANNED 1{}", "0".repeat(2048));
+        let err = parse_setup(&past).unwrap_err();
+        assert!(
+            err.contains("cpu 8192, past the largest cpu id 8191"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -694,7 +1073,7 @@ mod tests {
         let _listener = UnixListener::bind(dir.join("irqbalance11.sock")).unwrap();
         let mut irqbalance = Irqbalance::new(&proc);
         let mut saved = None;
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let outcome = irqbalance.apply(&set("1"), &mut saved);
         assert!(
             matches!(&outcome, IrqbalanceOutcome::Failed { pid: 11, .. }),

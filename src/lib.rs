@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod allocator;
+pub mod bounded;
 pub mod cgroupfs;
 pub mod checkpoint;
 pub mod classify;

@@ -81,7 +81,7 @@ impl CgroupRow {
 /// knows node-wide.
 #[derive(Debug, Clone, Copy)]
 pub struct InForce<'a> {
-    /// The CPUs interrupts are kept off now.
+    /// The CPUs interrupts are kept off now, as read back after the writes.
     pub irq: &'a CpuSet,
     /// The CPUs out of scheduler load balancing now.
     pub sched: &'a CpuSet,
@@ -203,6 +203,12 @@ pub fn rows(
                 format!(
                     "{note}; cpu-load-balancing.crio.io not in force: {}",
                     in_force.sched_not_in_force.unwrap_or("not applied yet")
+                )
+            }
+            Some(held) if class.isolation.no_irqs && !held.cpus.is_subset(in_force.irq) => {
+                format!(
+                    "{note}; irq-load-balancing.crio.io not in force: an interrupt affinity \
+                     read back still has its cpus, or none was read back yet (see the agent log)"
                 )
             }
             _ => note,

@@ -249,3 +249,35 @@ fn a_bad_placement_exits_2_with_the_choices() {
          distribute-cpus-across-cores, which spreads cpus\n"
     );
 }
+
+/// Issue 23 item 3: a NUMA node id past the largest cpu id panicked (`cpu id 9000 out of
+/// range`, exit 101) where node ids are kept as a set; it is an error in the document.
+#[test]
+fn a_numa_node_id_past_the_largest_is_a_usage_error_not_a_panic() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    fs::write(
+        file.path(),
+        r#"{"cpus":[{"id":0,"socket":0,"numa":9000,"core":0,"uncore":0}],"memory_nodes":"0"}"#,
+    )
+    .unwrap();
+    let out = allocate(&file, &["--count", "1", "--numa-hint", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("numa node 9000 is larger than the largest supported id 8191"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// Issue 23 item 7: `--topology /dev/zero` was read whole (1.86 GB after 3 s, never
+/// returning); the document is read up to a limit, and the error names it.
+#[test]
+fn an_endless_topology_file_is_refused_at_its_limit() {
+    let out = cpusetd(&["allocate", "--topology", "/dev/zero", "--count", "1"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--topology /dev/zero: larger than the 16 MiB limit"),
+        "{}",
+        stderr(&out)
+    );
+}

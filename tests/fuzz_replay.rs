@@ -17,12 +17,14 @@ mod props;
 type Property = fn(&[u8]);
 
 /// (target, property) for every fuzz target.
-const TARGETS: [(&str, Property); 5] = [
+const TARGETS: [(&str, Property); 7] = [
     ("cpu_list", props::cpu_list),
     ("classify", props::classify),
     ("runtime_config", props::runtime_config),
     ("checkpoint", props::checkpoint),
     ("planner", props::planner),
+    ("irqbalance", props::irqbalance),
+    ("proc_irq", props::proc_irq),
 ];
 
 fn inputs(target: &str) -> Vec<PathBuf> {

@@ -736,3 +736,94 @@ fn host_cgroups_made_during_confinement_are_widened_when_the_pod_goes_and_by_res
     assert_no_host_refusal(&node);
     node.assert_clean();
 }
+
+/// A directory bind-mounted read-only onto itself (as `ProtectKernelTunables=yes` or a
+/// DaemonSet's read-only `/host/proc` make `/proc/irq`), unmounted on drop.
+struct ReadOnly(PathBuf);
+
+impl ReadOnly {
+    /// Or why it cannot be (not root, no mount).
+    fn bind(dir: &Path) -> Result<ReadOnly, String> {
+        let run = |args: &[&str]| {
+            Command::new("mount")
+                .args(args)
+                .arg(dir)
+                .arg(dir)
+                .output()
+                .map_err(|e| format!("mount: {e}"))
+                .and_then(|out| {
+                    out.status
+                        .success()
+                        .then_some(())
+                        .ok_or_else(|| stderr(&out))
+                })
+        };
+        run(&["--bind"])?;
+        let guard = ReadOnly(dir.to_path_buf());
+        run(&["-o", "remount,bind,ro"])?;
+        Ok(guard)
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Issue 23 item 19: with `/proc/irq` read-only the writes fail (`Read-only file system`),
+/// the IRQs stay on every cpu, and the annotation is not in force: not in `status`, not in
+/// the metric, and said in the log and in the row's NOTE.
+#[test]
+fn a_read_only_proc_irq_is_not_reported_in_force() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let proc = fake_proc(&node);
+    let _ro = match ReadOnly::bind(&proc.join("irq")) {
+        Ok(ro) => ro,
+        Err(reason) => {
+            println!("skipped: cannot bind-mount read-only: {reason}");
+            return;
+        }
+    };
+    let mut agent = start_with_proc(&node, &proc);
+    let rt = pod(
+        "rt",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("dpdk", 2000)],
+    );
+    node.fake
+        .annotate_pod(&rt.uid, &[("irq-load-balancing.crio.io", "disable")]);
+    let id = node.fake.start_pod(&rt).unwrap().remove(0);
+    node.wait_cpus(&id, "1,9");
+    let said = poll_until(DEADLINE, || {
+        (!agent.log_lines("Read-only file system").is_empty()).then_some(())
+    });
+    assert!(said.is_some(), "{}", agent.log());
+    assert_eq!(irq_file(&proc, "24/smp_affinity_list"), "0-15");
+    // A few reconciles later (the checkpoint written after each), still not in force.
+    let passes = || {
+        node.metric("cpusetd_passes_total")
+            + node.metric("cpusetd_reconciles_without_pass_total")
+            + node.metric("cpusetd_quiet_reconciles_total")
+    };
+    let before = passes();
+    let later = poll_until(DEADLINE, || (passes() >= before + 2.0).then_some(()));
+    assert!(later.is_some(), "{:?}", node.metrics());
+    let status = node.status().unwrap();
+    let row = status.by_id(&id).unwrap();
+    assert!(row.exclusive, "{row:?}");
+    assert!(row.isolation.is_empty(), "{row:?}");
+    assert!(
+        row.note.contains("irq-load-balancing.crio.io not in force"),
+        "{row:?}"
+    );
+    assert_eq!(node.metric("cpusetd_irq_isolated_cpus"), 0.0);
+    assert!(
+        !agent
+            .log_lines("device interrupts are not kept off cpus 1,9")
+            .is_empty(),
+        "{}",
+        agent.log()
+    );
+    assert!(agent.stop().success());
+}

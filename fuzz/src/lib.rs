@@ -23,6 +23,8 @@ use cpusetd::classify::{
 };
 use cpusetd::cpuset::{CpuSet, MAX_CPU_ID};
 use cpusetd::devices::MAX_DEVICES;
+use cpusetd::irq::{format_mask, parse_mask};
+use cpusetd::irqbalance::{parse_setup, parse_start_time};
 use cpusetd::planner::{plan, NestingChecker, Plan, PlanConfig, SetNode, WriteStep};
 use cpusetd::runtime::{keys, parse_config, OciCpu, RuntimeInfo};
 use cpusetd::state::Assignments;
@@ -855,4 +857,60 @@ fn replay(scan: &Scan, planned: &Plan) -> Vec<(CpuSet, CpuSet)> {
     (0..scan.cgroups.len())
         .map(|i| (checkers[0].value(i).clone(), checkers[1].value(i).clone()))
         .collect()
+}
+
+/// irqbalance's protocol, whatever the daemon (or whoever holds its socket) sends: a `setup`
+/// answer gives an error or the banned cpus its mask says, within the cpu ids; a
+/// `/proc/<pid>/stat` line gives an error or its 22nd field. Never a panic (issue 23 item 3:
+/// a mask past cpu 8191 panicked at every start).
+pub fn irqbalance(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    match parse_setup(&text) {
+        Ok(banned) => {
+            assert!(banned.last().is_none_or(|id| id <= MAX_CPU_ID));
+            let mut words = text.split_whitespace();
+            assert!(words.any(|w| w == "BANNED"), "{text:?} has no BANNED");
+            let mask = words.next().expect("a mask after BANNED");
+            assert_eq!(parse_mask(mask).as_ref(), Ok(&banned), "{text:?}");
+        }
+        Err(e) => assert!(!e.is_empty()),
+    }
+    if let Ok(started) = parse_start_time(&text) {
+        let after = &text[text.rfind(')').expect("a command in parentheses") + 1..];
+        let field = after
+            .split_ascii_whitespace()
+            .nth(19)
+            .expect("a 22nd field");
+        assert_eq!(field.parse::<u64>(), Ok(started), "{text:?}");
+    }
+}
+
+/// `/proc/irq` files as the agent reads them, whatever they hold: a `default_smp_affinity`
+/// mask parses to cpus within the ids or to an error (never a panic, however many digits),
+/// and prints back, in its own shape or the shortest, to the same cpus; an `smp_affinity_list`
+/// is a cpu list (an error or a set).
+pub fn proc_irq(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let trimmed = text.trim();
+    if let Ok(cpus) = parse_mask(trimmed) {
+        assert!(cpus.last().is_none_or(|id| id <= MAX_CPU_ID));
+        let shaped = format_mask(&cpus, trimmed);
+        assert_eq!(
+            parse_mask(&shaped).as_ref(),
+            Ok(&cpus),
+            "{trimmed:?} → {shaped:?}"
+        );
+        if !trimmed.contains(',') {
+            assert!(shaped.len() >= trimmed.len(), "{trimmed:?} → {shaped:?}");
+        }
+        let shortest = format_mask(&cpus, "0");
+        assert_eq!(parse_mask(&shortest).as_ref(), Ok(&cpus), "{shortest:?}");
+    }
+    if let Ok(list) = CpuSet::parse(trimmed) {
+        assert!(list.last().is_none_or(|id| id <= MAX_CPU_ID));
+        assert_eq!(
+            parse_mask(&format_mask(&list, "00000000,00000000")),
+            Ok(list)
+        );
+    }
 }

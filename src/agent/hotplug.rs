@@ -8,7 +8,6 @@
 //! both in and plans: pins that lost CPUs get replacements (see `planner::assign`), CPUs that
 //! came back join the shared pool.
 
-use std::fs;
 use std::path::PathBuf;
 
 use crate::allocator::StaticPolicy;
@@ -58,7 +57,7 @@ impl Hotplug {
         policy: Option<&StaticPolicy>,
     ) -> Option<CpuChange> {
         let path = self.sysfs_root.join("devices/system/cpu/online");
-        let online = match fs::read_to_string(&path)
+        let online = match crate::bounded::read_file(&path, crate::bounded::KERNEL_FILE_LIMIT)
             .map_err(|e| e.to_string())
             .and_then(|text| CpuSet::parse(text.trim()).map_err(|e| e.to_string()))
         {
@@ -120,6 +119,7 @@ mod tests {
     use super::*;
     use crate::allocator::{PolicyOptions, ReservedCpus};
     use crate::topology::{write_fake_sysfs, RegularShape};
+    use std::fs;
     use std::path::Path;
 
     /// What the kernel's list says (the topology reads only it; per-cpu `online` files are not).

@@ -171,8 +171,18 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     }
     let journal = checkpoint::host::HostJournal::new(&state_dir, host_record.as_ref());
     let mut controller = Controller::new(parts);
-    controller
-        .manage_irqs(IrqAffinity::new(&proc_root, restored_irq).with_journal(journal.clone()));
+    // irqbalance is told by a thread of its own (nothing on the way to a pin waits for it),
+    // which says here when what it was told changed, for the checkpoint.
+    // A sender stays here, so the channel never reads as closed (were that thread gone).
+    let (irqbalance_told_tx, irqbalance_told) = bounded::<()>(1);
+    controller.manage_irqs(
+        IrqAffinity::with_irqbalance_in_background(
+            &proc_root,
+            restored_irq,
+            Some(irqbalance_told_tx.clone()),
+        )
+        .with_journal(journal.clone()),
+    );
     let sched = SchedBalance::new(
         hierarchy.cpuset.clone(),
         hierarchy.version,
@@ -270,6 +280,10 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
                 }
                 Err(_) => break Err(AgentError::ThreadGone("reconcile")),
             },
+            recv(irqbalance_told) -> _ => {
+                let changed = controller.sync_irqbalance();
+                persist.save(&controller, changed);
+            }
             recv(control_rx) -> control => match control {
                 Ok(Control::Stop(signal)) => {
                     log::info!("{signal}: writing the checkpoint and stopping");

@@ -306,10 +306,11 @@ fn probe_root(root: &Path) -> Result<(CgroupVersion, PathBuf, PathBuf), LayoutEr
     let controllers_file = root.join("cgroup.controllers");
     if controllers_file.is_file() {
         let controllers =
-            fs::read_to_string(&controllers_file).map_err(|source| LayoutError::Controllers {
-                path: controllers_file.clone(),
-                source,
-            })?;
+            crate::bounded::read_file(&controllers_file, crate::bounded::KERNEL_FILE_LIMIT)
+                .map_err(|source| LayoutError::Controllers {
+                    path: controllers_file.clone(),
+                    source,
+                })?;
         if !controllers.split_ascii_whitespace().any(|c| c == "cpuset") {
             return Err(LayoutError::V2WithoutCpuset {
                 root: root.to_path_buf(),
@@ -326,10 +327,12 @@ fn probe_root(root: &Path) -> Result<(CgroupVersion, PathBuf, PathBuf), LayoutEr
 /// v1 or v2 from `<proc>/self/mountinfo`.
 fn from_mountinfo(proc_root: &Path) -> Result<(CgroupVersion, PathBuf, PathBuf), LayoutError> {
     let path = proc_root.join("self/mountinfo");
-    let text = fs::read_to_string(&path).map_err(|source| LayoutError::Mountinfo {
-        path: path.clone(),
-        source,
-    })?;
+    // Thousands of mounts (a container host) are some 150 bytes each.
+    let text =
+        crate::bounded::read_file(&path, 16 << 20).map_err(|source| LayoutError::Mountinfo {
+            path: path.clone(),
+            source,
+        })?;
     let mounts = parse_mountinfo(&text);
     // A whole hierarchy (root "/") is preferred over a bind mount of part of one.
     let best = |wanted: &dyn Fn(&MountEntry) -> bool| -> Option<PathBuf> {
@@ -347,8 +350,11 @@ fn from_mountinfo(proc_root: &Path) -> Result<(CgroupVersion, PathBuf, PathBuf),
     }
     let unified = best(&|m| {
         m.fs_type == "cgroup2"
-            && fs::read_to_string(m.mount_point.join("cgroup.controllers"))
-                .is_ok_and(|c| c.split_ascii_whitespace().any(|c| c == "cpuset"))
+            && crate::bounded::read_file(
+                &m.mount_point.join("cgroup.controllers"),
+                crate::bounded::KERNEL_FILE_LIMIT,
+            )
+            .is_ok_and(|c| c.split_ascii_whitespace().any(|c| c == "cpuset"))
     });
     match unified {
         Some(root) => Ok((CgroupVersion::V2, root.clone(), root)),

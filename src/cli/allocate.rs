@@ -1,7 +1,6 @@
 //! `cpusetd allocate`: what the static policy would hand a container, without touching any
 //! cgroup. For operators checking a placement, and for tests of the allocator through the CLI.
 
-use std::fs;
 use std::path::PathBuf;
 
 use clap::{ArgGroup, Args};
@@ -57,10 +56,18 @@ pub struct AllocateArgs {
     respect_isolcpus: bool,
 }
 
+/// The largest `--topology` document read: `cpusetd topology --json` prints about 100 bytes a
+/// cpu, so 16 MiB is far past any machine's.
+const TOPOLOGY_LIMIT: u64 = 16 << 20;
+
 fn load_topology(args: &AllocateArgs) -> Result<Topology, CommandError> {
     if let Some(file) = &args.topology {
-        let text = fs::read_to_string(file).map_err(|e| {
-            CommandError::usage(format!("--topology {}: cannot read: {e}", file.display()))
+        let text = crate::bounded::read_file(file, TOPOLOGY_LIMIT).map_err(|e| {
+            CommandError::usage(if e.kind() == std::io::ErrorKind::FileTooLarge {
+                format!("--topology {}: {e}", file.display())
+            } else {
+                format!("--topology {}: cannot read: {e}", file.display())
+            })
         })?;
         return Topology::from_json(&text)
             .map_err(|e| CommandError::usage(format!("--topology {}: {e}", file.display())));

@@ -277,7 +277,7 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
     )
     .refusal();
     let in_force = crate::report::InForce {
-        irq: &cp.irq.banned,
+        irq: &cp.irq.in_force,
         sched: &cp.sched.isolated,
         sched_not_in_force: refusal.or(cp.sched.not_in_force.as_deref()),
         refused: &cp.refused,

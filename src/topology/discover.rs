@@ -13,7 +13,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::{CpuInfo, Topology, TopologyError};
-use crate::cpuset::{CpuSet, ParseError};
+use crate::bounded;
+use crate::cpuset::{CpuSet, ParseError, MAX_CPU_ID};
 
 /// Why the topology could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -99,7 +100,7 @@ pub fn discover(sysfs: &Path, proc: &Path) -> Result<Topology, DiscoverError> {
         .ok()
         .flatten()
         .unwrap_or_default();
-    match fs::read_to_string(&cmdline_path) {
+    match bounded::read_file(&cmdline_path, bounded::KERNEL_FILE_LIMIT) {
         Ok(text) => {
             let parsed = parse_cmdline(&text, last_cpu);
             for why in &parsed.ignored {
@@ -388,6 +389,15 @@ fn read_numa_nodes(node_dir: &Path) -> Result<BTreeMap<u32, u32>, DiscoverError>
         else {
             continue;
         };
+        if node > MAX_CPU_ID {
+            return Err(DiscoverError::Inconsistent {
+                root: node_dir.to_path_buf(),
+                source: TopologyError::NumaIdTooLarge {
+                    id: node,
+                    max: MAX_CPU_ID,
+                },
+            });
+        }
         for cpu in &read_list(&entry.path().join("cpulist"), "NUMA node cpu list")? {
             numa_of.insert(cpu, node);
         }
@@ -396,7 +406,7 @@ fn read_numa_nodes(node_dir: &Path) -> Result<BTreeMap<u32, u32>, DiscoverError>
 }
 
 fn read_text(path: &Path, what: &'static str) -> Result<String, DiscoverError> {
-    fs::read_to_string(path).map_err(|source| DiscoverError::Read {
+    bounded::read_file(path, bounded::KERNEL_FILE_LIMIT).map_err(|source| DiscoverError::Read {
         path: path.to_path_buf(),
         what,
         source,
@@ -404,7 +414,7 @@ fn read_text(path: &Path, what: &'static str) -> Result<String, DiscoverError> {
 }
 
 fn read_optional_text(path: &Path, what: &'static str) -> Result<Option<String>, DiscoverError> {
-    match fs::read_to_string(path) {
+    match bounded::read_file(path, bounded::KERNEL_FILE_LIMIT) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(DiscoverError::Read {

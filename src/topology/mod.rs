@@ -64,6 +64,8 @@ pub enum TopologyError {
     DuplicateCpu { id: u32 },
     #[error("cpu {id} is larger than the largest supported cpu id {max}")]
     CpuIdTooLarge { id: u32, max: u32 },
+    #[error("numa node {id} is larger than the largest supported id {max}")]
+    NumaIdTooLarge { id: u32, max: u32 },
     #[error("cpu {id} names core {core}, which is not one of the listed cpus")]
     UnknownCore { id: u32, core: u32 },
     #[error("invalid topology document: {reason}")]
@@ -151,6 +153,12 @@ impl Topology {
             if cpu.id > crate::cpuset::MAX_CPU_ID {
                 return Err(TopologyError::CpuIdTooLarge {
                     id: cpu.id,
+                    max: crate::cpuset::MAX_CPU_ID,
+                });
+            }
+            if cpu.numa > crate::cpuset::MAX_CPU_ID {
+                return Err(TopologyError::NumaIdTooLarge {
+                    id: cpu.numa,
                     max: crate::cpuset::MAX_CPU_ID,
                 });
             }

@@ -6,7 +6,7 @@ use super::*;
 impl Controller {
     /// Manages interrupt affinities from now on (`saved`: what an earlier run changed).
     pub fn manage_irqs(&mut self, irq: IrqAffinity) {
-        self.metrics.irq_isolated_cpus = irq.saved().banned.len() as u64;
+        self.metrics.irq_isolated_cpus = irq.saved().in_force.len() as u64;
         self.metrics.irqbalance_banned_cpus = irq
             .saved()
             .irqbalance
@@ -34,6 +34,21 @@ impl Controller {
         cpus
     }
 
+    /// Takes in what the irqbalance thread told since the last look (nothing is read or
+    /// written); whether the checkpoint must say something new.
+    pub fn sync_irqbalance(&mut self) -> bool {
+        let Some(irq) = self.irq.as_mut() else {
+            return false;
+        };
+        let changed = irq.sync_irqbalance();
+        self.metrics.irqbalance_banned_cpus = irq
+            .saved()
+            .irqbalance
+            .as_ref()
+            .map_or(0, |told| told.banned.len() as u64);
+        changed
+    }
+
     /// Re-applies the interrupt settings on a reconcile tick that found the tree unchanged
     /// (IRQs registered since, moved back by someone else, a restarted irqbalance). Nothing to
     /// do, and nothing read, while no pod asks for it. Returns whether what is to be restored
@@ -56,7 +71,15 @@ impl Controller {
         if !always && !changed {
             return;
         }
+        let was_in_force = irq.saved().in_force.clone();
         let outcome = irq.apply(&banned);
+        let in_force = &irq.saved().in_force;
+        if !outcome.not_in_force.is_empty() && (changed || *in_force != was_in_force) {
+            log::warn!(
+                "device interrupts are not kept off cpus {}: an affinity read back after the writes still has them (the error logged with this says why); irq-load-balancing.crio.io is not in force there",
+                outcome.not_in_force
+            );
+        }
         if changed {
             log::info!(
                 "device interrupts kept off cpus {}: {} affinity file(s) written, {} IRQ(s) the kernel would not move, {} with no other cpu",
@@ -76,7 +99,7 @@ impl Controller {
                 log::warn!("cannot change an interrupt's affinity: {error} (with the systemd unit, install its irq drop-in)");
             }
         }
-        self.metrics.irq_isolated_cpus = banned.len() as u64;
+        self.metrics.irq_isolated_cpus = in_force.len() as u64;
         self.metrics.irq_affinity_writes += outcome.written as u64;
         self.metrics.irq_unchangeable = outcome.unchangeable as u64;
         self.metrics.irqbalance_banned_cpus = irq
