@@ -46,6 +46,10 @@ const WRITE_SITES: &[(&str, &str)] = &[
         "src/devices.rs",
         "none: opens sysfs numa_node files read-only, non-blocking, regular files only",
     ),
+    (
+        "src/bounded.rs",
+        "none: opens files under /proc and /sys read-only, O_NOFOLLOW|O_NONBLOCK",
+    ),
     ("src/watcher.rs", "its own stop pipe"),
     (
         "src/agent/metrics.rs",
