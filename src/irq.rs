@@ -143,27 +143,19 @@ impl IrqAffinity {
                 }
             }
         }
-        if let Ok(entries) = fs::read_dir(&self.dir) {
-            for entry in entries.flatten() {
-                let Some(irq) = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|n| n.parse::<u32>().ok())
-                else {
-                    continue;
-                };
-                if self.saved.irqs.contains_key(&irq) {
-                    continue;
-                }
-                let Some(current) = read_affinity_file(&entry.path().join("smp_affinity_list"))
-                    .ok()
-                    .and_then(|t| CpuSet::parse(t.trim()).ok())
-                else {
-                    continue;
-                };
-                if without(&current, banned) != current {
-                    self.saved.irqs.insert(irq, current);
-                }
+        for irq in irq_numbers(&self.dir) {
+            if self.saved.irqs.contains_key(&irq) {
+                continue;
+            }
+            let path = self.dir.join(irq.to_string()).join("smp_affinity_list");
+            let Some(current) = read_affinity_file(&path)
+                .ok()
+                .and_then(|t| CpuSet::parse(t.trim()).ok())
+            else {
+                continue;
+            };
+            if without(&current, banned) != current {
+                self.saved.irqs.insert(irq, current);
             }
         }
         self.record()
@@ -234,19 +226,9 @@ impl IrqAffinity {
             }
         }
         self.apply_default(banned, &mut outcome);
-        let mut seen = Vec::new();
-        if let Ok(entries) = fs::read_dir(&self.dir) {
-            for entry in entries.flatten() {
-                let Some(irq) = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|n| n.parse::<u32>().ok())
-                else {
-                    continue;
-                };
-                seen.push(irq);
-                self.apply_irq(irq, banned, &mut outcome);
-            }
+        let seen = irq_numbers(&self.dir);
+        for &irq in &seen {
+            self.apply_irq(irq, banned, &mut outcome);
         }
         // IRQs that went away (their device did) have nothing left to restore.
         self.saved.irqs.retain(|irq, _| seen.contains(irq));
@@ -361,6 +343,17 @@ impl IrqAffinity {
 }
 
 /// An affinity file's text: no symlink followed, nothing past the kernel-file limit read.
+/// The IRQs `<proc-root>/irq` lists (its numbered directories).
+fn irq_numbers(dir: &Path) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .collect()
+}
+
 fn read_affinity_file(path: &Path) -> io::Result<String> {
     crate::bounded::read_kernel_file(path, crate::bounded::KERNEL_FILE_LIMIT)
 }
