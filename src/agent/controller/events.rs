@@ -69,9 +69,12 @@ impl Controller {
             .map(|e| e.key().pod_uid().to_string())
             .collect();
         for event in events {
-            self.note_refusal(event);
             let said_for_the_pod = matches!(event, AssignEvent::Failed { key, .. }
                 if rejected.contains(key.pod_uid()));
+            // A rejected pod's record is its rejection, not a refusal of its container.
+            if !said_for_the_pod {
+                self.note_refusal(event);
+            }
             if !self.count_event(event) || said_for_the_pod {
                 continue;
             }
