@@ -286,6 +286,13 @@ pub enum SharedReason {
     OptedOut {
         annotation: String,
     },
+    /// The pod's CPU is set at pod level (`spec.resources`, KEP-2837) and the container sets
+    /// none: kubelet 1.34–1.36's static policy hands out exclusive CPUs by container requests
+    /// only (and skips every container of such a pod), so it runs in the shared pool. `limit`
+    /// is the pod-level limit kubelet applies to the container's cgroup.
+    PodLevelResources {
+        limit: Option<Millicores>,
+    },
 }
 
 impl fmt::Display for SharedReason {
@@ -301,6 +308,13 @@ impl fmt::Display for SharedReason {
                 write!(f, "cpu request {request} may or may not be whole cpus")
             }
             SharedReason::OptedOut { annotation } => write!(f, "{annotation}: \"false\""),
+            SharedReason::PodLevelResources { limit } => {
+                f.write_str("pod-level resources (spec.resources")?;
+                if let Some(limit) = limit {
+                    write!(f, ", cpu limit {limit}")?;
+                }
+                f.write_str("): kubelet's static policy gives its containers no exclusive cpus")
+            }
         }
     }
 }
@@ -985,6 +999,42 @@ fn cpu_resources(
     }
 }
 
+/// The lowest and highest request a value stands for.
+fn bounds(m: Millicores) -> (u64, u64) {
+    match m {
+        Millicores::Exact(m) => (m, m),
+        Millicores::Between { min, max } => (min, max),
+    }
+}
+
+/// Whether a container of a Guaranteed pod shows that the pod's CPU is set at pod level
+/// (`spec.resources`, KEP-2837; cgroup v2 only, kubelet refuses such pods on v1). A Guaranteed
+/// pod without pod-level resources gives each container a request equal to its limit, at least
+/// 1m; so, with `request` already settled by the limit where the weight allows:
+/// * no container request (kubelet's minimum shares 2, weight 1) and either no limit or a limit
+///   no such request can equal (kubelet puts the pod-level limit on a container that sets
+///   none): pod-level resources;
+/// * the runtime config (written once, at creation: no resize in between) with a request its
+///   limit cannot equal: pod-level resources too (a container request under a pod-level limit).
+fn pod_level_resources(
+    settings: &CpuSettings,
+    resources: &CpuResources,
+    request: Millicores,
+) -> bool {
+    if !matches!(settings, CpuSettings::V2 { .. }) {
+        return false;
+    }
+    let (min, max) = bounds(request);
+    match resources.limit {
+        None => min == 0,
+        Some(limit) => {
+            let (low, high) = bounds(limit);
+            let disjoint = low > max || high < min;
+            disjoint && (min == 0 || resources.source == CpuSource::OciConfig)
+        }
+    }
+}
+
 /// Without a runtime config: the pause container of a Guaranteed pod has kubelet's minimum
 /// shares (2; v2 weight 1) and no CPU limit, while every application container there has a
 /// limit (equal to its request).
@@ -1028,6 +1078,53 @@ fn opted_out(
         }
     }
     found
+}
+
+/// Whether a Guaranteed container gets exclusive CPUs, and how many: kubelet's rule (a whole
+/// request of at least one CPU) unless its pod's CPU is set at pod level. A lossy v2 weight
+/// settled by an exact limit is written back to `settled`.
+fn guaranteed_decision(
+    settings: &CpuSettings,
+    resources: CpuResources,
+    weight: Option<u64>,
+    settled: &mut Option<CpuResources>,
+    notices: &mut Vec<Notice>,
+) -> Result<u32, SharedReason> {
+    let mut request = resources.request;
+    // A Guaranteed container's limit equals its request: an exact limit consistent with the
+    // lossy weight settles the request.
+    if let (Some(w), Some(Millicores::Exact(limit))) = (weight, resources.limit) {
+        if weight_matches(w, limit) {
+            request = Millicores::Exact(limit);
+            *settled = Some(CpuResources {
+                request,
+                ..resources
+            });
+        }
+    }
+    if pod_level_resources(settings, &resources, request) {
+        return Err(SharedReason::PodLevelResources {
+            limit: resources.limit,
+        });
+    }
+    if let (Millicores::Exact(r), Some(Millicores::Exact(l))) = (request, resources.limit) {
+        if r != l {
+            notices.push(Notice::LimitDiffersFromRequest {
+                request,
+                limit: Millicores::Exact(l),
+            });
+        }
+    }
+    match whole_cpus(request, weight) {
+        WholeCpus::Yes(cpus) => Ok(cpus),
+        WholeCpus::No => Err(SharedReason::NotWholeCpus { request }),
+        WholeCpus::Unknown => {
+            if let Some(weight) = weight {
+                notices.push(Notice::LossyWeight { weight, request });
+            }
+            Err(SharedReason::Undecidable { request })
+        }
+    }
 }
 
 /// Classifies one cgroup from its path relative to the kubepods root, its CPU settings and,
@@ -1088,38 +1185,13 @@ pub fn classify(
     let decision = match resources {
         _ if qos != QosClass::Guaranteed => Err(SharedReason::NotGuaranteed { qos }),
         None => Err(SharedReason::CpuSettingsUnavailable),
-        Some((resources, weight)) => {
-            let mut request = resources.request;
-            // A Guaranteed container's limit equals its request: an exact limit consistent
-            // with the lossy weight settles the request.
-            if let (Some(w), Some(Millicores::Exact(limit))) = (weight, resources.limit) {
-                if weight_matches(w, limit) {
-                    request = Millicores::Exact(limit);
-                    classification.resources = Some(CpuResources {
-                        request,
-                        ..resources
-                    });
-                }
-            }
-            if let (Millicores::Exact(r), Some(Millicores::Exact(l))) = (request, resources.limit) {
-                if r != l {
-                    notices.push(Notice::LimitDiffersFromRequest {
-                        request,
-                        limit: Millicores::Exact(l),
-                    });
-                }
-            }
-            match whole_cpus(request, weight) {
-                WholeCpus::Yes(cpus) => Ok(cpus),
-                WholeCpus::No => Err(SharedReason::NotWholeCpus { request }),
-                WholeCpus::Unknown => {
-                    if let Some(weight) = weight {
-                        notices.push(Notice::LossyWeight { weight, request });
-                    }
-                    Err(SharedReason::Undecidable { request })
-                }
-            }
-        }
+        Some((resources, weight)) => guaranteed_decision(
+            settings,
+            resources,
+            weight,
+            &mut classification.resources,
+            notices,
+        ),
     };
     let container_name = classification.container_name.clone();
     let notices = &mut classification.notices;
@@ -1710,6 +1782,136 @@ mod tests {
             None,
         );
         assert_eq!(c.exclusive_cpus(), 0);
+    }
+
+    /// Issue 25 item 5: a pod whose CPU is set in `spec.resources` (KEP-2837) and whose
+    /// containers set none. kubelet puts the pod-level limit on each such container's cgroup
+    /// and the minimum shares (2, weight 1) for its missing request; its static policy
+    /// (1.34–1.36) gives no container of such a pod exclusive CPUs.
+    #[test]
+    fn pod_level_resources_keep_containers_shared_as_kubelet_does() {
+        let n = systemd();
+        let uid_ = "5a1e7c3d_2b4f_4e6a_9c8d_0f1e2d3c4b5a";
+        let container = format!("kubepods-pod{uid_}.slice/cri-containerd-{ID}.scope");
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/runtime/pod-level-resources-containerd.json");
+        let rt = crate::runtime::load_config(&fixture).unwrap().unwrap();
+        // What runc wrote from that config: weight 1 (either conversion), the pod's limit.
+        let cgroup = v2(weight_quadratic(2), Some(200_000));
+        assert_eq!(weight_linear(2), weight_quadratic(2));
+        let pod_level = Exclusivity::Shared {
+            reason: SharedReason::PodLevelResources {
+                limit: Some(Millicores::Exact(2000)),
+            },
+        };
+        for rt in [Some(&rt), None] {
+            let c = exclusivity(&n, &container, &cgroup, rt);
+            assert_eq!(c.kind, CgroupKind::Container, "{c:?}");
+            assert_eq!(c.qos, Some(QosClass::Guaranteed));
+            assert_eq!(c.exclusivity, pod_level, "runtime config {}", rt.is_some());
+            assert!(c.notices.is_empty(), "{:?}", c.notices);
+        }
+        let c = exclusivity(&n, &container, &cgroup, Some(&rt));
+        assert_eq!(c.container_name.as_deref(), Some("worker"));
+        let Exclusivity::Shared { reason } = &c.exclusivity else {
+            panic!("{c:?}")
+        };
+        assert_eq!(
+            reason.to_string(),
+            "pod-level resources (spec.resources, cpu limit 2000m): kubelet's static policy \
+             gives its containers no exclusive cpus"
+        );
+        // Its pause container: minimum shares and no limit, a sandbox as ever.
+        let c = exclusivity(&n, &container, &v2(1, None), None);
+        assert_eq!(c.kind, CgroupKind::Sandbox);
+        // A container that sets a request of 1 CPU under the pod's limit of 2: kubelet skips
+        // it too. The config (written at creation) shows request and limit apart.
+        let own = runtime(
+            &[("io.kubernetes.cri.container-type", "container")],
+            OciCpu {
+                shares: Some(1024),
+                quota: Some(200_000),
+                period: Some(100_000),
+            },
+        );
+        let settings = v2(weight_quadratic(1024), Some(200_000));
+        let c = exclusivity(&n, &container, &settings, Some(&own));
+        assert_eq!(c.exclusivity, pod_level);
+        // With no request and no limit either (kubelet's CFS quota off): still pod-level.
+        let unlimited = runtime(
+            &[("io.kubernetes.cri.container-type", "container")],
+            OciCpu {
+                shares: Some(2),
+                quota: None,
+                period: Some(100_000),
+            },
+        );
+        let c = exclusivity(&n, &container, &v2(1, None), Some(&unlimited));
+        assert_eq!(
+            c.exclusivity,
+            Exclusivity::Shared {
+                reason: SharedReason::PodLevelResources { limit: None }
+            }
+        );
+    }
+
+    /// What pod-level resources must not catch: container-level Guaranteed pods (a tiny
+    /// request with its minimum quota, whole CPUs with the CFS quota off or lifted) and cgroup
+    /// v1, where kubelet refuses pod-level resources.
+    #[test]
+    fn container_level_guaranteed_pods_are_not_pod_level() {
+        let n = systemd();
+        let container = format!("kubepods-pod{UID_}.slice/cri-containerd-{ID}.scope");
+        let config = |shares, quota| {
+            runtime(
+                &[("io.kubernetes.cri.container-type", "container")],
+                OciCpu {
+                    shares: Some(shares),
+                    quota,
+                    period: Some(100_000),
+                },
+            )
+        };
+        // 1m request = limit: shares 2, the minimum quota (1 ms): the ranges meet.
+        let tiny = config(2, Some(1_000));
+        let c = exclusivity(&n, &container, &v2(1, Some(1_000)), Some(&tiny));
+        assert!(
+            matches!(
+                c.exclusivity,
+                Exclusivity::Shared {
+                    reason: SharedReason::NotWholeCpus { .. }
+                }
+            ),
+            "{c:?}"
+        );
+        // Two whole CPUs with no quota: exclusive, from the config or the settled cgroup.
+        let whole = config(2048, None);
+        let c = exclusivity(
+            &n,
+            &container,
+            &v2(weight_quadratic(2048), None),
+            Some(&whole),
+        );
+        assert_eq!(c.exclusive_cpus(), 2);
+        let c = exclusivity(
+            &n,
+            &container,
+            &v2(weight_quadratic(2048), Some(200_000)),
+            None,
+        );
+        assert_eq!(c.exclusive_cpus(), 2);
+        // cgroup v1: minimum shares under a 2-CPU quota is no pod-level pod there.
+        let v1_container = format!("pod{UID}/{ID}");
+        let c = exclusivity(&cgroupfs(), &v1_container, &v1(2, Some(200_000)), None);
+        assert!(
+            matches!(
+                c.exclusivity,
+                Exclusivity::Shared {
+                    reason: SharedReason::NotWholeCpus { .. }
+                }
+            ),
+            "{c:?}"
+        );
     }
 
     #[test]

@@ -376,14 +376,25 @@ impl FakeNode {
 
     /// Creates the pod cgroup and its sandbox container; returns the sandbox's id.
     pub fn add_pod(&self, pod: &PodSpec) -> io::Result<String> {
-        let dir = self.pod_dir(pod);
         let requests: u64 = pod.containers.iter().filter_map(|c| c.request_milli).sum();
         let limits: Option<u64> = pod
             .containers
             .iter()
             .map(|c| c.limit_milli)
             .sum::<Option<u64>>();
-        self.add_cgroup(&dir, Some(shares(Some(requests))), limits)?;
+        self.add_pod_cgroup(pod, shares(Some(requests)), limits)
+    }
+
+    /// Creates the pod cgroup with the given CPU settings and its sandbox container; returns
+    /// the sandbox's id.
+    fn add_pod_cgroup(
+        &self,
+        pod: &PodSpec,
+        cpu_shares: u64,
+        limit: Option<u64>,
+    ) -> io::Result<String> {
+        let dir = self.pod_dir(pod);
+        self.add_cgroup(&dir, Some(cpu_shares), limit)?;
         self.inherit_cpuset(&dir)?;
         let sandbox = new_container_id("pause");
         let pause = ContainerSpec::best_effort("POD");
@@ -405,6 +416,29 @@ impl FakeNode {
         pod.containers
             .iter()
             .map(|c| self.add_container(pod, c))
+            .collect()
+    }
+
+    /// Creates a pod whose CPU is set at pod level (`spec.resources`, KEP-2837, request = limit
+    /// = `pod_milli`; `pod.qos` must be the class that gives, Guaranteed) and every container,
+    /// as kubelet 1.34+ does: the pod cgroup from the pod-level values, and a container that
+    /// sets no CPU limit gets the pod's limit in its config and cgroup (a missing request is
+    /// the minimum shares, as ever). Returns the app containers' ids.
+    pub fn start_pod_with_pod_level_cpu(
+        &self,
+        pod: &PodSpec,
+        pod_milli: u64,
+    ) -> io::Result<Vec<String>> {
+        self.add_pod_cgroup(pod, shares(Some(pod_milli)), Some(pod_milli))?;
+        pod.containers
+            .iter()
+            .map(|c| {
+                let implied = ContainerSpec {
+                    limit_milli: c.limit_milli.or(Some(pod_milli)),
+                    ..c.clone()
+                };
+                self.add_container(pod, &implied)
+            })
             .collect()
     }
 

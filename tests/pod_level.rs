@@ -1,0 +1,72 @@
+//! Pod-level resources (KEP-2837, issue 25 item 5): a Guaranteed pod whose CPU is set in
+//! `spec.resources` and whose containers set none. kubelet 1.34–1.36's static policy gives such
+//! containers no exclusive CPUs (they run in the shared pool); the agent does the same and
+//! `status` says why. On a fake cgroup v2 node with the real agent binary: the pod cgroup holds
+//! the pod-level values, each container kubelet's minimum shares (weight 1) and the pod's
+//! limit, and the runtime config says so too (`testdata/runtime/pod-level-resources-containerd.json`
+//! is the same shape as a runtime writes it).
+
+use cpusetd::cgroupfs::CgroupVersion;
+use cpusetd::kubesim::{weight, ContainerSpec, Qos};
+
+use crate::agent_util::{guaranteed, pod, TestNode};
+use crate::util::{stderr, stdout};
+
+#[test]
+fn pod_level_cpu_leaves_its_containers_in_the_shared_pool() {
+    let node = TestNode::new(CgroupVersion::V2);
+    let mut agent = node.start_agent(&[]);
+    let db = guaranteed("db", 2000);
+    let db_id = node.fake.start_pod(&db).unwrap().remove(0);
+    let batch = pod(
+        "batch",
+        Qos::Guaranteed,
+        vec![
+            ContainerSpec::best_effort("worker"),
+            ContainerSpec::best_effort("helper"),
+        ],
+    );
+    let ids = node
+        .fake
+        .start_pod_with_pod_level_cpu(&batch, 2000)
+        .unwrap();
+    // The cgroups as kubelet and runc leave them.
+    assert_eq!(node.read(&batch, "", "cpu.max"), "200000 100000");
+    assert_eq!(
+        node.read(&batch, "", "cpu.weight"),
+        weight(2048).to_string()
+    );
+    for id in &ids {
+        assert_eq!(node.read(&batch, id, "cpu.weight"), "1");
+        assert_eq!(node.read(&batch, id, "cpu.max"), "200000 100000");
+    }
+    let status = node.wait_status("db pinned, batch seen", |s| {
+        s.converged()
+            && s.by_id(&db_id).is_some_and(|r| r.exclusive)
+            && ids.iter().all(|id| s.by_id(id).is_some())
+    });
+    let shared = status.shared_pool.clone();
+    for id in &ids {
+        let row = status.by_id(id).unwrap();
+        assert!(!row.exclusive, "{row:?}");
+        assert_eq!(row.kind, "container", "{row:?}");
+        assert_eq!(row.current.as_deref(), Some(shared.as_str()), "{row:?}");
+        assert_eq!(
+            row.note,
+            "shared: pod-level resources (spec.resources, cpu limit 2000m): kubelet's static \
+             policy gives its containers no exclusive cpus",
+            "{row:?}"
+        );
+        assert_eq!(node.cpus_of(&batch, id), shared);
+    }
+    // The table an operator reads names the reason on each container's row.
+    let out = node.cpusetd("status", &[]);
+    let table = stdout(&out);
+    assert!(out.status.success(), "{table}{}", stderr(&out));
+    let noted = table
+        .lines()
+        .filter(|l| l.contains("shared: pod-level resources (spec.resources, cpu limit 2000m)"))
+        .count();
+    assert_eq!(noted, 2, "{table}");
+    assert!(agent.stop().success(), "{}", agent.log());
+}
