@@ -624,7 +624,7 @@ fn kubelet_vectors_verify_and_parse_as_kubelet_restores_them() {
                 let entries = vector["entries"].as_object().unwrap();
                 match format {
                     KubeletFormat::V1 => assert_eq!(state.legacy_entries.len(), entries.len()),
-                    KubeletFormat::V2 => {
+                    KubeletFormat::V2 | KubeletFormat::V3 | KubeletFormat::V4 => {
                         let count: usize =
                             entries.values().map(|c| c.as_object().unwrap().len()).sum();
                         assert_eq!(state.entries.len(), count);

@@ -306,3 +306,162 @@ fn a_bad_kubelet_checkpoint_never_stops_the_agent() {
         node.assert_clean();
     }
 }
+
+/// go-spew's rendering of v3 `PodEntries` values (`PodEntry{CPUSet}`, a `cpuset.CPUSet` being
+/// a struct over `elems map[int]struct{}`), as kubelet 1.36 hashes them.
+fn spew_pod_entries(pods: &BTreeMap<String, String>) -> String {
+    let rendered: Vec<String> = pods
+        .iter()
+        .map(|(uid, list)| {
+            let set: Vec<String> = cpusetd::cpuset::CpuSet::parse(list)
+                .unwrap()
+                .iter()
+                .map(|c| format!("{c}:{{}}"))
+                .collect();
+            format!(
+                "{uid}:{{CPUSet:(cpuset.CPUSet){{elems:(map[int]struct {{}})map[{}]}}}}",
+                set.join(" ")
+            )
+        })
+        .collect();
+    format!("map[{}]", rendered.join(" "))
+}
+
+/// kubelet 1.36's v3 `cpu_manager_state` (pod-level resource managers on): the v2 fields plus
+/// `podEntries`, checksummed with them.
+fn kubelet_v3(
+    default: &str,
+    entries: &BTreeMap<String, BTreeMap<String, String>>,
+    pods: &BTreeMap<String, String>,
+) -> String {
+    let rendered: Vec<String> = entries
+        .iter()
+        .map(|(pod, containers)| {
+            let inner: Vec<String> = containers
+                .iter()
+                .map(|(c, cpus)| format!("{c}:{cpus}"))
+                .collect();
+            format!("{pod}:map[{}]", inner.join(" "))
+        })
+        .collect();
+    let spew = format!(
+        "(*state.CPUManagerCheckpoint){{PolicyName:(string)static DefaultCPUSet:(string){default} \
+         Entries:(map[string]map[string]string)map[{}] PodEntries:(state.PodCPUAssignments){} \
+         Checksum:(checksum.Checksum)0}}",
+        rendered.join(" "),
+        spew_pod_entries(pods)
+    );
+    let mut doc = v3_fields(default, entries, pods);
+    doc["checksum"] = fnv1a32(spew.as_bytes()).into();
+    doc.to_string()
+}
+
+fn v3_fields(
+    default: &str,
+    entries: &BTreeMap<String, BTreeMap<String, String>>,
+    pods: &BTreeMap<String, String>,
+) -> serde_json::Value {
+    let pod_entries: BTreeMap<&String, serde_json::Value> = pods
+        .iter()
+        .map(|(uid, list)| (uid, serde_json::json!({ "cpuSet": list })))
+        .collect();
+    serde_json::json!({
+        "policyName": "static",
+        "defaultCpuSet": default,
+        "entries": entries,
+        "podEntries": pod_entries,
+    })
+}
+
+/// kubelet 1.37's v4: the v3 fields inline with checksum 0, `data` (the same fields as JSON)
+/// and `dataChecksum` (FNV-1a 32 of go-spew's `(string)` rendering of `data`).
+fn kubelet_v4(
+    default: &str,
+    entries: &BTreeMap<String, BTreeMap<String, String>>,
+    pods: &BTreeMap<String, String>,
+) -> String {
+    let data = v3_fields(default, entries, pods).to_string();
+    let mut doc = v3_fields(default, entries, pods);
+    doc["checksum"] = 0.into();
+    doc["dataChecksum"] = fnv1a32(format!("(string){data}").as_bytes()).into();
+    doc["data"] = data.into();
+    doc.to_string()
+}
+
+/// Issue 28 item 4: kubelet's newer checkpoints are adopted like v2, their pod-level sets said
+/// and left; a v4 file whose data does not match its checksum adopts nothing, is said once,
+/// and the agent runs on (the live tree's pins adopted as usual).
+#[test]
+fn kubelet_v3_and_v4_checkpoints_are_adopted_and_a_bad_data_checksum_adopts_nothing() {
+    for format in ["V3", "V4", "corrupt V4"] {
+        let node = TestNode::new(CgroupVersion::V2);
+        let db = guaranteed("db", 2000);
+        let db_id = pinned_by_kubelet(&node, &db, "1,9");
+        let entries = BTreeMap::from([(
+            db.uid.clone(),
+            BTreeMap::from([("db".to_string(), "1,9".to_string())]),
+        )]);
+        let pod_level = "0badc0de-0000-4000-8000-00000000000b";
+        let pods = BTreeMap::from([(pod_level.to_string(), "4-5".to_string())]);
+        let text = match format {
+            "V3" => kubelet_v3("0,2-8,10-15", &entries, &pods),
+            "V4" => kubelet_v4("0,2-8,10-15", &entries, &pods),
+            // The data says 1,10; its checksum was taken over 1,9.
+            _ => {
+                let good = kubelet_v4("0,2-8,10-15", &entries, &pods);
+                let doc: serde_json::Value = serde_json::from_str(&good).unwrap();
+                let mut doc = doc;
+                let data = doc["data"].as_str().unwrap().replace("1,9", "1,10");
+                doc["data"] = data.into();
+                doc.to_string()
+            }
+        };
+        let file = node.state_dir().with_file_name("cpu_manager_state");
+        fs::write(&file, text).unwrap();
+        let mut agent = node.start_agent(&["--kubelet-state", &file.display().to_string()]);
+        let status = node.wait_status("converged", |s| s.converged() && s.exclusive_cpu_count == 2);
+        assert!(status.has(&db_id, "1,9"), "{format}: {status:#?}");
+        let log = agent.log();
+        if format == "corrupt V4" {
+            assert_eq!(
+                note(&status, &db_id),
+                "exclusive, adopted from the live tree"
+            );
+            let said = agent.log_lines("kubelet's checkpoint not used");
+            assert_eq!(said.len(), 1, "{log}");
+            assert!(
+                said[0].contains("checkpoint is corrupted: dataChecksum"),
+                "{}",
+                said[0]
+            );
+            assert!(!log.contains("adopted 1 of kubelet's"), "{log}");
+            assert!(!log.contains("pod-level cpu sets"), "{log}");
+        } else {
+            assert_eq!(
+                note(&status, &db_id),
+                "exclusive, adopted from kubelet's cpu_manager_state",
+                "{format}"
+            );
+            assert!(
+                log.contains(&format!(
+                    "adopted 1 of kubelet's 1 pin(s) (format {format})"
+                )),
+                "{log}"
+            );
+            assert!(
+                log.contains(&format!(
+                    "kubelet's pod-level cpu sets not adopted (pod{pod_level} cpus 4-5)"
+                )),
+                "{log}"
+            );
+        }
+        // The agent runs on: a new pod is pinned after the start.
+        let web = guaranteed("web", 1000);
+        let web_id = node.fake.start_pod(&web).unwrap().remove(0);
+        node.wait_status("web pinned", |s| {
+            s.converged() && s.by_id(&web_id).is_some_and(|r| r.exclusive)
+        });
+        assert!(agent.stop().success(), "{format}");
+        node.assert_clean();
+    }
+}

@@ -378,6 +378,20 @@ fn adopt_from_kubelet(controller: &mut Controller, path: &std::path::Path) {
             state.policy_name
         ),
         Ok(Some(state)) => {
+            if !state.pod_entries.is_empty() {
+                let pods: Vec<String> = state
+                    .pod_entries
+                    .iter()
+                    .map(|(uid, cpus)| format!("pod{uid} cpus {cpus}"))
+                    .collect();
+                log::info!(
+                    "{}: kubelet's pod-level cpu sets not adopted ({}): cpusetd keeps pods with \
+                     pod-level resources in the shared pool, as kubelet does without its \
+                     pod-level resource managers",
+                    path.display(),
+                    pods.join(", ")
+                );
+            }
             let adopted = controller.adopt_kubelet_pins(&state);
             // Counted and named; each entry not adopted was said with its reason.
             log::info!(
