@@ -305,6 +305,20 @@ impl Topology {
         self.cpus_where(|c| c.core == core)
     }
 
+    /// The cpus of `cpus` that `irq-load-balancing.crio.io: "housekeeping"` leaves device
+    /// interrupts on, as CRI-O picks them: the first cpu and its SMT siblings in `cpus`.
+    pub fn housekeeping_cpus(&self, cpus: &CpuSet) -> CpuSet {
+        let Some(first) = cpus.iter().next() else {
+            return CpuSet::new();
+        };
+        let mut kept = match self.cpu(first) {
+            Some(info) => self.core_threads(info.core).intersection(cpus),
+            None => CpuSet::new(),
+        };
+        kept.insert(first);
+        kept
+    }
+
     /// All threads of every core that has a thread in `cpus` (kubelet's "physical CPUs").
     pub fn expand_to_cores(&self, cpus: &CpuSet) -> CpuSet {
         let cores: BTreeSet<u32> = cpus
