@@ -414,6 +414,24 @@ mod tests {
     }
 
     #[test]
+    fn housekeeping_is_the_first_cpu_and_its_siblings_in_the_set() {
+        let topo = Topology::regular(RegularShape {
+            sockets: 2,
+            numa_nodes_per_socket: 1,
+            uncore_caches_per_numa_node: 2,
+            cores_per_uncore_cache: 2,
+            threads_per_core: 2,
+        })
+        .unwrap();
+        let set = |s: &str| CpuSet::parse(s).unwrap();
+        // Cores {1,9} and {2,10}: interrupts stay on the first.
+        assert_eq!(topo.housekeeping_cpus(&set("1-2,9-10")).to_string(), "1,9");
+        // A sibling outside the set is not taken.
+        assert_eq!(topo.housekeeping_cpus(&set("1-2")).to_string(), "1");
+        assert!(topo.housekeeping_cpus(&CpuSet::new()).is_empty());
+    }
+
+    #[test]
     fn duplicate_cpu_is_rejected() {
         let err = Topology::new(
             vec![cpu(0, 0, 0, 0), cpu(0, 0, 0, 0)],
