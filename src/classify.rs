@@ -50,6 +50,92 @@ pub const EXCLUSIVE_CONTAINER_ANNOTATION_PREFIX: &str = "cpusetd.io/exclusive.";
 pub const CPU_LOAD_BALANCING_ANNOTATION: &str = "cpu-load-balancing.crio.io";
 pub const CPU_QUOTA_ANNOTATION: &str = "cpu-quota.crio.io";
 pub const IRQ_LOAD_BALANCING_ANNOTATION: &str = "irq-load-balancing.crio.io";
+/// CRI-O's `cpu-c-states.crio.io`: `"enable"`, `"disable"` or `"max_latency:<µs>"`, written to
+/// each exclusive CPU's `power/pm_qos_resume_latency_us` ([`CState::sysfs_value`]).
+pub const CPU_C_STATES_ANNOTATION: &str = "cpu-c-states.crio.io";
+/// CRI-O's `cpu-freq-governor.crio.io`: a cpufreq governor name for each exclusive CPU.
+pub const CPU_FREQ_GOVERNOR_ANNOTATION: &str = "cpu-freq-governor.crio.io";
+
+/// What `cpu-c-states.crio.io` asks, as CRI-O reads it (`convertAnnotationToLatency`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CState {
+    /// `"enable"`: every idle state allowed (the kernel's "no constraint", written `0`).
+    Enable,
+    /// `"disable"`: no idle state but polling (a latency limit of zero, written `n/a`).
+    Disable,
+    /// `"max_latency:<n>"`, n > 0: idle states that wake within n µs.
+    MaxLatency(u32),
+}
+
+impl CState {
+    /// CRI-O's reading of the value; `None` for anything else (CRI-O fails the container).
+    pub fn parse(value: &str) -> Option<CState> {
+        match value {
+            "enable" => Some(CState::Enable),
+            "disable" => Some(CState::Disable),
+            _ => {
+                let n: u32 = value.strip_prefix("max_latency:")?.parse().ok()?;
+                // The kernel takes an s32.
+                (n > 0 && n <= i32::MAX as u32).then_some(CState::MaxLatency(n))
+            }
+        }
+    }
+
+    /// What is written to `pm_qos_resume_latency_us` (and what the kernel prints back): `0`
+    /// is the kernel's "no constraint", `n/a` a limit of zero.
+    pub fn sysfs_value(&self) -> String {
+        match self {
+            CState::Enable => "0".to_string(),
+            CState::Disable => "n/a".to_string(),
+            CState::MaxLatency(n) => n.to_string(),
+        }
+    }
+}
+
+/// A cpufreq governor name, as the kernel allows it (at most 15 bytes of `[a-z0-9_]`:
+/// `CPUFREQ_NAME_LEN` is 16 with the NUL), kept inline so [`Isolation`] stays `Copy`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Governor {
+    len: u8,
+    name: [u8; 15],
+}
+
+impl Governor {
+    pub fn parse(value: &str) -> Option<Governor> {
+        let bytes = value.as_bytes();
+        let ok = !bytes.is_empty()
+            && bytes.len() <= 15
+            && bytes
+                .iter()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_');
+        if !ok {
+            return None;
+        }
+        let mut name = [0u8; 15];
+        name[..bytes.len()].copy_from_slice(bytes);
+        Some(Governor {
+            len: bytes.len() as u8,
+            name,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ASCII is ever stored.
+        std::str::from_utf8(&self.name[..self.len as usize]).unwrap_or("")
+    }
+}
+
+impl fmt::Debug for Governor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
+}
+
+impl fmt::Display for Governor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// What the pod's high-performance annotations ask for its exclusive containers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -60,11 +146,47 @@ pub struct Isolation {
     pub no_load_balancing: bool,
     /// `irq-load-balancing.crio.io`: device interrupts stay off its CPUs.
     pub no_irqs: bool,
+    /// `irq-load-balancing.crio.io: "housekeeping"` (with `no_irqs`): interrupts stay on the
+    /// first core of its CPUs (the first CPU and its SMT siblings), off the rest.
+    pub irq_housekeeping: bool,
+    /// `cpu-c-states.crio.io`: the idle-state limit of its CPUs.
+    pub c_states: Option<CState>,
+    /// `cpu-freq-governor.crio.io`: the cpufreq governor of its CPUs.
+    pub governor: Option<Governor>,
 }
 
 impl Isolation {
     pub fn any(&self) -> bool {
-        self.no_cpu_quota || self.no_load_balancing || self.no_irqs
+        self.no_cpu_quota
+            || self.no_load_balancing
+            || self.no_irqs
+            || self.c_states.is_some()
+            || self.governor.is_some()
+    }
+}
+
+/// Reads `cpu-c-states.crio.io` and `cpu-freq-governor.crio.io`; odd values are noted and
+/// ignored (CRI-O would fail the container; cpusetd pins it and leaves its CPUs alone).
+fn power(runtime: &RuntimeInfo, isolation: &mut Isolation, notices: &mut Vec<Notice>) {
+    if let Some(value) = runtime.annotation(CPU_C_STATES_ANNOTATION) {
+        isolation.c_states = CState::parse(value);
+        if isolation.c_states.is_none() {
+            notices.push(Notice::BadAnnotationValue {
+                key: CPU_C_STATES_ANNOTATION.to_string(),
+                value: value.to_string(),
+                expected: "\"enable\", \"disable\" or \"max_latency:<microseconds above 0>\"",
+            });
+        }
+    }
+    if let Some(value) = runtime.annotation(CPU_FREQ_GOVERNOR_ANNOTATION) {
+        isolation.governor = Governor::parse(value);
+        if isolation.governor.is_none() {
+            notices.push(Notice::BadAnnotationValue {
+                key: CPU_FREQ_GOVERNOR_ANNOTATION.to_string(),
+                value: value.to_string(),
+                expected: "a cpufreq governor name (up to 15 of a-z, 0-9 and _)",
+            });
+        }
     }
 }
 
@@ -90,11 +212,16 @@ fn isolation(runtime: Option<&RuntimeInfo>, notices: &mut Vec<Notice>) -> Isolat
             false
         }
     };
-    Isolation {
+    let housekeeping = runtime.annotation(IRQ_LOAD_BALANCING_ANNOTATION) == Some("housekeeping");
+    let mut isolation = Isolation {
         no_cpu_quota: wanted(CPU_QUOTA_ANNOTATION),
         no_load_balancing: wanted(CPU_LOAD_BALANCING_ANNOTATION),
-        no_irqs: wanted(IRQ_LOAD_BALANCING_ANNOTATION),
-    }
+        no_irqs: housekeeping || wanted(IRQ_LOAD_BALANCING_ANNOTATION),
+        irq_housekeeping: housekeeping,
+        ..Isolation::default()
+    };
+    power(runtime, &mut isolation, notices);
+    isolation
 }
 
 /// The kernel's CFS period when a runtime config names a quota without one.
@@ -352,6 +479,12 @@ pub enum Notice {
     DeprecatedAnnotationValue { key: String },
     /// A high-performance annotation with a value that means nothing.
     UnknownAnnotationValue { key: String, value: String },
+    /// A high-performance annotation whose value is not one it takes (`expected` says which).
+    BadAnnotationValue {
+        key: String,
+        value: String,
+        expected: &'static str,
+    },
 }
 
 impl fmt::Display for Notice {
@@ -383,6 +516,16 @@ impl fmt::Display for Notice {
                 f,
                 "annotation {}: \"true\" is CRI-O's deprecated spelling of \"disable\" (honoured)",
                 excerpt(key)
+            ),
+            Notice::BadAnnotationValue {
+                key,
+                value,
+                expected,
+            } => write!(
+                f,
+                "annotation {}: {:?} ignored (its cpus are left as they are): it takes {expected}",
+                excerpt(key),
+                excerpt(value)
             ),
             Notice::UnknownAnnotationValue { key, value } => write!(
                 f,
@@ -2004,6 +2147,7 @@ mod tests {
                 no_cpu_quota: true,
                 no_load_balancing: false,
                 no_irqs: true,
+                ..Isolation::default()
             }
         );
         assert_eq!(c.exclusive_cpus(), 1, "isolation never changes exclusivity");
@@ -2021,6 +2165,39 @@ mod tests {
             [Notice::UnknownAnnotationValue { key, .. }] if key == "cpu-load-balancing.crio.io"
         ));
         assert_eq!(classify_with(&[]).isolation, Isolation::default());
+        // CRI-O's other values: housekeeping, c-states and the governor.
+        let c = classify_with(&[
+            ("irq-load-balancing.crio.io", "housekeeping"),
+            ("cpu-c-states.crio.io", "max_latency:10"),
+            ("cpu-freq-governor.crio.io", "performance"),
+        ]);
+        assert!(c.isolation.no_irqs && c.isolation.irq_housekeeping);
+        assert_eq!(c.isolation.c_states, Some(CState::MaxLatency(10)));
+        assert_eq!(c.isolation.governor.unwrap().as_str(), "performance");
+        assert!(c.notices.is_empty(), "{:?}", c.notices);
+        for (value, written) in [("enable", "0"), ("disable", "n/a"), ("max_latency:7", "7")] {
+            assert_eq!(CState::parse(value).unwrap().sysfs_value(), written);
+        }
+        for odd in [
+            "max_latency:0",
+            "max_latency:-3",
+            "max_latency:",
+            "Disable",
+            "off",
+        ] {
+            let c = classify_with(&[("cpu-c-states.crio.io", odd)]);
+            assert_eq!(c.isolation.c_states, None, "{odd}");
+            assert!(matches!(
+                c.notices.as_slice(),
+                [Notice::BadAnnotationValue { key, .. }] if key == "cpu-c-states.crio.io"
+            ));
+        }
+        for odd in ["", "Performance", "../../x", "a_very_long_governor_name"] {
+            let c = classify_with(&[("cpu-freq-governor.crio.io", odd)]);
+            assert_eq!(c.isolation.governor, None, "{odd}");
+            assert_eq!(c.notices.len(), 1);
+            assert!(c.notices[0].to_string().contains("cpufreq governor"));
+        }
     }
 
     #[test]

@@ -14,8 +14,9 @@
 //! * `startwatch:<ERRNO>:<N>`: `inotify_add_watch` of the kubepods tree at start;
 //! * `overflow:<N>`: the next `N` reads of the inotify queue report `IN_Q_OVERFLOW`;
 //! * `kill:<file>:<N>`: the agent `SIGKILL`s itself right after the `N`th write of that file
-//!   succeeded (cgroupfs interface files and `/proc/irq`'s `smp_affinity_list` and
-//!   `default_smp_affinity`; `*` for any), as a `kill -9` between a change and its checkpoint.
+//!   succeeded (cgroupfs interface files, `/proc/irq`'s `smp_affinity_list` and
+//!   `default_smp_affinity`, and each cpu's `pm_qos_resume_latency_us` and `scaling_governor`;
+//!   `*` for any), as a `kill -9` between a change and its checkpoint.
 //!
 //! For example `CPUSETD_FAULTS=write:cpuset.cpus:EBUSY:3,checkpoint:ENOSPC:2`. A malformed rule
 //! is reported once on stderr and ignored. Each injected failure is logged at debug level.

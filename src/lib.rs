@@ -12,6 +12,7 @@ pub mod cgroupfs;
 pub mod checkpoint;
 pub mod classify;
 pub mod cli;
+pub mod cpu_power;
 pub mod cpuset;
 pub mod devices;
 #[cfg(debug_assertions)]

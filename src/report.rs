@@ -90,6 +90,11 @@ pub struct InForce<'a> {
     /// The exclusive cpus the agent refused, by container, with kubelet's reason (the
     /// checkpoint's): what a row says when the plan has no event of its own for it.
     pub refused: &'a Refusals,
+    /// The per-cpu power settings in force (`cpu-c-states.crio.io`, `cpu-freq-governor.crio.io`).
+    pub power: &'a crate::cpu_power::PowerSaved,
+    /// The node's cores, for `irq-load-balancing.crio.io: "housekeeping"` (`None`: every cpu
+    /// its own core).
+    pub topology: Option<&'a crate::topology::Topology>,
 }
 
 impl InForce<'static> {
@@ -97,14 +102,53 @@ impl InForce<'static> {
     pub fn none() -> InForce<'static> {
         static EMPTY: std::sync::OnceLock<CpuSet> = std::sync::OnceLock::new();
         static NO_REFUSALS: Refusals = Refusals::new();
+        static NO_POWER: std::sync::OnceLock<crate::cpu_power::PowerSaved> =
+            std::sync::OnceLock::new();
         let empty = EMPTY.get_or_init(CpuSet::new);
         InForce {
             irq: empty,
             sched: empty,
             sched_not_in_force: None,
             refused: &NO_REFUSALS,
+            power: NO_POWER.get_or_init(Default::default),
+            topology: None,
         }
     }
+}
+
+/// `note` with what the pod's power annotations have in force on `held` (the exclusive cpus).
+fn power_note(
+    note: String,
+    class: &Classification,
+    held: Option<&CpuSet>,
+    in_force: &InForce<'_>,
+) -> String {
+    let Some(held) = held else {
+        return note;
+    };
+    let mut parts = vec![note];
+    if let Some(c_states) = class.isolation.c_states {
+        let value = c_states.sysfs_value();
+        parts.push(if held.is_subset(&in_force.power.latency_in_force) {
+            format!("cpu-c-states.crio.io in force (pm_qos_resume_latency_us {value})")
+        } else {
+            format!(
+                "cpu-c-states.crio.io not in force: pm_qos_resume_latency_us of cpus {} does not read back {value} (see the agent log)",
+                held.difference(&in_force.power.latency_in_force)
+            )
+        });
+    }
+    if let Some(governor) = class.isolation.governor {
+        parts.push(if held.is_subset(&in_force.power.governor_in_force) {
+            format!("cpu-freq-governor.crio.io in force ({governor})")
+        } else {
+            format!(
+                "cpu-freq-governor.crio.io not in force on cpus {}: {governor} not offered there or not read back (see the agent log)",
+                held.difference(&in_force.power.governor_in_force)
+            )
+        });
+    }
+    parts.join("; ")
 }
 
 /// Rows for every cgroup that is not the root, a QoS directory or a pod.
@@ -185,6 +229,16 @@ pub fn rows(
             _ => "shared".to_string(),
         };
         let mut isolation = Vec::new();
+        // The cpus interrupts are to be kept off (all but the first core with housekeeping).
+        let irq_banned = assigned.map(|held| match in_force.topology {
+            Some(topo) if class.isolation.irq_housekeeping => {
+                held.cpus.difference(&topo.housekeeping_cpus(&held.cpus))
+            }
+            None if class.isolation.irq_housekeeping => {
+                held.cpus.iter().skip(1).collect::<CpuSet>()
+            }
+            _ => held.cpus.clone(),
+        });
         if let Some(held) = assigned {
             if class.isolation.no_cpu_quota {
                 isolation.push("cpu-quota");
@@ -192,10 +246,16 @@ pub fn rows(
             if class.isolation.no_load_balancing && held.cpus.is_subset(in_force.sched) {
                 isolation.push("cpu-load-balancing");
             }
-            if class.isolation.no_irqs && held.cpus.is_subset(in_force.irq) {
-                isolation.push("irq-load-balancing");
+            let irq_banned = irq_banned.as_ref().expect("assigned");
+            if class.isolation.no_irqs && irq_banned.is_subset(in_force.irq) {
+                isolation.push(if class.isolation.irq_housekeeping {
+                    "irq-load-balancing (housekeeping)"
+                } else {
+                    "irq-load-balancing"
+                });
             }
         }
+        let note = power_note(note, class, assigned.map(|h| &h.cpus), in_force);
         let note = match assigned {
             Some(held)
                 if class.isolation.no_load_balancing && !held.cpus.is_subset(in_force.sched) =>
@@ -205,7 +265,12 @@ pub fn rows(
                     in_force.sched_not_in_force.unwrap_or("not applied yet")
                 )
             }
-            Some(held) if class.isolation.no_irqs && !held.cpus.is_subset(in_force.irq) => {
+            Some(_)
+                if class.isolation.no_irqs
+                    && !irq_banned
+                        .as_ref()
+                        .is_some_and(|b| b.is_subset(in_force.irq)) =>
+            {
                 format!(
                     "{note}; irq-load-balancing.crio.io not in force: an interrupt affinity \
                      read back still has its cpus, or none was read back yet (see the agent log)"

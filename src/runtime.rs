@@ -168,8 +168,10 @@ pub struct OciCpu {
 
 /// The annotation keys classification reads besides `cpusetd.io/` ones: what
 /// [`RuntimeInfo::trimmed`] keeps, and what the lookup cache stores as a one-byte index.
-const KEPT_KEYS: [&str; 13] = [
+const KEPT_KEYS: [&str; 15] = [
     "cpu-load-balancing.crio.io",
+    "cpu-c-states.crio.io",
+    "cpu-freq-governor.crio.io",
     "cpu-quota.crio.io",
     "irq-load-balancing.crio.io",
     keys::CRI_CONTAINER_TYPE,

@@ -63,6 +63,7 @@ fn checkpoint(n: u32) -> Checkpoint {
         }],
         irq: Default::default(),
         sched: Default::default(),
+        power: Default::default(),
         refused: Default::default(),
         last_reconcile_unix_ms: Some(1_700_000_000_000),
     }

@@ -73,6 +73,10 @@ const WRITE_SITES: &[(&str, &str)] = &[
         "existing <proc-root>/irq affinity files (no O_CREAT, O_NOFOLLOW), only for irq-load-balancing pods",
     ),
     (
+        "src/cpu_power.rs",
+        "existing <sysfs-root>/devices/system/cpu/cpu<N>/power/pm_qos_resume_latency_us and cpufreq/scaling_governor (no O_CREAT, O_NOFOLLOW), only for cpu-c-states and cpu-freq-governor pods' exclusive cpus",
+    ),
+    (
         "src/irqbalance.rs",
         "connects to a running irqbalance's socket (<proc-root>/../run/irqbalance): setup, settings cpus; only for irq-load-balancing pods",
     ),

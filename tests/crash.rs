@@ -21,6 +21,7 @@ use serde_json::Value;
 use crate::agent_util::{pod, poll_until, AgentProcess, TestNode, DEADLINE};
 use crate::harness::{now_ms, rows, Node};
 use crate::isolation::{add_host_cgroups, cpuset_file, fake_proc, irq_file, reset_with_proc};
+use crate::power::{all as power_all, fake_power, power_file, GOVERNOR, LATENCY};
 
 /// xorshift64*: a tiny seeded generator, so a failing run can be replayed.
 struct Rng(u64);
@@ -336,6 +337,9 @@ fn host_settings(node: &TestNode, proc: &std::path::Path) -> BTreeMap<String, St
     ] {
         out.insert(format!("irq/{file}"), irq_file(proc, file));
     }
+    for file in [LATENCY, GOVERNOR] {
+        out.insert(file.to_string(), power_all(node, file));
+    }
     out
 }
 
@@ -369,6 +373,8 @@ fn kill_after_nth_write(
         &[
             ("cpu-load-balancing.crio.io", "disable"),
             ("irq-load-balancing.crio.io", "disable"),
+            ("cpu-c-states.crio.io", "disable"),
+            ("cpu-freq-governor.crio.io", "performance"),
         ],
     );
     let context = format!("kill after write {n} of {file}, then {recovery:?}");
@@ -377,6 +383,8 @@ fn kill_after_nth_write(
             && cpuset_file(node, "system.slice/ssh.service", "cpuset.cpus") == "0"
             && irq_file(proc, "24/smp_affinity_list") == "0,2-8,10-15"
             && irq_file(proc, "default_smp_affinity") == "fdfd"
+            && power_file(node, 9, LATENCY) == "n/a"
+            && power_file(node, 9, GOVERNOR) == "performance"
     };
     let mut pod_there = poll_until(DEADLINE, || {
         agent.exited().map(|_| ()).or_else(|| {
@@ -461,12 +469,14 @@ fn kill_after_nth_write(
 }
 
 /// Issue 23 item 4: a `kill -9` right after any write the agent makes outside kubepods (each
-/// load-balancing flag, each host cpuset, the default IRQ mask, each IRQ's affinity, and every
+/// load-balancing flag, each host cpuset, the default IRQ mask, each IRQ's affinity, each cpu's
+/// resume latency and governor (issue 27), and every
 /// other cgroup write between them) must never lose the setting from before: a new agent and
 /// the pod's removal, or `cpusetd reset`, put every one back. Every write point, in turn.
 #[test]
 fn kill_9_after_every_host_write_then_restart_or_reset_restores_every_original() {
-    let node = TestNode::new(CgroupVersion::V1);
+    let node = TestNode::with_writable_sysfs(CgroupVersion::V1);
+    fake_power(&node);
     add_host_cgroups(&node);
     // A user's slice set up as systemd does on v1 (the fixture's user.slice is empty).
     let user = node.fake.file("user.slice/user-1000.slice", "cpuset.cpus");
@@ -481,6 +491,8 @@ fn kill_9_after_every_host_write_then_restart_or_reset_restores_every_original()
         "cpuset.sched_load_balance",
         "default_smp_affinity",
         "smp_affinity_list",
+        "pm_qos_resume_latency_us",
+        "scaling_governor",
         "cpuset.cpus",
     ] {
         for recovery in [Recovery::RestartAndRemove, Recovery::Reset] {

@@ -30,6 +30,7 @@ mod kubelet_vectors;
 mod migration;
 mod plan_cli;
 mod pod_level;
+mod power;
 mod real_containers;
 mod real_kernel;
 mod runc;

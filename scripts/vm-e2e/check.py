@@ -10,7 +10,8 @@ expected one, `status` shows every container where the agent wants it with exact
 exclusive container, (hotplug) every cpu is shared or exclusive again once the cpu that went
 offline is back, (v1, sched) `plan --apply` applied every write, narrowing bottom-up and
 widening top-down, (sched) status has cpu-load-balancing in force for the Guaranteed container,
-and (sched-v2) its note refuses clearly with nothing in force. Prints nothing and exits 0 on success; prints the reasons and exits 1.
+(sched-v2) its note refuses clearly with nothing in force, and (irq) housekeeping and cpu-c-states
+in force for the 4-cpu housekeeping pod. Prints nothing and exits 0 on success; prints the reasons and exits 1.
 """
 
 import json
@@ -19,6 +20,7 @@ import sys
 GUARANTEED_ID = "aaaa0000aaaa0000aaaa0000aaaa0000aaaa0000aaaa0000aaaa0000aaaa0001"
 BURSTABLE_ID = "bbbb0000bbbb0000bbbb0000bbbb0000bbbb0000bbbb0000bbbb0000bbbb0002"
 BESTEFFORT_ID = "eeee0000eeee0000eeee0000eeee0000eeee0000eeee0000eeee0000eeee0003"
+HOUSEKEEPING_ID = "cccc0000cccc0000cccc0000cccc0000cccc0000cccc0000cccc0000cccc0004"
 
 
 def parse(text):
@@ -146,6 +148,27 @@ def check_apply(plan, problems):
             problems.append(f"plan --apply: {chain[0]} chain not written {expect}: {order}")
 
 
+def check_housekeeping(blocks, problems):
+    """(irq) The 4-cpu pod saying housekeeping and cpu-c-states disable had both in force, as
+    status read them back."""
+    status = load(blocks, "status-housekeeping", problems)
+    if status is None:
+        return
+    h = next((r for r in status.get("containers", [])
+              if r.get("container_id") == HOUSEKEEPING_ID), None)
+    if h is None:
+        problems.append("status-housekeeping: no row for the housekeeping container")
+        return
+    if len(cpus(h.get("current"))) != 4 or h.get("current") != h.get("desired"):
+        problems.append(f"status-housekeeping: the container is on {h.get('current')}, "
+                        f"desired {h.get('desired')}: not 4 exclusive cpus")
+    if "irq-load-balancing (housekeeping)" not in h.get("isolation", []):
+        problems.append(f"status-housekeeping: housekeeping not in force: {h.get('note')!r} "
+                        f"{h.get('isolation')}")
+    if "cpu-c-states.crio.io in force (pm_qos_resume_latency_us n/a)" not in h.get("note", ""):
+        problems.append(f"status-housekeeping: c-states not in force: {h.get('note')!r}")
+
+
 def main():
     scenario, results_path, expected_path = sys.argv[1:4]
     with open(results_path, encoding="utf-8", errors="replace") as f:
@@ -176,6 +199,8 @@ def main():
                                            or g.get("isolation")):
                 problems.append(f"status: no clear refusal for the guaranteed container: "
                                 f"{g.get('note')!r} {g.get('isolation')}")
+            if scenario == "irq":
+                check_housekeeping(blocks, problems)
         if scenario in ("v1", "hotplug-v1", "sched"):
             plan = load(blocks, "apply", problems)
             if plan is not None:

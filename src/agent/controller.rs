@@ -227,6 +227,10 @@ pub struct Controller {
     irq: Option<IrqAffinity>,
     /// Scheduler load balancing, kept off the CPUs of `cpu-load-balancing.crio.io` pods.
     sched: Option<SchedBalance>,
+    /// Per-cpu power settings of `cpu-c-states.crio.io` and `cpu-freq-governor.crio.io` pods.
+    power: Option<crate::cpu_power::CpuPower>,
+    /// Power setting failures and refusals said (once each while they last).
+    power_said: HashSet<String>,
     /// Where the online cpus are read from while the agent runs (see [`Controller::follow_hotplug`]).
     hotplug: Option<Hotplug>,
     /// The exclusive cpus refused, by container, as the log said it (for the checkpoint).
@@ -258,6 +262,8 @@ impl Controller {
             pod_names,
             irq: None,
             sched: None,
+            power: None,
+            power_said: HashSet::new(),
             hotplug: None,
             refused: Default::default(),
             refusals_changed: false,
@@ -454,11 +460,13 @@ impl Controller {
             self.metrics.skipped_passes += 1;
             self.update_irqs(true);
             self.update_sched_balance(true);
+            self.update_power(true);
             return None;
         }
         let outcome = self.pass(now);
         self.update_irqs(true);
         self.update_sched_balance(true);
+        self.update_power(true);
         Some(outcome)
     }
 
@@ -570,6 +578,7 @@ impl Controller {
         // After the pins: interrupts are the second step of isolating a CPU.
         self.update_irqs(false);
         self.update_sched_balance(false);
+        self.update_power(false);
         outcome
     }
 

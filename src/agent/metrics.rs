@@ -83,6 +83,14 @@ pub struct Metrics {
     pub irqbalance_banned_cpus: u64,
     /// CPUs out of scheduler load balancing now (`cpu-load-balancing.crio.io`).
     pub sched_isolated_cpus: u64,
+    /// CPUs whose `pm_qos_resume_latency_us` reads back as a pod's `cpu-c-states.crio.io`.
+    pub cstates_cpus: u64,
+    /// CPUs whose `scaling_governor` reads back as a pod's `cpu-freq-governor.crio.io`.
+    pub governor_cpus: u64,
+    /// CPUs whose asked-for governor was refused (not in `scaling_available_governors`).
+    pub governor_refused_cpus: u64,
+    /// Per-cpu power files written (settings and restores).
+    pub cpu_power_writes: u64,
     /// `cpuset.sched_load_balance` and host `cpuset.cpus` files written for it.
     pub sched_balance_writes: u64,
     pub rescans: u64,
@@ -290,6 +298,30 @@ impl Metrics {
             "gauge",
             "CPUs device interrupts are kept off (pods with irq-load-balancing.crio.io: disable).",
             &plain(self.irq_isolated_cpus),
+        );
+        metric(
+            "cpusetd_cstates_cpus",
+            "gauge",
+            "CPUs whose power/pm_qos_resume_latency_us reads back as their pod's cpu-c-states.crio.io asks.",
+            &plain(self.cstates_cpus),
+        );
+        metric(
+            "cpusetd_governor_cpus",
+            "gauge",
+            "CPUs whose cpufreq/scaling_governor reads back as their pod's cpu-freq-governor.crio.io asks.",
+            &plain(self.governor_cpus),
+        );
+        metric(
+            "cpusetd_governor_refused_cpus",
+            "gauge",
+            "CPUs whose pod asks for a cpufreq governor the CPU does not offer (left as they are).",
+            &plain(self.governor_refused_cpus),
+        );
+        metric(
+            "cpusetd_cpu_power_writes_total",
+            "counter",
+            "Per-cpu power files (pm_qos_resume_latency_us, scaling_governor) written, settings and restores.",
+            &plain(self.cpu_power_writes),
         );
         metric(
             "cpusetd_sched_isolated_cpus",

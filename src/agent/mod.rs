@@ -74,6 +74,8 @@ pub struct AgentConfig {
     pub kubelet_state: Option<PathBuf>,
     /// Where procfs is (`/proc/irq` for interrupt affinities).
     pub proc_root: PathBuf,
+    /// Where sysfs is (each cpu's `power/` and `cpufreq/` files).
+    pub sysfs_root: PathBuf,
     /// `--isolate-host`: the CPUs host cgroups are confined to while a pod asks for
     /// `cpu-load-balancing.crio.io` (the reserved ones); `None`: they are left alone.
     pub isolate_host: Option<crate::cpuset::CpuSet>,
@@ -116,6 +118,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         metrics_file,
         kubelet_state,
         proc_root,
+        sysfs_root,
         isolate_host,
         hotplug,
         mut notifier,
@@ -159,6 +162,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     let degraded = watcher.is_none();
 
     let (mut restored_irq, mut restored_sched) = (restored.irq, restored.sched);
+    let mut restored_power = restored.power;
     let host_record = match checkpoint::host::load_host_record(&state_dir) {
         Ok(record) => record,
         Err(why) => {
@@ -168,6 +172,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     };
     if let Some(record) = &host_record {
         record.replace_in(&mut restored_sched, &mut restored_irq);
+        record.replace_power_in(&mut restored_power);
     }
     let journal = checkpoint::host::HostJournal::new(&state_dir, host_record.as_ref());
     let mut controller = Controller::new(parts);
@@ -190,9 +195,12 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         isolate_host,
         restored_sched,
     )
-    .with_journal(journal);
+    .with_journal(journal.clone());
     sched.say_support();
     controller.manage_sched_balance(sched);
+    controller.manage_power(
+        crate::cpu_power::CpuPower::new(&sysfs_root, restored_power).with_journal(journal.clone()),
+    );
     controller.follow_hotplug(hotplug);
     controller.metrics.without_inotify = degraded;
     if let Some(watcher) = &watcher {
@@ -423,6 +431,7 @@ struct Restored {
     quota_lifted: std::collections::BTreeMap<crate::cgroupfs::CgroupPath, String>,
     irq: crate::irq::IrqSaved,
     sched: crate::sched_balance::SchedSaved,
+    power: crate::cpu_power::PowerSaved,
     /// There was no checkpoint: a first start.
     first_start: bool,
 }
@@ -498,6 +507,7 @@ fn restore(
                 quota_lifted,
                 irq: *cp.irq,
                 sched: *cp.sched,
+                power: *cp.power,
                 first_start: false,
             }
         }
@@ -594,6 +604,7 @@ impl Persist {
                 .collect(),
             irq: Box::new(controller.irq_saved()),
             sched: Box::new(controller.sched_saved()),
+            power: Box::new(controller.power_saved()),
             refused: controller.refusals().clone(),
             last_reconcile_unix_ms: last_reconcile,
         });

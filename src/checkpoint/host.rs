@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::store::{remove_host_record, save_host_record};
 use super::{read_bounded, Bounded, CheckpointError, MAX_FILE_SIZE};
+use crate::cpu_power::PowerSaved;
 use crate::cpuset::CpuSet;
 use crate::irq::IrqSaved;
 use crate::sched_balance::SchedSaved;
@@ -41,6 +42,10 @@ pub struct HostRecord {
     pub sched: SchedSaved,
     #[serde(default)]
     pub irq: IrqSaved,
+    /// The per-cpu power settings' originals (`cpu-c-states.crio.io`,
+    /// `cpu-freq-governor.crio.io`).
+    #[serde(default, skip_serializing_if = "PowerSaved::is_empty")]
+    pub power: PowerSaved,
 }
 
 impl HostRecord {
@@ -57,7 +62,14 @@ impl HostRecord {
                 banned: CpuSet::new(),
                 ..irq.clone()
             },
+            power: PowerSaved::default(),
         }
+    }
+
+    /// Puts this record's power originals in place of the checkpoint's.
+    pub fn replace_power_in(&self, power: &mut PowerSaved) {
+        power.latency = self.power.latency.clone();
+        power.governor = self.power.governor.clone();
     }
 
     /// Puts this record's originals in place of the checkpoint's (this file is never older).
@@ -133,6 +145,11 @@ impl HostJournal {
         self.record(|record| record.irq = HostRecord::of(&SchedSaved::default(), irq).irq)
     }
 
+    /// Records the per-cpu power originals (synced) when they changed.
+    pub fn record_power(&self, power: &PowerSaved) -> Result<(), CheckpointError> {
+        self.record(|record| record.power = power.originals())
+    }
+
     fn record(&self, change: impl FnOnce(&mut HostRecord)) -> Result<(), CheckpointError> {
         let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
         let mut next = written.clone();
@@ -169,7 +186,16 @@ mod tests {
             ..Default::default()
         };
         journal.record_irq(&irq).unwrap();
+        let mut power = PowerSaved::default();
+        power.latency.insert(3, "0".into());
+        power.latency_in_force.insert(3);
+        journal.record_power(&power).unwrap();
         let read = load_host_record(&state).unwrap().unwrap();
+        assert_eq!(read.power.latency[&3], "0");
+        assert!(read.power.latency_in_force.is_empty(), "only originals");
+        let mut from_cp = PowerSaved::default();
+        read.replace_power_in(&mut from_cp);
+        assert_eq!(from_cp.latency[&3], "0");
         assert_eq!(read.sched.host["system.slice"], "0-15");
         assert!(
             read.sched.isolated.is_empty(),

@@ -237,6 +237,7 @@ impl Document {
             quota_lifted: self.quota_lifted,
             irq: Box::new(self.irq),
             sched: Box::new(self.sched),
+            power: Box::new(self.power),
             refused: self
                 .refused
                 .into_iter()

@@ -153,6 +153,8 @@ pub struct Checkpoint {
     /// Scheduler load balancing the agent turned off (and host cpusets it confined), to restore.
     /// Boxed: most checkpoints have none, and [`LoadOutcome`] stays small.
     pub sched: Box<SchedSaved>,
+    /// Per-cpu power settings (c-states, governor) the agent changed, to restore.
+    pub power: Box<crate::cpu_power::PowerSaved>,
     /// The exclusive cpus the agent refused, by container, with kubelet's reason.
     pub refused: Refusals,
     pub last_reconcile_unix_ms: Option<u64>,
@@ -197,6 +199,11 @@ struct Document {
     irq: IrqSaved,
     #[serde(default, skip_serializing_if = "SchedSaved::is_empty")]
     sched: SchedSaved,
+    #[serde(
+        default,
+        skip_serializing_if = "crate::cpu_power::PowerSaved::is_empty"
+    )]
+    power: crate::cpu_power::PowerSaved,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     refused: Vec<DocumentRefusal>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -287,6 +294,7 @@ impl From<&Checkpoint> for Document {
                 .collect(),
             irq: (*c.irq).clone(),
             sched: (*c.sched).clone(),
+            power: (*c.power).clone(),
             refused: c
                 .refused
                 .iter()

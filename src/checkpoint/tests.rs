@@ -70,6 +70,7 @@ fn sample() -> Checkpoint {
         }],
         irq: Default::default(),
         sched: Default::default(),
+        power: Default::default(),
         refused: [(
             AssignmentKey::Named {
                 pod_uid: "big".into(),
@@ -121,6 +122,7 @@ fn round_trip_keeps_every_field() {
         quota_lifted: Vec::new(),
         irq: Default::default(),
         sched: Default::default(),
+        power: Default::default(),
         refused: Default::default(),
         last_reconcile_unix_ms: None,
     };

@@ -44,7 +44,7 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     // but what the agent changed elsewhere is still put back and its checkpoint removed, so
     // uninstalling works on such a node too.
     if let Some((kubepods, _)) = args.tree.missing_kubepods() {
-        let irq_failed = restore_irqs(args);
+        let irq_failed = restore_irqs(args) | restore_power(args);
         let sched_failed = match args.tree.cpuset_hierarchy() {
             Some((root, version)) => match CgroupFs::open(root) {
                 Ok(fs) => restore_sched(args, fs, version),
@@ -121,6 +121,7 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     // Quotas the agent lifted, back to what they were; interrupt affinities too.
     let mut restored = 0;
     let irq_failed = restore_irqs(args)
+        | restore_power(args)
         | restore_sched(args, node.hierarchy.cpuset.clone(), node.layout.version);
     if let LoadOutcome::Loaded(cp) = checkpoint::load(&args.state_dir) {
         for lifted in &cp.quota_lifted {
@@ -214,6 +215,31 @@ fn restore_irqs(args: &AgentArgs) -> bool {
     }
     let irqbalance_failed = matches!(outcome.irqbalance, IrqbalanceOutcome::Failed { .. });
     !outcome.errors.is_empty() || irqbalance_failed
+}
+
+/// Puts back each cpu's resume latency and governor the agent changed (`cpu-c-states.crio.io`,
+/// `cpu-freq-governor.crio.io`). Returns whether some could not be.
+fn restore_power(args: &AgentArgs) -> bool {
+    let mut saved = match checkpoint::load(&args.state_dir) {
+        LoadOutcome::Loaded(cp) => *cp.power,
+        _ => Default::default(),
+    };
+    if let Ok(Some(record)) = checkpoint::host::load_host_record(&args.state_dir) {
+        record.replace_power_in(&mut saved);
+    }
+    if saved.latency.is_empty() && saved.governor.is_empty() {
+        return false;
+    }
+    let mut power = crate::cpu_power::CpuPower::new(&args.tree.sysfs_root, saved);
+    let outcome = power.apply(&Default::default(), &Default::default());
+    println!(
+        "cpu power settings restored (c-states, governor): {} file(s) written",
+        outcome.written
+    );
+    for line in &outcome.lines {
+        eprintln!("cpusetd: cannot restore a cpu power setting: {line}");
+    }
+    !outcome.lines.is_empty()
 }
 
 /// Puts back the scheduler load balancing flags and the host cpusets the checkpoint says the

@@ -55,6 +55,7 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         metrics_file: args.metrics_file.clone(),
         kubelet_state: args.kubelet_state_path(),
         proc_root: args.tree.proc_root.clone(),
+        sysfs_root: args.tree.sysfs_root.clone(),
         isolate_host: args.isolate_host.then(|| policy_reserved.clone()).flatten(),
         hotplug,
         notifier,

@@ -281,6 +281,8 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
         sched: &cp.sched.isolated,
         sched_not_in_force: refusal.or(cp.sched.not_in_force.as_deref()),
         refused: &cp.refused,
+        power: &cp.power,
+        topology: Some(&node.topology),
     };
     let mut table = rows(&scan, &classes, &view, &in_force);
     table.extend(held_rows(&scan, &classes, &cp.assignments));

@@ -305,6 +305,20 @@ impl Topology {
         self.cpus_where(|c| c.core == core)
     }
 
+    /// The cpus of `cpus` that `irq-load-balancing.crio.io: "housekeeping"` leaves device
+    /// interrupts on, as CRI-O picks them: the first cpu and its SMT siblings in `cpus`.
+    pub fn housekeeping_cpus(&self, cpus: &CpuSet) -> CpuSet {
+        let Some(first) = cpus.iter().next() else {
+            return CpuSet::new();
+        };
+        let mut kept = match self.cpu(first) {
+            Some(info) => self.core_threads(info.core).intersection(cpus),
+            None => CpuSet::new(),
+        };
+        kept.insert(first);
+        kept
+    }
+
     /// All threads of every core that has a thread in `cpus` (kubelet's "physical CPUs").
     pub fn expand_to_cores(&self, cpus: &CpuSet) -> CpuSet {
         let cores: BTreeSet<u32> = cpus
@@ -397,6 +411,24 @@ mod tests {
         assert_eq!(topo.core_threads(5).to_string(), "5,13");
         assert_eq!(topo.cpu(13).map(|c| (c.socket, c.uncore)), Some((1, 2)));
         assert_eq!(topo.memory_nodes().to_string(), "0-1");
+    }
+
+    #[test]
+    fn housekeeping_is_the_first_cpu_and_its_siblings_in_the_set() {
+        let topo = Topology::regular(RegularShape {
+            sockets: 2,
+            numa_nodes_per_socket: 1,
+            uncore_caches_per_numa_node: 2,
+            cores_per_uncore_cache: 2,
+            threads_per_core: 2,
+        })
+        .unwrap();
+        let set = |s: &str| CpuSet::parse(s).unwrap();
+        // Cores {1,9} and {2,10}: interrupts stay on the first.
+        assert_eq!(topo.housekeeping_cpus(&set("1-2,9-10")).to_string(), "1,9");
+        // A sibling outside the set is not taken.
+        assert_eq!(topo.housekeeping_cpus(&set("1-2")).to_string(), "1");
+        assert!(topo.housekeeping_cpus(&CpuSet::new()).is_empty());
     }
 
     #[test]

@@ -124,6 +124,7 @@ impl Controller {
         }
         self.update_irqs(false);
         self.update_sched_balance(false);
+        self.update_power(false);
         Some(outcome)
     }
 

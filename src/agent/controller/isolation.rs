@@ -23,15 +23,98 @@ impl Controller {
             .unwrap_or_default()
     }
 
-    /// The CPUs of exclusive containers whose pod asks for no interrupts.
+    /// The CPUs of exclusive containers whose pod asks for no interrupts (with
+    /// `housekeeping`, all but the first core of each container's set).
     pub(super) fn irq_isolated_cpus(&self) -> CpuSet {
         let mut cpus = CpuSet::new();
-        for (key, _) in self.isolated.iter().filter(|(_, (i, _))| i.no_irqs) {
+        for (key, (isolation, _)) in self.isolated.iter().filter(|(_, (i, _))| i.no_irqs) {
             if let Some(held) = self.parts.assignments.get(key) {
-                cpus.extend_from(&held.cpus);
+                if isolation.irq_housekeeping {
+                    let kept = self.parts.topology.housekeeping_cpus(&held.cpus);
+                    cpus.extend_from(&held.cpus.difference(&kept));
+                } else {
+                    cpus.extend_from(&held.cpus);
+                }
             }
         }
         cpus
+    }
+
+    /// Manages the per-cpu power settings from now on (`power`: with what an earlier run
+    /// changed).
+    pub fn manage_power(&mut self, power: crate::cpu_power::CpuPower) {
+        self.metrics.cstates_cpus = power.saved().latency_in_force.len() as u64;
+        self.metrics.governor_cpus = power.saved().governor_in_force.len() as u64;
+        self.power = Some(power);
+    }
+
+    /// What the per-cpu power settings need to be restored (for the checkpoint).
+    pub fn power_saved(&self) -> crate::cpu_power::PowerSaved {
+        self.power
+            .as_ref()
+            .map(|p| p.saved().clone())
+            .unwrap_or_default()
+    }
+
+    /// Each exclusive CPU's asked-for resume latency and governor.
+    fn power_wanted(&self) -> (BTreeMap<u32, String>, BTreeMap<u32, String>) {
+        let (mut latency, mut governor) = (BTreeMap::new(), BTreeMap::new());
+        for (key, (isolation, _)) in &self.isolated {
+            let Some(held) = self.parts.assignments.get(key) else {
+                continue;
+            };
+            for cpu in held.cpus.iter() {
+                if let Some(c_states) = isolation.c_states {
+                    latency.insert(cpu, c_states.sysfs_value());
+                }
+                if let Some(name) = isolation.governor {
+                    governor.insert(cpu, name.as_str().to_string());
+                }
+            }
+        }
+        (latency, governor)
+    }
+
+    /// Sets the per-cpu power files the pods ask for and restores the others: after a pass
+    /// when what is asked changed, and on every full reconcile (`always`). Nothing is read
+    /// while nothing is asked or recorded.
+    pub(super) fn update_power(&mut self, always: bool) {
+        let (latency, governor) = self.power_wanted();
+        let Some(power) = self.power.as_mut() else {
+            return;
+        };
+        let saved = power.saved();
+        let idle = latency.is_empty()
+            && governor.is_empty()
+            && saved.latency.is_empty()
+            && saved.governor.is_empty();
+        let same = latency.keys().copied().collect::<CpuSet>() == saved.latency_in_force
+            && governor.keys().copied().collect::<CpuSet>() == saved.governor_in_force
+            && saved.latency.keys().all(|c| latency.contains_key(c))
+            && saved.governor.keys().all(|c| governor.contains_key(c));
+        if idle || (!always && same) {
+            return;
+        }
+        let outcome = power.apply(&latency, &governor);
+        let lines: HashSet<String> = outcome.lines.into_iter().collect();
+        for line in &lines {
+            if !self.power_said.contains(line) {
+                log::warn!("{line}");
+            }
+        }
+        self.power_said = lines;
+        self.metrics.cpu_power_writes += outcome.written as u64;
+        self.metrics.governor_refused_cpus = outcome.governor_refused.len() as u64;
+        self.metrics.cstates_cpus = power.saved().latency_in_force.len() as u64;
+        self.metrics.governor_cpus = power.saved().governor_in_force.len() as u64;
+        if outcome.written > 0 {
+            log::info!(
+                "cpu power: resume latency set on cpus {}, governor on cpus {} ({} file(s) written)",
+                describe(&power.saved().latency_in_force),
+                describe(&power.saved().governor_in_force),
+                outcome.written
+            );
+        }
     }
 
     /// Takes in what the irqbalance thread told since the last look (nothing is read or
@@ -55,8 +138,10 @@ impl Controller {
     /// changed (the checkpoint must say so).
     pub fn refresh_irqs(&mut self) -> bool {
         let before = self.irq.as_ref().map(|i| i.saved().clone());
+        let power_before = self.power_saved();
         self.update_irqs(true);
-        self.irq.as_ref().map(|i| i.saved().clone()) != before
+        self.update_power(true);
+        self.irq.as_ref().map(|i| i.saved().clone()) != before || self.power_saved() != power_before
     }
 
     /// Keeps interrupts off the CPUs that ask for it: after a pass when that set changed,
@@ -147,5 +232,13 @@ impl Controller {
             self.metrics.sched_balance_writes += outcome.written as u64;
         }
         self.metrics.sched_isolated_cpus = sched.saved().isolated.len() as u64;
+    }
+}
+
+fn describe(cpus: &CpuSet) -> String {
+    if cpus.is_empty() {
+        "none".to_string()
+    } else {
+        cpus.to_string()
     }
 }
