@@ -1,0 +1,194 @@
+//! Issue 28, item 3: the isolated cpus as a pool of their own, on request. A pod annotated
+//! `cpusetd.io/isolated-cpus: "require"` gets its exclusive cpus from the kernel's isolated cpus
+//! (under `--respect-isolcpus`), placed by the policy's own rules; every other pod stays off
+//! them; what the pool cannot hold is refused (`IsolatedCPUsError`: log, `status` NOTE,
+//! `cpusetd_pods_rejected`), never served elsewhere. Driven through the agent process on the
+//! fake 16-cpu node (2 sockets = 2 NUMA nodes of 4 cores, core n = cpus n and n+8).
+
+use std::fs;
+
+use cpusetd::cgroupfs::CgroupVersion;
+use cpusetd::kubesim::PodSpec;
+
+use crate::agent_util::{guaranteed, poll_until, AgentProcess, TestNode, DEADLINE};
+
+const ANNOTATION: &str = "cpusetd.io/isolated-cpus";
+const REJECTED: &str = "cpusetd_pods_rejected{reason=\"IsolatedCPUsError\"}";
+
+/// The agent on `node` with `isolcpus=` on its kernel command line (none when empty), and
+/// `flags`.
+fn agent_with_isolcpus(node: &TestNode, isolcpus: &str, flags: &[&str]) -> AgentProcess {
+    let proc = node.base.join("proc");
+    if !proc.exists() {
+        fs::create_dir(&proc).unwrap();
+    }
+    let cmdline = match isolcpus {
+        "" => "ro quiet\n".to_string(),
+        list => format!("ro isolcpus={list}\n"),
+    };
+    fs::write(proc.join("cmdline"), cmdline).unwrap();
+    let mut args = vec!["--proc-root", proc.to_str().unwrap()];
+    args.extend_from_slice(flags);
+    let mut agent = node.spawn_agent(&args);
+    agent.wait_for_log("first pass:");
+    agent
+}
+
+/// A Guaranteed pod of one container of `milli` millicores asking for the isolated pool.
+fn asking(node: &TestNode, name: &str, milli: u64) -> PodSpec {
+    let pod = guaranteed(name, milli);
+    node.fake.annotate_pod(&pod.uid, &[(ANNOTATION, "require")]);
+    pod
+}
+
+fn kubepods_cpus(node: &TestNode) -> String {
+    fs::read_to_string(node.fake.file("kubepods", "cpuset.cpus"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+fn wait_metric(node: &TestNode, name: &str, value: f64) {
+    assert!(
+        poll_until(DEADLINE, || (node.metric(name) == value).then_some(())).is_some(),
+        "{name} != {value}: {:?}",
+        node.metrics()
+    );
+}
+
+/// An asking pod gets whole isolated cores (`full-pcpus-only`), a pod that does not ask never
+/// gets an isolated cpu, nor does the shared pool; a request the pool cannot hold is refused
+/// with its reason; a restart keeps every pin and the refusal; a pod's release returns its
+/// cpus to the isolated pool only, where the refused pod then fits.
+#[test]
+fn agent_isolated_pool_serves_the_asking_pods_only() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let flags = [
+        "--respect-isolcpus",
+        "--cpu-manager-policy-options",
+        "full-pcpus-only=true",
+    ];
+    let mut agent = agent_with_isolcpus(&node, "2-3,10-11", &flags);
+    let fast = asking(&node, "fast", 2000);
+    let fast_id = node.fake.start_pod(&fast).unwrap().remove(0);
+    let plain = guaranteed("plain", 2000);
+    let plain_id = node.fake.start_pod(&plain).unwrap().remove(0);
+    let be = crate::agent_util::best_effort("be");
+    let be_id = node.fake.start_pod(&be).unwrap().remove(0);
+    node.wait_cpus(&fast_id, "2,10");
+    node.wait_cpus(&plain_id, "1,9");
+    let shared = "0,4-8,12-15";
+    node.wait_cpus(&be_id, shared);
+    // The kubepods root holds the isolated cpus pinned there, not the free ones.
+    assert_eq!(kubepods_cpus(&node), "0-2,4-10,12-15");
+
+    // 4 cpus: only core 3 (3,11) is left in the pool. Refused, not served from the 8 free
+    // cpus of the others.
+    let big = asking(&node, "big", 4000);
+    let big_id = node.fake.start_pod(&big).unwrap().remove(0);
+    let refused = |node: &TestNode| {
+        let status = node.wait_status("big refused", |s| {
+            s.converged()
+                && s.by_id(&big_id)
+                    .is_some_and(|r| r.note.contains("IsolatedCPUsError"))
+        });
+        let row = status.by_id(&big_id).unwrap().clone();
+        assert!(!row.exclusive, "{row:?}");
+        assert!(
+            row.note.contains(
+                "pod rejected as the isolated cpus it asks for cannot be given \
+                 (IsolatedCPUsError, container big): the isolated cpus 2-3,10-11 cannot hold a \
+                 request of 4 cpus"
+            ),
+            "{row:?}"
+        );
+        assert_eq!(node.cpus_of(&big, &big_id), shared);
+        wait_metric(node, REJECTED, 1.0);
+    };
+    refused(&node);
+    assert_eq!(
+        agent.log_lines("IsolatedCPUsError").len(),
+        1,
+        "{}",
+        agent.log()
+    );
+    assert!(agent.stop().success());
+
+    // A restart keeps every pin and the refusal.
+    let mut agent = agent_with_isolcpus(&node, "2-3,10-11", &flags);
+    refused(&node);
+    node.wait_cpus(&fast_id, "2,10");
+    node.wait_cpus(&plain_id, "1,9");
+    node.wait_cpus(&be_id, shared);
+    assert!(
+        agent.log_lines("allocated cpus=").is_empty(),
+        "{}",
+        agent.log()
+    );
+
+    // fast goes: 2,10 return to the isolated pool (not the shared pool), where big now fits.
+    node.fake.remove_pod(&fast).unwrap();
+    node.wait_cpus(&big_id, "2-3,10-11");
+    wait_metric(&node, REJECTED, 0.0);
+    assert_eq!(node.cpus_of(&be, &be_id), shared);
+    assert_eq!(kubepods_cpus(&node), "0-15");
+    // big goes: the pool is free again, and the kubepods root leaves it.
+    node.fake.remove_pod(&big).unwrap();
+    poll_until(DEADLINE, || {
+        (kubepods_cpus(&node) == "0-1,4-9,12-15").then_some(())
+    })
+    .unwrap_or_else(|| panic!("{}", kubepods_cpus(&node)));
+    assert_eq!(node.cpus_of(&be, &be_id), shared);
+    assert!(agent.stop().success());
+}
+
+/// The annotation where it cannot be served: without `--respect-isolcpus` (isolated cpus are
+/// ordinary cpus there) and on a node that isolates no cpu, the asking pod is refused with a
+/// reason naming the fix, and the other pods are pinned as before. A value other than
+/// "require" is said once and ignored.
+#[test]
+fn agent_isolated_pool_refuses_what_the_node_cannot_serve() {
+    for (isolcpus, flags, why) in [
+        (
+            "2-3,10-11",
+            &[][..],
+            "but the agent runs without --respect-isolcpus",
+        ),
+        (
+            "",
+            &["--respect-isolcpus"][..],
+            "but this node has none to give (the kernel isolates no cpu",
+        ),
+    ] {
+        let node = TestNode::new(CgroupVersion::V1);
+        let mut agent = agent_with_isolcpus(&node, isolcpus, flags);
+        let fast = asking(&node, "fast", 2000);
+        let fast_id = node.fake.start_pod(&fast).unwrap().remove(0);
+        let odd = guaranteed("odd", 2000);
+        node.fake
+            .annotate_pod(&odd.uid, &[(ANNOTATION, "required")]);
+        let odd_id = node.fake.start_pod(&odd).unwrap().remove(0);
+        let status = node.wait_status("fast refused, odd pinned", |s| {
+            s.converged()
+                && s.by_id(&odd_id).is_some_and(|r| r.exclusive)
+                && s.by_id(&fast_id)
+                    .is_some_and(|r| r.note.contains("IsolatedCPUsError"))
+        });
+        let row = status.by_id(&fast_id).unwrap();
+        assert!(row.note.contains(why), "{row:?}");
+        assert!(!row.exclusive, "{row:?}");
+        wait_metric(&node, REJECTED, 1.0);
+        // The ignored value is said, and the pod pinned from the other cpus.
+        assert_eq!(node.cpus_of(&odd, &odd_id), "1,9");
+        assert_eq!(
+            agent
+                .log_lines("annotation cpusetd.io/isolated-cpus: \"required\" ignored")
+                .len(),
+            1,
+            "{}",
+            agent.log()
+        );
+        assert!(agent.stop().success());
+        node.assert_clean();
+    }
+}
