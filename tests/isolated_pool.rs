@@ -6,18 +6,19 @@
 //! fake 16-cpu node (2 sockets = 2 NUMA nodes of 4 cores, core n = cpus n and n+8).
 
 use std::fs;
+use std::time::Instant;
 
-use cpusetd::cgroupfs::CgroupVersion;
+use cpusetd::cgroupfs::{CgroupPath, CgroupVersion};
 use cpusetd::kubesim::PodSpec;
+use cpusetd::watcher::TreeEvent;
 
 use crate::agent_util::{guaranteed, poll_until, AgentProcess, TestNode, DEADLINE};
 
 const ANNOTATION: &str = "cpusetd.io/isolated-cpus";
 const REJECTED: &str = "cpusetd_pods_rejected{reason=\"IsolatedCPUsError\"}";
 
-/// The agent on `node` with `isolcpus=` on its kernel command line (none when empty), and
-/// `flags`.
-fn agent_with_isolcpus(node: &TestNode, isolcpus: &str, flags: &[&str]) -> AgentProcess {
+/// A procfs for `node` whose kernel command line has `isolcpus=` (none when empty).
+fn proc_with_isolcpus(node: &TestNode, isolcpus: &str) -> String {
     let proc = node.base.join("proc");
     if !proc.exists() {
         fs::create_dir(&proc).unwrap();
@@ -27,7 +28,14 @@ fn agent_with_isolcpus(node: &TestNode, isolcpus: &str, flags: &[&str]) -> Agent
         list => format!("ro isolcpus={list}\n"),
     };
     fs::write(proc.join("cmdline"), cmdline).unwrap();
-    let mut args = vec!["--proc-root", proc.to_str().unwrap()];
+    proc.to_str().unwrap().to_string()
+}
+
+/// The agent on `node` with `isolcpus=` on its kernel command line (none when empty), and
+/// `flags`.
+fn agent_with_isolcpus(node: &TestNode, isolcpus: &str, flags: &[&str]) -> AgentProcess {
+    let proc = proc_with_isolcpus(node, isolcpus);
+    let mut args = vec!["--proc-root", proc.as_str()];
     args.extend_from_slice(flags);
     let mut agent = node.spawn_agent(&args);
     agent.wait_for_log("first pass:");
@@ -62,7 +70,13 @@ fn wait_metric(node: &TestNode, name: &str, value: f64) {
 /// cpus to the isolated pool only, where the refused pod then fits.
 #[test]
 fn agent_isolated_pool_serves_the_asking_pods_only() {
-    let node = TestNode::new(CgroupVersion::V1);
+    for version in [CgroupVersion::V1, CgroupVersion::V2] {
+        serves_the_asking_pods_only(version);
+    }
+}
+
+fn serves_the_asking_pods_only(version: CgroupVersion) {
+    let node = TestNode::new(version);
     let flags = [
         "--respect-isolcpus",
         "--cpu-manager-policy-options",
@@ -140,6 +154,7 @@ fn agent_isolated_pool_serves_the_asking_pods_only() {
     .unwrap_or_else(|| panic!("{}", kubepods_cpus(&node)));
     assert_eq!(node.cpus_of(&be, &be_id), shared);
     assert!(agent.stop().success());
+    node.assert_clean();
 }
 
 /// The annotation where it cannot be served: without `--respect-isolcpus` (isolated cpus are
@@ -190,5 +205,50 @@ fn agent_isolated_pool_refuses_what_the_node_cannot_serve() {
         );
         assert!(agent.stop().success());
         node.assert_clean();
+    }
+}
+
+/// The kubepods root follows the isolated cpus pinned there in incremental passes too: the
+/// chain that pins a pod widens it, and the pod's going narrows it again, although the shared
+/// pool did not change (before, only a shared pool's change made the full pass that narrows
+/// it, so the root kept a free isolated cpu until the next periodic rescan).
+#[test]
+fn controller_narrows_the_kubepods_root_when_an_isolated_pin_goes() {
+    for version in [CgroupVersion::V1, CgroupVersion::V2] {
+        let node = TestNode::new(version);
+        let proc = proc_with_isolcpus(&node, "2-3,10-11");
+        // The node's flags with this procfs instead of the fixture's.
+        let mut flags = node.node_args();
+        let at = flags.iter().position(|f| f == "--proc-root").unwrap();
+        flags[at + 1] = proc;
+        flags.extend(["--reserved-cpus", "0", "--respect-isolcpus"].map(String::from));
+        let mut controller = cpusetd::cli::controller(&flags).unwrap();
+        controller.full_scan().unwrap();
+        controller.pass(Instant::now());
+        assert_eq!(kubepods_cpus(&node), "0-1,4-9,12-15");
+        let fast = asking(&node, "fast", 2000);
+        let fast_id = node.fake.start_pod(&fast).unwrap().remove(0);
+        let cgroup = CgroupPath::new(&node.fake.pod_dir(&fast)).unwrap();
+        let event = TreeEvent::Created {
+            cgroup: cgroup.clone(),
+        };
+        controller.apply_event(event, Instant::now()).unwrap();
+        controller.pass(Instant::now());
+        let incremental = controller.metrics.incremental_passes;
+        assert_eq!(incremental, 1, "{version:?}");
+        assert_eq!(node.cpus_of(&fast, &fast_id), "2,10", "{version:?}");
+        assert_eq!(kubepods_cpus(&node), "0-2,4-10,12-15", "{version:?}");
+
+        node.fake.remove_pod(&fast).unwrap();
+        controller
+            .apply_event(TreeEvent::Removed { cgroup }, Instant::now())
+            .unwrap();
+        controller.pass(Instant::now());
+        assert_eq!(controller.metrics.incremental_passes, incremental + 1);
+        assert_eq!(kubepods_cpus(&node), "0-1,4-9,12-15", "{version:?}");
+        assert_eq!(
+            controller.shared_pool().unwrap().to_string(),
+            "0-1,4-9,12-15"
+        );
     }
 }

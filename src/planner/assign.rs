@@ -1925,4 +1925,92 @@ mod tests {
         assert_eq!(held(&b, &key), "2,6");
         assert!(matches!(&ev[0], AssignEvent::Replaced { .. }), "{ev:?}");
     }
+
+    /// Issue 28, item 3: each pod's cpus come from its pool (the isolated cpus for pods asking
+    /// for them, the others for the rest), what the live tree or a checkpoint shows is kept only
+    /// within it, a full pool rejects the pod without touching the other cpus, and a release
+    /// serves the next asking pod.
+    #[test]
+    fn each_pod_holds_cpus_of_its_own_pool_only() {
+        let set = |t: &str| CpuSet::parse(t).unwrap();
+        let topo = Topology::new(
+            one_socket_four_cores().cpus().to_vec(),
+            CpuSet::new(),
+            set("2-3,6-7"),
+            CpuSet::range(0, 0),
+        )
+        .unwrap();
+        let options = PolicyOptions::default();
+        let p = StaticPolicy::new(&topo, options, ReservedCpus::List(set("0")), true).unwrap();
+        let general = set("0-1,4-5");
+        let isolated = p.isolated_pool().clone();
+        assert_eq!(isolated, set("2-3,6-7"));
+        let iso = |pod: &str, n: usize, current: Option<&str>| ContainerDemand {
+            pool: CpuPool::Isolated,
+            ..demand(named(pod, "app"), Entitlement::Exclusive(n), current)
+        };
+        let run = |d: &[ContainerDemand], live: &[&str], previous: &Assignments| {
+            assign_with(
+                &p,
+                &general,
+                d,
+                &pods(live),
+                previous,
+                (&isolated, NewCpus::Given),
+            )
+        };
+        // A restart without a checkpoint: the asking container on isolated cpus is adopted;
+        // one that does not ask is not, nor is an asking one on the other cpus: both are
+        // allocated from their own pool.
+        let b = demand(named("b", "app"), Entitlement::Exclusive(1), Some("2"));
+        let d = vec![
+            iso("a", 2, Some("3,7")),
+            b.clone(),
+            iso("c", 2, Some("1,5")),
+        ];
+        let (a, _) = run(&d, &["a", "b", "c"], &Assignments::new());
+        assert_eq!(held(&a, &named("a", "app")), "3,7");
+        assert_eq!(held(&a, &named("c", "app")), "2,6");
+        let b_cpus = set(&held(&a, &named("b", "app")));
+        assert!(
+            b_cpus.len() == 1 && b_cpus.is_subset(&set("1,4-5")),
+            "{b_cpus}"
+        );
+
+        // A checkpoint giving a pod cpus of the other pool: moved into its own.
+        let mut wrong = Assignments::new();
+        let on_isolated = ExclusiveAssignment {
+            cpus: set("2"),
+            container_id: None,
+            adopted: None,
+            wanted: None,
+        };
+        wrong.insert(named("b", "app"), on_isolated).unwrap();
+        let (moved, _) = run(&[b.clone()], &["b"], &wrong);
+        assert!(set(&held(&moved, &named("b", "app"))).is_subset(&set("1,4-5")));
+
+        // The pool is full: e is rejected, the other cpus stay free.
+        let mut d = d;
+        d.push(iso("e", 2, None));
+        let (full, ev) = run(&d, &["a", "b", "c", "e"], &a);
+        assert_eq!(held(&full, &named("e", "app")), "");
+        let rejection = full.rejection("e").expect("rejected");
+        assert_eq!(
+            rejection.reason,
+            crate::state::AdmissionReason::IsolatedCpus
+        );
+        assert!(ev.iter().any(|e| matches!(
+            e,
+            AssignEvent::Failed {
+                error: AllocationError::IsolatedPoolTooSmall { requested: 2, .. },
+                ..
+            }
+        )));
+        assert_eq!(full.exclusive_cpus().union(&b_cpus), full.exclusive_cpus());
+        assert_eq!(full.exclusive_cpus().len(), 5);
+        // a goes: its cpus serve e, and e's rejection is gone.
+        let (after, _) = run(&d[1..], &["b", "c", "e"], &full);
+        assert_eq!(held(&after, &named("e", "app")), "3,7");
+        assert!(after.rejection("e").is_none());
+    }
 }
