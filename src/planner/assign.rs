@@ -1986,7 +1986,7 @@ mod tests {
             wanted: None,
         };
         wrong.insert(named("b", "app"), on_isolated).unwrap();
-        let (moved, _) = run(&[b.clone()], &["b"], &wrong);
+        let (moved, _) = run(std::slice::from_ref(&b), &["b"], &wrong);
         assert!(set(&held(&moved, &named("b", "app"))).is_subset(&set("1,4-5")));
 
         // The pool is full: e is rejected, the other cpus stay free.

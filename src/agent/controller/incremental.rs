@@ -122,18 +122,25 @@ impl Controller {
             let full = self.full_pass(now);
             return Some(outcome.then(full));
         }
-        if pool_changed {
-            // The pool's members (as the last full pass counted them) wait for the full pass.
-            self.metrics.writes_held_back += self.shared_members as u64;
-            self.deadlines.full_pass.owe(now, now + COALESCE_QUIET);
-        } else if root_changed {
-            // The kubepods root's narrowing waits for the full pass.
-            self.metrics.writes_held_back += 1;
-            self.deadlines.full_pass.owe(now, now + COALESCE_QUIET);
-        }
+        self.hold_back_for_full_pass(now, pool_changed, root_changed);
         self.update_irqs(false);
         self.update_sched_balance(false);
         Some(outcome)
+    }
+
+    /// What a chain left undone waits for a full pass, coalesced: the shared pool's members
+    /// (as the last full pass counted them) when the pool changed, else the kubepods root's
+    /// narrowing when only it changed.
+    fn hold_back_for_full_pass(&mut self, now: Instant, pool_changed: bool, root_changed: bool) {
+        let held_back = if pool_changed {
+            self.shared_members as u64
+        } else if root_changed {
+            1
+        } else {
+            return;
+        };
+        self.metrics.writes_held_back += held_back;
+        self.deadlines.full_pass.owe(now, now + COALESCE_QUIET);
     }
 
     /// The pods whose chains an incremental pass plans, when it may: every change since the
