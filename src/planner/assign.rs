@@ -834,12 +834,20 @@ impl<'a> PoolCpus<'a> {
     ) -> Self {
         let isolated = policy.allocatable_in(CpuPool::Isolated, isolated_cpus);
         let general_allocatable = policy.allocatable(pool_cpus);
+        // Without an isolated pool and a pod asking for one, every pod's pool is the general
+        // one, which is what an empty map says (`either` is `general` then): the usual node
+        // builds no map.
+        let by_pod = if isolated.is_empty() && demands.iter().all(|d| d.pool == CpuPool::General) {
+            BTreeMap::new()
+        } else {
+            demands.iter().map(|d| (d.key.pod_uid(), d.pool)).collect()
+        };
         PoolCpus {
             pool_cpus,
             either_allocatable: general_allocatable.union(&isolated),
             isolated,
             general_allocatable,
-            by_pod: demands.iter().map(|d| (d.key.pod_uid(), d.pool)).collect(),
+            by_pod,
         }
     }
 
