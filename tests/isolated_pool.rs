@@ -31,6 +31,17 @@ fn proc_with_isolcpus(node: &TestNode, isolcpus: &str) -> String {
     proc.to_str().unwrap().to_string()
 }
 
+/// The in-process controller on `node` (cpu 0 reserved, `--respect-isolcpus`) with
+/// `isolcpus=` on its kernel command line.
+fn controller_with_isolcpus(node: &TestNode, isolcpus: &str) -> cpusetd::agent::Controller {
+    // The node's flags with this procfs instead of the fixture's.
+    let mut flags = node.node_args();
+    let at = flags.iter().position(|f| f == "--proc-root").unwrap();
+    flags[at + 1] = proc_with_isolcpus(node, isolcpus);
+    flags.extend(["--reserved-cpus", "0", "--respect-isolcpus"].map(String::from));
+    cpusetd::cli::controller(&flags).unwrap()
+}
+
 /// The agent on `node` with `isolcpus=` on its kernel command line (none when empty), and
 /// `flags`.
 fn agent_with_isolcpus(node: &TestNode, isolcpus: &str, flags: &[&str]) -> AgentProcess {
@@ -216,13 +227,8 @@ fn agent_isolated_pool_refuses_what_the_node_cannot_serve() {
 fn controller_narrows_the_kubepods_root_when_an_isolated_pin_goes() {
     for version in [CgroupVersion::V1, CgroupVersion::V2] {
         let node = TestNode::new(version);
-        let proc = proc_with_isolcpus(&node, "2-3,10-11");
         // The node's flags with this procfs instead of the fixture's.
-        let mut flags = node.node_args();
-        let at = flags.iter().position(|f| f == "--proc-root").unwrap();
-        flags[at + 1] = proc;
-        flags.extend(["--reserved-cpus", "0", "--respect-isolcpus"].map(String::from));
-        let mut controller = cpusetd::cli::controller(&flags).unwrap();
+        let mut controller = controller_with_isolcpus(&node, "2-3,10-11");
         controller.full_scan().unwrap();
         controller.pass(Instant::now());
         assert_eq!(kubepods_cpus(&node), "0-1,4-9,12-15");
@@ -251,4 +257,164 @@ fn controller_narrows_the_kubepods_root_when_an_isolated_pin_goes() {
             "0-1,4-9,12-15"
         );
     }
+}
+
+/// One step of [`incremental_and_full_passes_keep_the_pools_apart`].
+#[derive(Debug, Clone)]
+enum Step {
+    /// A Guaranteed pod of one container of n whole cpus, asking for the isolated pool or not.
+    Start {
+        cpus: u64,
+        asks: bool,
+    },
+    BestEffort,
+    /// The n-th live pod is deleted.
+    Delete(usize),
+    /// Time passes: whatever the controller scheduled is due.
+    Wait,
+}
+
+/// Random pods asking for the isolated pool or not, starting and going, each handed to the
+/// in-process controller as the watcher would (with and without a watcher's coalescing).
+/// Debug builds hold every incremental pass to a full plan of the same model. After every
+/// step no container runs on a free isolated cpu; once settled, a container on an isolated
+/// cpu is an asking pod's, on isolated cpus only, holding its whole request. At the end a full pass writes nothing and
+/// the kubepods root is the other cpus and the isolated cpus pinned.
+#[test]
+fn incremental_and_full_passes_keep_the_pools_apart() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let isolated = cpusetd::cpuset::CpuSet::parse("2-3,10-11").unwrap();
+    let step = prop_oneof![
+        4 => (1u64..=2, any::<bool>()).prop_map(|(cpus, asks)| Step::Start { cpus, asks }),
+        1 => Just(Step::BestEffort),
+        3 => (0usize..8).prop_map(Step::Delete),
+        2 => Just(Step::Wait),
+    ];
+    // Asking pods seen pinned in the pool and seen refused, over every case.
+    let totals = std::cell::Cell::new((0u32, 0u32));
+    let mut runner = TestRunner::new(Config {
+        cases: 16,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(
+            &(any::<bool>(), proptest::collection::vec(step, 1..24)),
+            |(watcher, steps)| {
+                let node = TestNode::new(CgroupVersion::V1);
+                let mut controller = controller_with_isolcpus(&node, "2-3,10-11");
+                if watcher {
+                    let arrivals = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+                    controller.watch_arrivals(arrivals);
+                }
+                controller.full_scan().unwrap();
+                controller.pass(Instant::now());
+                let (mut served, mut rejected) = (0u32, 0u32);
+                // (pod, container id, whole cpus, asks)
+                let mut pods: Vec<(PodSpec, String, u64, bool)> = Vec::new();
+                for step in steps {
+                    let now = Instant::now();
+                    let event = match step {
+                        Step::Start { cpus, asks } => {
+                            let p = if asks {
+                                asking(&node, "a", cpus * 1000)
+                            } else {
+                                guaranteed("g", cpus * 1000)
+                            };
+                            // The other cpus stay roomy: 7 allocatable, at most 6 pinned.
+                            let general: u64 =
+                                pods.iter().filter(|p| !p.3).map(|p| p.2).sum::<u64>();
+                            if !asks && general + cpus > 6 {
+                                continue;
+                            }
+                            let id = node.fake.start_pod(&p).unwrap().remove(0);
+                            let cgroup = CgroupPath::new(&node.fake.pod_dir(&p)).unwrap();
+                            pods.push((p, id, cpus, asks));
+                            Some(TreeEvent::Created { cgroup })
+                        }
+                        Step::BestEffort => {
+                            let p = crate::agent_util::best_effort("e");
+                            let id = node.fake.start_pod(&p).unwrap().remove(0);
+                            let cgroup = CgroupPath::new(&node.fake.pod_dir(&p)).unwrap();
+                            pods.push((p, id, 0, false));
+                            Some(TreeEvent::Created { cgroup })
+                        }
+                        Step::Delete(n) if !pods.is_empty() => {
+                            let (p, ..) = pods.remove(n % pods.len());
+                            node.fake.remove_pod(&p).unwrap();
+                            let cgroup = CgroupPath::new(&node.fake.pod_dir(&p)).unwrap();
+                            Some(TreeEvent::Removed { cgroup })
+                        }
+                        Step::Delete(_) => None,
+                        Step::Wait => {
+                            if let Some(due) = controller.next_deadline() {
+                                if controller.on_deadlines(due) {
+                                    controller.pass(due);
+                                }
+                            }
+                            None
+                        }
+                    };
+                    if let Some(event) = event {
+                        controller.apply_event(event, now).unwrap();
+                    }
+                    controller.pass(now);
+                    let pinned = controller.assignments().exclusive_cpus();
+                    let free_isolated = isolated.difference(&pinned);
+                    let settled = controller.next_deadline().is_none();
+                    for (p, id, whole, asks) in &pods {
+                        let text = node.fake.container_cpus(p, id).unwrap();
+                        let cpus = cpusetd::cpuset::CpuSet::parse(&text).unwrap();
+                        // Never a free isolated cpu: the kubepods root does not hold one.
+                        prop_assert!(cpus.is_disjoint(&free_isolated), "{id} runs on {cpus}");
+                        // Once settled, an isolated cpu is an asking pod's pin only (a new
+                        // container starts on its parent's set, which may hold other pods'
+                        // pins, until the agent narrows it, as for any exclusive cpu).
+                        if settled && !cpus.is_disjoint(&isolated) {
+                            prop_assert!(*asks, "{id} (not asking) runs on {cpus}");
+                            prop_assert!(cpus.is_subset(&isolated), "{id} runs on {cpus}");
+                            prop_assert_eq!(cpus.len() as u64, *whole, "{} on {}", id, cpus);
+                        }
+                        // An asking pod is pinned there or refused, never served elsewhere.
+                        if settled && *asks && cpus.is_disjoint(&isolated) {
+                            let rejection = controller.assignments().rejection(&p.uid);
+                            prop_assert!(
+                                rejection
+                                    .is_some_and(|r| r.reason.to_string() == "IsolatedCPUsError"),
+                                "{id} asks and runs on {cpus}"
+                            );
+                            rejected += 1;
+                        } else if settled && *asks {
+                            served += 1;
+                        }
+                    }
+                }
+                while let Some(due) = controller.next_deadline() {
+                    if !controller.on_deadlines(due) {
+                        break;
+                    }
+                    controller.pass(due);
+                }
+                controller.full_scan().unwrap();
+                let outcome = controller.pass(Instant::now());
+                prop_assert_eq!(outcome.writes, 0, "a full pass after the steps still wrote");
+                let pinned = controller
+                    .assignments()
+                    .exclusive_cpus()
+                    .intersection(&isolated);
+                let mut root = cpusetd::cpuset::CpuSet::parse("0-1,4-9,12-15").unwrap();
+                root.extend_from(&pinned);
+                prop_assert_eq!(kubepods_cpus(&node), root.to_string());
+                totals.set((totals.get().0 + served, totals.get().1 + rejected));
+                Ok(())
+            },
+        )
+        .unwrap();
+    // The property is about both outcomes: the sequences made each.
+    let (served, rejected) = totals.get();
+    assert!(
+        served > 0 && rejected > 0,
+        "{served} served, {rejected} refused"
+    );
 }
