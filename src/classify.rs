@@ -43,6 +43,14 @@ pub const EXCLUSIVE_ANNOTATION: &str = "cpusetd.io/exclusive";
 /// Prefix of the per-container opt-out: `cpusetd.io/exclusive.<container-name>: "false"`.
 pub const EXCLUSIVE_CONTAINER_ANNOTATION_PREFIX: &str = "cpusetd.io/exclusive.";
 
+/// Pod annotation asking for the pod's exclusive CPUs from the kernel's isolated CPUs
+/// (`isolcpus=`, sysfs `isolated`) under `--respect-isolcpus`: `"require"` (the only value with
+/// an effect) means from there or not at all: a request the isolated pool cannot hold rejects
+/// the pod (`IsolatedCPUsError`) rather than pinning it elsewhere.
+pub const ISOLATED_CPUS_ANNOTATION: &str = "cpusetd.io/isolated-cpus";
+/// The value of [`ISOLATED_CPUS_ANNOTATION`] that asks for the isolated pool.
+pub const ISOLATED_CPUS_REQUIRE: &str = "require";
+
 /// CRI-O's high-performance pod annotations (the same names and values on every runtime):
 /// `"disable"` turns the isolation on for the pod's containers that hold exclusive CPUs;
 /// `"true"` is CRI-O's older spelling, still accepted (with a notice); `"enable"`/`"false"`
@@ -485,6 +493,8 @@ pub enum Notice {
         value: String,
         expected: &'static str,
     },
+    /// `cpusetd.io/isolated-cpus` with a value other than "require".
+    IgnoredIsolatedCpusValue { value: String },
 }
 
 impl fmt::Display for Notice {
@@ -533,6 +543,11 @@ impl fmt::Display for Notice {
                 excerpt(key),
                 excerpt(value)
             ),
+            Notice::IgnoredIsolatedCpusValue { value } => write!(
+                f,
+                "annotation {ISOLATED_CPUS_ANNOTATION}: {:?} ignored: only \"{ISOLATED_CPUS_REQUIRE}\" has an effect (exclusive cpus come from the other cpus)",
+                excerpt(value)
+            ),
         }
     }
 }
@@ -554,6 +569,9 @@ pub struct Classification {
     pub pod_namespace: Option<String>,
     /// The pod's high-performance annotations (in force only while it holds exclusive CPUs).
     pub isolation: Isolation,
+    /// The pod asks for its exclusive CPUs from the isolated pool
+    /// ([`ISOLATED_CPUS_ANNOTATION`]: `"require"`).
+    pub isolated_cpus: bool,
     /// For containers and sandboxes with readable CPU settings.
     pub resources: Option<CpuResources>,
     pub exclusivity: Exclusivity,
@@ -574,6 +592,7 @@ impl Classification {
             pod_name: None,
             pod_namespace: None,
             isolation: Isolation::default(),
+            isolated_cpus: false,
             resources: None,
             exclusivity: Exclusivity::NotApplicable,
             notices: Vec::new(),
@@ -1194,6 +1213,22 @@ fn looks_like_pause(qos: QosClass, resources: Option<(CpuResources, Option<u64>)
     }
 }
 
+/// Whether the pod asks for the isolated pool ([`ISOLATED_CPUS_ANNOTATION`]); notes values
+/// that mean nothing.
+fn wants_isolated_cpus(runtime: Option<&RuntimeInfo>, notices: &mut Vec<Notice>) -> bool {
+    let Some(value) = runtime.and_then(|r| r.annotation(ISOLATED_CPUS_ANNOTATION)) else {
+        return false;
+    };
+    let value = value.trim();
+    if value.eq_ignore_ascii_case(ISOLATED_CPUS_REQUIRE) {
+        return true;
+    }
+    notices.push(Notice::IgnoredIsolatedCpusValue {
+        value: value.to_string(),
+    });
+    false
+}
+
 /// The opt-out annotation that applies, if any; notes values that mean nothing.
 fn opted_out(
     runtime: Option<&RuntimeInfo>,
@@ -1324,6 +1359,7 @@ pub fn classify(
         return classification;
     }
     classification.isolation = isolation(runtime, notices);
+    classification.isolated_cpus = wants_isolated_cpus(runtime, notices);
 
     let decision = match resources {
         _ if qos != QosClass::Guaranteed => Err(SharedReason::NotGuaranteed { qos }),

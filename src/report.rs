@@ -203,8 +203,11 @@ pub fn rows(
             (_, None, _, Exclusivity::Exclusive { .. }) if rejection.is_some() => {
                 let r = rejection.expect("checked");
                 format!(
-                    "shared: pod rejected as kubelet would reject it ({}, container {}): {}",
-                    r.reason, r.container, r.message
+                    "shared: pod rejected {} ({}, container {}): {}",
+                    r.reason.rejected_as(),
+                    r.reason,
+                    r.container,
+                    r.message
                 )
             }
             (_, Some(held), failure, _) if held.wanted.is_some() => format!(

@@ -111,12 +111,31 @@ pub enum AdmissionReason {
     /// Any other allocation failure (not enough cpus): kubelet's `UnexpectedAdmissionError`.
     #[serde(rename = "UnexpectedAdmissionError")]
     Unexpected,
+    /// Not kubelet's: a pod asking for isolated cpus (`cpusetd.io/isolated-cpus`) that the
+    /// isolated pool cannot serve (too small, none on the node, or `--respect-isolcpus` off).
+    /// Named in kubelet's style; it is never served from the other cpus instead.
+    #[serde(rename = "IsolatedCPUsError")]
+    IsolatedCpus,
 }
 
 impl AdmissionReason {
+    /// How the log and `status` say a pod was rejected for this reason: kubelet's reasons "as
+    /// kubelet would reject it"; the isolated pool's is cpusetd's own.
+    pub fn rejected_as(&self) -> &'static str {
+        match self {
+            AdmissionReason::SmtAlignment | AdmissionReason::Unexpected => {
+                "as kubelet would reject it"
+            }
+            AdmissionReason::IsolatedCpus => "as the isolated cpus it asks for cannot be given",
+        }
+    }
+
     /// Every reason, in the order metrics list them.
-    pub const ALL: [AdmissionReason; 2] =
-        [AdmissionReason::SmtAlignment, AdmissionReason::Unexpected];
+    pub const ALL: [AdmissionReason; 3] = [
+        AdmissionReason::SmtAlignment,
+        AdmissionReason::Unexpected,
+        AdmissionReason::IsolatedCpus,
+    ];
 }
 
 impl fmt::Display for AdmissionReason {
@@ -124,6 +143,7 @@ impl fmt::Display for AdmissionReason {
         f.write_str(match self {
             AdmissionReason::SmtAlignment => "SMTAlignmentError",
             AdmissionReason::Unexpected => "UnexpectedAdmissionError",
+            AdmissionReason::IsolatedCpus => "IsolatedCPUsError",
         })
     }
 }

@@ -25,6 +25,7 @@ mod hostile;
 mod hostile_agent;
 mod hotplug;
 mod irqbalance;
+mod isolated_pool;
 mod isolation;
 mod kubelet_vectors;
 mod migration;

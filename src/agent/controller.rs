@@ -400,6 +400,11 @@ impl Controller {
         self.pools.as_ref().map(|p| &p.shared)
     }
 
+    /// Every cpu pods may use after the last pass (the kubepods root's set).
+    pub fn pod_cpus(&self) -> Option<&CpuSet> {
+        self.pools.as_ref().map(|p| &p.pod_cpus)
+    }
+
     /// (containers, exclusive containers) after the last pass.
     pub fn counts(&self) -> (usize, usize) {
         (

@@ -31,5 +31,5 @@ pub use options::{
     STRICT_CPU_RESERVATION,
 };
 pub use policy::{
-    AllocationError, Assignments, PolicyError, ReservedCpus, StateError, StaticPolicy,
+    AllocationError, Assignments, CpuPool, PolicyError, ReservedCpus, StateError, StaticPolicy,
 };

@@ -5,6 +5,10 @@
 //! the reserved CPUs under `strict-cpu-reservation`). Exclusive CPUs come from the shared pool
 //! minus the reserved CPUs, and with `respect_isolcpus` minus the isolated CPUs as well (removed
 //! after the reservation was chosen, so a count reservation may still land on isolated CPUs).
+//! With `respect_isolcpus` the isolated CPUs (but the reserved ones) are a pool of their own,
+//! [`CpuPool::Isolated`], for pods that ask for it (`cpusetd.io/isolated-cpus: require`): the
+//! same alignment rules over those CPUs only, and a request they cannot hold is refused
+//! ([`AdmissionReason::IsolatedCpus`](crate::state::AdmissionReason)), never served elsewhere.
 //!
 //! On top of kubelet, cpusetd refuses an allocation that would take the last CPUs of the shared
 //! pool, and checks every result against the allocatable pool, so fixture-style topologies
@@ -19,6 +23,18 @@ use super::index::TopologyIndex;
 use super::options::{OptionsError, PolicyOptions};
 use crate::cpuset::CpuSet;
 use crate::topology::Topology;
+
+/// Which CPUs an exclusive allocation may come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CpuPool {
+    /// Every CPU of the shared pool but the reserved ones, and the isolated ones under
+    /// `--respect-isolcpus` (kubelet's pool).
+    #[default]
+    General,
+    /// Only the kernel's isolated CPUs, without the reserved ones: a pod's
+    /// `cpusetd.io/isolated-cpus: require` under `--respect-isolcpus`.
+    Isolated,
+}
 
 /// How the reserved CPUs are chosen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,6 +139,40 @@ pub enum AllocationError {
         cpus: CpuSet,
         allocatable: CpuSet,
     },
+    /// `cpusetd.io/isolated-cpus` while isolated CPUs are ordinary CPUs.
+    #[error(
+        "the pod asks for isolated cpus ({}: require) but the agent runs without \
+         --respect-isolcpus, so isolated cpus are ordinary cpus here: start it with \
+         --respect-isolcpus or drop the annotation",
+        crate::classify::ISOLATED_CPUS_ANNOTATION
+    )]
+    IsolatedPoolOff,
+    /// `cpusetd.io/isolated-cpus` on a node with no isolated CPU left for pods.
+    #[error(
+        "the pod asks for isolated cpus ({}: require) but this node has none to give ({})",
+        crate::classify::ISOLATED_CPUS_ANNOTATION,
+        no_isolated_cpus(isolated)
+    )]
+    NoIsolatedCpus { isolated: CpuSet },
+    /// `cpusetd.io/isolated-cpus`: the isolated pool cannot hold the request.
+    #[error(
+        "the isolated cpus {pool} cannot hold a request of {requested} cpus ({}: require; \
+         never served from other cpus): {cause}",
+        crate::classify::ISOLATED_CPUS_ANNOTATION
+    )]
+    IsolatedPoolTooSmall {
+        requested: usize,
+        pool: CpuSet,
+        cause: Box<AllocationError>,
+    },
+}
+
+fn no_isolated_cpus(isolated: &CpuSet) -> String {
+    if isolated.is_empty() {
+        "the kernel isolates no cpu: no isolcpus= domain cpus, sysfs isolated is empty".to_string()
+    } else {
+        format!("its isolated cpus {isolated} are all reserved")
+    }
 }
 
 impl AllocationError {
@@ -133,6 +183,7 @@ impl AllocationError {
             AllocationError::SmtNotEnoughPhysicalCpus {
                 available_physical, ..
             } => Some(*available_physical),
+            AllocationError::IsolatedPoolTooSmall { cause, .. } => cause.available(),
             _ => None,
         }
     }
@@ -143,6 +194,11 @@ impl AllocationError {
             AllocationError::SmtNotMultipleOfCore { .. }
             | AllocationError::SmtNotEnoughPhysicalCpus { .. }
             | AllocationError::SmtSplitsCore { .. } => crate::state::AdmissionReason::SmtAlignment,
+            AllocationError::IsolatedPoolOff
+            | AllocationError::NoIsolatedCpus { .. }
+            | AllocationError::IsolatedPoolTooSmall { .. } => {
+                crate::state::AdmissionReason::IsolatedCpus
+            }
             _ => crate::state::AdmissionReason::Unexpected,
         }
     }
@@ -151,7 +207,8 @@ impl AllocationError {
     /// text; any other wrapped as `Allocate failed due to …, which is unexpected`.
     pub fn admission_message(&self) -> String {
         match self.admission_reason() {
-            crate::state::AdmissionReason::SmtAlignment => self.to_string(),
+            crate::state::AdmissionReason::SmtAlignment
+            | crate::state::AdmissionReason::IsolatedCpus => self.to_string(),
             crate::state::AdmissionReason::Unexpected => {
                 format!("Allocate failed due to {self}, which is unexpected")
             }
@@ -207,6 +264,11 @@ pub struct StaticPolicy {
     /// Every thread of every core holding a reserved or excluded CPU (kubelet's
     /// `reservedPhysicalCPUs`, plus the excluded CPUs' cores).
     unavailable_physical: CpuSet,
+    /// The isolated pool ([`CpuPool::Isolated`]): the excluded CPUs but the reserved ones.
+    isolated_pool: CpuSet,
+    /// Every thread of every core holding a CPU outside the isolated pool: the isolated pool's
+    /// `unavailable_physical`.
+    isolated_unavailable_physical: CpuSet,
     cpu_group_size: usize,
     /// The best-fit tables when `--placement best-fit` chose cpusetd's own placement; `None`
     /// for kubelet's.
@@ -234,6 +296,8 @@ impl StaticPolicy {
             reserved: CpuSet::new(),
             excluded: CpuSet::new(),
             unavailable_physical: CpuSet::new(),
+            isolated_pool: CpuSet::new(),
+            isolated_unavailable_physical: CpuSet::new(),
             best_fit: None,
             respect_isolcpus,
         };
@@ -267,6 +331,10 @@ impl StaticPolicy {
         policy.unavailable_physical = policy
             .index
             .expand_to_cores(&reserved.union(&policy.excluded));
+        policy.isolated_pool = policy.excluded.difference(&reserved);
+        policy.isolated_unavailable_physical = policy
+            .index
+            .expand_to_cores(&policy.index.all_cpus().difference(&policy.isolated_pool));
         policy.reserved = reserved;
         let mut pod_cpus = policy.initial_shared_pool();
         pod_cpus.remove_all(&policy.excluded);
@@ -366,6 +434,21 @@ impl StaticPolicy {
         allocatable
     }
 
+    /// The isolated pool: the isolated CPUs but the reserved ones under `respect_isolcpus`;
+    /// empty without it.
+    pub fn isolated_pool(&self) -> &CpuSet {
+        &self.isolated_pool
+    }
+
+    /// CPUs of `free` that `pool` may hand out exclusively: [`Self::allocatable`] for the
+    /// general pool, the isolated pool's share of `free` for the isolated one.
+    pub fn allocatable_in(&self, pool: CpuPool, free: &CpuSet) -> CpuSet {
+        match pool {
+            CpuPool::General => self.allocatable(free),
+            CpuPool::Isolated => free.intersection(&self.isolated_pool),
+        }
+    }
+
     /// kubelet's `policy.takeByTopology`: the option-selected algorithm on `available`.
     pub fn take_by_topology(&self, available: &CpuSet, count: usize) -> Result<CpuSet, TakeError> {
         let strategy = if self.options.distribute_cpus_across_cores {
@@ -424,9 +507,61 @@ impl StaticPolicy {
         numa_hint: Option<&CpuSet>,
         reusable: &CpuSet,
     ) -> Result<CpuSet, AllocationError> {
+        self.allocate_in(CpuPool::General, request, shared_pool, numa_hint, reusable)
+    }
+
+    /// [`Self::allocate`] from `pool`. For the isolated pool `free` holds the isolated CPUs no
+    /// one holds; every failure but a request that is not whole cores (and the scan's limit)
+    /// is [`AllocationError::IsolatedPoolTooSmall`], and without an isolated pool the request
+    /// is refused outright: it is never served from other CPUs.
+    pub fn allocate_in(
+        &self,
+        pool: CpuPool,
+        request: usize,
+        free: &CpuSet,
+        numa_hint: Option<&CpuSet>,
+        reusable: &CpuSet,
+    ) -> Result<CpuSet, AllocationError> {
+        if request == 0 || pool == CpuPool::General {
+            return self.allocate_from(pool, request, free, numa_hint, reusable);
+        }
+        if !self.respect_isolcpus {
+            return Err(AllocationError::IsolatedPoolOff);
+        }
+        if self.isolated_pool.is_empty() {
+            return Err(AllocationError::NoIsolatedCpus {
+                isolated: self.excluded.clone(),
+            });
+        }
+        self.allocate_from(pool, request, free, numa_hint, reusable)
+            .map_err(|cause| match cause {
+                AllocationError::SmtNotMultipleOfCore { .. } | AllocationError::ScanIncomplete => {
+                    cause
+                }
+                cause => AllocationError::IsolatedPoolTooSmall {
+                    requested: request,
+                    pool: self.isolated_pool.clone(),
+                    cause: Box::new(cause),
+                },
+            })
+    }
+
+    /// [`Self::allocate_in`] past the isolated pool's own checks.
+    fn allocate_from(
+        &self,
+        pool: CpuPool,
+        request: usize,
+        shared_pool: &CpuSet,
+        numa_hint: Option<&CpuSet>,
+        reusable: &CpuSet,
+    ) -> Result<CpuSet, AllocationError> {
         if request == 0 {
             return Ok(CpuSet::new());
         }
+        let unavailable_physical = match pool {
+            CpuPool::General => &self.unavailable_physical,
+            CpuPool::Isolated => &self.isolated_unavailable_physical,
+        };
         if self.options.full_pcpus_only {
             let group_size = self.cpu_group_size.max(1);
             if request % group_size != 0 {
@@ -435,7 +570,7 @@ impl StaticPolicy {
                     cpus_per_core: self.cpu_group_size,
                 });
             }
-            let available_physical = shared_pool.difference(&self.unavailable_physical).len();
+            let available_physical = shared_pool.difference(unavailable_physical).len();
             if request > available_physical {
                 return Err(AllocationError::SmtNotEnoughPhysicalCpus {
                     available_physical,
@@ -454,13 +589,13 @@ impl StaticPolicy {
                 Some(cpus) => Ok(cpus),
                 None => self.take_by_topology(available, count),
             };
-            let placed = self.place(request, shared_pool, numa_hint, reusable, take);
+            let placed = self.place((pool, request), shared_pool, numa_hint, reusable, take);
             if placed.is_ok() {
                 return placed;
             }
         }
         self.place(
-            request,
+            (pool, request),
             shared_pool,
             numa_hint,
             reusable,
@@ -471,7 +606,7 @@ impl StaticPolicy {
     /// [`Self::allocate`] after the admission checks, with `take` choosing the CPUs.
     fn place(
         &self,
-        request: usize,
+        (pool, request): (CpuPool, usize),
         shared_pool: &CpuSet,
         numa_hint: Option<&CpuSet>,
         reusable: &CpuSet,
@@ -479,7 +614,7 @@ impl StaticPolicy {
     ) -> Result<CpuSet, AllocationError> {
         let hybrid_full_cores =
             self.options.full_pcpus_only && self.index.has_heterogeneous_cores();
-        let mut allocatable = self.allocatable(shared_pool).union(reusable);
+        let mut allocatable = self.allocatable_in(pool, shared_pool).union(reusable);
         if hybrid_full_cores {
             allocatable = self.index.whole_core_cpus(&allocatable);
         }
@@ -516,7 +651,8 @@ impl StaticPolicy {
                 cpus: result,
             });
         }
-        if !shared_pool.is_empty() && shared_pool.is_subset(&result) {
+        // The isolated pool may be emptied: no container but its own runs there.
+        if pool == CpuPool::General && !shared_pool.is_empty() && shared_pool.is_subset(&result) {
             return Err(AllocationError::WouldEmptySharedPool {
                 requested: request,
                 cpus: result,
@@ -540,11 +676,22 @@ impl StaticPolicy {
         shared_pool: &CpuSet,
         reusable: &CpuSet,
     ) -> Option<CpuSet> {
+        self.socket_aligned_hint_in(CpuPool::General, request, shared_pool, reusable)
+    }
+
+    /// [`Self::socket_aligned_hint`] over the CPUs of `pool`.
+    pub fn socket_aligned_hint_in(
+        &self,
+        pool: CpuPool,
+        request: usize,
+        shared_pool: &CpuSet,
+        reusable: &CpuSet,
+    ) -> Option<CpuSet> {
         let ids = self.index.numa_node_ids();
         if ids.is_empty() || ids.len() > 8 || request == 0 {
             return None;
         }
-        let available = self.allocatable(shared_pool).union(reusable);
+        let available = self.allocatable_in(pool, shared_pool).union(reusable);
         let min_sockets = self.index.min_sockets_for(request);
         let mut best: Option<(bool, usize, u32, CpuSet)> = None;
         for mask in 1u32..(1 << ids.len()) {

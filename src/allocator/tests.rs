@@ -639,3 +639,144 @@ proptest! {
         }
     }
 }
+
+/// `topo` with `isolated` as the kernel's isolated cpus.
+fn with_isolated(topo: &Topology, isolated: &str) -> Topology {
+    Topology::new(
+        topo.cpus().to_vec(),
+        CpuSet::new(),
+        set(isolated),
+        topo.memory_nodes().clone(),
+    )
+    .unwrap()
+}
+
+/// Issue 28, item 3: the isolated pool places a request as the policy in force places it over
+/// the isolated cpus alone (kubelet's algorithm, `full-pcpus-only`, best fit), and the general
+/// pool never hands one of them out.
+#[test]
+fn the_isolated_pool_places_with_the_policys_own_rules() {
+    // Isolated: cores 2-4 of NUMA node 0 (cpus 2-4 + 42-44) and 20-22 of node 2 (one socket
+    // further), with thread 45 of core 5 alone.
+    let topo = with_isolated(&dual_socket_multi_numa_ht(), "2-4,20-22,42-45,60-62");
+    let isolated = set("2-4,20-22,42-45,60-62");
+    let none = CpuSet::new();
+    let kubelet = StaticPolicy::new(
+        &topo,
+        PolicyOptions::default(),
+        ReservedCpus::Count(2),
+        true,
+    )
+    .unwrap();
+    assert_eq!(kubelet.isolated_pool(), &isolated);
+    for n in 1..=isolated.len() {
+        let got = kubelet
+            .allocate_in(CpuPool::Isolated, n, &isolated, None, &none)
+            .unwrap();
+        assert_eq!(got, kubelet.take_by_topology(&isolated, n).unwrap(), "{n}");
+        let general = kubelet.allocate(n, topo.all_cpus(), None, &none).unwrap();
+        assert!(general.is_disjoint(&isolated), "{n}: {general}");
+    }
+    let full = PolicyOptions::parse("full-pcpus-only=true").unwrap();
+    let whole = StaticPolicy::new(&topo, full, ReservedCpus::Count(2), true).unwrap();
+    let best = whole.clone().with_placement(Placement::BestFit).unwrap();
+    let index = whole.topology_index();
+    for p in [&whole, &best] {
+        for n in (2..=12).step_by(2) {
+            let got = p
+                .allocate_in(CpuPool::Isolated, n, &isolated, None, &none)
+                .unwrap();
+            assert!(got.is_subset(&isolated), "{n}: {got}");
+            // Whole cores only: 45's sibling 5 is not isolated, so 45 is never taken.
+            assert_eq!(index.whole_core_cpus(&got), got, "{n}: {got}");
+            assert!(!got.contains(45), "{n}: {got}");
+        }
+    }
+    // Best fit keeps a request within one NUMA node where it can.
+    let four = best
+        .allocate_in(CpuPool::Isolated, 4, &isolated, None, &none)
+        .unwrap();
+    assert_eq!(best.numa_nodes_of(&four).len(), 1, "{four}");
+}
+
+/// Issue 28, item 3: what the isolated pool cannot serve is refused with a reason of its own
+/// (`IsolatedCPUsError`), never served from other cpus; a request that is not whole cores is
+/// still kubelet's SMT alignment error.
+#[test]
+fn the_isolated_pool_refuses_what_it_cannot_hold() {
+    let none = CpuSet::new();
+    let topo = with_isolated(&single_socket_ht(), "1-2,5");
+    let full = PolicyOptions::parse("full-pcpus-only=true").unwrap();
+    let p = StaticPolicy::new(&topo, full, ReservedCpus::List(set("0")), true).unwrap();
+    let pool = set("1-2,5");
+    // Core 1 (1,5) is whole; core 2 (2,6) is not: 2 cpus fit, 4 do not.
+    assert_eq!(
+        p.allocate_in(CpuPool::Isolated, 2, &pool, None, &none),
+        Ok(set("1,5"))
+    );
+    let err = p
+        .allocate_in(CpuPool::Isolated, 4, &pool, None, &none)
+        .unwrap_err();
+    assert!(
+        matches!(&err, AllocationError::IsolatedPoolTooSmall { requested: 4, pool: p, cause }
+            if *p == set("1-2,5")
+                && matches!(**cause, AllocationError::SmtNotEnoughPhysicalCpus { .. })),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.admission_reason(),
+        crate::state::AdmissionReason::IsolatedCpus
+    );
+    assert!(
+        err.admission_message()
+            .starts_with("the isolated cpus 1-2,5 cannot hold a request of 4 cpus"),
+        "{err}"
+    );
+    assert!(!err.is_permanent());
+    // With 1,5 taken, 2 more do not fit either (the free cpus are counted from `free`).
+    assert!(matches!(
+        p.allocate_in(CpuPool::Isolated, 2, &set("2"), None, &none),
+        Err(AllocationError::IsolatedPoolTooSmall { .. })
+    ));
+    let odd = p
+        .allocate_in(CpuPool::Isolated, 3, &pool, None, &none)
+        .unwrap_err();
+    assert!(
+        matches!(odd, AllocationError::SmtNotMultipleOfCore { .. }),
+        "{odd:?}"
+    );
+
+    // Without --respect-isolcpus, or without isolated cpus to give, the request is refused
+    // outright.
+    let off = StaticPolicy::new(&topo, full, ReservedCpus::List(set("0")), false).unwrap();
+    let err = off
+        .allocate_in(CpuPool::Isolated, 2, topo.all_cpus(), None, &none)
+        .unwrap_err();
+    assert_eq!(err, AllocationError::IsolatedPoolOff);
+    assert!(
+        err.to_string().contains("without --respect-isolcpus"),
+        "{err}"
+    );
+    let plain = StaticPolicy::new(&single_socket_ht(), full, ReservedCpus::Count(2), true).unwrap();
+    let err = plain
+        .allocate_in(CpuPool::Isolated, 2, &none, None, &none)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("the kernel isolates no cpu"),
+        "{err}"
+    );
+    let reserved = with_isolated(&single_socket_ht(), "0,4");
+    let p = StaticPolicy::new(&reserved, full, ReservedCpus::List(set("0,4")), true).unwrap();
+    let err = p
+        .allocate_in(CpuPool::Isolated, 2, &set("0,4"), None, &none)
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("isolated cpus 0,4 are all reserved"),
+        "{err}"
+    );
+    assert_eq!(
+        err.admission_reason(),
+        crate::state::AdmissionReason::IsolatedCpus
+    );
+}

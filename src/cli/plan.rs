@@ -125,9 +125,10 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
                 cpus.len()
             ),
             AssignEvent::PodRejected { key, rejection } => log::warn!(
-                "pod{}: pod rejected as kubelet would reject it ({}, container {}): {}: no \
-                 container of the pod gets exclusive cpus",
+                "pod{}: pod rejected {} ({}, container {}): {}: no container of the pod gets \
+                 exclusive cpus",
                 key.pod_uid(),
+                rejection.reason.rejected_as(),
                 rejection.reason,
                 rejection.container,
                 rejection.message

@@ -35,7 +35,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::allocator::{AllocationError, StaticPolicy};
+use crate::allocator::{AllocationError, CpuPool, StaticPolicy};
 use crate::cpuset::CpuSet;
 use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment, PodRejection};
 
@@ -63,6 +63,8 @@ pub struct ContainerDemand {
     /// The NUMA nodes of its devices (empty: none, or not known): the topology hint for a new
     /// allocation, as kubelet's Topology Manager takes it from device plugins.
     pub device_numa: CpuSet,
+    /// The CPUs its exclusive set comes from: the isolated pool when its pod asks for it.
+    pub pool: CpuPool,
 }
 
 /// What happened to one assignment in this pass.
@@ -240,7 +242,7 @@ pub enum NewCpus {
 }
 
 /// Runs the rules of the module documentation. `pool_cpus` is every CPU pods may use (the
-/// kubepods root), `live_pods` the UIDs of the pods present.
+/// kubepods root) but the isolated pool, `live_pods` the UIDs of the pods present.
 pub fn assign(
     policy: &StaticPolicy,
     pool_cpus: &CpuSet,
@@ -254,22 +256,24 @@ pub fn assign(
         demands,
         live_pods,
         previous,
-        NewCpus::Given,
+        (policy.isolated_pool(), NewCpus::Given),
     )
 }
 
-/// [`assign`], new CPUs given or withheld.
+/// [`assign`], with the isolated cpus pods may use now (those of the policy's isolated pool
+/// kubepods' parent lets them have: [`CpuPool::Isolated`] demands take theirs from there, every
+/// other demand never does), and new CPUs given or withheld.
 pub fn assign_with(
     policy: &StaticPolicy,
     pool_cpus: &CpuSet,
     demands: &[ContainerDemand],
     live_pods: &BTreeSet<String>,
     previous: &Assignments,
-    new_cpus: NewCpus,
+    (isolated_cpus, new_cpus): (&CpuSet, NewCpus),
 ) -> (Assignments, Vec<AssignEvent>) {
     let mut events = Vec::new();
     let mut assignments = previous.clone();
-    let allocatable = policy.allocatable(pool_cpus);
+    let pools = PoolCpus::new(policy, pool_cpus, isolated_cpus, demands);
 
     // 1. Pods gone. CPUs out of reach (offline, held back by kubepods' parent, newly reserved)
     // leave their assignment: it keeps the rest and is short until replacements are found
@@ -289,10 +293,11 @@ pub fn assign_with(
             });
             continue;
         }
-        if a.cpus.is_subset(&allocatable) {
+        let allocatable = pools.allocatable_for(key.pod_uid());
+        if a.cpus.is_subset(allocatable) {
             continue;
         }
-        let kept = a.cpus.intersection(&allocatable);
+        let kept = a.cpus.intersection(allocatable);
         if kept.is_empty() {
             assignments.remove(&key);
             events.push(AssignEvent::Released {
@@ -302,7 +307,7 @@ pub fn assign_with(
             });
             continue;
         }
-        lost.insert(key.clone(), a.cpus.difference(&allocatable));
+        lost.insert(key.clone(), a.cpus.difference(allocatable));
         let short = ExclusiveAssignment {
             wanted: Some(a.entitled()),
             cpus: kept,
@@ -458,7 +463,7 @@ pub fn assign_with(
         let shared_now = pool_cpus.difference(&assignments.exclusive_cpus());
         let adoptable = demand.current.as_ref().filter(|cur| {
             fits(cur.len())
-                && cur.is_subset(&allocatable)
+                && cur.is_subset(pools.allocatable_for(demand.key.pod_uid()))
                 && *cur != pool_cpus
                 && **cur != shared_now
                 && !shared_now.is_subset(cur)
@@ -496,9 +501,9 @@ pub fn assign_with(
             continue;
         };
         let lost = lost.remove(&demand.key).unwrap_or_default();
-        let shared_pool = pool_cpus.difference(&assignments.exclusive_cpus());
+        let free = pools.free(demand.pool, &assignments);
         let replaced = match new_cpus {
-            NewCpus::Given => replacements(policy, &held.cpus, n, &shared_pool),
+            NewCpus::Given => replacements(policy, demand.pool, &held.cpus, n, &free),
             NewCpus::Withheld => Err(AllocationError::ScanIncomplete),
         };
         match replaced {
@@ -569,7 +574,7 @@ pub fn assign_with(
             };
             let allocated = allocate_one(
                 policy,
-                (pool_cpus, new_cpus),
+                (&pools, new_cpus),
                 demand,
                 n,
                 &present,
@@ -688,7 +693,7 @@ fn release_pod(uid: &str, assignments: &mut Assignments, events: &mut Vec<Assign
 #[allow(clippy::too_many_arguments)]
 fn allocate_one(
     policy: &StaticPolicy,
-    (pool_cpus, new_cpus): (&CpuSet, NewCpus),
+    (pools, new_cpus): (&PoolCpus, NewCpus),
     demand: &ContainerDemand,
     n: usize,
     present: &BTreeSet<&AssignmentKey>,
@@ -735,7 +740,7 @@ fn allocate_one(
         acc.extend_from(c);
         acc
     });
-    let shared_pool = pool_cpus.difference(&assignments.exclusive_cpus());
+    let free = pools.free(demand.pool, assignments);
     // The devices' NUMA nodes are the hint when known (the device plugins' hint, which a
     // Topology Manager merges with the CPU manager's to the devices' nodes; with
     // `align-by-socket` the policy widens it to their sockets). Otherwise: kubelet without
@@ -745,12 +750,12 @@ fn allocate_one(
     let hint = if demand.device_numa.is_empty() {
         policy
             .aligns_by_socket()
-            .then(|| policy.socket_aligned_hint(n, &shared_pool, &reusable))
+            .then(|| policy.socket_aligned_hint_in(demand.pool, n, &free, &reusable))
             .flatten()
     } else {
         Some(demand.device_numa.clone())
     };
-    match policy.allocate(n, &shared_pool, hint.as_ref(), &reusable) {
+    match policy.allocate_in(demand.pool, n, &free, hint.as_ref(), &reusable) {
         Ok(cpus) => {
             for (from, idle_cpus) in &idle {
                 if !idle_cpus.is_disjoint(&cpus) {
@@ -793,17 +798,76 @@ fn allocate_one(
 /// allocation's, in kubelet's words.
 fn replacements(
     policy: &StaticPolicy,
+    pool: CpuPool,
     held: &CpuSet,
     n: usize,
-    shared_pool: &CpuSet,
+    free: &CpuSet,
 ) -> Result<CpuSet, AllocationError> {
     let missing = n.saturating_sub(held.len());
     let hint = policy.numa_nodes_of(held);
     let hint = (!hint.is_empty()).then_some(hint);
     policy
-        .allocate(missing, shared_pool, hint.as_ref(), &CpuSet::new())
+        .allocate_in(pool, missing, free, hint.as_ref(), &CpuSet::new())
         .map(|added| held.union(&added))
-        .or_else(|_| policy.allocate(n, shared_pool, hint.as_ref(), held))
+        .or_else(|_| policy.allocate_in(pool, n, free, hint.as_ref(), held))
+}
+
+/// The cpus each pool may hand out in one pass, and which pool each pod's cpus belong to.
+struct PoolCpus<'a> {
+    /// Every cpu pods may use but the isolated pool (the kubepods root without it).
+    pool_cpus: &'a CpuSet,
+    /// The isolated pool's cpus pods may use now (all allocatable).
+    isolated: CpuSet,
+    /// The general pool's allocatable cpus, and those with the isolated ones.
+    general_allocatable: CpuSet,
+    either_allocatable: CpuSet,
+    /// The pool of every pod with a container in the tree (the annotation is the pod's).
+    by_pod: BTreeMap<&'a str, CpuPool>,
+}
+
+impl<'a> PoolCpus<'a> {
+    fn new(
+        policy: &StaticPolicy,
+        pool_cpus: &'a CpuSet,
+        isolated_cpus: &CpuSet,
+        demands: &'a [ContainerDemand],
+    ) -> Self {
+        let isolated = policy.allocatable_in(CpuPool::Isolated, isolated_cpus);
+        let general_allocatable = policy.allocatable(pool_cpus);
+        // Without an isolated pool and a pod asking for one, every pod's pool is the general
+        // one, which is what an empty map says (`either` is `general` then): the usual node
+        // builds no map.
+        let by_pod = if isolated.is_empty() && demands.iter().all(|d| d.pool == CpuPool::General) {
+            BTreeMap::new()
+        } else {
+            demands.iter().map(|d| (d.key.pod_uid(), d.pool)).collect()
+        };
+        PoolCpus {
+            pool_cpus,
+            either_allocatable: general_allocatable.union(&isolated),
+            isolated,
+            general_allocatable,
+            by_pod,
+        }
+    }
+
+    /// The cpus pod `uid`'s assignments may hold: its pool's allocatable cpus (either pool's
+    /// for a pod with no container in the tree now).
+    fn allocatable_for(&self, uid: &str) -> &CpuSet {
+        match self.by_pod.get(uid) {
+            Some(CpuPool::General) => &self.general_allocatable,
+            Some(CpuPool::Isolated) => &self.isolated,
+            None => &self.either_allocatable,
+        }
+    }
+
+    /// The cpus of `pool` no assignment holds: the shared pool, or the isolated cpus free.
+    fn free(&self, pool: CpuPool, assignments: &Assignments) -> CpuSet {
+        match pool {
+            CpuPool::General => self.pool_cpus.difference(&assignments.exclusive_cpus()),
+            CpuPool::Isolated => self.isolated.difference(&assignments.exclusive_cpus()),
+        }
+    }
 }
 
 /// The shared pool is never empty (it is where every other container runs): when the cpus out
@@ -905,6 +969,7 @@ mod tests {
             entitlement: e,
             current: current.map(|c| CpuSet::parse(c).unwrap()),
             device_numa: CpuSet::new(),
+            pool: CpuPool::General,
         }
     }
 
@@ -944,6 +1009,7 @@ mod tests {
     fn with_devices_on(key: AssignmentKey, n: usize, nodes: &str) -> ContainerDemand {
         ContainerDemand {
             device_numa: CpuSet::parse(nodes).unwrap(),
+            pool: CpuPool::General,
             ..demand(key, Entitlement::Exclusive(n), Some("1-7"))
         }
     }
@@ -1128,7 +1194,7 @@ mod tests {
             &d,
             &pods(&["a", "b"]),
             &Assignments::new(),
-            NewCpus::Withheld,
+            (&CpuSet::new(), NewCpus::Withheld),
         );
         assert!(a.get(&named("a", "app")).is_none());
         assert_eq!(held(&a, &named("b", "app")), "2,6");
@@ -1139,7 +1205,14 @@ mod tests {
                 ..
             }
         )));
-        let (again, ev) = assign_with(&p, &all, &d[1..], &pods(&["a", "b"]), &a, NewCpus::Withheld);
+        let (again, ev) = assign_with(
+            &p,
+            &all,
+            &d[1..],
+            &pods(&["a", "b"]),
+            &a,
+            (&CpuSet::new(), NewCpus::Withheld),
+        );
         assert_eq!(again, a);
         assert!(ev.is_empty(), "{ev:?}");
     }
@@ -1859,5 +1932,93 @@ mod tests {
         let (b, ev) = assign(&p, &without_5, &d, &pods(&["a"]), &a);
         assert_eq!(held(&b, &key), "2,6");
         assert!(matches!(&ev[0], AssignEvent::Replaced { .. }), "{ev:?}");
+    }
+
+    /// Issue 28, item 3: each pod's cpus come from its pool (the isolated cpus for pods asking
+    /// for them, the others for the rest), what the live tree or a checkpoint shows is kept only
+    /// within it, a full pool rejects the pod without touching the other cpus, and a release
+    /// serves the next asking pod.
+    #[test]
+    fn each_pod_holds_cpus_of_its_own_pool_only() {
+        let set = |t: &str| CpuSet::parse(t).unwrap();
+        let topo = Topology::new(
+            one_socket_four_cores().cpus().to_vec(),
+            CpuSet::new(),
+            set("2-3,6-7"),
+            CpuSet::range(0, 0),
+        )
+        .unwrap();
+        let options = PolicyOptions::default();
+        let p = StaticPolicy::new(&topo, options, ReservedCpus::List(set("0")), true).unwrap();
+        let general = set("0-1,4-5");
+        let isolated = p.isolated_pool().clone();
+        assert_eq!(isolated, set("2-3,6-7"));
+        let iso = |pod: &str, n: usize, current: Option<&str>| ContainerDemand {
+            pool: CpuPool::Isolated,
+            ..demand(named(pod, "app"), Entitlement::Exclusive(n), current)
+        };
+        let run = |d: &[ContainerDemand], live: &[&str], previous: &Assignments| {
+            assign_with(
+                &p,
+                &general,
+                d,
+                &pods(live),
+                previous,
+                (&isolated, NewCpus::Given),
+            )
+        };
+        // A restart without a checkpoint: the asking container on isolated cpus is adopted;
+        // one that does not ask is not, nor is an asking one on the other cpus: both are
+        // allocated from their own pool.
+        let b = demand(named("b", "app"), Entitlement::Exclusive(1), Some("2"));
+        let d = vec![
+            iso("a", 2, Some("3,7")),
+            b.clone(),
+            iso("c", 2, Some("1,5")),
+        ];
+        let (a, _) = run(&d, &["a", "b", "c"], &Assignments::new());
+        assert_eq!(held(&a, &named("a", "app")), "3,7");
+        assert_eq!(held(&a, &named("c", "app")), "2,6");
+        let b_cpus = set(&held(&a, &named("b", "app")));
+        assert!(
+            b_cpus.len() == 1 && b_cpus.is_subset(&set("1,4-5")),
+            "{b_cpus}"
+        );
+
+        // A checkpoint giving a pod cpus of the other pool: moved into its own.
+        let mut wrong = Assignments::new();
+        let on_isolated = ExclusiveAssignment {
+            cpus: set("2"),
+            container_id: None,
+            adopted: None,
+            wanted: None,
+        };
+        wrong.insert(named("b", "app"), on_isolated).unwrap();
+        let (moved, _) = run(std::slice::from_ref(&b), &["b"], &wrong);
+        assert!(set(&held(&moved, &named("b", "app"))).is_subset(&set("1,4-5")));
+
+        // The pool is full: e is rejected, the other cpus stay free.
+        let mut d = d;
+        d.push(iso("e", 2, None));
+        let (full, ev) = run(&d, &["a", "b", "c", "e"], &a);
+        assert_eq!(held(&full, &named("e", "app")), "");
+        let rejection = full.rejection("e").expect("rejected");
+        assert_eq!(
+            rejection.reason,
+            crate::state::AdmissionReason::IsolatedCpus
+        );
+        assert!(ev.iter().any(|e| matches!(
+            e,
+            AssignEvent::Failed {
+                error: AllocationError::IsolatedPoolTooSmall { requested: 2, .. },
+                ..
+            }
+        )));
+        assert_eq!(full.exclusive_cpus().union(&b_cpus), full.exclusive_cpus());
+        assert_eq!(full.exclusive_cpus().len(), 5);
+        // a goes: its cpus serve e, and e's rejection is gone.
+        let (after, _) = run(&d[1..], &["b", "c", "e"], &full);
+        assert_eq!(held(&after, &named("e", "app")), "3,7");
+        assert!(after.rejection("e").is_none());
     }
 }

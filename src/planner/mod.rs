@@ -19,7 +19,7 @@ pub use assign::{
 pub use desired::{desired_tree, parent_indexes, DesiredCgroup, Pools};
 pub use order::{order_writes, NestingChecker, NestingViolation, Phase, SetNode, SetWrite};
 
-use crate::allocator::StaticPolicy;
+use crate::allocator::{CpuPool, StaticPolicy};
 use crate::cgroupfs::{CgroupPath, CpuSettings, FileValue, InterfaceFile, Quota, Scan};
 use crate::classify::{CgroupKind, Classification, Exclusivity, Millicores, SharedReason};
 use crate::cpuset::CpuSet;
@@ -204,6 +204,11 @@ fn plan_named<C: Borrow<Classification>>(
                         entitlement: entitlement(class),
                         current: cgroup.cpus.configured().cloned(),
                         device_numa: crate::devices::numa_nodes(&class.devices),
+                        pool: if class.isolated_cpus {
+                            CpuPool::Isolated
+                        } else {
+                            CpuPool::General
+                        },
                     };
                     match demand_of.get(&demand.key) {
                         None => {
@@ -248,9 +253,23 @@ fn plan_named<C: Borrow<Classification>>(
     } else {
         NewCpus::Given
     };
-    let (assignments, events) =
-        assign_with(policy, &pod_cpus, &demands, &live_pods, previous, new_cpus);
+    // The isolated pool's cpus kubepods' parent lets pods have.
+    let mut isolated_cpus = policy.isolated_pool().clone();
+    if let Some(cpus) = config.limits.and_then(|l| l.cpus.as_ref()) {
+        isolated_cpus = isolated_cpus.intersection(cpus);
+    }
+    let (assignments, events) = assign_with(
+        policy,
+        &pod_cpus,
+        &demands,
+        &live_pods,
+        previous,
+        (&isolated_cpus, new_cpus),
+    );
     let mut shared = pod_cpus.difference(&assignments.exclusive_cpus());
+    // The kubepods root holds the isolated cpus pinned there (only those: no other pod runs on
+    // an isolated cpu).
+    pod_cpus.extend_from(&assignments.exclusive_cpus().intersection(&isolated_cpus));
     if scan.truncated {
         shared = shared_pool_not_grown(scan, classes, shared);
     }

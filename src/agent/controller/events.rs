@@ -287,9 +287,12 @@ fn describe_pod_change(event: &AssignEvent) -> (log::Level, String) {
         AssignEvent::PodRejected { rejection, .. } => (
             Warn,
             format!(
-                "pod rejected as kubelet would reject it ({}, container {}): {}: no container \
-                 of the pod gets exclusive cpus",
-                rejection.reason, rejection.container, rejection.message
+                "pod rejected {} ({}, container {}): {}: no container of the pod gets \
+                 exclusive cpus",
+                rejection.reason.rejected_as(),
+                rejection.reason,
+                rejection.container,
+                rejection.message
             ),
         ),
         other => describe(other),

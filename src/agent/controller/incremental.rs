@@ -12,7 +12,8 @@
 //! full plan of the same model ([`Controller::assert_chain_is_full_plan`]).
 //!
 //! What a chain leaves undone: the ancestors' and the other shared members' rewrites when the
-//! shared pool changed. A full pass makes them, coalesced: [`COALESCE_QUIET`] after the last
+//! shared pool changed, and the kubepods root's narrowing when isolated cpus pinned there were
+//! released. A full pass makes them, coalesced: [`COALESCE_QUIET`] after the last
 //! incremental pass, at most [`super::COALESCE_LIMIT`] after the first.
 
 use std::collections::BTreeSet;
@@ -97,6 +98,7 @@ impl Controller {
             return None;
         }
         let shared_before = self.shared_pool().cloned();
+        let root_before = self.pod_cpus().cloned();
         let (outcome, follow_up) =
             self.plan_and_write(now, scan, classes, limits, Mode::Chain { roots });
         self.metrics.incremental_passes += 1;
@@ -108,24 +110,38 @@ impl Controller {
             && !follow_up.vanished
             && outcome.failed_writes == 0;
         let pool_changed = self.shared_pool() != shared_before.as_ref();
+        // The kubepods root changes without the shared pool when isolated cpus are pinned or
+        // released (`cpusetd.io/isolated-cpus`): a chain widens it, a full pass narrows it.
+        let root_changed = self.pod_cpus() != root_before.as_ref();
         // Writing showed the model out of date, or a write failed: a full pass sorts it out
         // now (it re-reads what it must and plans again). Without a watcher's arrivals to
         // coalesce (the library's default), every pass makes all its writes: the shared
         // pool's members are rewritten now, after the pins.
-        if !clean || (pool_changed && self.arrivals.is_none()) {
+        if !clean || ((pool_changed || root_changed) && self.arrivals.is_none()) {
             self.since_pass.other = true;
             let full = self.full_pass(now);
             return Some(outcome.then(full));
         }
-        if pool_changed {
-            // The pool's members (as the last full pass counted them) wait for the full pass.
-            self.metrics.writes_held_back += self.shared_members as u64;
-            self.deadlines.full_pass.owe(now, now + COALESCE_QUIET);
-        }
+        self.hold_back_for_full_pass(now, pool_changed, root_changed);
         self.update_irqs(false);
         self.update_sched_balance(false);
         self.update_power(false);
         Some(outcome)
+    }
+
+    /// What a chain left undone waits for a full pass, coalesced: the shared pool's members
+    /// (as the last full pass counted them) when the pool changed, else the kubepods root's
+    /// narrowing when only it changed.
+    fn hold_back_for_full_pass(&mut self, now: Instant, pool_changed: bool, root_changed: bool) {
+        let held_back = if pool_changed {
+            self.shared_members as u64
+        } else if root_changed {
+            1
+        } else {
+            return;
+        };
+        self.metrics.writes_held_back += held_back;
+        self.deadlines.full_pass.owe(now, now + COALESCE_QUIET);
     }
 
     /// The pods whose chains an incremental pass plans, when it may: every change since the
