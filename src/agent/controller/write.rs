@@ -415,7 +415,8 @@ impl Controller {
                 .writes
                 .iter()
                 .any(|w| matches!(w.step, WriteStep::LiftQuota | WriteStep::RestoreQuota));
-        self.metrics.record_pass(&planned, report);
+        self.metrics
+            .record_pass(&planned, report, &self.parts.topology, classes);
         let unmet = planned.events.iter().any(|e| {
             matches!(
                 e,
