@@ -1,13 +1,14 @@
 //! `--metrics-bind-address`: the metrics over HTTP (`GET /metrics`), for Prometheus to scrape,
 //! besides the textfile. A small synchronous server (the agent has no async runtime): one
-//! thread accepts, two serve, each connection is one request and one answer. What it serves is
+//! thread accepts, four serve, each connection is one request and one answer. What it serves is
 //! the snapshot the controller publishes after each pass ([`MetricsSnapshot`]); a request never
 //! waits for the controller, nor the controller for a request.
 //!
-//! Bounded per connection: the request head may be 8 KiB, each read and write waits 5 s at most
-//! and the whole exchange 10 s, so a client that connects and never writes, or never reads,
-//! holds one serving thread that long and nothing else; connections beyond what the queue
-//! holds (16) are closed at once.
+//! Bounded per connection: the request head may be 8 KiB and must come within 2 s (Prometheus
+//! sends it at once), each write waits 5 s at most and the whole exchange 10 s, so a client
+//! that connects and never writes, or never reads, holds one serving thread that long and
+//! nothing else; connections beyond what the queue holds (8) are closed after half a second. Memory is
+//! bounded too: the answer is the shared snapshot, never a copy.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -15,18 +16,22 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, TrySendError};
+use crossbeam_channel::{bounded, Receiver, SendTimeoutError};
 
 /// The largest request head read (request line and headers).
 const MAX_REQUEST_HEAD: usize = 8 * 1024;
-/// The longest a single read or write of a connection waits.
+/// The longest the request head may take to arrive.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest a single write of a connection waits.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest a whole exchange (request and answer) may take.
 const EXCHANGE_BUDGET: Duration = Duration::from_secs(10);
 /// Threads answering requests (a slow client holds one of them).
-const WORKERS: usize = 2;
-/// Accepted connections waiting for a worker; more are closed at once.
-const QUEUE: usize = 16;
+const WORKERS: usize = 4;
+/// Accepted connections waiting for a worker; more are closed after [`QUEUE_WAIT`].
+const QUEUE: usize = 8;
+/// How long the accepting thread waits for a place in a full queue.
+const QUEUE_WAIT: Duration = Duration::from_millis(500);
 /// Prometheus's text exposition format.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -78,10 +83,11 @@ pub(crate) fn serve(
         .spawn(move || {
             for stream in listener.incoming() {
                 match stream {
-                    // Full: the connection is closed (dropped) rather than queued unboundedly.
-                    Ok(stream) => match tx.try_send(stream) {
-                        Ok(()) | Err(TrySendError::Full(_)) => {}
-                        Err(TrySendError::Disconnected(_)) => return,
+                    // Full for a moment (a burst before the workers ran): wait a little for a
+                    // place; full for longer: the connection is closed (dropped).
+                    Ok(stream) => match tx.send_timeout(stream, QUEUE_WAIT) {
+                        Ok(()) | Err(SendTimeoutError::Timeout(_)) => {}
+                        Err(SendTimeoutError::Disconnected(_)) => return,
                     },
                     // EMFILE and the like: wait a little rather than spin.
                     Err(e) => {
@@ -106,9 +112,9 @@ fn worker(rx: &Receiver<TcpStream>, snapshot: &MetricsSnapshot) {
 /// One request and its answer, within [`EXCHANGE_BUDGET`].
 fn exchange(mut stream: TcpStream, snapshot: &MetricsSnapshot) -> io::Result<()> {
     let deadline = Instant::now() + EXCHANGE_BUDGET;
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    let (answer, unread) = match read_head(&mut stream, deadline)? {
+    let head_deadline = Instant::now() + HEAD_TIMEOUT;
+    let (answer, unread) = match read_head(&mut stream, head_deadline)? {
         Head::Complete(head) => (answer(&head, snapshot), false),
         Head::TooLarge => (
             Answer::text(
@@ -148,8 +154,7 @@ fn read_head(stream: &mut TcpStream, deadline: Instant) -> io::Result<Head> {
     let mut head = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
     loop {
-        let left = remaining(deadline)?;
-        stream.set_read_timeout(Some(left.min(IO_TIMEOUT)))?;
+        stream.set_read_timeout(Some(remaining(deadline)?))?;
         let n = stream.read(&mut chunk)?;
         if n == 0 {
             return Err(io::Error::new(

@@ -160,9 +160,15 @@ impl Metrics {
         plan: &Plan,
         report: &WriteReport,
         topology: &Topology,
+        reserved: Option<&crate::cpuset::CpuSet>,
         classes: &[std::sync::Arc<Classification>],
     ) {
         self.record_pass_counts(plan, report);
+        if let (Some(pools), Some(reserved)) = (&plan.pools, reserved) {
+            // kubelet's meaning: the shared pool less the reserved CPUs (what a new exclusive
+            // allocation could take), not the cpuset shared containers run on.
+            self.shared_pool_millicores = pools.shared.difference(reserved).len() as u64 * 1000;
+        }
         self.record_numa(plan, topology);
         self.record_names(plan, classes);
     }
@@ -170,9 +176,6 @@ impl Metrics {
     fn record_pass_counts(&mut self, plan: &Plan, report: &WriteReport) {
         self.passes += 1;
         self.writes_issued += (report.applied + report.failed.len()) as u64;
-        if let Some(pools) = &plan.pools {
-            self.shared_pool_millicores = pools.shared.len() as u64 * 1000;
-        }
         self.exclusive_cpus = plan.assignments.exclusive_cpus().len() as u64;
         self.exclusive_cpus_missing = plan
             .assignments
@@ -374,7 +377,7 @@ impl Metrics {
         metric(
             "cpusetd_shared_pool_size_millicores",
             "gauge",
-            "Size of the shared CPU pool in millicores.",
+            "Size of the shared CPU pool in millicores, the reserved CPUs left out (kubelet's meaning: what exclusive allocations may still take).",
             &plain(self.shared_pool_millicores),
         );
         metric(
