@@ -358,6 +358,13 @@ fn prometheus_scrapes_the_agent_and_the_textfile_and_the_dashboard_has_data() {
                 ),
                 1.0,
             ),
+            // CPUs 1 and 9, one core: one uncore cache.
+            (
+                format!(
+                    "cpusetd_container_aligned_compute_resources_count{{job=\"{job}\",scope=\"container\",boundary=\"uncore_cache\"}}"
+                ),
+                1.0,
+            ),
             // At least the one repair (the pod's cgroup may be repaired too, later).
             (
                 format!("clamp_max(cpusetd_drift_repairs_total{{job=\"{job}\"}}, 1)"),

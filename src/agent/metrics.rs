@@ -202,20 +202,32 @@ impl Metrics {
         }
     }
 
-    /// The per-container and per-pod series, named as the runtime names them.
+    /// The per-container and per-pod series, named as the runtime names them. Runs after every
+    /// pass: a name is copied once per pod, not once per pass.
     fn record_names(&mut self, plan: &Plan, classes: &[std::sync::Arc<Classification>]) {
+        // Containers held by id alone (no name in their config when they got their CPUs).
+        let by_id: HashSet<&str> = plan
+            .assignments
+            .iter()
+            .filter_map(|(key, _)| match key {
+                AssignmentKey::Id { container_id, .. } => Some(container_id.as_str()),
+                AssignmentKey::Named { .. } => None,
+            })
+            .collect();
         let mut container_names: HashMap<&str, &str> = HashMap::new();
         for class in classes {
             if let (Some(uid), Some(pod)) = (&class.pod_uid, &class.pod_name) {
-                self.pod_names
-                    .entry(uid.clone())
-                    .or_insert_with(|| PodName {
-                        namespace: class.pod_namespace.clone().unwrap_or_default(),
-                        pod: pod.clone(),
-                    });
+                if !self.pod_names.contains_key(uid) {
+                    let namespace = class.pod_namespace.clone().unwrap_or_default();
+                    let pod = pod.clone();
+                    self.pod_names
+                        .insert(uid.clone(), PodName { namespace, pod });
+                }
             }
             if let (Some(id), Some(name)) = (&class.container_id, &class.container_name) {
-                container_names.insert(id, name);
+                if by_id.contains(id.as_str()) {
+                    container_names.insert(id, name);
+                }
             }
         }
         let keep: HashSet<&str> = plan
