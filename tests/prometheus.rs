@@ -16,13 +16,13 @@ use cpusetd::cgroupfs::CgroupVersion;
 use cpusetd::kubesim::{ContainerSpec, Qos};
 use serde_json::Value;
 
-use crate::agent_util::{best_effort, pod, poll_until, TestNode, DEADLINE};
+use crate::agent_util::{best_effort, pod, poll_until, AgentProcess, TestNode, DEADLINE};
 
 /// How long Prometheus may take to start and scrape.
 const SCRAPE_DEADLINE: Duration = Duration::from_secs(60);
 
 /// A child process killed (SIGKILL) and reaped when dropped, also when the test fails.
-struct Killed(Child, &'static str);
+struct Killed(Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -138,7 +138,7 @@ fn start_node_exporter(textfile_dir: &Path, port: u16) -> Killed {
         .stderr(Stdio::null())
         .spawn()
         .expect("start prometheus-node-exporter");
-    Killed(child, "node-exporter")
+    Killed(child)
 }
 
 fn start_prometheus(dir: &Path, port: u16, agent: SocketAddr, exporter: u16) -> Killed {
@@ -165,7 +165,7 @@ fn start_prometheus(dir: &Path, port: u16, agent: SocketAddr, exporter: u16) -> 
         .stderr(log)
         .spawn()
         .expect("start prometheus");
-    Killed(child, "prometheus")
+    Killed(child)
 }
 
 /// The agent's `/metrics` as `promtool check metrics` reads it: no parse error, and no lint
@@ -239,10 +239,122 @@ fn check_dashboard(prometheus: SocketAddr) -> usize {
     checked
 }
 
+/// The address the agent's log says it serves the metrics at.
+fn served_address(agent: &AgentProcess) -> SocketAddr {
+    agent
+        .log_lines("metrics served at http://")
+        .first()
+        .and_then(|l| l.split("http://").nth(1))
+        .and_then(|rest| rest.strip_suffix("/metrics"))
+        .and_then(|a| a.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no address in the log: {}", agent.log()))
+}
+
+/// On the agent's node: one pinned container (`db/server`, 2 CPUs), one pod kubelet would
+/// reject (`odd/half`: 1 CPU is half a core under full-pcpus-only), one shared, and a drift
+/// repair of the pinned one. Returns the agent's `/metrics` once it shows all that.
+fn pin_refuse_and_drift(node: &TestNode, agent: &mut AgentProcess, addr: SocketAddr) -> String {
+    let server = ContainerSpec::guaranteed("server", 2000);
+    let db = pod("db", Qos::Guaranteed, vec![server]);
+    let db_id = node.fake.start_pod(&db).unwrap().remove(0);
+    let half = ContainerSpec::guaranteed("half", 1000);
+    node.fake
+        .start_pod(&pod("odd", Qos::Guaranteed, vec![half]))
+        .unwrap();
+    node.fake.start_pod(&best_effort("be")).unwrap();
+    agent.wait_for_log("SMT Alignment Error");
+    node.wait_status("db pinned", |s| {
+        s.by_id(&db_id).is_some_and(|r| r.exclusive) && s.converged()
+    });
+    let pinned = node.cpus_of(&db, &db_id);
+    node.write(&db, &db_id, "cpuset.cpus", "0-15");
+    let repaired = poll_until(DEADLINE, || {
+        (node.cpus_of(&db, &db_id) == pinned).then_some(())
+    });
+    assert!(repaired.is_some(), "{}", agent.log());
+    poll_until(DEADLINE, || {
+        let (status, body) = http_get(addr, "/metrics")?;
+        let repaired = !body.contains("\ncpusetd_drift_repairs_total 0\n");
+        (status == 200 && repaired).then_some(body)
+    })
+    .unwrap_or_else(|| panic!("/metrics at {addr}: {:?}", http_get(addr, "/metrics")))
+}
+
+/// What Prometheus must hold for `job` after [`pin_refuse_and_drift`]: expression, value.
+fn expected_series(job: &str) -> Vec<(String, f64)> {
+    let with = |name: &str, labels: &str| format!("{name}{{job=\"{job}\"{labels}}}");
+    let aligned = |boundary: &str| format!(",scope=\"container\",boundary=\"{boundary}\"");
+    vec![
+        (
+            with(
+                "cpusetd_container_exclusive_cpus",
+                ",namespace=\"default\",pod=\"db\",container=\"server\"",
+            ),
+            2.0,
+        ),
+        (
+            with(
+                "cpusetd_pod_rejected",
+                ",namespace=\"default\",pod=\"odd\",container=\"half\",reason=\"SMTAlignmentError\"",
+            ),
+            1.0,
+        ),
+        (with("cpusetd_pods_rejected", ",reason=\"SMTAlignmentError\""), 1.0),
+        (with("cpusetd_pinning_requests_total", ""), 2.0),
+        (with("cpusetd_pinning_errors_total", ""), 1.0),
+        (with("cpusetd_exclusive_cpu_allocation_count", ""), 2.0),
+        // 16 CPUs, CPU 0 reserved, 2 exclusive: kubelet's shared pool, 13 CPUs.
+        (with("cpusetd_shared_pool_size_millicores", ""), 13000.0),
+        (format!("sum({})", with("cpusetd_allocation_per_numa", "")), 2.0),
+        (format!("count({})", with("cpusetd_allocation_per_numa", "")), 2.0),
+        (
+            with("cpusetd_container_aligned_compute_resources_count", &aligned("physical_cpu")),
+            1.0,
+        ),
+        (
+            with(
+                "cpusetd_container_aligned_compute_resources_failure_count",
+                &aligned("physical_cpu"),
+            ),
+            1.0,
+        ),
+        // CPUs 1 and 9, one core: one uncore cache.
+        (
+            with("cpusetd_container_aligned_compute_resources_count", &aligned("uncore_cache")),
+            1.0,
+        ),
+        // At least the one repair (the pod's cgroup may be repaired too, later).
+        (
+            format!("clamp_max({}, 1)", with("cpusetd_drift_repairs_total", "")),
+            1.0,
+        ),
+        (with("cpusetd_cgroup_write_errors_total", ",errno=\"EBUSY\""), 0.0),
+    ]
+}
+
+/// Every metric of `text` (the agent's exposition) is stored for `job`.
+fn assert_every_name_stored(prometheus: SocketAddr, job: &str, text: &str) -> usize {
+    let names: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    let all = format!("count by (__name__) ({{job=\"{job}\",__name__=~\"cpusetd_.+\"}})");
+    let stored: std::collections::BTreeSet<String> = query(prometheus, &all)
+        .into_iter()
+        .filter_map(|(labels, _)| labels.get("__name__").cloned())
+        .collect();
+    for name in &names {
+        // A summary is stored as its samples (its quantiles come with the first sample).
+        let found = stored.contains(*name) || stored.contains(&format!("{name}_count"));
+        assert!(found, "{job}: {name} not in Prometheus: {stored:?}");
+    }
+    names.len()
+}
+
 #[test]
 fn prometheus_scrapes_the_agent_and_the_textfile_and_the_dashboard_has_data() {
-    let need = ["prometheus", "promtool", "prometheus-node-exporter"];
-    let missing = missing(&need);
+    let missing = missing(&["prometheus", "promtool", "prometheus-node-exporter"]);
     if !missing.is_empty() {
         eprintln!(
             "skipped: {} not installed (scripts/ci-deps.sh installs prometheus and \
@@ -258,156 +370,32 @@ fn prometheus_scrapes_the_agent_and_the_textfile_and_the_dashboard_has_data() {
         "--metrics-bind-address",
         "127.0.0.1:0",
     ]);
-    let served = agent.log_lines("metrics served at http://");
-    let addr: SocketAddr = served
-        .first()
-        .and_then(|l| l.split("http://").nth(1))
-        .and_then(|rest| rest.strip_suffix("/metrics"))
-        .and_then(|a| a.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no address in the log: {}", agent.log()));
-
-    // One pinned container, one pod kubelet would reject (1 CPU is half a core), one shared.
-    let db = pod(
-        "db",
-        Qos::Guaranteed,
-        vec![ContainerSpec::guaranteed("server", 2000)],
-    );
-    let db_id = node.fake.start_pod(&db).unwrap().remove(0);
-    let odd = pod(
-        "odd",
-        Qos::Guaranteed,
-        vec![ContainerSpec::guaranteed("half", 1000)],
-    );
-    node.fake.start_pod(&odd).unwrap();
-    node.fake.start_pod(&best_effort("be")).unwrap();
-    agent.wait_for_log("SMT Alignment Error");
-    node.wait_status("db pinned", |s| {
-        s.by_id(&db_id).is_some_and(|r| r.exclusive) && s.converged()
-    });
-    // A drift repair for the dashboard's panel.
-    let pinned = node.cpus_of(&db, &db_id);
-    node.write(&db, &db_id, "cpuset.cpus", "0-15");
-    assert!(
-        poll_until(DEADLINE, || (node.cpus_of(&db, &db_id) == pinned)
-            .then_some(()))
-        .is_some(),
-        "{}",
-        agent.log()
-    );
-
-    let text = poll_until(DEADLINE, || {
-        let (status, body) = http_get(addr, "/metrics")?;
-        let repaired = !body.contains("\ncpusetd_drift_repairs_total 0\n");
-        (status == 200 && repaired).then_some(body)
-    })
-    .unwrap_or_else(|| panic!("/metrics at {addr}: {:?}", http_get(addr, "/metrics")));
+    let addr = served_address(&agent);
+    let text = pin_refuse_and_drift(&node, &mut agent, addr);
     promtool_check(&text);
 
     let dir = tempfile::tempdir().unwrap();
     let exporter_port = free_port();
     let _exporter = start_node_exporter(node.metrics_file().parent().unwrap(), exporter_port);
-    let prometheus_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let _prometheus = start_prometheus(dir.path(), prometheus_addr.port(), addr, exporter_port);
-    let ready = poll_until(SCRAPE_DEADLINE, || {
-        http_get(prometheus_addr, "/-/ready").filter(|(status, _)| *status == 200)
-    });
+    let prometheus: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let _prometheus = start_prometheus(dir.path(), prometheus.port(), addr, exporter_port);
     let log = || std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default();
+    let ready = poll_until(SCRAPE_DEADLINE, || {
+        http_get(prometheus, "/-/ready").filter(|(status, _)| *status == 200)
+    });
     assert!(ready.is_some(), "Prometheus is not ready: {}", log());
-    let up = |job: &str| value_becomes(prometheus_addr, &format!("up{{job=\"{job}\"}}"), 1.0);
-    assert_eq!(up("cpusetd"), Some(1.0), "{}", log());
-    assert_eq!(up("node"), Some(1.0), "{}", log());
-
-    // The series, with the values the node has, through both paths.
+    // The agent's /metrics, and node_exporter reading its textfile: the same series.
     for job in ["cpusetd", "node"] {
-        let expect = [
-            (
-                format!(
-                    "cpusetd_container_exclusive_cpus{{job=\"{job}\",namespace=\"default\",pod=\"db\",container=\"server\"}}"
-                ),
-                2.0,
-            ),
-            (
-                format!(
-                    "cpusetd_pod_rejected{{job=\"{job}\",namespace=\"default\",pod=\"odd\",container=\"half\",reason=\"SMTAlignmentError\"}}"
-                ),
-                1.0,
-            ),
-            (format!("cpusetd_pods_rejected{{job=\"{job}\",reason=\"SMTAlignmentError\"}}"), 1.0),
-            (format!("cpusetd_pinning_requests_total{{job=\"{job}\"}}"), 2.0),
-            (format!("cpusetd_pinning_errors_total{{job=\"{job}\"}}"), 1.0),
-            (format!("cpusetd_exclusive_cpu_allocation_count{{job=\"{job}\"}}"), 2.0),
-            // 16 CPUs, CPU 0 reserved, 2 exclusive: kubelet's shared pool, 13 CPUs.
-            (format!("cpusetd_shared_pool_size_millicores{{job=\"{job}\"}}"), 13000.0),
-            (
-                format!("sum(cpusetd_allocation_per_numa{{job=\"{job}\"}})"),
-                2.0,
-            ),
-            (
-                format!("count(cpusetd_allocation_per_numa{{job=\"{job}\"}})"),
-                2.0,
-            ),
-            (
-                format!(
-                    "cpusetd_container_aligned_compute_resources_count{{job=\"{job}\",scope=\"container\",boundary=\"physical_cpu\"}}"
-                ),
-                1.0,
-            ),
-            (
-                format!(
-                    "cpusetd_container_aligned_compute_resources_failure_count{{job=\"{job}\",scope=\"container\",boundary=\"physical_cpu\"}}"
-                ),
-                1.0,
-            ),
-            // CPUs 1 and 9, one core: one uncore cache.
-            (
-                format!(
-                    "cpusetd_container_aligned_compute_resources_count{{job=\"{job}\",scope=\"container\",boundary=\"uncore_cache\"}}"
-                ),
-                1.0,
-            ),
-            // At least the one repair (the pod's cgroup may be repaired too, later).
-            (
-                format!("clamp_max(cpusetd_drift_repairs_total{{job=\"{job}\"}}, 1)"),
-                1.0,
-            ),
-            (
-                format!("cpusetd_cgroup_write_errors_total{{job=\"{job}\",errno=\"EBUSY\"}}"),
-                0.0,
-            ),
-        ];
-        for (expr, want) in expect {
-            assert_eq!(
-                value_becomes(prometheus_addr, &expr, want),
-                Some(want),
-                "{expr}\n{text}"
-            );
+        let up = value_becomes(prometheus, &format!("up{{job=\"{job}\"}}"), 1.0);
+        assert_eq!(up, Some(1.0), "{job}: {}", log());
+        for (expr, want) in expected_series(job) {
+            let got = value_becomes(prometheus, &expr, want);
+            assert_eq!(got, Some(want), "{expr}\n{text}");
         }
+        assert_every_name_stored(prometheus, job, &text);
     }
-    // Every metric the agent serves is in Prometheus, from both jobs.
-    let names: std::collections::BTreeSet<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.split(' ').next())
-        .collect();
-    for job in ["cpusetd", "node"] {
-        let stored: std::collections::BTreeSet<String> = query(
-            prometheus_addr,
-            &format!("count by (__name__) ({{job=\"{job}\",__name__=~\"cpusetd_.+\"}})"),
-        )
-        .into_iter()
-        .filter_map(|(labels, _)| labels.get("__name__").cloned())
-        .collect();
-        for name in &names {
-            // A summary is stored as its samples (its quantiles come with the first sample).
-            let found = stored.contains(*name) || stored.contains(&format!("{name}_count"));
-            assert!(found, "{job}: {name} not in Prometheus: {stored:?}");
-        }
-    }
-    let panels = check_dashboard(prometheus_addr);
-    eprintln!(
-        "prometheus: {} series names from both jobs, {panels} dashboard queries with data",
-        names.len()
-    );
+    let panels = check_dashboard(prometheus);
+    eprintln!("prometheus: both jobs hold every series, {panels} dashboard queries with data");
     assert!(agent.stop().success());
 }
 
@@ -449,17 +437,7 @@ fn a_metrics_address_that_cannot_be_served_is_a_configuration_error() {
 fn clients_that_hold_the_metrics_port_do_not_stall_the_agent() {
     let node = TestNode::new(CgroupVersion::V1);
     let mut agent = node.start_agent(&["--metrics-bind-address", "127.0.0.1:0"]);
-    let addr: SocketAddr = agent
-        .log_lines("metrics served at http://")
-        .first()
-        .and_then(|l| {
-            l.split("http://")
-                .nth(1)?
-                .strip_suffix("/metrics")?
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("{}", agent.log()));
+    let addr = served_address(&agent);
     // More than the queue and the workers hold: silent ones, and askers that never read.
     let mut held: Vec<TcpStream> = (0..24).map(|_| TcpStream::connect(addr).unwrap()).collect();
     for _ in 0..4 {

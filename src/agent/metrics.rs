@@ -330,62 +330,7 @@ impl Metrics {
                 })
                 .collect::<Vec<_>>(),
         );
-        metric(
-            "cpusetd_pod_rejected",
-            "gauge",
-            "1 for each pod kubelet would reject at admission, with the container whose request failed and kubelet's reason; no container of it holds exclusive CPUs.",
-            &self
-                .pod_rejections
-                .iter()
-                .map(|(pod, container, reason)| {
-                    let labels = pod_labels(pod, container);
-                    (format!("{{{labels},reason=\"{reason}\"}}"), "1".into())
-                })
-                .collect::<Vec<_>>(),
-        );
-        metric(
-            "cpusetd_container_exclusive_cpus",
-            "gauge",
-            "Exclusive CPUs each container holds (also while it is not running: a restart, the pod's next container).",
-            &self
-                .container_cpus
-                .iter()
-                .map(|(pod, container, n)| {
-                    (format!("{{{}}}", pod_labels(pod, container)), n.to_string())
-                })
-                .collect::<Vec<_>>(),
-        );
-        metric(
-            "cpusetd_allocation_per_numa",
-            "gauge",
-            "Exclusive CPUs held, by NUMA node (kubelet's cpu_manager_allocation_per_numa).",
-            &self
-                .allocation_per_numa
-                .iter()
-                .map(|(node, n)| (format!("{{numa_node=\"{node}\"}}"), n.to_string()))
-                .collect::<Vec<_>>(),
-        );
-        let aligned = |boundary: &str, n: u64| {
-            (
-                format!("{{boundary=\"{boundary}\",scope=\"container\"}}"),
-                n.to_string(),
-            )
-        };
-        metric(
-            "cpusetd_container_aligned_compute_resources_count",
-            "counter",
-            "Exclusive CPU allocations aligned to a boundary (kubelet's meaning): physical_cpu, whole cores under full-pcpus-only; uncore_cache, all within one uncore (L3) cache.",
-            &[
-                aligned("physical_cpu", self.aligned_physical_cpu),
-                aligned("uncore_cache", self.aligned_uncore_cache),
-            ],
-        );
-        metric(
-            "cpusetd_container_aligned_compute_resources_failure_count",
-            "counter",
-            "Exclusive CPU allocations refused that had to be aligned (kubelet's meaning): physical_cpu, under full-pcpus-only.",
-            &[aligned("physical_cpu", self.aligned_physical_cpu_failures)],
-        );
+        self.render_operator_series(&mut metric);
         metric(
             "cpusetd_shared_pool_size_millicores",
             "gauge",
@@ -596,6 +541,70 @@ impl Metrics {
         let _ = writeln!(out, "{name}_sum {:.6}", summary.sum.as_secs_f64());
         let _ = writeln!(out, "{name}_count {}", summary.count);
         out
+    }
+
+    /// The per-container, per-pod and per-NUMA series and kubelet's alignment counters
+    /// (issue 26), through `render`'s `metric`.
+    fn render_operator_series(
+        &self,
+        metric: &mut impl FnMut(&str, &str, &str, &[(String, String)]),
+    ) {
+        metric(
+            "cpusetd_pod_rejected",
+            "gauge",
+            "1 for each pod kubelet would reject at admission, with the container whose request failed and kubelet's reason; no container of it holds exclusive CPUs.",
+            &self
+                .pod_rejections
+                .iter()
+                .map(|(pod, container, reason)| {
+                    let labels = pod_labels(pod, container);
+                    (format!("{{{labels},reason=\"{reason}\"}}"), "1".into())
+                })
+                .collect::<Vec<_>>(),
+        );
+        metric(
+            "cpusetd_container_exclusive_cpus",
+            "gauge",
+            "Exclusive CPUs each container holds (also while it is not running: a restart, the pod's next container).",
+            &self
+                .container_cpus
+                .iter()
+                .map(|(pod, container, n)| {
+                    (format!("{{{}}}", pod_labels(pod, container)), n.to_string())
+                })
+                .collect::<Vec<_>>(),
+        );
+        metric(
+            "cpusetd_allocation_per_numa",
+            "gauge",
+            "Exclusive CPUs held, by NUMA node (kubelet's cpu_manager_allocation_per_numa).",
+            &self
+                .allocation_per_numa
+                .iter()
+                .map(|(node, n)| (format!("{{numa_node=\"{node}\"}}"), n.to_string()))
+                .collect::<Vec<_>>(),
+        );
+        let aligned = |boundary: &str, n: u64| {
+            (
+                format!("{{boundary=\"{boundary}\",scope=\"container\"}}"),
+                n.to_string(),
+            )
+        };
+        metric(
+            "cpusetd_container_aligned_compute_resources_count",
+            "counter",
+            "Exclusive CPU allocations aligned to a boundary (kubelet's meaning): physical_cpu, whole cores under full-pcpus-only; uncore_cache, all within one uncore (L3) cache.",
+            &[
+                aligned("physical_cpu", self.aligned_physical_cpu),
+                aligned("uncore_cache", self.aligned_uncore_cache),
+            ],
+        );
+        metric(
+            "cpusetd_container_aligned_compute_resources_failure_count",
+            "counter",
+            "Exclusive CPU allocations refused that had to be aligned (kubelet's meaning): physical_cpu, under full-pcpus-only.",
+            &[aligned("physical_cpu", self.aligned_physical_cpu_failures)],
+        );
     }
 
     /// Writes the exposition to `path` atomically (temporary file, then rename).
