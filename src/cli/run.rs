@@ -75,7 +75,7 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         // restarting would not help either.
         agent::AgentError::MetricsBind(ref bind) => config_error(CommandError::usage(format!(
             "--metrics-bind-address {}: {}; pass a free port of an address of this node \
-             (127.0.0.1:{} by default), or leave the flag out (the systemd unit has no network: \
+             (such as 127.0.0.1:{}), or leave the flag out (the systemd unit has no network: \
              see README, Prometheus and Grafana)",
             bind.addr,
             error_chain(&bind.source),
