@@ -15,6 +15,10 @@ command -v runc >/dev/null || want_apt+=(runc)
 command -v containerd >/dev/null || want_apt+=(containerd)
 # Optional: the confinement test traces the agent with strace (skips without it).
 command -v strace >/dev/null || want_apt+=(strace)
+# Optional: tests/prometheus.rs has Debian's Prometheus (and its promtool) scrape the agent, and
+# node_exporter read its textfile (skips without them).
+command -v prometheus >/dev/null && command -v promtool >/dev/null || want_apt+=(prometheus)
+command -v prometheus-node-exporter >/dev/null || want_apt+=(prometheus-node-exporter)
 if command -v dpkg-query >/dev/null; then
     dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' \
         || want_apt+=(busybox-static)

@@ -32,6 +32,7 @@ mod migration;
 mod plan_cli;
 mod pod_level;
 mod power;
+mod prometheus;
 mod real_containers;
 mod real_kernel;
 mod runc;

@@ -1,9 +1,10 @@
 //! The agent's metrics, in Prometheus text format, written atomically to `--metrics-file` after
-//! each pass for node_exporter's textfile collector. Names follow kubelet's CPU manager metrics
-//! where they mean the same (`pinning_requests_total`, `pinning_errors_total`,
-//! `shared_pool_size_millicores`, `exclusive_cpu_allocation_count`).
+//! each pass for node_exporter's textfile collector, and served by `--metrics-bind-address`.
+//! Names follow kubelet's CPU manager metrics where they mean the same (`pinning_requests_total`,
+//! `pinning_errors_total`, `shared_pool_size_millicores`, `exclusive_cpu_allocation_count`,
+//! `allocation_per_numa`, `container_aligned_compute_resources_count` and `_failure_count`).
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
 use std::fs;
 use std::io;
@@ -11,8 +12,10 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::cgroupfs::{CgroupPath, InterfaceFile};
+use crate::classify::Classification;
 use crate::planner::Plan;
 use crate::state::{AdmissionReason, AssignmentKey};
+use crate::topology::Topology;
 use crate::writer::WriteReport;
 
 /// How many recent samples the latency summary keeps for its quantiles.
@@ -129,20 +132,58 @@ pub struct Metrics {
     pub scan_incomplete: bool,
     /// Pods kubelet would reject at admission now, by kubelet's reason.
     pub pods_rejected: BTreeMap<AdmissionReason, u64>,
+    /// kubelet's `container_aligned_compute_resources_count{scope="container"}`: allocations
+    /// met with whole cores (`full-pcpus-only`), and allocations within one uncore (L3) cache.
+    pub aligned_physical_cpu: u64,
+    pub aligned_uncore_cache: u64,
+    /// kubelet's `container_aligned_compute_resources_failure_count{scope="container",
+    /// boundary="physical_cpu"}`: allocations refused under `full-pcpus-only`.
+    pub aligned_physical_cpu_failures: u64,
+    /// Exclusive CPUs held, by NUMA node (every node of the topology, 0 included).
+    pub allocation_per_numa: BTreeMap<u32, u64>,
+    /// Each container's exclusive CPUs, by name (`cpusetd_container_exclusive_cpus`).
+    pub container_cpus: Vec<(PodName, String, u64)>,
+    /// Each pod kubelet would reject: its name, the container whose request failed, the reason.
+    pub pod_rejections: Vec<(PodName, String, AdmissionReason)>,
+    /// Pods' names as their runtimes gave them, by UID (kept while they hold or are refused
+    /// CPUs: an incremental pass classifies only new pods).
+    pod_names: HashMap<String, PodName>,
     // Log-once bookkeeping: failures already reported.
     reported_writes: HashSet<(CgroupPath, InterfaceFile, i32)>,
     reported_pins: HashSet<AssignmentKey>,
     reported_rejections: HashSet<String>,
 }
 
+/// A pod's namespace and name; while its runtime has not named it, no namespace and its UID.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PodName {
+    pub namespace: String,
+    pub pod: String,
+}
+
 impl Metrics {
-    /// Updates the gauges from a pass.
-    pub fn record_pass(&mut self, plan: &Plan, report: &WriteReport) {
+    /// Updates the gauges from a pass over `classes` (all the tree's, or an incremental pass's).
+    pub fn record_pass(
+        &mut self,
+        plan: &Plan,
+        report: &WriteReport,
+        topology: &Topology,
+        reserved: Option<&crate::cpuset::CpuSet>,
+        classes: &[std::sync::Arc<Classification>],
+    ) {
+        self.record_pass_counts(plan, report);
+        if let (Some(pools), Some(reserved)) = (&plan.pools, reserved) {
+            // kubelet's meaning: the shared pool less the reserved CPUs (what a new exclusive
+            // allocation could take), not the cpuset shared containers run on.
+            self.shared_pool_millicores = pools.shared.difference(reserved).len() as u64 * 1000;
+        }
+        self.record_numa(plan, topology);
+        self.record_names(plan, classes);
+    }
+
+    fn record_pass_counts(&mut self, plan: &Plan, report: &WriteReport) {
         self.passes += 1;
         self.writes_issued += (report.applied + report.failed.len()) as u64;
-        if let Some(pools) = &plan.pools {
-            self.shared_pool_millicores = pools.shared.len() as u64 * 1000;
-        }
         self.exclusive_cpus = plan.assignments.exclusive_cpus().len() as u64;
         self.exclusive_cpus_missing = plan
             .assignments
@@ -157,6 +198,79 @@ impl Metrics {
             // A write that succeeds again may fail again later and deserves a new report.
             self.reported_writes.clear();
         }
+    }
+
+    /// Exclusive CPUs by NUMA node, kubelet's `cpu_manager_allocation_per_numa`.
+    fn record_numa(&mut self, plan: &Plan, topology: &Topology) {
+        self.allocation_per_numa = topology.cpus().iter().map(|c| (c.numa, 0)).collect();
+        for cpu in &plan.assignments.exclusive_cpus() {
+            if let Some(info) = topology.cpu(cpu) {
+                *self.allocation_per_numa.entry(info.numa).or_default() += 1;
+            }
+        }
+    }
+
+    /// The per-container and per-pod series, named as the runtime names them. Runs after every
+    /// pass: a name is copied once per pod, not once per pass.
+    fn record_names(&mut self, plan: &Plan, classes: &[std::sync::Arc<Classification>]) {
+        // Containers held by id alone (no name in their config when they got their CPUs).
+        let by_id: HashSet<&str> = plan
+            .assignments
+            .iter()
+            .filter_map(|(key, _)| match key {
+                AssignmentKey::Id { container_id, .. } => Some(container_id.as_str()),
+                AssignmentKey::Named { .. } => None,
+            })
+            .collect();
+        let mut container_names: HashMap<&str, &str> = HashMap::new();
+        for class in classes {
+            if let (Some(uid), Some(pod)) = (&class.pod_uid, &class.pod_name) {
+                if !self.pod_names.contains_key(uid) {
+                    let namespace = class.pod_namespace.clone().unwrap_or_default();
+                    let pod = pod.clone();
+                    self.pod_names
+                        .insert(uid.clone(), PodName { namespace, pod });
+                }
+            }
+            if let (Some(id), Some(name)) = (&class.container_id, &class.container_name) {
+                if by_id.contains(id.as_str()) {
+                    container_names.insert(id, name);
+                }
+            }
+        }
+        let keep: HashSet<&str> = plan
+            .assignments
+            .iter()
+            .map(|(k, _)| k.pod_uid())
+            .chain(plan.assignments.rejected().map(|(uid, _)| uid.as_str()))
+            .collect();
+        self.pod_names.retain(|uid, _| keep.contains(uid.as_str()));
+        let name_of = |uid: &str| {
+            self.pod_names.get(uid).cloned().unwrap_or_else(|| PodName {
+                namespace: String::new(),
+                pod: uid.to_string(),
+            })
+        };
+        self.container_cpus = plan
+            .assignments
+            .iter()
+            .map(|(key, a)| {
+                let container = match key {
+                    AssignmentKey::Named { container, .. } => container.clone(),
+                    AssignmentKey::Id { container_id, .. } => container_names
+                        .get(container_id.as_str())
+                        .map_or_else(|| container_id.clone(), |n| n.to_string()),
+                };
+                (name_of(key.pod_uid()), container, a.cpus.len() as u64)
+            })
+            .collect();
+        self.container_cpus.sort();
+        self.pod_rejections = plan
+            .assignments
+            .rejected()
+            .map(|(uid, r)| (name_of(uid), r.container.clone(), r.reason))
+            .collect();
+        self.pod_rejections.sort();
     }
 
     /// Whether this write failure is new (to be logged) rather than a retry of a known one.
@@ -224,10 +338,11 @@ impl Metrics {
                 })
                 .collect::<Vec<_>>(),
         );
+        self.render_operator_series(&mut metric);
         metric(
             "cpusetd_shared_pool_size_millicores",
             "gauge",
-            "Size of the shared CPU pool in millicores.",
+            "Size of the shared CPU pool in millicores, the reserved CPUs left out (kubelet's meaning: what exclusive allocations may still take).",
             &plain(self.shared_pool_millicores),
         );
         metric(
@@ -460,14 +575,118 @@ impl Metrics {
         out
     }
 
+    /// The per-container, per-pod and per-NUMA series and kubelet's alignment counters
+    /// (issue 26), through `render`'s `metric`.
+    fn render_operator_series(
+        &self,
+        metric: &mut impl FnMut(&str, &str, &str, &[(String, String)]),
+    ) {
+        metric(
+            "cpusetd_pod_rejected",
+            "gauge",
+            "1 for each pod kubelet would reject at admission, with the container whose request failed and kubelet's reason; no container of it holds exclusive CPUs.",
+            &self
+                .pod_rejections
+                .iter()
+                .map(|(pod, container, reason)| {
+                    let labels = pod_labels(pod, container);
+                    (format!("{{{labels},reason=\"{reason}\"}}"), "1".into())
+                })
+                .collect::<Vec<_>>(),
+        );
+        metric(
+            "cpusetd_container_exclusive_cpus",
+            "gauge",
+            "Exclusive CPUs each container holds (also while it is not running: a restart, the pod's next container).",
+            &self
+                .container_cpus
+                .iter()
+                .map(|(pod, container, n)| {
+                    (format!("{{{}}}", pod_labels(pod, container)), n.to_string())
+                })
+                .collect::<Vec<_>>(),
+        );
+        metric(
+            "cpusetd_allocation_per_numa",
+            "gauge",
+            "Exclusive CPUs held, by NUMA node (kubelet's cpu_manager_allocation_per_numa).",
+            &self
+                .allocation_per_numa
+                .iter()
+                .map(|(node, n)| (format!("{{numa_node=\"{node}\"}}"), n.to_string()))
+                .collect::<Vec<_>>(),
+        );
+        let aligned = |boundary: &str, n: u64| {
+            (
+                format!("{{boundary=\"{boundary}\",scope=\"container\"}}"),
+                n.to_string(),
+            )
+        };
+        metric(
+            "cpusetd_container_aligned_compute_resources_count",
+            "counter",
+            "Exclusive CPU allocations aligned to a boundary (kubelet's meaning): physical_cpu, whole cores under full-pcpus-only; uncore_cache, all within one uncore (L3) cache.",
+            &[
+                aligned("physical_cpu", self.aligned_physical_cpu),
+                aligned("uncore_cache", self.aligned_uncore_cache),
+            ],
+        );
+        metric(
+            "cpusetd_container_aligned_compute_resources_failure_count",
+            "counter",
+            "Exclusive CPU allocations refused that had to be aligned (kubelet's meaning): physical_cpu, under full-pcpus-only.",
+            &[aligned("physical_cpu", self.aligned_physical_cpu_failures)],
+        );
+    }
+
     /// Writes the exposition to `path` atomically (temporary file, then rename).
     pub fn write_file(&self, path: &Path) -> io::Result<()> {
         write_text(path, &self.render())
     }
 }
 
-/// `{errno="EBUSY"}`-labelled lines of a per-errno counter.
+/// `namespace="…",pod="…",container="…"`, escaped.
+fn pod_labels(pod: &PodName, container: &str) -> String {
+    format!(
+        "namespace=\"{}\",pod=\"{}\",container=\"{}\"",
+        escape_label(&pod.namespace),
+        escape_label(&pod.pod),
+        escape_label(container)
+    )
+}
+
+/// A label value as the exposition format writes it: backslash, double quote and line feed
+/// escaped (names come from runtime configs, whatever they hold).
+fn escape_label(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The errnos a cgroup write meets (busy, a list the kernel will not take, an empty cpuset
+/// with tasks, no permission): their series exist from the start, at 0, so a rate or an alert
+/// on them works before the first failure.
+const WRITE_ERRNOS: [nix::errno::Errno; 5] = [
+    nix::errno::Errno::EBUSY,
+    nix::errno::Errno::EINVAL,
+    nix::errno::Errno::ENOSPC,
+    nix::errno::Errno::EACCES,
+    nix::errno::Errno::EPERM,
+];
+
+/// `{errno="EBUSY"}`-labelled lines of a per-errno counter, [`WRITE_ERRNOS`] always.
 fn by_errno(counts: &BTreeMap<i32, u64>) -> Vec<(String, String)> {
+    let mut counts = counts.clone();
+    for errno in WRITE_ERRNOS {
+        counts.entry(errno as i32).or_default();
+    }
     counts
         .iter()
         .map(|(errno, n)| {
@@ -608,6 +827,61 @@ mod tests {
         assert_eq!(s.quantile(0.5), Some(Duration::from_millis(50)));
         assert_eq!(s.quantile(0.99), Some(Duration::from_millis(99)));
         assert_eq!(s.count(), 100);
+    }
+
+    /// Issue 26: every series that counts errors or refusals is there before the first one.
+    #[test]
+    fn error_series_exist_from_the_start_at_zero() {
+        let text = Metrics::default().render();
+        for line in [
+            "cpusetd_pinning_errors_total 0",
+            "cpusetd_pinning_requests_total 0",
+            "cpusetd_container_aligned_compute_resources_failure_count{boundary=\"physical_cpu\",scope=\"container\"} 0",
+            "cpusetd_container_aligned_compute_resources_count{boundary=\"physical_cpu\",scope=\"container\"} 0",
+            "cpusetd_container_aligned_compute_resources_count{boundary=\"uncore_cache\",scope=\"container\"} 0",
+            "cpusetd_pods_rejected{reason=\"SMTAlignmentError\"} 0",
+            "cpusetd_pods_rejected{reason=\"UnexpectedAdmissionError\"} 0",
+            "cpusetd_cgroup_write_errors_total{errno=\"EBUSY\"} 0",
+            "cpusetd_cgroup_write_errors_total{errno=\"EINVAL\"} 0",
+            "cpusetd_cgroup_write_retries_total{errno=\"EBUSY\"} 0",
+            "cpusetd_drift_fights_total 0",
+            "cpusetd_narrowings_blocked_total 0",
+        ] {
+            assert!(text.contains(&format!("{line}\n")), "{line} missing:\n{text}");
+        }
+    }
+
+    /// Names come from runtime configs: quotes, backslashes and line feeds are escaped so a
+    /// hostile name cannot end its label or add a series.
+    #[test]
+    fn container_and_pod_labels_are_escaped() {
+        let m = Metrics {
+            container_cpus: vec![(
+                PodName {
+                    namespace: "ns".into(),
+                    pod: "a\"} 9\ncpusetd_fake 1 \\".into(),
+                },
+                "c".into(),
+                2,
+            )],
+            pod_rejections: vec![(
+                PodName {
+                    namespace: String::new(),
+                    pod: "uid-1".into(),
+                },
+                "big".into(),
+                AdmissionReason::SmtAlignment,
+            )],
+            ..Metrics::default()
+        };
+        let text = m.render();
+        assert!(text.contains(
+            "cpusetd_container_exclusive_cpus{namespace=\"ns\",pod=\"a\\\"} 9\\ncpusetd_fake 1 \\\\\",container=\"c\"} 2\n"
+        ), "{text}");
+        assert!(!text.lines().any(|l| l.starts_with("cpusetd_fake")));
+        assert!(text.contains(
+            "cpusetd_pod_rejected{namespace=\"\",pod=\"uid-1\",container=\"big\",reason=\"SMTAlignmentError\"} 1\n"
+        ), "{text}");
     }
 
     #[test]

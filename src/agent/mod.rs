@@ -19,6 +19,7 @@
 
 mod controller;
 mod hotplug;
+pub(crate) mod http;
 pub mod metrics;
 mod notify;
 mod wait;
@@ -70,6 +71,8 @@ pub struct AgentConfig {
     pub state_dir: PathBuf,
     pub reconcile_period: Duration,
     pub metrics_file: Option<PathBuf>,
+    /// `--metrics-bind-address`: where `/metrics` is served over HTTP (off when `None`).
+    pub metrics_bind: Option<std::net::SocketAddr>,
     /// kubelet's `cpu_manager_state`, read on a first start (no checkpoint of our own).
     pub kubelet_state: Option<PathBuf>,
     /// Where procfs is (`/proc/irq` for interrupt affinities).
@@ -98,6 +101,8 @@ pub enum AgentError {
     Signals(#[source] nix::Error),
     #[error("the {0} thread stopped unexpectedly")]
     ThreadGone(&'static str),
+    #[error("--metrics-bind-address")]
+    MetricsBind(#[source] http::BindError),
 }
 
 /// Messages from the signal thread.
@@ -116,6 +121,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         state_dir,
         reconcile_period,
         metrics_file,
+        metrics_bind,
         kubelet_state,
         proc_root,
         sysfs_root,
@@ -134,6 +140,13 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     signals.thread_block().map_err(AgentError::Signals)?;
 
     let _lock = StateLock::acquire(&state_dir)?;
+    // Bound before the first scan, so an address that cannot be served stops the agent at
+    // once; answered with 503 until the first pass publishes its metrics.
+    let snapshot = Arc::new(http::MetricsSnapshot::default());
+    if let Some(addr) = metrics_bind {
+        let bound = http::serve(addr, Arc::clone(&snapshot)).map_err(AgentError::MetricsBind)?;
+        log::info!("metrics served at http://{bound}/metrics");
+    }
     let mut parts = parts;
     let restored = restore(&state_dir, &parts, &options);
     let first_start = restored.first_start;
@@ -226,7 +239,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         outcome.writes,
         outcome.failed_writes
     );
-    let mut persist = Persist::start(state_dir, options, metrics_file);
+    let mut persist = Persist::start(state_dir, options, metrics_file, snapshot);
     persist.save_now(&controller);
     release_free_memory();
     notifier.send(&[sd_notify::NotifyState::Ready]);
@@ -522,6 +535,9 @@ fn restore(
 #[derive(Debug)]
 struct Persist {
     options: PolicyOptions,
+    /// What `--metrics-bind-address` serves: published here, on the controller thread, as
+    /// soon as a pass is rendered (not after the persist thread's `fsync`s).
+    snapshot: Arc<http::MetricsSnapshot>,
     slot: Arc<PersistSlot>,
     thread: Option<thread::JoinHandle<()>>,
 }
@@ -537,7 +553,7 @@ struct PersistSlot {
 #[derive(Debug, Default)]
 struct PersistJob {
     checkpoint: Option<Checkpoint>,
-    metrics: Option<String>,
+    metrics: Option<Arc<str>>,
     /// The last reconcile (Unix ms), for [`checkpoint::LAST_RECONCILE_FILE`].
     last_reconcile: Option<u64>,
     stop: bool,
@@ -546,7 +562,12 @@ struct PersistJob {
 }
 
 impl Persist {
-    fn start(state_dir: PathBuf, options: PolicyOptions, metrics_file: Option<PathBuf>) -> Persist {
+    fn start(
+        state_dir: PathBuf,
+        options: PolicyOptions,
+        metrics_file: Option<PathBuf>,
+        snapshot: Arc<http::MetricsSnapshot>,
+    ) -> Persist {
         let slot = Arc::new(PersistSlot::default());
         let shared = Arc::clone(&slot);
         let thread = thread::Builder::new()
@@ -555,6 +576,7 @@ impl Persist {
             .expect("spawn the persist thread");
         Persist {
             options,
+            snapshot,
             slot,
             thread: Some(thread),
         }
@@ -612,7 +634,9 @@ impl Persist {
         if checkpoint.is_some() {
             job.checkpoint = checkpoint;
         }
-        job.metrics = Some(controller.metrics.render());
+        let text: Arc<str> = controller.metrics.render().into();
+        self.snapshot.publish(Arc::clone(&text));
+        job.metrics = Some(text);
         job.last_reconcile = last_reconcile;
         self.slot.wake.notify_one();
     }

@@ -160,6 +160,11 @@ pub struct AgentArgs {
     /// `run` writes Prometheus metrics here after each pass (node_exporter textfile collector).
     #[arg(long, value_name = "PATH")]
     pub metrics_file: Option<PathBuf>,
+    /// `run` serves its metrics over HTTP at http://HOST:PORT/metrics (for Prometheus), from
+    /// threads of its own; off unless given. 127.0.0.1:9617 serves this node alone,
+    /// 0.0.0.0:9617 every interface.
+    #[arg(long, value_name = "HOST:PORT", value_parser = crate::agent::http::parse_bind_address)]
+    pub metrics_bind_address: Option<std::net::SocketAddr>,
     /// kubelet's CPU manager checkpoint. On a first start (no checkpoint of its own) `run`
     /// adopts the pins it names that the live tree agrees with (migration from kubelet's static
     /// policy); `none` skips it.

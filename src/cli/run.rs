@@ -53,6 +53,7 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         state_dir: args.state_dir.clone(),
         reconcile_period: args.cpu_manager_reconcile_period,
         metrics_file: args.metrics_file.clone(),
+        metrics_bind: args.metrics_bind_address,
         kubelet_state: args.kubelet_state_path(),
         proc_root: args.tree.proc_root.clone(),
         sysfs_root: args.tree.sysfs_root.clone(),
@@ -70,6 +71,16 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
             args.state_dir.display(),
             error_chain(lock),
             super::node::DEFAULT_STATE_DIR
+        ))),
+        // An address taken, not local, or not allowed (the hardened unit's PrivateNetwork):
+        // restarting would not help either.
+        agent::AgentError::MetricsBind(ref bind) => config_error(CommandError::usage(format!(
+            "--metrics-bind-address {}: {}; pass a free port of an address of this node \
+             (such as 127.0.0.1:{}), or leave the flag out (the systemd unit has no network: \
+             see README, Prometheus and Grafana)",
+            bind.addr,
+            error_chain(&bind.source),
+            agent::http::DEFAULT_PORT
         ))),
         e => CommandError {
             status: super::EXIT_FAILURE,

@@ -135,8 +135,9 @@ impl Controller {
     /// container (key) until it is met or goes, not once per pass (every pass asks again).
     fn count_event(&mut self, event: &AssignEvent) -> bool {
         match event {
-            AssignEvent::Allocated { key, .. } => {
+            AssignEvent::Allocated { key, cpus } => {
                 self.metrics.pinning_requests += 1;
+                self.count_alignment(Some(cpus));
                 self.metrics.pin_succeeded(key);
                 true
             }
@@ -155,9 +156,32 @@ impl Controller {
                 if first {
                     self.metrics.pinning_requests += 1;
                     self.metrics.pinning_errors += 1;
+                    self.count_alignment(None);
                 }
                 first
             }
+        }
+    }
+
+    /// kubelet's `container_aligned_compute_resources_count` and `_failure_count` for an
+    /// allocation (`Some(cpus)`) or a refusal: physical_cpu under `full-pcpus-only`,
+    /// uncore_cache for an allocation within one uncore cache.
+    fn count_alignment(&mut self, allocated: Option<&CpuSet>) {
+        let full_cores = self
+            .parts
+            .policy
+            .as_ref()
+            .is_some_and(|p| p.options().full_pcpus_only);
+        let Some(cpus) = allocated else {
+            self.metrics.aligned_physical_cpu_failures += u64::from(full_cores);
+            return;
+        };
+        self.metrics.aligned_physical_cpu += u64::from(full_cores);
+        let topology = &self.parts.topology;
+        let mut caches = cpus.iter().map(|c| topology.cpu(c).map(|i| i.uncore));
+        let first = caches.next().flatten();
+        if first.is_some() && caches.all(|c| c == first) {
+            self.metrics.aligned_uncore_cache += 1;
         }
     }
 

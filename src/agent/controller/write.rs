@@ -415,7 +415,9 @@ impl Controller {
                 .writes
                 .iter()
                 .any(|w| matches!(w.step, WriteStep::LiftQuota | WriteStep::RestoreQuota));
-        self.metrics.record_pass(&planned, report);
+        let reserved = self.parts.policy.as_ref().map(|p| p.reserved());
+        self.metrics
+            .record_pass(&planned, report, &self.parts.topology, reserved, classes);
         let unmet = planned.events.iter().any(|e| {
             matches!(
                 e,
