@@ -18,7 +18,7 @@ use super::distributed::take_by_topology_distributed;
 use super::index::TopologyIndex;
 use super::options::{OptionsError, PolicyOptions};
 use crate::cpuset::CpuSet;
-use crate::topology::Topology;
+use crate::topology::{CoreType, Topology};
 
 /// How the reserved CPUs are chosen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -424,6 +424,25 @@ impl StaticPolicy {
         numa_hint: Option<&CpuSet>,
         reusable: &CpuSet,
     ) -> Result<CpuSet, AllocationError> {
+        self.allocate_preferring(
+            request,
+            shared_pool,
+            numa_hint,
+            reusable,
+            CoreType::Performance,
+        )
+    }
+
+    /// [`Self::allocate`], with best fit placing on `core_type` cores first on a hybrid part
+    /// (the `cpusetd.io/core-type` annotation). kubelet's placement ignores `core_type`.
+    pub fn allocate_preferring(
+        &self,
+        request: usize,
+        shared_pool: &CpuSet,
+        numa_hint: Option<&CpuSet>,
+        reusable: &CpuSet,
+        core_type: CoreType,
+    ) -> Result<CpuSet, AllocationError> {
         if request == 0 {
             return Ok(CpuSet::new());
         }
@@ -445,11 +464,12 @@ impl StaticPolicy {
             }
         }
         if let Some(best_fit) = &self.best_fit {
-            let take = |available: &CpuSet, count: usize| match best_fit.take(
+            let take = |available: &CpuSet, count: usize| match best_fit.take_preferring(
                 &self.index,
                 available,
                 count,
                 self.options.full_pcpus_only,
+                core_type,
             ) {
                 Some(cpus) => Ok(cpus),
                 None => self.take_by_topology(available, count),
