@@ -37,11 +37,30 @@ use crate::devices::ContainerDevice;
 use crate::logging::excerpt;
 use crate::runtime::{OciCpu, RuntimeInfo};
 use crate::state::AssignmentKey;
+use crate::topology::CoreType;
 
 /// Pod annotation that keeps every container of the pod shared when `"false"`.
 pub const EXCLUSIVE_ANNOTATION: &str = "cpusetd.io/exclusive";
 /// Prefix of the per-container opt-out: `cpusetd.io/exclusive.<container-name>: "false"`.
 pub const EXCLUSIVE_CONTAINER_ANNOTATION_PREFIX: &str = "cpusetd.io/exclusive.";
+
+/// Pod annotation asking best fit for exclusive CPUs on one core type of a hybrid part:
+/// `"performance"` (what best fit does anyway) or `"efficient"`. Other values are noted and
+/// ignored; kubelet's placement does not look at it.
+pub const CORE_TYPE_ANNOTATION: &str = "cpusetd.io/core-type";
+
+/// Reads `cpusetd.io/core-type`; an odd value is noted and the default kept.
+fn core_type(runtime: Option<&RuntimeInfo>, notices: &mut Vec<Notice>) -> CoreType {
+    let Some(value) = runtime.and_then(|r| r.annotation(CORE_TYPE_ANNOTATION)) else {
+        return CoreType::default();
+    };
+    CoreType::parse(value).unwrap_or_else(|| {
+        notices.push(Notice::UnknownCoreType {
+            value: value.to_string(),
+        });
+        CoreType::default()
+    })
+}
 
 /// CRI-O's high-performance pod annotations (the same names and values on every runtime):
 /// `"disable"` turns the isolation on for the pod's containers that hold exclusive CPUs;
@@ -338,6 +357,8 @@ pub enum Notice {
     DeprecatedAnnotationValue { key: String },
     /// A high-performance annotation with a value that means nothing.
     UnknownAnnotationValue { key: String, value: String },
+    /// `cpusetd.io/core-type` with a value other than "performance" or "efficient".
+    UnknownCoreType { value: String },
 }
 
 impl fmt::Display for Notice {
@@ -376,6 +397,12 @@ impl fmt::Display for Notice {
                 excerpt(key),
                 excerpt(value)
             ),
+            Notice::UnknownCoreType { value } => write!(
+                f,
+                "annotation {CORE_TYPE_ANNOTATION}: {:?} ignored: \"performance\" or \"efficient\" \
+                 (placing on performance cores first)",
+                excerpt(value)
+            ),
         }
     }
 }
@@ -397,6 +424,8 @@ pub struct Classification {
     pub pod_namespace: Option<String>,
     /// The pod's high-performance annotations (in force only while it holds exclusive CPUs).
     pub isolation: Isolation,
+    /// The core type best fit places its exclusive CPUs on first (`cpusetd.io/core-type`).
+    pub core_type: CoreType,
     /// For containers and sandboxes with readable CPU settings.
     pub resources: Option<CpuResources>,
     pub exclusivity: Exclusivity,
@@ -417,6 +446,7 @@ impl Classification {
             pod_name: None,
             pod_namespace: None,
             isolation: Isolation::default(),
+            core_type: CoreType::default(),
             resources: None,
             exclusivity: Exclusivity::NotApplicable,
             notices: Vec::new(),
@@ -1084,6 +1114,7 @@ pub fn classify(
         return classification;
     }
     classification.isolation = isolation(runtime, notices);
+    classification.core_type = core_type(runtime, notices);
 
     let decision = match resources {
         _ if qos != QosClass::Guaranteed => Err(SharedReason::NotGuaranteed { qos }),

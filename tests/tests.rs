@@ -28,6 +28,7 @@ mod irqbalance;
 mod isolation;
 mod kubelet_vectors;
 mod migration;
+mod placement;
 mod plan_cli;
 mod real_containers;
 mod real_kernel;

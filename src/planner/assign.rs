@@ -38,6 +38,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::allocator::{AllocationError, StaticPolicy};
 use crate::cpuset::CpuSet;
 use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment, PodRejection};
+use crate::topology::CoreType;
 
 /// What a container is entitled to, as classification decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +64,8 @@ pub struct ContainerDemand {
     /// The NUMA nodes of its devices (empty: none, or not known): the topology hint for a new
     /// allocation, as kubelet's Topology Manager takes it from device plugins.
     pub device_numa: CpuSet,
+    /// The core type best fit places on first on a hybrid part (`cpusetd.io/core-type`).
+    pub core_type: CoreType,
 }
 
 /// What happened to one assignment in this pass.
@@ -750,7 +753,7 @@ fn allocate_one(
     } else {
         Some(demand.device_numa.clone())
     };
-    match policy.allocate(n, &shared_pool, hint.as_ref(), &reusable) {
+    match policy.allocate_preferring(n, &shared_pool, hint.as_ref(), &reusable, demand.core_type) {
         Ok(cpus) => {
             for (from, idle_cpus) in &idle {
                 if !idle_cpus.is_disjoint(&cpus) {
@@ -905,6 +908,7 @@ mod tests {
             entitlement: e,
             current: current.map(|c| CpuSet::parse(c).unwrap()),
             device_numa: CpuSet::new(),
+            core_type: CoreType::default(),
         }
     }
 
@@ -944,6 +948,7 @@ mod tests {
     fn with_devices_on(key: AssignmentKey, n: usize, nodes: &str) -> ContainerDemand {
         ContainerDemand {
             device_numa: CpuSet::parse(nodes).unwrap(),
+            core_type: CoreType::default(),
             ..demand(key, Entitlement::Exclusive(n), Some("1-7"))
         }
     }

@@ -204,6 +204,7 @@ fn plan_named<C: Borrow<Classification>>(
                         entitlement: entitlement(class),
                         current: cgroup.cpus.configured().cloned(),
                         device_numa: crate::devices::numa_nodes(&class.devices),
+                        core_type: class.core_type,
                     };
                     match demand_of.get(&demand.key) {
                         None => {
