@@ -780,6 +780,239 @@ mod tests {
         )
     }
 
+    /// CPUs of `free` on cores all of whose threads are in `free`, per NUMA node.
+    fn whole_core_cpus_per_node(topo: &Topology, free: &CpuSet) -> Vec<CpuSet> {
+        let whole = TopologyIndex::new(topo).whole_core_cpus(free);
+        topo.memory_nodes()
+            .iter()
+            .map(|n| {
+                topo.numa_cpus(&[n].into_iter().collect())
+                    .intersection(&whole)
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// Issue 28, item 5: whenever one NUMA node holds a request that is a whole number of
+        /// cores on its fully free cores, best fit gives it NUMA-aligned *and* on whole cores,
+        /// on random traces (the churn bench's misses, as a property).
+        #[test]
+        fn numa_alignment_and_whole_cores_together_whenever_both_can_be_had(
+            topo in any_topology(),
+            options in packing_options(),
+            reserved in 1usize..=2,
+            events in trace(),
+        ) {
+            let Ok(kubelet) = StaticPolicy::new(
+                &topo, options, ReservedCpus::Count(reserved), false,
+            ) else {
+                return Ok(());
+            };
+            let best = kubelet.with_placement(Placement::BestFit).unwrap();
+            let threads = TopologyIndex::new(&topo).cpus_per_core().max(1);
+            let mut pool = best.initial_shared_pool();
+            let mut live: Vec<CpuSet> = Vec::new();
+            let none = CpuSet::new();
+            for (arrival, pick) in events {
+                let Some(n) = arrival else {
+                    if !live.is_empty() {
+                        pool.extend_from(&live.swap_remove(pick % live.len()));
+                    }
+                    continue;
+                };
+                let free = best.allocatable(&pool);
+                let Ok(cpus) = best.allocate(n, &pool, None, &none) else {
+                    continue;
+                };
+                let both = n % threads == 0
+                    && whole_core_cpus_per_node(&topo, &free).iter().any(|w| w.len() >= n);
+                if both {
+                    let aligned = whole_core_cpus_per_node(&topo, &free)
+                        .iter()
+                        .any(|w| cpus.is_subset(w));
+                    prop_assert!(
+                        aligned,
+                        "{} cpus from {}: {} is not on whole cores of one NUMA node",
+                        n, free, cpus
+                    );
+                }
+                pool.remove_all(&cpus);
+                live.push(cpus);
+            }
+        }
+    }
+
+    /// `sockets` sockets of `dies` dies of `cores` cores of 2 threads (threads numbered last),
+    /// one NUMA node and one L3 per socket; die ids restart in every socket (Linux 6.1) or run
+    /// across the machine (6.12).
+    fn with_dies(sockets: u32, dies: u32, cores: u32, global_ids: bool) -> Topology {
+        let all = sockets * dies * cores;
+        let mut cpus = Vec::new();
+        for core in 0..all {
+            let socket = core / (dies * cores);
+            let local = core / cores % dies;
+            for thread in 0..2 {
+                cpus.push(crate::topology::CpuInfo {
+                    id: core + thread * all,
+                    socket,
+                    die: if global_ids {
+                        socket * dies + local
+                    } else {
+                        local
+                    },
+                    numa: socket,
+                    core,
+                    uncore: socket,
+                    cluster: None,
+                });
+            }
+        }
+        Topology::new(cpus, CpuSet::new(), CpuSet::new(), (0..sockets).collect()).unwrap()
+    }
+
+    /// `p` performance cores of 2 threads (siblings adjacent, cpus 0..2p) and `e` efficient
+    /// cores of one thread after them, one socket, cache and node.
+    fn hybrid(p: u32, e: u32) -> Topology {
+        let mut cpus = Vec::new();
+        for id in 0..2 * p + e {
+            let core = if id < 2 * p { id / 2 * 2 } else { id };
+            cpus.push(crate::topology::CpuInfo {
+                id,
+                socket: 0,
+                die: 0,
+                numa: 0,
+                core,
+                uncore: 0,
+                cluster: None,
+            });
+        }
+        let topo = Topology::new(cpus, CpuSet::new(), CpuSet::new(), set("0")).unwrap();
+        topo.with_core_types(crate::topology::CoreTypes {
+            performance: CpuSet::range(0, 2 * p - 1),
+            efficient: CpuSet::range(2 * p, 2 * p + e - 1),
+        })
+    }
+
+    #[test]
+    fn a_request_stays_in_one_die_whichever_way_dies_are_numbered() {
+        for global in [false, true] {
+            // 2 sockets x 2 dies x 2 cores: die (0,0) = cores 0-1 (0-1,8-9), die (0,1) =
+            // cores 2-3 (2-3,10-11). Cpu 0 used: 4 cpus fit on die (0,1) only.
+            let topo = with_dies(2, 2, 2, global);
+            let free = set("1-7,8-15");
+            assert_eq!(
+                best_fit(&topo, &free, 4).unwrap(),
+                set("2-3,10-11"),
+                "{global}"
+            );
+            // Two cpus: the half-used die's whole core, not the other die's.
+            assert_eq!(best_fit(&topo, &free, 2).unwrap(), set("1,9"), "{global}");
+        }
+    }
+
+    #[test]
+    fn hybrid_parts_take_performance_cores_first_unless_asked() {
+        let topo = hybrid(4, 4);
+        let index = TopologyIndex::new(&topo);
+        let fit = BestFit::new(&index);
+        let take = |free: &str, n: usize, t: CoreType| {
+            fit.take_preferring(&index, &set(free), n, false, t)
+                .unwrap()
+        };
+        assert_eq!(take("0-11", 1, CoreType::Performance), set("0"));
+        assert_eq!(take("0-11", 3, CoreType::Performance), set("0-2"));
+        assert_eq!(take("1-11", 3, CoreType::Performance), set("1-3"));
+        assert_eq!(take("0-11", 2, CoreType::Efficient), set("8-9"));
+        // The preferred type cannot hold it: from every free cpu.
+        assert_eq!(take("0-1,8-11", 6, CoreType::Performance).len(), 6);
+        assert_eq!(take("0-11", 5, CoreType::Efficient).len(), 5);
+    }
+
+    proptest! {
+        /// On random hybrid parts and traces: whenever the free cpus of the asked core type
+        /// hold the request, best fit gives cpus of that type only.
+        #[test]
+        fn best_fit_keeps_to_the_asked_core_type_whenever_it_can(
+            p in 1u32..=4,
+            e in 1u32..=8,
+            efficient in any::<bool>(),
+            events in trace(),
+        ) {
+            let topo = hybrid(p, e);
+            let core_type = if efficient { CoreType::Efficient } else { CoreType::Performance };
+            let wanted = topo.core_types().of(core_type).clone();
+            let best = StaticPolicy::new(&topo, PolicyOptions::default(), ReservedCpus::Count(1), false)
+                .unwrap()
+                .with_placement(Placement::BestFit)
+                .unwrap();
+            let mut pool = best.initial_shared_pool();
+            let mut live: Vec<CpuSet> = Vec::new();
+            let none = CpuSet::new();
+            for (arrival, pick) in events {
+                let Some(n) = arrival else {
+                    if !live.is_empty() {
+                        pool.extend_from(&live.swap_remove(pick % live.len()));
+                    }
+                    continue;
+                };
+                let free = best.allocatable(&pool);
+                let Ok(cpus) = best.allocate_preferring(n, &pool, None, &none, core_type) else {
+                    continue;
+                };
+                prop_assert_eq!(cpus.len(), n);
+                if free.intersection_len(&wanted) >= n {
+                    prop_assert!(cpus.is_subset(&wanted), "{} from {}: {}", n, free, cpus);
+                }
+                pool.remove_all(&cpus);
+                live.push(cpus);
+            }
+        }
+
+        /// On random multi-die machines: whenever one die holds an even request on its whole
+        /// cores, best fit gives whole cores of one die.
+        #[test]
+        fn best_fit_keeps_to_one_die_on_whole_cores_whenever_it_can(
+            sockets in 1u32..=2,
+            dies in 2u32..=3,
+            cores in 1u32..=4,
+            global in any::<bool>(),
+            events in trace(),
+        ) {
+            let topo = with_dies(sockets, dies, cores, global);
+            let index = TopologyIndex::new(&topo);
+            let best = StaticPolicy::new(&topo, PolicyOptions::default(), ReservedCpus::Count(1), false)
+                .unwrap()
+                .with_placement(Placement::BestFit)
+                .unwrap();
+            let mut pool = best.initial_shared_pool();
+            let mut live: Vec<CpuSet> = Vec::new();
+            let none = CpuSet::new();
+            for (arrival, pick) in events {
+                let Some(n) = arrival else {
+                    if !live.is_empty() {
+                        pool.extend_from(&live.swap_remove(pick % live.len()));
+                    }
+                    continue;
+                };
+                let free = best.allocatable(&pool);
+                let Ok(cpus) = best.allocate(n, &pool, None, &none) else {
+                    continue;
+                };
+                let whole = index.whole_core_cpus(&free);
+                let per_die: Vec<CpuSet> =
+                    index.dies.iter().map(|d| d.intersection(&whole)).collect();
+                if n % 2 == 0 && per_die.iter().any(|d| d.len() >= n) {
+                    prop_assert!(
+                        per_die.iter().any(|d| cpus.is_subset(d)),
+                        "{} from {}: {}", n, free, cpus
+                    );
+                }
+                pool.remove_all(&cpus);
+                live.push(cpus);
+            }
+        }
+    }
+
     proptest! {
         /// Replays a random trace under best fit; at every arrival kubelet's algorithm is asked
         /// too, on the same pool: whatever it grants, best fit grants, with exactly the count,
