@@ -112,6 +112,10 @@ impl fmt::Display for Placement {
 
 const NONE: u32 = u32::MAX;
 
+/// Free CPUs of a core's socket, NUMA node, outer and inner of die and cache, then the core's
+/// table index: cores sort fullest block first.
+type Fullness = (usize, usize, usize, usize, usize);
+
 /// The domain tables best fit walks, built once per topology next to the [`TopologyIndex`].
 #[derive(Debug, Clone)]
 pub struct BestFit {
@@ -480,7 +484,7 @@ impl BestFit {
     ) -> Option<CpuSet> {
         // (fullness key, core): cores in the fullest socket, NUMA node, die and cache first
         // (die and cache in the order they nest).
-        let mut cores: Vec<((usize, usize, usize, usize, usize), usize)> = Vec::new();
+        let mut cores: Vec<(Fullness, usize)> = Vec::new();
         let mut seen = vec![false; index.cores.len()];
         for cpu in domain_free {
             let Some(core) = index.core_index_of(cpu) else {

@@ -165,11 +165,16 @@ fn read_core_types(
     let Some(&highest) = capacity.values().max() else {
         return Ok(CoreTypes::default());
     };
-    let (performance, efficient): (Vec<(u32, u32)>, Vec<(u32, u32)>) =
-        capacity.into_iter().partition(|&(_, c)| c == highest);
+    let of = |top: bool| -> CpuSet {
+        capacity
+            .iter()
+            .filter(|&(_, &c)| (c == highest) == top)
+            .map(|(&cpu, _)| cpu)
+            .collect()
+    };
     Ok(CoreTypes {
-        performance: performance.into_iter().map(|(cpu, _)| cpu).collect(),
-        efficient: efficient.into_iter().map(|(cpu, _)| cpu).collect(),
+        performance: of(true),
+        efficient: of(false),
     })
 }
 /// What the kernel command line says about isolated CPUs, parsed the way the kernel parses it
