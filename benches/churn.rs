@@ -2,7 +2,8 @@
 //! policy, once with kubelet's placement and once with best fit, and prints side by side how
 //! often each gave a NUMA-aligned set, an L3-aligned set and whole cores for even requests
 //! (each counted only where such a set was possible at that moment), how many requests it
-//! refused, and how long one allocation took.
+//! refused, and how long one allocation took. On a machine with several dies per socket also
+//! die-aligned sets; on a hybrid part (1–4-CPU containers there) sets on performance cores only.
 //!
 //! Run with `cargo bench --bench churn` (or `scripts/bench.sh churn`). Knobs: `SEEDS` (traces
 //! per machine, default 8, seeds 1..=SEEDS), `EVENTS` (arrivals + departures per trace, default
@@ -22,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use cpusetd::allocator::{Placement, PolicyOptions, ReservedCpus, StaticPolicy};
 use cpusetd::cpuset::CpuSet;
-use cpusetd::topology::{CpuInfo, RegularShape, Topology};
+use cpusetd::topology::{discover, CpuInfo, RegularShape, Topology};
 
 const MAX_REQUEST: u64 = 16;
 const RESERVED: usize = 2;
@@ -50,7 +51,7 @@ enum Event {
     Depart { id: usize },
 }
 
-fn trace(seed: u64, events: usize, busy: usize) -> Vec<Event> {
+fn trace(seed: u64, events: usize, busy: usize, max_request: u64) -> Vec<Event> {
     let mut rng = Rng(seed);
     let mut live: Vec<(usize, usize)> = Vec::new();
     let mut asked = 0;
@@ -58,7 +59,7 @@ fn trace(seed: u64, events: usize, busy: usize) -> Vec<Event> {
     for id in 0..events {
         let arrival_percent = if asked < busy { 65 } else { 35 };
         if live.is_empty() || rng.below(100) < arrival_percent {
-            let cpus = 1 + rng.below(MAX_REQUEST) as usize;
+            let cpus = 1 + rng.below(max_request) as usize;
             live.push((id, cpus));
             asked += cpus;
             out.push(Event::Arrive { id, cpus });
@@ -77,6 +78,11 @@ struct Machine {
     numa_nodes: Vec<CpuSet>,
     caches: Vec<CpuSet>,
     cores: Vec<CpuSet>,
+    /// The dies (socket, die id); empty where every socket has one.
+    dies: Vec<CpuSet>,
+    /// Performance CPUs of a hybrid part; empty elsewhere.
+    performance: CpuSet,
+    max_request: u64,
 }
 
 impl Machine {
@@ -88,12 +94,68 @@ impl Machine {
             }
             groups.into_values().collect::<Vec<_>>()
         };
+        let mut dies: HashMap<(u32, u32), CpuSet> = HashMap::new();
+        for cpu in topology.cpus() {
+            dies.entry((cpu.socket, cpu.die))
+                .or_default()
+                .insert(cpu.id);
+        }
+        let sockets = group(|c| c.socket).len();
+        let dies: Vec<CpuSet> = if dies.len() > sockets {
+            dies.into_values().collect()
+        } else {
+            Vec::new()
+        };
         Machine {
             name: format!("{name} ({} cpus)", topology.all_cpus().len()),
             numa_nodes: group(|c| c.numa),
             caches: group(|c| c.uncore),
             cores: group(|c| c.core),
+            dies,
+            performance: topology.core_types().performance.clone(),
+            max_request: MAX_REQUEST,
             topology,
+        }
+    }
+
+    /// Several dies per socket sharing the socket's one L3 and NUMA node (Sapphire Rapids-like
+    /// tiles), threads numbered last.
+    fn dies(sockets: u32, dies: u32, cores_per_die: u32) -> Self {
+        let cores = sockets * dies * cores_per_die;
+        let mut cpus = Vec::new();
+        for core in 0..cores {
+            let socket = core / (dies * cores_per_die);
+            for thread in 0..2 {
+                cpus.push(CpuInfo {
+                    id: core + thread * cores,
+                    socket,
+                    die: core / cores_per_die % dies,
+                    numa: socket,
+                    core,
+                    uncore: socket,
+                    cluster: None,
+                });
+            }
+        }
+        let memory = (0..sockets).collect();
+        let topology = Topology::new(cpus, CpuSet::new(), CpuSet::new(), memory).expect("dies");
+        Machine::new(
+            &format!(
+                "{sockets} sockets x {dies} dies (1 NUMA, 1 L3 per socket) x {cores_per_die} cores x 2"
+            ),
+            topology,
+        )
+    }
+
+    /// The hybrid-pe fixture (8 P-cores x 2 threads + 8 E-cores), read as the agent reads it;
+    /// containers of 1-4 cpus (a client part).
+    fn hybrid() -> Self {
+        let root =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/sysfs/hybrid-pe");
+        let topology = discover(&root, &root.join("proc")).expect("hybrid-pe fixture");
+        Machine {
+            max_request: 4,
+            ..Machine::new("hybrid-pe: 8 P-cores x 2 threads + 8 E-cores", topology)
         }
     }
 
@@ -198,6 +260,8 @@ struct Outcome {
     whole_possible: Rate,
     whole_in_numa_possible: Rate,
     whole_all: Rate,
+    die: Rate,
+    performance: Rate,
     /// Even requests for which a NUMA-aligned set and a whole-core set were each possible,
     /// but no NUMA-aligned whole-core set.
     conflicts: u64,
@@ -218,6 +282,9 @@ fn replay(machine: &Machine, policy: &StaticPolicy, events: &[Event]) -> Outcome
                 let numa_possible = Machine::fits_one(&machine.numa_nodes, &allocatable, n);
                 let cache_possible = Machine::fits_one(&machine.caches, &allocatable, n);
                 let whole_possible = machine.whole_core_cpus(&allocatable) >= n;
+                let die_possible = Machine::fits_one(&machine.dies, &allocatable, n);
+                let performance_possible = !machine.performance.is_empty()
+                    && machine.performance.intersection_len(&allocatable) >= n;
                 let start = Instant::now();
                 let result = policy.allocate(black_box(n), black_box(&shared_pool), None, &none);
                 outcome.times.push(start.elapsed());
@@ -238,6 +305,12 @@ fn replay(machine: &Machine, policy: &StaticPolicy, events: &[Event]) -> Outcome
                 outcome
                     .cache
                     .count(cache_possible, Machine::in_one(&machine.caches, &cpus));
+                outcome
+                    .die
+                    .count(die_possible, Machine::in_one(&machine.dies, &cpus));
+                outcome
+                    .performance
+                    .count(performance_possible, cpus.is_subset(&machine.performance));
                 if n % 2 == 0 {
                     let whole = machine.splits_no_core(&cpus);
                     let numa_whole_possible =
@@ -269,7 +342,7 @@ fn replay(machine: &Machine, policy: &StaticPolicy, events: &[Event]) -> Outcome
 #[derive(Debug, Default)]
 struct Summary {
     total: Outcome,
-    ranges: [(f64, f64); 5],
+    ranges: [(f64, f64); 7],
 }
 
 impl Summary {
@@ -280,6 +353,8 @@ impl Summary {
             &outcome.whole_possible,
             &outcome.whole_in_numa_possible,
             &outcome.whole_all,
+            &outcome.die,
+            &outcome.performance,
         ];
         let first = self.total.arrivals == 0;
         for (range, rate) in self.ranges.iter_mut().zip(rates) {
@@ -300,6 +375,8 @@ impl Summary {
             .add(&outcome.whole_in_numa_possible);
         t.conflicts += outcome.conflicts;
         t.whole_all.add(&outcome.whole_all);
+        t.die.add(&outcome.die);
+        t.performance.add(&outcome.performance);
         t.times.extend(outcome.times);
     }
 
@@ -310,6 +387,8 @@ impl Summary {
             &self.total.whole_possible,
             &self.total.whole_in_numa_possible,
             &self.total.whole_all,
+            &self.total.die,
+            &self.total.performance,
         ][which];
         let (lo, hi) = self.ranges[which];
         format!("{:6.2} % ({lo:.1}–{hi:.1})", rate.percent())
@@ -355,10 +434,13 @@ fn main() {
             "2 sockets x 1 NUMA x 1 L3 x 64 cores x 2 threads",
             shape(2, 1, 1, 64),
         ),
+        Machine::dies(2, 4, 14),
+        Machine::hybrid(),
     ];
     println!(
-        "churn: {seeds} seeds x {events} events per machine, requests 1-{MAX_REQUEST} cpus, \
-         {RESERVED} reserved cpus, busy at {load} %; rates are over all seeds (lowest-highest seed)"
+        "churn: {seeds} seeds x {events} events per machine, requests 1-{MAX_REQUEST} cpus \
+         (1-4 on the hybrid part), {RESERVED} reserved cpus, busy at {load} %; rates are over all \
+         seeds (lowest-highest seed)"
     );
     for machine in &machines {
         let kubelet = StaticPolicy::new(
@@ -375,7 +457,7 @@ fn main() {
         let busy = kubelet.allocatable(&kubelet.initial_shared_pool()).len() * load / 100;
         let mut summaries = [Summary::default(), Summary::default()];
         for seed in 1..=seeds {
-            let events = trace(seed, events, busy);
+            let events = trace(seed, events, busy, machine.max_request);
             for (summary, policy) in summaries.iter_mut().zip([&kubelet, &best_fit]) {
                 summary.add(replay(machine, policy, &events));
             }
@@ -389,8 +471,19 @@ fn main() {
             "whole cores (even), where possible",
             "  where possible in one NUMA node",
             "whole cores (even), all",
+            "die-aligned, where possible",
+            "P-cores only, where possible",
         ];
-        for (which, row) in rows.iter().enumerate() {
+        let shown = [
+            true,
+            true,
+            true,
+            true,
+            true,
+            !machine.dies.is_empty(),
+            !machine.performance.is_empty(),
+        ];
+        for (which, row) in rows.iter().enumerate().filter(|(w, _)| shown[*w]) {
             println!(
                 "{row:<36} {:>26} {:>26}",
                 summaries[0].rate_cell(which),

@@ -8,6 +8,8 @@ OUT/<name>/ with:
   devices/system/cpu/cpuN/online                      (not for cpu0, as the kernel does)
   devices/system/cpu/cpuN/topology/*                  (online cpus only)
   devices/system/cpu/cpuN/cache/index{0,1,2,3}/*      (online cpus only)
+  devices/system/cpu/cpuN/cpu_capacity                (groups with "capacity")
+  devices/cpu_core/cpus, devices/cpu_atom/cpus        (groups with "type": hybrid PMUs)
   devices/system/node/{online,possible,has_cpu,has_memory,has_normal_memory}
   devices/system/node/nodeM/cpulist
   proc/cmdline
@@ -23,7 +25,10 @@ Description fields (all optional except "sockets" and a core layout):
   core_groups        list of core groups per socket, in enumeration order, each
                      {"count", "threads", "cluster" (cores sharing one L2 = cluster, default 1),
                       "core_ids" (sysfs core_id values, default 0.. continuing across groups),
-                      "l1d", "l1i", "l2" (cache sizes)}
+                      "l1d", "l1i", "l2" (cache sizes),
+                      "type" ("performance" or "efficient": a hybrid part's core type, written
+                      as the kernel's devices/cpu_core/cpus and devices/cpu_atom/cpus),
+                      "capacity" (cpuN/cpu_capacity, as arm64 and riscv kernels expose it)}
   numbering          "threads-last" (default; the kernel's usual x86 order: the first thread of
                      every core, then the second threads, ...) or "siblings-adjacent" (all
                      threads of a core get consecutive ids, as on hybrid client parts)
@@ -60,7 +65,12 @@ KNOWN_FIELDS = {
     "cluster_id_unset", "offline", "possible", "isolated", "memoryless_nodes", "cmdline",
     "cmdline_extra", "kernel_max",
 }
-KNOWN_GROUP_FIELDS = {"count", "threads", "cluster", "core_ids", "l1d", "l1i", "l2"}
+KNOWN_GROUP_FIELDS = {
+    "count", "threads", "cluster", "core_ids", "l1d", "l1i", "l2", "type", "capacity",
+}
+# A core type -> the PMU directory under devices/ the kernel names its cpus in (perf's hybrid
+# PMUs on Intel: cpu_core for performance cores, cpu_atom for efficient ones).
+CORE_TYPE_PMU = {"performance": "cpu_core", "efficient": "cpu_atom"}
 
 
 class DescriptionError(Exception):
@@ -139,6 +149,8 @@ def build(desc):
         bad = set(g) - KNOWN_GROUP_FIELDS
         if bad:
             raise DescriptionError(f"unknown core group fields {sorted(bad)}")
+        if g.get("type", "performance") not in CORE_TYPE_PMU:
+            raise DescriptionError(f"unknown core type {g['type']!r}")
     dies = desc.get("dies_per_socket", 1)
     nps = desc.get("numa_per_socket", 1)
     cores_in_socket = sum(g["count"] for g in groups)
@@ -180,6 +192,8 @@ def build(desc):
                     "l1d": g.get("l1d", DEFAULT_CACHES["l1d"]),
                     "l1i": g.get("l1i", DEFAULT_CACHES["l1i"]),
                     "l2": g.get("l2", DEFAULT_CACHES["l2"]),
+                    "type": g.get("type"),
+                    "capacity": g.get("capacity"),
                     "cpus": [],
                 })
                 local += 1
@@ -298,6 +312,8 @@ def write_machine(root, m):
         }
         for name, value in topo.items():
             write(os.path.join(d, "topology", name), value)
+        if core["capacity"] is not None:
+            write(os.path.join(d, "cpu_capacity"), core["capacity"])
         caches = [
             (1, "Data", core["index"], siblings, core["l1d"]),
             (1, "Instruction", core["index"], siblings, core["l1i"]),
@@ -322,6 +338,11 @@ def write_machine(root, m):
     for node in nodes:
         write(os.path.join(node_dir, f"node{node}", "cpulist"),
               online_of(lambda c: c["numa"] == node))
+
+    for core_type, pmu in CORE_TYPE_PMU.items():
+        if any(c["type"] for c in cores):
+            write(os.path.join(root, "devices", pmu, "cpus"),
+                  online_of(lambda c, t=core_type: c["type"] == t))
 
     write(os.path.join(root, "proc", "cmdline"), m["cmdline"])
 
@@ -351,6 +372,10 @@ def expected(m):
     nohz &= m["online"]
     if nohz:
         doc["nohz_full"] = format_list(nohz)
+    types = {t: format_list(cpu for cpu in m["online"] if m["cpus"][cpu]["type"] == t)
+             for t in CORE_TYPE_PMU}
+    if all(types.values()):
+        doc["core_types"] = types
     return doc
 
 

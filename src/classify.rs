@@ -37,6 +37,7 @@ use crate::devices::ContainerDevice;
 use crate::logging::excerpt;
 use crate::runtime::{OciCpu, RuntimeInfo};
 use crate::state::AssignmentKey;
+use crate::topology::CoreType;
 
 /// Pod annotation that keeps every container of the pod shared when `"false"`.
 pub const EXCLUSIVE_ANNOTATION: &str = "cpusetd.io/exclusive";
@@ -50,6 +51,23 @@ pub const EXCLUSIVE_CONTAINER_ANNOTATION_PREFIX: &str = "cpusetd.io/exclusive.";
 pub const ISOLATED_CPUS_ANNOTATION: &str = "cpusetd.io/isolated-cpus";
 /// The value of [`ISOLATED_CPUS_ANNOTATION`] that asks for the isolated pool.
 pub const ISOLATED_CPUS_REQUIRE: &str = "require";
+/// Pod annotation asking best fit for exclusive CPUs on one core type of a hybrid part:
+/// `"performance"` (what best fit does anyway) or `"efficient"`. Other values are noted and
+/// ignored; kubelet's placement does not look at it.
+pub const CORE_TYPE_ANNOTATION: &str = "cpusetd.io/core-type";
+
+/// Reads `cpusetd.io/core-type`; an odd value is noted and the default kept.
+fn core_type(runtime: Option<&RuntimeInfo>, notices: &mut Vec<Notice>) -> CoreType {
+    let Some(value) = runtime.and_then(|r| r.annotation(CORE_TYPE_ANNOTATION)) else {
+        return CoreType::default();
+    };
+    CoreType::parse(value).unwrap_or_else(|| {
+        notices.push(Notice::UnknownCoreType {
+            value: value.to_string(),
+        });
+        CoreType::default()
+    })
+}
 
 /// CRI-O's high-performance pod annotations (the same names and values on every runtime):
 /// `"disable"` turns the isolation on for the pod's containers that hold exclusive CPUs;
@@ -495,6 +513,8 @@ pub enum Notice {
     },
     /// `cpusetd.io/isolated-cpus` with a value other than "require".
     IgnoredIsolatedCpusValue { value: String },
+    /// `cpusetd.io/core-type` with a value other than "performance" or "efficient".
+    UnknownCoreType { value: String },
 }
 
 impl fmt::Display for Notice {
@@ -548,6 +568,12 @@ impl fmt::Display for Notice {
                 "annotation {ISOLATED_CPUS_ANNOTATION}: {:?} ignored: only \"{ISOLATED_CPUS_REQUIRE}\" has an effect (exclusive cpus come from the other cpus)",
                 excerpt(value)
             ),
+            Notice::UnknownCoreType { value } => write!(
+                f,
+                "annotation {CORE_TYPE_ANNOTATION}: {:?} ignored: \"performance\" or \"efficient\" \
+                 (placing on performance cores first)",
+                excerpt(value)
+            ),
         }
     }
 }
@@ -572,6 +598,8 @@ pub struct Classification {
     /// The pod asks for its exclusive CPUs from the isolated pool
     /// ([`ISOLATED_CPUS_ANNOTATION`]: `"require"`).
     pub isolated_cpus: bool,
+    /// The core type best fit places its exclusive CPUs on first (`cpusetd.io/core-type`).
+    pub core_type: CoreType,
     /// For containers and sandboxes with readable CPU settings.
     pub resources: Option<CpuResources>,
     pub exclusivity: Exclusivity,
@@ -593,6 +621,7 @@ impl Classification {
             pod_namespace: None,
             isolation: Isolation::default(),
             isolated_cpus: false,
+            core_type: CoreType::default(),
             resources: None,
             exclusivity: Exclusivity::NotApplicable,
             notices: Vec::new(),
@@ -1360,6 +1389,7 @@ pub fn classify(
     }
     classification.isolation = isolation(runtime, notices);
     classification.isolated_cpus = wants_isolated_cpus(runtime, notices);
+    classification.core_type = core_type(runtime, notices);
 
     let decision = match resources {
         _ if qos != QosClass::Guaranteed => Err(SharedReason::NotGuaranteed { qos }),

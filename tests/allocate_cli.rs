@@ -281,3 +281,102 @@ fn an_endless_topology_file_is_refused_at_its_limit() {
         stderr(&out)
     );
 }
+
+/// Issue 28, item 2: on a socket of two dies (2s-8c-ht-2die: socket 0 is die 0 = cores 0-1
+/// and die 1 = cores 2-3), with cpu 0 reserved, 4 cpus fit on die 1's two whole cores. Best
+/// fit keeps them there; kubelet's algorithm (the default, unchanged) takes cores 1 and 2,
+/// across both dies. The same with die ids numbered across the machine, as Linux 6.12 does:
+/// a die is its socket and its die id together.
+#[test]
+fn best_fit_keeps_a_request_within_one_die() {
+    let topo = topology_file("2s-8c-ht-2die");
+    let base = ["--count", "4", "--reserved-cpu-count", "1"];
+    let run = |topo: &tempfile::NamedTempFile, extra: &[&str]| {
+        let out = allocate(topo, &[&base[..], extra].concat());
+        assert_eq!(out.status.code(), Some(0), "{extra:?}: {}", stderr(&out));
+        stdout(&out)
+    };
+    assert_eq!(run(&topo, &[]), "1-2,9-10\n");
+    assert_eq!(run(&topo, &["--placement", "best-fit"]), "2-3,10-11\n");
+    // Socket 1's dies renumbered 2 and 3 (ids unique across the machine).
+    let doc: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(topo.path()).unwrap()).unwrap();
+    let mut renumbered = doc.clone();
+    for cpu in renumbered["cpus"].as_array_mut().unwrap() {
+        if cpu["socket"] == 1 {
+            cpu["die"] = (cpu["die"].as_u64().unwrap() + 2).into();
+        }
+    }
+    let file = tempfile::NamedTempFile::new().unwrap();
+    fs::write(file.path(), renumbered.to_string()).unwrap();
+    assert_eq!(run(&file, &["--placement", "best-fit"]), "2-3,10-11\n");
+    // Socket 1 taken but for one core of each die: 4 cpus still stay in socket 0's die 1.
+    let out = allocate(
+        &topo,
+        &[
+            "--count",
+            "4",
+            "--reserved-cpus",
+            "0",
+            "--available",
+            "0-4,6,8-12,14",
+            "--placement",
+            "best-fit",
+        ],
+    );
+    assert_eq!(stdout(&out), "2-3,10-11\n", "{}", stderr(&out));
+}
+
+/// Issue 28, item 1: on a hybrid part (hybrid-pe: P-cores 0-15 with two threads, E-cores
+/// 16-23) best fit gives exclusive cpus from performance cores first, and from efficient cores
+/// with `--core-type efficient` (the `cpusetd.io/core-type` pod annotation); where the
+/// preferred type cannot hold the request, from both. kubelet's algorithm (the default) is
+/// unchanged: it takes E-cores first (its cpus-per-core is 24 / 16 = 1, so every single-thread
+/// E-core is a "whole core" with the fewest free cpus).
+#[test]
+fn best_fit_prefers_performance_cores_on_a_hybrid_part() {
+    let topo = topology_file("hybrid-pe");
+    let run = |args: &[&str]| {
+        let out = allocate(&topo, args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        stdout(&out)
+    };
+    let best = ["--placement", "best-fit"];
+    assert_eq!(run(&["--count", "2"]), "16-17\n");
+    assert_eq!(run(&["--count", "1"]), "16\n");
+    assert_eq!(run(&[&["--count", "1"][..], &best].concat()), "0\n");
+    assert_eq!(run(&[&["--count", "2"][..], &best].concat()), "0-1\n");
+    assert_eq!(run(&[&["--count", "3"][..], &best].concat()), "0-2\n");
+    // An odd request pairs with a half-used P-core's thread first.
+    assert_eq!(
+        run(&[&["--count", "3", "--available", "1-23"][..], &best].concat()),
+        "1-3\n"
+    );
+    let efficient = ["--core-type", "efficient"];
+    assert_eq!(
+        run(&[&["--count", "2"][..], &best, &efficient].concat()),
+        "16-17\n"
+    );
+    // Two P-cores free: four cpus must mix types, and still go where best fit puts them.
+    let mixed = run(&[&["--count", "6", "--available", "0-3,16-23"][..], &best].concat());
+    assert_eq!(
+        mixed
+            .trim()
+            .parse::<cpusetd::cpuset::CpuSet>()
+            .unwrap()
+            .len(),
+        6
+    );
+    // Under kubelet's placement the core type is not asked about.
+    assert_eq!(
+        run(&[&["--count", "2"][..], &efficient].concat()),
+        "16-17\n"
+    );
+    let out = allocate(&topo, &["--count", "2", "--core-type", "fast"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("[possible values: performance, efficient]"),
+        "{}",
+        stderr(&out)
+    );
+}

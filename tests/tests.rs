@@ -29,6 +29,7 @@ mod isolated_pool;
 mod isolation;
 mod kubelet_vectors;
 mod migration;
+mod placement;
 mod plan_cli;
 mod pod_level;
 mod power;

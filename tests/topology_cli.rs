@@ -268,3 +268,64 @@ fn every_fixture_draws_its_map() {
         );
     }
 }
+
+/// Issue 28, item 1: the core types of a hybrid part, from the kernel's hybrid PMUs
+/// (`devices/cpu_core/cpus`, `devices/cpu_atom/cpus`) or, without them, from
+/// `cpuN/cpu_capacity` (the highest capacity is the performance type), in the document, the
+/// tree and the map. Garbage in either is an error naming the file.
+#[test]
+fn hybrid_core_types_are_read_and_shown() {
+    let copy = copy_fixture("hybrid-pe");
+    let root = copy.path().to_path_buf();
+    let proc = root.join("proc");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "topology",
+            "--sysfs-root",
+            root.to_str().unwrap(),
+            "--proc-root",
+            proc.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        cpusetd(&args)
+    };
+    let check = |why: &str| {
+        let doc: serde_json::Value = serde_json::from_str(&stdout(&run(&["--json"]))).unwrap();
+        assert_eq!(doc["core_types"]["performance"], "0-15", "{why}");
+        assert_eq!(doc["core_types"]["efficient"], "16-23", "{why}");
+        let tree = stdout(&run(&[]));
+        assert!(
+            tree.contains(
+                "core types: performance cpus 0-15 (8 cores), efficient cpus 16-23 (8 cores)"
+            ) && tree.contains("core 2 (performance): 2, 3")
+                && tree.contains("core 16 (efficient): 16"),
+            "{why}: {tree}"
+        );
+        let map = stdout(&run(&["--map"]));
+        assert!(
+            map.contains("L3 0 · performance cores · cpus 0-15")
+                && map.contains("L3 0 · efficient cores · cpus 16-23"),
+            "{why}: {map}"
+        );
+    };
+    check("hybrid PMUs");
+    fs::remove_dir_all(root.join("devices/cpu_core")).unwrap();
+    fs::remove_dir_all(root.join("devices/cpu_atom")).unwrap();
+    let doc = stdout(&run(&["--json"]));
+    assert!(!doc.contains("core_types"), "one core type: {doc}");
+    for cpu in 0..24 {
+        let capacity = if cpu < 16 { "1024\n" } else { "384\n" };
+        let file = root.join(format!("devices/system/cpu/cpu{cpu}/cpu_capacity"));
+        fs::write(file, capacity).unwrap();
+    }
+    check("cpu_capacity");
+    let file = root.join("devices/system/cpu/cpu5/cpu_capacity");
+    fs::write(&file, "big\n").unwrap();
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains(file.to_str().unwrap()) && stderr(&out).contains("cpu capacity"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -32,6 +32,7 @@ use std::str::FromStr;
 use super::index::TopologyIndex;
 use super::options::{PolicyOptions, DISTRIBUTE_CPUS_ACROSS_CORES, DISTRIBUTE_CPUS_ACROSS_NUMA};
 use crate::cpuset::CpuSet;
+use crate::topology::CoreType;
 
 /// Which algorithm picks a container's exclusive CPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -111,6 +112,10 @@ impl fmt::Display for Placement {
 
 const NONE: u32 = u32::MAX;
 
+/// Free CPUs of a core's socket, NUMA node, outer and inner of die and cache, then the core's
+/// table index: cores sort fullest block first.
+type Fullness = (usize, usize, usize, usize, usize);
+
 /// The domain tables best fit walks, built once per topology next to the [`TopologyIndex`].
 #[derive(Debug, Clone)]
 pub struct BestFit {
@@ -125,8 +130,20 @@ pub struct BestFit {
     uncore_in_one_numa: Vec<bool>,
     /// The socket of each NUMA node (of its lowest CPU).
     numa_socket: Vec<usize>,
-    /// Threads per core (kubelet's `CPUsPerCore`, at least 1): the unit of "whole cores".
+    /// Table index of each CPU's die (a die is a socket and a die id together), the NUMA
+    /// node of each die and whether all of the die lies in it. Empty where no socket has
+    /// several dies: the die levels are then left out.
+    cpu_die: Vec<u32>,
+    die_numa: Vec<usize>,
+    die_in_one_numa: Vec<bool>,
+    /// Threads per core (kubelet's `CPUsPerCore`, at least 1; on a hybrid part the largest
+    /// core's thread count): the unit of "whole cores".
     threads_per_core: usize,
+    /// The tiers in the order they are tried ([`tiers`]).
+    tiers: Vec<(Level, Fit)>,
+    /// Dies lie inside caches and are smaller: the die comes before the cache, as the
+    /// tighter domain, in the tiers and in the order cores are taken.
+    die_first: bool,
 }
 
 /// Free CPUs of one domain: all of them, and those on fully free cores.
@@ -141,6 +158,7 @@ struct Free {
 struct FreeMap {
     core_threads: Vec<u16>,
     uncore: Vec<Free>,
+    die: Vec<Free>,
     numa: Vec<Free>,
     socket: Vec<Free>,
 }
@@ -149,9 +167,13 @@ struct FreeMap {
 enum Level {
     /// Uncore caches lying inside one NUMA node.
     CacheInNuma,
+    /// Dies lying inside one NUMA node.
+    DieInNuma,
     Numa,
     /// Uncore caches spanning NUMA nodes (sub-NUMA clustering).
     CacheAcrossNuma,
+    /// Dies spanning NUMA nodes.
+    DieAcrossNuma,
     Socket,
     Machine,
 }
@@ -168,26 +190,42 @@ enum Fit {
     Any,
 }
 
-/// Tiers in order: NUMA alignment first, then whole cores, then cache alignment; socket
-/// alignment last (it is the least of them, and the machine-wide pick fills the fullest sockets
-/// first anyway).
-const TIERS: [(Level, Fit); 15] = [
-    (Level::CacheInNuma, Fit::Clean),
-    (Level::CacheInNuma, Fit::WholeCores),
-    (Level::Numa, Fit::Clean),
-    (Level::Numa, Fit::WholeCores),
-    (Level::CacheInNuma, Fit::Any),
-    (Level::Numa, Fit::Any),
-    (Level::CacheAcrossNuma, Fit::Clean),
-    (Level::CacheAcrossNuma, Fit::WholeCores),
-    (Level::Socket, Fit::Clean),
-    (Level::Socket, Fit::WholeCores),
-    (Level::Machine, Fit::Clean),
-    (Level::Machine, Fit::WholeCores),
-    (Level::CacheAcrossNuma, Fit::Any),
-    (Level::Socket, Fit::Any),
-    (Level::Machine, Fit::Any),
-];
+/// Tiers in order: NUMA alignment first, then whole cores, then cache (and die) alignment;
+/// socket alignment last (it is the least of them, and the machine-wide pick fills the fullest
+/// sockets first anyway). Without dies:
+///
+/// cache clean, cache whole, NUMA clean, NUMA whole, cache any, NUMA any, spanning cache
+/// clean and whole, socket clean and whole, machine clean and whole, spanning cache any,
+/// socket any, machine any.
+///
+/// Dies (where a socket has several) come next to caches, the smaller of the two first:
+/// a die inside one NUMA node beside a cache inside one, a die spanning nodes beside a cache
+/// spanning them.
+fn tiers(dies: bool, die_first: bool) -> Vec<(Level, Fit)> {
+    let pair = |cache: Level, die: Level| match (dies, die_first) {
+        (false, _) => vec![cache],
+        (true, false) => vec![cache, die],
+        (true, true) => vec![die, cache],
+    };
+    let inside = pair(Level::CacheInNuma, Level::DieInNuma);
+    let across = pair(Level::CacheAcrossNuma, Level::DieAcrossNuma);
+    let fits = |levels: &[Level], fits: &[Fit]| -> Vec<(Level, Fit)> {
+        levels
+            .iter()
+            .flat_map(|&l| fits.iter().map(move |&f| (l, f)))
+            .collect()
+    };
+    let tight = [Fit::Clean, Fit::WholeCores];
+    let mut out = fits(&inside, &tight);
+    out.extend(fits(&[Level::Numa], &tight));
+    out.extend(fits(&inside, &[Fit::Any]));
+    out.push((Level::Numa, Fit::Any));
+    out.extend(fits(&across, &tight));
+    out.extend(fits(&[Level::Socket, Level::Machine], &tight));
+    out.extend(fits(&across, &[Fit::Any]));
+    out.extend(fits(&[Level::Socket, Level::Machine], &[Fit::Any]));
+    out
+}
 
 fn table_of_cpus(max_id: usize, domains: &[CpuSet]) -> Vec<u32> {
     let mut of_cpu = vec![NONE; max_id];
@@ -227,6 +265,29 @@ impl BestFit {
             .iter()
             .map(|cpus| parent(cpus, &cpu_socket))
             .collect();
+        let has_dies = index.dies.len() > index.sockets.len();
+        let dies: &[CpuSet] = if has_dies { &index.dies } else { &[] };
+        let cpu_die = if has_dies {
+            table_of_cpus(max_id, dies)
+        } else {
+            Vec::new()
+        };
+        let die_numa: Vec<usize> = dies.iter().map(|cpus| parent(cpus, &cpu_numa)).collect();
+        let die_in_one_numa = dies
+            .iter()
+            .zip(&die_numa)
+            .map(|(cpus, &numa)| cpus.is_subset(&index.numa_nodes.cpus[numa]))
+            .collect();
+        // Dies are the tighter domain when each lies in its cache and some is smaller.
+        let cache_of = |die: &CpuSet| &index.uncore_caches.cpus[parent(die, &cpu_uncore)];
+        let die_first = has_dies
+            && dies.iter().all(|d| d.is_subset(cache_of(d)))
+            && dies.iter().any(|d| d.len() < cache_of(d).len());
+        let threads_per_core = if index.has_heterogeneous_cores() {
+            index.max_core_threads()
+        } else {
+            index.cpus_per_core()
+        };
         BestFit {
             cpu_uncore,
             cpu_numa,
@@ -234,7 +295,12 @@ impl BestFit {
             uncore_numa,
             uncore_in_one_numa,
             numa_socket,
-            threads_per_core: index.cpus_per_core().max(1),
+            cpu_die,
+            die_numa,
+            die_in_one_numa,
+            threads_per_core: threads_per_core.max(1),
+            tiers: tiers(has_dies, die_first),
+            die_first,
         }
     }
 
@@ -246,6 +312,7 @@ impl BestFit {
         let mut map = FreeMap {
             core_threads: vec![0; index.cores.len()],
             uncore: vec![Free::default(); index.uncore_caches.len()],
+            die: vec![Free::default(); self.die_numa.len()],
             numa: vec![Free::default(); index.numa_nodes.len()],
             socket: vec![Free::default(); index.sockets.len()],
         };
@@ -261,6 +328,7 @@ impl BestFit {
             let id = cpu as usize;
             for (table, counts) in [
                 (&self.cpu_uncore, &mut map.uncore),
+                (&self.cpu_die, &mut map.die),
                 (&self.cpu_numa, &mut map.numa),
                 (&self.cpu_socket, &mut map.socket),
             ] {
@@ -308,7 +376,7 @@ impl BestFit {
                     Fit::Any => true,
                 }
         };
-        for (level, fit) in TIERS {
+        for &(level, fit) in &self.tiers {
             // Without a remainder a whole-cores fit is a clean one; under full-pcpus-only only
             // whole cores will do.
             if (fit == Fit::WholeCores && remainder == 0) || (whole_cores_only && fit == Fit::Any) {
@@ -336,6 +404,28 @@ impl BestFit {
         None
     }
 
+    /// [`Self::take`] from the `core_type` cores of a hybrid part first: where the free CPUs of
+    /// that type hold the request, from them alone; otherwise from every free CPU.
+    pub fn take_preferring(
+        &self,
+        index: &TopologyIndex,
+        available: &CpuSet,
+        count: usize,
+        whole_cores_only: bool,
+        core_type: CoreType,
+    ) -> Option<CpuSet> {
+        let preferred = index.core_types.of(core_type);
+        if !preferred.is_empty() {
+            let within = available.intersection(preferred);
+            if within.len() >= count {
+                if let Some(cpus) = self.take(index, &within, count, whole_cores_only) {
+                    return Some(cpus);
+                }
+            }
+        }
+        self.take(index, available, count, whole_cores_only)
+    }
+
     /// The CPUs of the domain of `level` that fits most tightly: fewest free CPUs, then fewest
     /// free in its NUMA node, then in its socket, then the lowest table index (lowest id).
     fn tightest<'a>(
@@ -360,6 +450,16 @@ impl BestFit {
                     })
                     .map(|u| &index.uncore_caches.cpus[u])
             }
+            Level::DieInNuma | Level::DieAcrossNuma => {
+                let inside = level == Level::DieInNuma;
+                (0..map.die.len())
+                    .filter(|&d| self.die_in_one_numa[d] == inside && fits(&map.die[d]))
+                    .min_by_key(|&d| {
+                        let (numa, socket) = numa_key(self.die_numa[d]);
+                        (map.die[d].cpus, numa, socket, d)
+                    })
+                    .map(|d| &index.dies[d])
+            }
             Level::Numa => (0..map.numa.len())
                 .filter(|&n| fits(&map.numa[n]))
                 .min_by_key(|&n| (numa_key(n), n))
@@ -382,8 +482,9 @@ impl BestFit {
         count: usize,
         whole_cores_only: bool,
     ) -> Option<CpuSet> {
-        // (fullness key, core): cores in the fullest socket, NUMA node and cache first.
-        let mut cores: Vec<((usize, usize, usize, usize), usize)> = Vec::new();
+        // (fullness key, core): cores in the fullest socket, NUMA node, die and cache first
+        // (die and cache in the order they nest).
+        let mut cores: Vec<(Fullness, usize)> = Vec::new();
         let mut seen = vec![false; index.cores.len()];
         for cpu in domain_free {
             let Some(core) = index.core_index_of(cpu) else {
@@ -399,10 +500,20 @@ impl BestFit {
                     .and_then(|&d| counts.get(d as usize))
                     .map_or(0, |f| f.cpus)
             };
+            let (die, cache) = (
+                free_of(&self.cpu_die, &map.die),
+                free_of(&self.cpu_uncore, &map.uncore),
+            );
+            let (outer, inner) = if self.die_first {
+                (cache, die)
+            } else {
+                (die, cache)
+            };
             let key = (
                 free_of(&self.cpu_socket, &map.socket),
                 free_of(&self.cpu_numa, &map.numa),
-                free_of(&self.cpu_uncore, &map.uncore),
+                outer,
+                inner,
                 core,
             );
             cores.push((key, core));
@@ -671,6 +782,239 @@ mod tests {
             (proptest::option::weighted(0.6, 1usize..=12), any::<usize>()),
             1..60,
         )
+    }
+
+    /// CPUs of `free` on cores all of whose threads are in `free`, per NUMA node.
+    fn whole_core_cpus_per_node(topo: &Topology, free: &CpuSet) -> Vec<CpuSet> {
+        let whole = TopologyIndex::new(topo).whole_core_cpus(free);
+        topo.memory_nodes()
+            .iter()
+            .map(|n| {
+                topo.numa_cpus(&[n].into_iter().collect())
+                    .intersection(&whole)
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// Issue 28, item 5: whenever one NUMA node holds a request that is a whole number of
+        /// cores on its fully free cores, best fit gives it NUMA-aligned *and* on whole cores,
+        /// on random traces (the churn bench's misses, as a property).
+        #[test]
+        fn numa_alignment_and_whole_cores_together_whenever_both_can_be_had(
+            topo in any_topology(),
+            options in packing_options(),
+            reserved in 1usize..=2,
+            events in trace(),
+        ) {
+            let Ok(kubelet) = StaticPolicy::new(
+                &topo, options, ReservedCpus::Count(reserved), false,
+            ) else {
+                return Ok(());
+            };
+            let best = kubelet.with_placement(Placement::BestFit).unwrap();
+            let threads = TopologyIndex::new(&topo).cpus_per_core().max(1);
+            let mut pool = best.initial_shared_pool();
+            let mut live: Vec<CpuSet> = Vec::new();
+            let none = CpuSet::new();
+            for (arrival, pick) in events {
+                let Some(n) = arrival else {
+                    if !live.is_empty() {
+                        pool.extend_from(&live.swap_remove(pick % live.len()));
+                    }
+                    continue;
+                };
+                let free = best.allocatable(&pool);
+                let Ok(cpus) = best.allocate(n, &pool, None, &none) else {
+                    continue;
+                };
+                let both = n % threads == 0
+                    && whole_core_cpus_per_node(&topo, &free).iter().any(|w| w.len() >= n);
+                if both {
+                    let aligned = whole_core_cpus_per_node(&topo, &free)
+                        .iter()
+                        .any(|w| cpus.is_subset(w));
+                    prop_assert!(
+                        aligned,
+                        "{} cpus from {}: {} is not on whole cores of one NUMA node",
+                        n, free, cpus
+                    );
+                }
+                pool.remove_all(&cpus);
+                live.push(cpus);
+            }
+        }
+    }
+
+    /// `sockets` sockets of `dies` dies of `cores` cores of 2 threads (threads numbered last),
+    /// one NUMA node and one L3 per socket; die ids restart in every socket (Linux 6.1) or run
+    /// across the machine (6.12).
+    fn with_dies(sockets: u32, dies: u32, cores: u32, global_ids: bool) -> Topology {
+        let all = sockets * dies * cores;
+        let mut cpus = Vec::new();
+        for core in 0..all {
+            let socket = core / (dies * cores);
+            let local = core / cores % dies;
+            for thread in 0..2 {
+                cpus.push(crate::topology::CpuInfo {
+                    id: core + thread * all,
+                    socket,
+                    die: if global_ids {
+                        socket * dies + local
+                    } else {
+                        local
+                    },
+                    numa: socket,
+                    core,
+                    uncore: socket,
+                    cluster: None,
+                });
+            }
+        }
+        Topology::new(cpus, CpuSet::new(), CpuSet::new(), (0..sockets).collect()).unwrap()
+    }
+
+    /// `p` performance cores of 2 threads (siblings adjacent, cpus 0..2p) and `e` efficient
+    /// cores of one thread after them, one socket, cache and node.
+    fn hybrid(p: u32, e: u32) -> Topology {
+        let mut cpus = Vec::new();
+        for id in 0..2 * p + e {
+            let core = if id < 2 * p { id / 2 * 2 } else { id };
+            cpus.push(crate::topology::CpuInfo {
+                id,
+                socket: 0,
+                die: 0,
+                numa: 0,
+                core,
+                uncore: 0,
+                cluster: None,
+            });
+        }
+        let topo = Topology::new(cpus, CpuSet::new(), CpuSet::new(), set("0")).unwrap();
+        topo.with_core_types(crate::topology::CoreTypes {
+            performance: CpuSet::range(0, 2 * p - 1),
+            efficient: CpuSet::range(2 * p, 2 * p + e - 1),
+        })
+    }
+
+    #[test]
+    fn a_request_stays_in_one_die_whichever_way_dies_are_numbered() {
+        for global in [false, true] {
+            // 2 sockets x 2 dies x 2 cores: die (0,0) = cores 0-1 (0-1,8-9), die (0,1) =
+            // cores 2-3 (2-3,10-11). Cpu 0 used: 4 cpus fit on die (0,1) only.
+            let topo = with_dies(2, 2, 2, global);
+            let free = set("1-7,8-15");
+            assert_eq!(
+                best_fit(&topo, &free, 4).unwrap(),
+                set("2-3,10-11"),
+                "{global}"
+            );
+            // Two cpus: the half-used die's whole core, not the other die's.
+            assert_eq!(best_fit(&topo, &free, 2).unwrap(), set("1,9"), "{global}");
+        }
+    }
+
+    #[test]
+    fn hybrid_parts_take_performance_cores_first_unless_asked() {
+        let topo = hybrid(4, 4);
+        let index = TopologyIndex::new(&topo);
+        let fit = BestFit::new(&index);
+        let take = |free: &str, n: usize, t: CoreType| {
+            fit.take_preferring(&index, &set(free), n, false, t)
+                .unwrap()
+        };
+        assert_eq!(take("0-11", 1, CoreType::Performance), set("0"));
+        assert_eq!(take("0-11", 3, CoreType::Performance), set("0-2"));
+        assert_eq!(take("1-11", 3, CoreType::Performance), set("1-3"));
+        assert_eq!(take("0-11", 2, CoreType::Efficient), set("8-9"));
+        // The preferred type cannot hold it: from every free cpu.
+        assert_eq!(take("0-1,8-11", 6, CoreType::Performance).len(), 6);
+        assert_eq!(take("0-11", 5, CoreType::Efficient).len(), 5);
+    }
+
+    proptest! {
+        /// On random hybrid parts and traces: whenever the free cpus of the asked core type
+        /// hold the request, best fit gives cpus of that type only.
+        #[test]
+        fn best_fit_keeps_to_the_asked_core_type_whenever_it_can(
+            p in 1u32..=4,
+            e in 1u32..=8,
+            efficient in any::<bool>(),
+            events in trace(),
+        ) {
+            let topo = hybrid(p, e);
+            let core_type = if efficient { CoreType::Efficient } else { CoreType::Performance };
+            let wanted = topo.core_types().of(core_type).clone();
+            let best = StaticPolicy::new(&topo, PolicyOptions::default(), ReservedCpus::Count(1), false)
+                .unwrap()
+                .with_placement(Placement::BestFit)
+                .unwrap();
+            let mut pool = best.initial_shared_pool();
+            let mut live: Vec<CpuSet> = Vec::new();
+            let none = CpuSet::new();
+            for (arrival, pick) in events {
+                let Some(n) = arrival else {
+                    if !live.is_empty() {
+                        pool.extend_from(&live.swap_remove(pick % live.len()));
+                    }
+                    continue;
+                };
+                let free = best.allocatable(&pool);
+                let Ok(cpus) = best.allocate_preferring(n, &pool, None, &none, core_type) else {
+                    continue;
+                };
+                prop_assert_eq!(cpus.len(), n);
+                if free.intersection_len(&wanted) >= n {
+                    prop_assert!(cpus.is_subset(&wanted), "{} from {}: {}", n, free, cpus);
+                }
+                pool.remove_all(&cpus);
+                live.push(cpus);
+            }
+        }
+
+        /// On random multi-die machines: whenever one die holds an even request on its whole
+        /// cores, best fit gives whole cores of one die.
+        #[test]
+        fn best_fit_keeps_to_one_die_on_whole_cores_whenever_it_can(
+            sockets in 1u32..=2,
+            dies in 2u32..=3,
+            cores in 1u32..=4,
+            global in any::<bool>(),
+            events in trace(),
+        ) {
+            let topo = with_dies(sockets, dies, cores, global);
+            let index = TopologyIndex::new(&topo);
+            let best = StaticPolicy::new(&topo, PolicyOptions::default(), ReservedCpus::Count(1), false)
+                .unwrap()
+                .with_placement(Placement::BestFit)
+                .unwrap();
+            let mut pool = best.initial_shared_pool();
+            let mut live: Vec<CpuSet> = Vec::new();
+            let none = CpuSet::new();
+            for (arrival, pick) in events {
+                let Some(n) = arrival else {
+                    if !live.is_empty() {
+                        pool.extend_from(&live.swap_remove(pick % live.len()));
+                    }
+                    continue;
+                };
+                let free = best.allocatable(&pool);
+                let Ok(cpus) = best.allocate(n, &pool, None, &none) else {
+                    continue;
+                };
+                let whole = index.whole_core_cpus(&free);
+                let per_die: Vec<CpuSet> =
+                    index.dies.iter().map(|d| d.intersection(&whole)).collect();
+                if n % 2 == 0 && per_die.iter().any(|d| d.len() >= n) {
+                    prop_assert!(
+                        per_die.iter().any(|d| cpus.is_subset(d)),
+                        "{} from {}: {}", n, free, cpus
+                    );
+                }
+                pool.remove_all(&cpus);
+                live.push(cpus);
+            }
+        }
     }
 
     proptest! {

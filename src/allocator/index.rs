@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use crate::cpuset::CpuSet;
-use crate::topology::{Counters, CpuInfo, Topology};
+use crate::topology::{CoreTypes, Counters, CpuInfo, Topology};
 
 /// One kind of domain: its ids ascending and the topology CPUs of each.
 #[derive(Debug, Clone, Default)]
@@ -95,6 +95,13 @@ pub struct TopologyIndex {
     /// Table index of each CPU's core, by CPU id (`usize::MAX` for ids not in the topology).
     core_of_cpu: Vec<usize>,
     heterogeneous_cores: bool,
+    /// The CPUs of each die, a die being the pair (socket, die id): kernels number dies per
+    /// package (6.1) or across the machine (6.12), so a die id alone names nothing. Ordered by
+    /// (socket, die id). kubelet does not know dies; only best fit reads them.
+    pub(crate) dies: Vec<CpuSet>,
+    /// Performance and efficient CPUs of a hybrid part (empty elsewhere); only best fit reads
+    /// them.
+    pub(crate) core_types: CoreTypes,
     /// Where cores differ in thread count only because CPUs are offline (an SMT sibling taken
     /// down), the thread count of a whole core: a core with fewer online threads is a broken
     /// one, never a free whole core (else a request for two takes it and splits a free core).
@@ -122,6 +129,12 @@ impl TopologyIndex {
             }
         }
         let heterogeneous_cores = !topology.is_homogeneous();
+        let mut dies: BTreeMap<(u32, u32), CpuSet> = BTreeMap::new();
+        for cpu in cpus {
+            dies.entry((cpu.socket, cpu.die))
+                .or_default()
+                .insert(cpu.id);
+        }
         let whole_core_threads = (heterogeneous_cores && !topology.offline().is_empty())
             .then(|| cores.cpus.iter().map(CpuSet::len).max())
             .flatten();
@@ -139,6 +152,8 @@ impl TopologyIndex {
             numa_uncore_caches,
             core_of_cpu,
             heterogeneous_cores,
+            dies: dies.into_values().collect(),
+            core_types: topology.core_types().clone(),
             whole_core_threads,
         }
     }
@@ -172,6 +187,11 @@ impl TopologyIndex {
     /// tests cores against their own thread count instead of `cpus_per_core()`.
     pub fn has_heterogeneous_cores(&self) -> bool {
         self.heterogeneous_cores
+    }
+
+    /// The largest thread count of a core (1 without cores).
+    pub(crate) fn max_core_threads(&self) -> usize {
+        self.cores.cpus.iter().map(CpuSet::len).max().unwrap_or(1)
     }
 
     /// How many free threads make core `core` (a table index) a free whole core: its own

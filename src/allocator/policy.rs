@@ -22,7 +22,7 @@ use super::distributed::take_by_topology_distributed;
 use super::index::TopologyIndex;
 use super::options::{OptionsError, PolicyOptions};
 use crate::cpuset::CpuSet;
-use crate::topology::Topology;
+use crate::topology::{CoreType, Topology};
 
 /// Which CPUs an exclusive allocation may come from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -507,13 +507,40 @@ impl StaticPolicy {
         numa_hint: Option<&CpuSet>,
         reusable: &CpuSet,
     ) -> Result<CpuSet, AllocationError> {
-        self.allocate_in(CpuPool::General, request, shared_pool, numa_hint, reusable)
+        self.allocate_in(
+            CpuPool::General,
+            request,
+            shared_pool,
+            numa_hint,
+            reusable,
+            CoreType::Performance,
+        )
     }
 
-    /// [`Self::allocate`] from `pool`. For the isolated pool `free` holds the isolated CPUs no
-    /// one holds; every failure but a request that is not whole cores (and the scan's limit)
-    /// is [`AllocationError::IsolatedPoolTooSmall`], and without an isolated pool the request
-    /// is refused outright: it is never served from other CPUs.
+    /// [`Self::allocate`], with best fit placing on `core_type` cores first on a hybrid part
+    /// (the `cpusetd.io/core-type` annotation). kubelet's placement ignores `core_type`.
+    pub fn allocate_preferring(
+        &self,
+        request: usize,
+        shared_pool: &CpuSet,
+        numa_hint: Option<&CpuSet>,
+        reusable: &CpuSet,
+        core_type: CoreType,
+    ) -> Result<CpuSet, AllocationError> {
+        self.allocate_in(
+            CpuPool::General,
+            request,
+            shared_pool,
+            numa_hint,
+            reusable,
+            core_type,
+        )
+    }
+
+    /// [`Self::allocate_preferring`] from `pool`. For the isolated pool `free` holds the
+    /// isolated CPUs no one holds; every failure but a request that is not whole cores (and the
+    /// scan's limit) is [`AllocationError::IsolatedPoolTooSmall`], and without an isolated pool
+    /// the request is refused outright: it is never served from other CPUs.
     pub fn allocate_in(
         &self,
         pool: CpuPool,
@@ -521,9 +548,10 @@ impl StaticPolicy {
         free: &CpuSet,
         numa_hint: Option<&CpuSet>,
         reusable: &CpuSet,
+        core_type: CoreType,
     ) -> Result<CpuSet, AllocationError> {
         if request == 0 || pool == CpuPool::General {
-            return self.allocate_from(pool, request, free, numa_hint, reusable);
+            return self.allocate_from(pool, request, free, numa_hint, reusable, core_type);
         }
         if !self.respect_isolcpus {
             return Err(AllocationError::IsolatedPoolOff);
@@ -533,7 +561,7 @@ impl StaticPolicy {
                 isolated: self.excluded.clone(),
             });
         }
-        self.allocate_from(pool, request, free, numa_hint, reusable)
+        self.allocate_from(pool, request, free, numa_hint, reusable, core_type)
             .map_err(|cause| match cause {
                 AllocationError::SmtNotMultipleOfCore { .. } | AllocationError::ScanIncomplete => {
                     cause
@@ -554,6 +582,7 @@ impl StaticPolicy {
         shared_pool: &CpuSet,
         numa_hint: Option<&CpuSet>,
         reusable: &CpuSet,
+        core_type: CoreType,
     ) -> Result<CpuSet, AllocationError> {
         if request == 0 {
             return Ok(CpuSet::new());
@@ -580,11 +609,12 @@ impl StaticPolicy {
             }
         }
         if let Some(best_fit) = &self.best_fit {
-            let take = |available: &CpuSet, count: usize| match best_fit.take(
+            let take = |available: &CpuSet, count: usize| match best_fit.take_preferring(
                 &self.index,
                 available,
                 count,
                 self.options.full_pcpus_only,
+                core_type,
             ) {
                 Some(cpus) => Ok(cpus),
                 None => self.take_by_topology(available, count),

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{ArgGroup, Args};
 
-use super::node::{check_placement, PlacementName};
+use super::node::{check_placement, CoreTypeName, PlacementName};
 use super::{cpuset_arg, CommandError};
 use crate::allocator::{PolicyOptions, ReservedCpus, StaticPolicy};
 use crate::cpuset::CpuSet;
@@ -50,6 +50,10 @@ pub struct AllocateArgs {
     /// NUMA nodes of a topology hint: CPUs are taken from them first.
     #[arg(long, value_name = "LIST", value_parser = cpuset_arg)]
     numa_hint: Option<CpuSet>,
+    /// On a hybrid part under `--placement best-fit`: the core type to place on first (the
+    /// `cpusetd.io/core-type` pod annotation). kubelet's placement does not look at it.
+    #[arg(long, value_enum, default_value = "performance")]
+    core_type: CoreTypeName,
     /// Never hand out CPUs the kernel isolates from its scheduler domains (isolcpus=, sysfs
     /// isolated); nohz_full= CPUs stay allocatable.
     #[arg(long)]
@@ -129,11 +133,12 @@ pub fn run(args: &AllocateArgs) -> Result<(), CommandError> {
         Some(set) => set.clone(),
         None => policy.initial_shared_pool(),
     };
-    match policy.allocate(
+    match policy.allocate_preferring(
         args.count as usize,
         &shared_pool,
         args.numa_hint.as_ref(),
         &CpuSet::new(),
+        args.core_type.into(),
     ) {
         Ok(cpus) => {
             println!("{cpus}");

@@ -85,6 +85,25 @@ pub enum PlacementName {
     BestFit,
 }
 
+/// `--core-type`: the core type best fit places on first on a hybrid part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum CoreTypeName {
+    /// Performance cores (Intel P-cores, arm big cores).
+    #[default]
+    Performance,
+    /// Efficient cores (Intel E-cores, arm LITTLE cores).
+    Efficient,
+}
+
+impl From<CoreTypeName> for crate::topology::CoreType {
+    fn from(name: CoreTypeName) -> Self {
+        match name {
+            CoreTypeName::Performance => crate::topology::CoreType::Performance,
+            CoreTypeName::Efficient => crate::topology::CoreType::Efficient,
+        }
+    }
+}
+
 impl From<PlacementName> for Placement {
     fn from(name: PlacementName) -> Self {
         match name {

@@ -38,6 +38,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::allocator::{AllocationError, CpuPool, StaticPolicy};
 use crate::cpuset::CpuSet;
 use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment, PodRejection};
+use crate::topology::CoreType;
 
 /// What a container is entitled to, as classification decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +66,8 @@ pub struct ContainerDemand {
     pub device_numa: CpuSet,
     /// The CPUs its exclusive set comes from: the isolated pool when its pod asks for it.
     pub pool: CpuPool,
+    /// The core type best fit places on first on a hybrid part (`cpusetd.io/core-type`).
+    pub core_type: CoreType,
 }
 
 /// What happened to one assignment in this pass.
@@ -503,7 +506,7 @@ pub fn assign_with(
         let lost = lost.remove(&demand.key).unwrap_or_default();
         let free = pools.free(demand.pool, &assignments);
         let replaced = match new_cpus {
-            NewCpus::Given => replacements(policy, demand.pool, &held.cpus, n, &free),
+            NewCpus::Given => replacements(policy, (demand.pool, demand.core_type), &held.cpus, n, &free),
             NewCpus::Withheld => Err(AllocationError::ScanIncomplete),
         };
         match replaced {
@@ -755,7 +758,14 @@ fn allocate_one(
     } else {
         Some(demand.device_numa.clone())
     };
-    match policy.allocate_in(demand.pool, n, &free, hint.as_ref(), &reusable) {
+    match policy.allocate_in(
+        demand.pool,
+        n,
+        &free,
+        hint.as_ref(),
+        &reusable,
+        demand.core_type,
+    ) {
         Ok(cpus) => {
             for (from, idle_cpus) in &idle {
                 if !idle_cpus.is_disjoint(&cpus) {
@@ -798,7 +808,7 @@ fn allocate_one(
 /// allocation's, in kubelet's words.
 fn replacements(
     policy: &StaticPolicy,
-    pool: CpuPool,
+    (pool, core_type): (CpuPool, CoreType),
     held: &CpuSet,
     n: usize,
     free: &CpuSet,
@@ -807,9 +817,9 @@ fn replacements(
     let hint = policy.numa_nodes_of(held);
     let hint = (!hint.is_empty()).then_some(hint);
     policy
-        .allocate_in(pool, missing, free, hint.as_ref(), &CpuSet::new())
+        .allocate_in(pool, missing, free, hint.as_ref(), &CpuSet::new(), core_type)
         .map(|added| held.union(&added))
-        .or_else(|_| policy.allocate_in(pool, n, free, hint.as_ref(), held))
+        .or_else(|_| policy.allocate_in(pool, n, free, hint.as_ref(), held, core_type))
 }
 
 /// The cpus each pool may hand out in one pass, and which pool each pod's cpus belong to.
@@ -970,6 +980,7 @@ mod tests {
             current: current.map(|c| CpuSet::parse(c).unwrap()),
             device_numa: CpuSet::new(),
             pool: CpuPool::General,
+            core_type: CoreType::default(),
         }
     }
 
@@ -1010,6 +1021,7 @@ mod tests {
         ContainerDemand {
             device_numa: CpuSet::parse(nodes).unwrap(),
             pool: CpuPool::General,
+            core_type: CoreType::default(),
             ..demand(key, Entitlement::Exclusive(n), Some("1-7"))
         }
     }

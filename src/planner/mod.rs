@@ -209,6 +209,7 @@ fn plan_named<C: Borrow<Classification>>(
                         } else {
                             CpuPool::General
                         },
+                        core_type: class.core_type,
                     };
                     match demand_of.get(&demand.key) {
                         None => {

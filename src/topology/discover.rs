@@ -4,7 +4,9 @@
 //! isolated,nohz_full}`,
 //! per online CPU `cpuN/topology/{physical_package_id,die_id,core_cpus_list|thread_siblings_list,
 //! cluster_cpus_list}` and `cpuN/cache/index*/{level,type,id,shared_cpu_list}`, and
-//! `devices/system/node/{has_memory,nodeM/cpulist}`; from the proc root only `cmdline`.
+//! `devices/system/node/{has_memory,nodeM/cpulist}`, and for the core types of a hybrid part
+//! `devices/{cpu_core,cpu_atom}/cpus` or else `cpuN/cpu_capacity`; from the proc root only
+//! `cmdline`.
 //! Required files that are missing, and garbage in any file, are errors naming the file.
 
 use std::collections::BTreeMap;
@@ -12,7 +14,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::{CpuInfo, Topology, TopologyError};
+use super::{CoreTypes, CpuInfo, Topology, TopologyError};
 use crate::bounded;
 use crate::cpuset::{CpuSet, ParseError, MAX_CPU_ID};
 
@@ -127,7 +129,53 @@ pub fn discover(sysfs: &Path, proc: &Path) -> Result<Topology, DiscoverError> {
             source,
         }
     })?;
-    Ok(topology.with_nohz_full(nohz_full))
+    let core_types = read_core_types(sysfs, &cpu_dir, &online)?;
+    Ok(topology
+        .with_nohz_full(nohz_full)
+        .with_core_types(core_types))
+}
+
+/// The core types of a hybrid part. Intel's hybrid PMUs name their CPUs in
+/// `devices/cpu_core/cpus` (performance cores) and `devices/cpu_atom/cpus` (efficient cores);
+/// where the kernel has no such PMUs but exposes `cpuN/cpu_capacity` (arm64, riscv), the CPUs
+/// of the highest capacity are the performance ones and the others efficient. Empty when
+/// neither says anything, or every CPU has the same capacity.
+fn read_core_types(
+    sysfs: &Path,
+    cpu_dir: &Path,
+    online: &CpuSet,
+) -> Result<CoreTypes, DiscoverError> {
+    let core = read_optional_list(&sysfs.join("devices/cpu_core/cpus"), "performance cpu list")?;
+    let atom = read_optional_list(&sysfs.join("devices/cpu_atom/cpus"), "efficient cpu list")?;
+    if let (Some(performance), Some(efficient)) = (core, atom) {
+        return Ok(CoreTypes {
+            performance,
+            efficient,
+        });
+    }
+    let mut capacity: BTreeMap<u32, u32> = BTreeMap::new();
+    for cpu in online {
+        let path = cpu_dir.join(format!("cpu{cpu}/cpu_capacity"));
+        match read_optional_id(&path, "cpu capacity")? {
+            Some(value) => capacity.insert(cpu, value),
+            // Capacities of some CPUs only: no basis for a comparison.
+            None => return Ok(CoreTypes::default()),
+        };
+    }
+    let Some(&highest) = capacity.values().max() else {
+        return Ok(CoreTypes::default());
+    };
+    let of = |top: bool| -> CpuSet {
+        capacity
+            .iter()
+            .filter(|&(_, &c)| (c == highest) == top)
+            .map(|(&cpu, _)| cpu)
+            .collect()
+    };
+    Ok(CoreTypes {
+        performance: of(true),
+        efficient: of(false),
+    })
 }
 /// What the kernel command line says about isolated CPUs, parsed the way the kernel parses it
 /// (`kernel/sched/isolation.c`, `lib/bitmap.c`).

@@ -70,6 +70,12 @@ pub fn write_fake_sysfs(topo: &Topology, sysfs: &Path, proc: &Path) -> io::Resul
     write(&node_dir.join("online"), &nodes)?;
     write(&node_dir.join("has_cpu"), &nodes)?;
     write(&node_dir.join("has_memory"), topo.memory_nodes())?;
+    // A hybrid part's core types, as Intel's hybrid PMUs name them.
+    let types = topo.core_types();
+    if !types.is_empty() {
+        write(&sysfs.join("devices/cpu_core/cpus"), &types.performance)?;
+        write(&sysfs.join("devices/cpu_atom/cpus"), &types.efficient)?;
+    }
     let isolcpus = if topo.isolated().is_empty() {
         String::new()
     } else {
@@ -112,5 +118,16 @@ mod tests {
         assert_eq!(read.cpus(), &expected[..]);
         assert_eq!(read.memory_nodes().to_string(), "0-1");
         assert_eq!(read.all_cpus().to_string(), "0-15");
+        assert!(read.core_types().is_empty());
+        // Core types are written and read back.
+        let hybrid = topo.with_core_types(crate::topology::CoreTypes {
+            performance: CpuSet::parse("0-3,8-11").unwrap(),
+            efficient: CpuSet::parse("4-7,12-15").unwrap(),
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let (sysfs, proc) = (dir.path().join("sys"), dir.path().join("proc"));
+        write_fake_sysfs(&hybrid, &sysfs, &proc).unwrap();
+        let read = discover(&sysfs, &proc).unwrap();
+        assert_eq!(read.core_types(), hybrid.core_types());
     }
 }

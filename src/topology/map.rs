@@ -1,5 +1,6 @@
 //! The node as a grid (`topology --map`, `status --map`): one block per socket, NUMA node and
-//! L3 cache, each core a bracket of its threads side by side, every CPU marked: reserved,
+//! L3 cache (and per die where a socket has several, per core type on a hybrid part), each core
+//! a bracket of its threads side by side, every CPU marked: reserved,
 //! shared, isolated, offline, or the key of the container holding it exclusively, with a
 //! legend. Lines wrap at a width (120 columns by default), so 288 CPUs stay readable; colour
 //! only when asked (a terminal, without `NO_COLOR`).
@@ -7,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use super::Topology;
+use super::{CoreType, Topology};
 use crate::cpuset::CpuSet;
 
 /// What the map shows for one CPU.
@@ -87,16 +88,24 @@ pub fn render_map(
     legend: &[String],
     style: MapStyle,
 ) -> String {
-    // socket → NUMA node → L3 → core → threads.
-    type Grid = BTreeMap<(u32, u32, u32), BTreeMap<u32, Vec<u32>>>;
+    // socket → die → NUMA node → L3 → core type → core → threads. A die is the pair
+    // (socket, die id): kernels number dies per package or across the machine.
+    type Grid = BTreeMap<(u32, u32, u32, u32, Option<CoreType>), BTreeMap<u32, Vec<u32>>>;
     let mut grid: Grid = BTreeMap::new();
+    let types = topo.core_types();
+    let mut dies: BTreeMap<u32, std::collections::BTreeSet<u32>> = BTreeMap::new();
     for cpu in topo.cpus() {
-        grid.entry((cpu.socket, cpu.numa, cpu.uncore))
+        dies.entry(cpu.socket).or_default().insert(cpu.die);
+        let core_type = [CoreType::Performance, CoreType::Efficient]
+            .into_iter()
+            .find(|&t| types.of(t).contains(cpu.id));
+        grid.entry((cpu.socket, cpu.die, cpu.numa, cpu.uncore, core_type))
             .or_default()
             .entry(cpu.core)
             .or_default()
             .push(cpu.id);
     }
+    let several_dies = dies.values().any(|d| d.len() > 1);
     let marks: BTreeMap<u32, Mark> = topo.cpus().iter().map(|c| (c.id, mark(c.id))).collect();
     let id_width = topo
         .cpus()
@@ -112,11 +121,17 @@ pub fn render_map(
         .unwrap_or(1);
 
     let mut out = String::new();
-    for ((socket, numa, uncore), cores) in &grid {
+    for ((socket, die, numa, uncore, core_type), cores) in &grid {
         let cpus: CpuSet = cores.values().flatten().copied().collect();
+        let die = if several_dies {
+            format!(" · die {die}")
+        } else {
+            String::new()
+        };
+        let core_type = core_type.map_or(String::new(), |t| format!(" · {} cores", t.name()));
         let _ = writeln!(
             out,
-            "socket {socket} · NUMA node {numa} · L3 {uncore} · cpus {cpus}"
+            "socket {socket}{die} · NUMA node {numa} · L3 {uncore}{core_type} · cpus {cpus}"
         );
         let mut line = String::from(" ");
         let mut line_width = 1;

@@ -43,6 +43,59 @@ pub struct CpuInfo {
     pub cluster: Option<u32>,
 }
 
+/// The core types of a hybrid part (Intel P-cores and E-cores, arm big.LITTLE): which online
+/// CPUs are performance and which efficient CPUs. Both empty on a machine with one core type.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoreTypes {
+    pub performance: CpuSet,
+    pub efficient: CpuSet,
+}
+
+impl CoreTypes {
+    /// True on a machine with one core type (nothing to choose between).
+    pub fn is_empty(&self) -> bool {
+        self.performance.is_empty() || self.efficient.is_empty()
+    }
+
+    /// The CPUs of one type.
+    pub fn of(&self, core_type: CoreType) -> &CpuSet {
+        match core_type {
+            CoreType::Performance => &self.performance,
+            CoreType::Efficient => &self.efficient,
+        }
+    }
+}
+
+/// A core type of a hybrid part.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CoreType {
+    /// Intel's P-cores (`cpu_core`), arm's big cores: the fastest.
+    #[default]
+    Performance,
+    /// Intel's E-cores (`cpu_atom`), arm's LITTLE cores.
+    Efficient,
+}
+
+impl CoreType {
+    /// The name annotations and documents use.
+    pub fn name(self) -> &'static str {
+        match self {
+            CoreType::Performance => "performance",
+            CoreType::Efficient => "efficient",
+        }
+    }
+
+    /// Parses `performance` or `efficient`; `None` for anything else.
+    pub fn parse(text: &str) -> Option<CoreType> {
+        match text {
+            "performance" => Some(CoreType::Performance),
+            "efficient" => Some(CoreType::Efficient),
+            _ => None,
+        }
+    }
+}
+
 /// The counters kubelet's `CPUTopology` carries. kubelet derives CPUs per core, socket and uncore
 /// cache from these by integer division, not from the CPU map, so they are kept explicitly: a
 /// discovered topology computes them from its CPUs, a kubelet test fixture sets them literally.
@@ -94,6 +147,8 @@ pub struct Topology {
     nohz_full: CpuSet,
     memory_nodes: CpuSet,
     counters: Counters,
+    /// Performance and efficient CPUs on a hybrid part (empty elsewhere).
+    core_types: CoreTypes,
 }
 
 /// The JSON document printed by `cpusetd topology --json` and read by `cpusetd allocate
@@ -110,6 +165,9 @@ pub struct TopologyDocument {
     /// CPUs with the scheduler tick off (`nohz_full=`); left out when there are none.
     #[serde(default, skip_serializing_if = "CpuSet::is_empty")]
     pub nohz_full: CpuSet,
+    /// The core types of a hybrid part; left out on a machine with one core type.
+    #[serde(default, skip_serializing_if = "CoreTypes::is_empty")]
+    pub core_types: CoreTypes,
 }
 
 impl TopologyDocument {
@@ -126,8 +184,17 @@ impl TopologyDocument {
         } else {
             format!(",\n  \"nohz_full\": {}", quoted(&self.nohz_full))
         };
+        let core_types = if self.core_types.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ",\n  \"core_types\": {{\"performance\": {}, \"efficient\": {}}}",
+                quoted(&self.core_types.performance),
+                quoted(&self.core_types.efficient)
+            )
+        };
         format!(
-            "{{\n  \"cpus\": [\n    {}\n  ],\n  \"offline\": {},\n  \"isolated\": {},\n  \"memory_nodes\": {}{nohz_full}\n}}",
+            "{{\n  \"cpus\": [\n    {}\n  ],\n  \"offline\": {},\n  \"isolated\": {},\n  \"memory_nodes\": {}{nohz_full}{core_types}\n}}",
             cpus.join(",\n    "),
             quoted(&self.offline),
             quoted(&self.isolated),
@@ -183,6 +250,7 @@ impl Topology {
             nohz_full: CpuSet::new(),
             memory_nodes,
             counters,
+            core_types: CoreTypes::default(),
         })
     }
 
@@ -221,6 +289,26 @@ impl Topology {
         self
     }
 
+    /// The core types of a hybrid part, kept to online CPUs; none at all when either type has
+    /// no online CPU (nothing to choose between).
+    pub fn with_core_types(mut self, types: CoreTypes) -> Self {
+        let types = CoreTypes {
+            performance: types.performance.intersection(&self.all),
+            efficient: types.efficient.intersection(&self.all),
+        };
+        self.core_types = if types.is_empty() {
+            CoreTypes::default()
+        } else {
+            types
+        };
+        self
+    }
+
+    /// Performance and efficient CPUs (both empty unless this is a hybrid part).
+    pub fn core_types(&self) -> &CoreTypes {
+        &self.core_types
+    }
+
     /// CPUs whose scheduler tick is off (`nohz_full=`, `isolcpus=nohz,…`).
     pub fn nohz_full(&self) -> &CpuSet {
         &self.nohz_full
@@ -234,8 +322,10 @@ impl Topology {
     }
 
     pub fn from_document(doc: TopologyDocument) -> Result<Self, TopologyError> {
-        Topology::new(doc.cpus, doc.offline, doc.isolated, doc.memory_nodes)
-            .map(|t| t.with_nohz_full(doc.nohz_full))
+        Topology::new(doc.cpus, doc.offline, doc.isolated, doc.memory_nodes).map(|t| {
+            t.with_nohz_full(doc.nohz_full)
+                .with_core_types(doc.core_types)
+        })
     }
 
     pub fn to_document(&self) -> TopologyDocument {
@@ -245,6 +335,7 @@ impl Topology {
             isolated: self.isolated.clone(),
             memory_nodes: self.memory_nodes.clone(),
             nohz_full: self.nohz_full.clone(),
+            core_types: self.core_types.clone(),
         }
     }
 

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
-use super::Topology;
+use super::{CoreType, Topology};
 use crate::cpuset::CpuSet;
 
 /// Renders the topology as an indented tree. Isolated threads carry `(isolated)`; offline CPUs,
@@ -27,6 +27,28 @@ pub fn render_tree(topo: &Topology) -> String {
         "{} online cpus: {} socket(s), {} NUMA node(s), {} L3 cache(s), {} cores, {smt}",
         c.num_cpus, c.num_sockets, c.num_numa_nodes, c.num_uncore_caches, c.num_cores
     );
+    let types = topo.core_types();
+    let type_of = |cpu: u32| {
+        [CoreType::Performance, CoreType::Efficient]
+            .into_iter()
+            .find(|&t| types.of(t).contains(cpu))
+    };
+    if !types.is_empty() {
+        let cores = |set: &CpuSet| {
+            threads_per_core
+                .keys()
+                .filter(|&&core| set.contains(core))
+                .count()
+        };
+        let _ = writeln!(
+            out,
+            "core types: performance cpus {} ({} cores), efficient cpus {} ({} cores)",
+            types.performance,
+            cores(&types.performance),
+            types.efficient,
+            cores(&types.efficient)
+        );
+    }
 
     // socket → numa → uncore → core → threads, all ordered by id.
     type Tree = BTreeMap<u32, BTreeMap<u32, BTreeMap<u32, BTreeMap<u32, Vec<u32>>>>>;
@@ -68,7 +90,8 @@ pub fn render_tree(topo: &Topology) -> String {
                             }
                         })
                         .collect();
-                    let _ = writeln!(out, "      core {core}: {}", threads.join(", "));
+                    let kind = type_of(*core).map_or(String::new(), |t| format!(" ({})", t.name()));
+                    let _ = writeln!(out, "      core {core}{kind}: {}", threads.join(", "));
                 }
             }
         }
