@@ -81,6 +81,17 @@ pub struct AgentConfig {
     pub hotplug: Hotplug,
     /// sd_notify, already used while waiting for kubepods.
     pub notifier: Notifier,
+    /// Where kubelet's PodResources API is served (`None`: not served).
+    pub pod_resources: Option<PodResourcesConfig>,
+}
+
+/// `--pod-resources-socket` and `--kubelet-pod-resources-socket`.
+#[derive(Debug, Clone)]
+pub struct PodResourcesConfig {
+    /// cpusetd's socket.
+    pub socket: PathBuf,
+    /// kubelet's, asked for devices, memory and the pod list (`None`: never asked).
+    pub kubelet: Option<PathBuf>,
 }
 
 /// Why the agent stopped with an error.
@@ -94,6 +105,8 @@ pub enum AgentError {
     FirstScan(#[source] crate::cgroupfs::CgroupError),
     #[error("cannot block signals for the signal thread")]
     Signals(#[source] nix::Error),
+    #[error("cannot serve the PodResources API")]
+    PodResources(#[source] crate::podresources::ServeError),
     #[error("the {0} thread stopped unexpectedly")]
     ThreadGone(&'static str),
 }
@@ -119,6 +132,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         isolate_host,
         hotplug,
         mut notifier,
+        pod_resources,
     } = config;
 
     // Before the agent's threads allocate.
@@ -218,8 +232,23 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         outcome.writes,
         outcome.failed_writes
     );
-    let mut persist = Persist::start(state_dir, options, metrics_file);
+    let published = pod_resources
+        .as_ref()
+        .map(|_| Arc::new(crate::podresources::Published::default()));
+    let mut persist = Persist::start(state_dir, options, metrics_file, published.clone());
     persist.save_now(&controller);
+    // After the first pass is published, so no reader is ever told of an empty node.
+    let pod_resources_server = match (pod_resources, published) {
+        (Some(config), Some(published)) => Some(
+            crate::podresources::PodResourcesServer::start(
+                &config.socket,
+                config.kubelet,
+                published,
+            )
+            .map_err(AgentError::PodResources)?,
+        ),
+        _ => None,
+    };
     release_free_memory();
     notifier.send(&[sd_notify::NotifyState::Ready]);
     notify_status(&mut notifier, &controller);
@@ -327,6 +356,9 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         }
     };
     persist.finish();
+    if let Some(server) = pod_resources_server {
+        server.stop();
+    }
     let _ = stop_reconcile_tx.send(());
     let _ = reconciler.join();
     if let Some(watcher) = watcher {
@@ -498,6 +530,8 @@ fn restore(
 #[derive(Debug)]
 struct Persist {
     options: PolicyOptions,
+    /// Where the PodResources server reads the controller's view (when it serves).
+    published: Option<Arc<crate::podresources::Published>>,
     slot: Arc<PersistSlot>,
     thread: Option<thread::JoinHandle<()>>,
 }
@@ -522,7 +556,12 @@ struct PersistJob {
 }
 
 impl Persist {
-    fn start(state_dir: PathBuf, options: PolicyOptions, metrics_file: Option<PathBuf>) -> Persist {
+    fn start(
+        state_dir: PathBuf,
+        options: PolicyOptions,
+        metrics_file: Option<PathBuf>,
+        published: Option<Arc<crate::podresources::Published>>,
+    ) -> Persist {
         let slot = Arc::new(PersistSlot::default());
         let shared = Arc::clone(&slot);
         let thread = thread::Builder::new()
@@ -531,6 +570,7 @@ impl Persist {
             .expect("spawn the persist thread");
         Persist {
             options,
+            published,
             slot,
             thread: Some(thread),
         }
@@ -590,6 +630,10 @@ impl Persist {
         job.metrics = Some(controller.metrics.render());
         job.last_reconcile = last_reconcile;
         self.slot.wake.notify_one();
+        drop(job);
+        if let Some(published) = &self.published {
+            published.publish(controller.pod_resources());
+        }
     }
 
     /// Writes what is pending and stops the thread (at shutdown, after the last save).
