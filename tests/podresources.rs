@@ -7,7 +7,6 @@
 use std::io::Write;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
@@ -248,4 +247,280 @@ fn none_policy_reports_no_cpus_and_the_socket_can_be_turned_off() {
         "--pod-resources-socket none serves nothing"
     );
     off.stop();
+}
+
+/// kubelet's PodResources socket as a node whose CPU manager runs `none` answers: pods with
+/// devices and memory, no cpu ids (here a stale one, which cpusetd must replace).
+#[derive(Debug)]
+struct FakeKubelet;
+
+fn sriov() -> ContainerDevices {
+    ContainerDevices {
+        resource_name: "intel.com/sriov_netdevice".into(),
+        device_ids: vec!["0000:3b:02.1".into()],
+        topology: Some(TopologyInfo {
+            nodes: vec![NumaNode { id: 0 }],
+        }),
+    }
+}
+
+fn hugepages() -> ContainerMemory {
+    ContainerMemory {
+        memory_type: "hugepages-1Gi".into(),
+        size: 1 << 30,
+        topology: Some(TopologyInfo {
+            nodes: vec![NumaNode { id: 0 }],
+        }),
+    }
+}
+
+#[tonic::async_trait]
+impl PodResourcesLister for FakeKubelet {
+    async fn list(
+        &self,
+        _request: Request<ListPodResourcesRequest>,
+    ) -> Result<Response<ListPodResourcesResponse>, Status> {
+        let container = |name: &str, devices: Vec<ContainerDevices>| ContainerResources {
+            name: name.into(),
+            devices,
+            cpu_ids: vec![15],
+            memory: vec![hugepages()],
+            dynamic_resources: vec![],
+        };
+        Ok(Response::new(ListPodResourcesResponse {
+            pod_resources: vec![PodResources {
+                name: "cnf".into(),
+                namespace: "default".into(),
+                containers: vec![
+                    container("cnf", vec![sriov()]),
+                    // In the pod's spec, not started yet: kubelet lists it.
+                    container("later", vec![]),
+                ],
+            }],
+        }))
+    }
+
+    async fn get_allocatable_resources(
+        &self,
+        _request: Request<AllocatableResourcesRequest>,
+    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
+        Ok(Response::new(AllocatableResourcesResponse {
+            devices: vec![sriov()],
+            cpu_ids: vec![],
+            memory: vec![hugepages()],
+        }))
+    }
+
+    async fn get(
+        &self,
+        _request: Request<GetPodResourcesRequest>,
+    ) -> Result<Response<GetPodResourcesResponse>, Status> {
+        Err(Status::unknown("PodResources API Get method disabled"))
+    }
+}
+
+/// [`FakeKubelet`] served on `path` by a thread of its own until dropped.
+struct FakeKubeletSocket {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeKubeletSocket {
+    fn start(path: &Path) -> FakeKubeletSocket {
+        let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            runtime().block_on(async move {
+                let listener = tokio::net::UnixListener::from_std(listener).unwrap();
+                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+                let server = tonic::transport::Server::builder()
+                    .serve_with_incoming(PodResourcesListerServer::new(FakeKubelet), incoming);
+                tokio::select! {
+                    _ = server => {},
+                    _ = stopped => {},
+                }
+            })
+        });
+        FakeKubeletSocket {
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for FakeKubeletSocket {
+    fn drop(&mut self) {
+        let _ = self.stop.take().map(|s| s.send(()));
+        let _ = self.thread.take().map(|t| t.join());
+    }
+}
+
+#[test]
+fn kubelets_devices_and_memory_with_cpusetds_cpus() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let kubelet_socket = node.base.join("kubelet.sock");
+    let kubelet = FakeKubeletSocket::start(&kubelet_socket);
+    let kubelet_flag = kubelet_socket.display().to_string();
+    let mut agent = node.start_agent(&["--kubelet-pod-resources-socket", &kubelet_flag]);
+    let asker = Asker::new(socket_of(&node));
+    let cnf = guaranteed("cnf", 2000);
+    let other = guaranteed("other", 2000);
+    node.fake.start_pod(&cnf).unwrap();
+    node.fake.start_pod(&other).unwrap();
+    node.wait_cpus(
+        &node.fake.start_pod(&best_effort("be")).unwrap()[0],
+        "0,3-8,11-15",
+    );
+
+    // kubelet's pods and containers, its devices and memory, cpusetd's cpus; a pod kubelet
+    // does not list is not listed.
+    let pods = wait_list(
+        &asker,
+        &[("default/cnf/cnf", &[1, 9]), ("default/cnf/later", &[])],
+    );
+    let cnf_container = &pods[0].containers[0];
+    assert_eq!(cnf_container.devices, vec![sriov()]);
+    assert_eq!(cnf_container.memory, vec![hugepages()]);
+    // Get is List for one pod: kubelet's Get being off refuses nothing here.
+    let got = asker.get("default", "cnf").unwrap();
+    assert_eq!(got.containers[0].devices, vec![sriov()]);
+    assert_eq!(cpus_by_container(&[got])[0].1, vec![1, 9]);
+    let allocatable = asker.allocatable();
+    assert_eq!(allocatable.devices, vec![sriov()]);
+    assert_eq!(allocatable.memory, vec![hugepages()]);
+    assert_eq!(allocatable.cpu_ids, (1..16).collect::<Vec<i64>>());
+
+    // kubelet gone: cpusetd answers alone, with every pod it sees.
+    drop(kubelet);
+    let _ = std::fs::remove_file(&kubelet_socket);
+    let pods = wait_list(
+        &asker,
+        &[
+            ("default/be/be", &[]),
+            ("default/cnf/cnf", &[1, 9]),
+            ("default/other/other", &[2, 10]),
+        ],
+    );
+    assert!(pods.iter().all(|p| p.containers[0].devices.is_empty()));
+    agent.wait_for_log("did not answer List");
+    agent.stop();
+}
+
+/// An HTTP/2 frame: length, type, flags, stream, payload.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut out = len.to_be_bytes()[1..].to_vec();
+    out.extend([kind, flags]);
+    out.extend(stream.to_be_bytes());
+    out.extend(payload);
+    out
+}
+
+/// A client that asks `List` on `streams` streams of one connection, having told the server it
+/// may send it nothing (a flow-control window of 0), and then never reads its socket.
+fn never_reading_client(socket: &Path, streams: u32) -> StdUnixStream {
+    let mut conn = StdUnixStream::connect(socket).unwrap();
+    let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    // SETTINGS_INITIAL_WINDOW_SIZE = 0.
+    bytes.extend(frame(0x4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+    let mut headers = Vec::new();
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/v1.PodResourcesLister/List"),
+        (":authority", "localhost"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ] {
+        // HPACK: a literal field without indexing, new name, no Huffman coding.
+        headers.push(0);
+        headers.push(name.len() as u8);
+        headers.extend(name.as_bytes());
+        headers.push(value.len() as u8);
+        headers.extend(value.as_bytes());
+    }
+    for n in 0..streams {
+        let stream = 2 * n + 1;
+        bytes.extend(frame(0x1, 0x4, stream, &headers)); // HEADERS, END_HEADERS
+        bytes.extend(frame(0x0, 0x1, stream, &[0, 0, 0, 0, 0])); // DATA, END_STREAM
+    }
+    conn.write_all(&bytes).unwrap();
+    conn
+}
+
+#[test]
+fn a_client_that_never_reads_stalls_no_one() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&["--kubelet-pod-resources-socket", "none"]);
+    let socket = socket_of(&node);
+    let asker = Asker::new(socket.clone());
+    let db = guaranteed("db", 2000);
+    node.fake.start_pod(&db).unwrap();
+    wait_list(&asker, &[("default/db/db", &[1, 9])]);
+
+    // Connections that say nothing, and one whose answers can never be sent.
+    let idle: Vec<StdUnixStream> = (0..32)
+        .map(|_| StdUnixStream::connect(&socket).unwrap())
+        .collect();
+    let stuck = never_reading_client(&socket, 100);
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Others are answered in time, and the agent still pins.
+    for _ in 0..5 {
+        assert_eq!(cpus_by_container(&asker.list())[0].1, vec![1, 9]);
+        assert!(asker.get("default", "db").is_ok());
+        assert_eq!(asker.allocatable().cpu_ids.len(), 15);
+    }
+    let next = guaranteed("next", 2000);
+    let id = node.fake.start_pod(&next).unwrap();
+    node.wait_cpus(&id[0], "2,10");
+    wait_list(
+        &asker,
+        &[("default/db/db", &[1, 9]), ("default/next/next", &[2, 10])],
+    );
+    // The stuck client's requests were taken: their answers' headers wait in its socket,
+    // their messages (DATA) never sent.
+    let kinds = frames_waiting(&stuck);
+    assert!(
+        kinds.contains(&(0x1, 1)),
+        "no HEADERS for stream 1: {kinds:?}"
+    );
+    assert!(
+        !kinds.iter().any(|(kind, _)| *kind == 0x0),
+        "DATA sent: {kinds:?}"
+    );
+    // Nor do they hold the agent's stop.
+    let started = Instant::now();
+    assert!(agent.stop().success());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    drop((idle, stuck));
+}
+
+/// The (type, stream) of each whole frame the server has sent on `conn` so far.
+fn frames_waiting(conn: &StdUnixStream) -> Vec<(u8, u32)> {
+    use std::io::Read;
+    conn.set_nonblocking(true).unwrap();
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 65536];
+    let mut reader = conn;
+    while let Ok(n) = reader.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        bytes.extend_from_slice(&buf[..n]);
+    }
+    let mut kinds = Vec::new();
+    let mut at = 0;
+    while at + 9 <= bytes.len() {
+        let len = u32::from_be_bytes([0, bytes[at], bytes[at + 1], bytes[at + 2]]) as usize;
+        let stream = u32::from_be_bytes(bytes[at + 5..at + 9].try_into().unwrap()) & 0x7fff_ffff;
+        kinds.push((bytes[at + 3], stream));
+        at += 9 + len;
+    }
+    kinds
 }
