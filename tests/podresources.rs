@@ -56,6 +56,7 @@ pub async fn connect(path: &Path) -> Result<PodResourcesListerClient<Channel>, S
 /// `List`, `Get` and `GetAllocatableResources` on the socket at `path`, each on a new
 /// connection, each timed.
 pub struct Asker {
+    /// The socket asked.
     socket: PathBuf,
     runtime: tokio::runtime::Runtime,
 }
@@ -149,7 +150,7 @@ fn wait_list(asker: &Asker, expected: &[(&str, &[i64])]) -> Vec<PodResources> {
 #[test]
 fn list_get_and_allocatable_give_kubelets_cpu_ids_alone() {
     let node = TestNode::new(CgroupVersion::V1);
-    let mut agent = node.start_agent(&["--kubelet-pod-resources-socket", "none"]);
+    let mut agent = node.start_agent(&[]);
     let asker = Asker::new(socket_of(&node));
     // The fixture: 16 cpus, cores {n, n+8}, cpu 0 reserved.
     let all_but_0: Vec<i64> = (1..16).collect();
@@ -226,12 +227,7 @@ fn list_get_and_allocatable_give_kubelets_cpu_ids_alone() {
 #[test]
 fn none_policy_reports_no_cpus_and_the_socket_can_be_turned_off() {
     let node = TestNode::new(CgroupVersion::V1);
-    let mut agent = node.start_agent(&[
-        "--cpu-manager-policy",
-        "none",
-        "--kubelet-pod-resources-socket",
-        "none",
-    ]);
+    let mut agent = node.start_agent(&["--cpu-manager-policy", "none"]);
     let asker = Asker::new(socket_of(&node));
     assert!(
         asker.allocatable().cpu_ids.is_empty(),
@@ -452,7 +448,7 @@ fn never_reading_client(socket: &Path, streams: u32) -> StdUnixStream {
 #[test]
 fn a_client_that_never_reads_stalls_no_one() {
     let node = TestNode::new(CgroupVersion::V1);
-    let mut agent = node.start_agent(&["--kubelet-pod-resources-socket", "none"]);
+    let mut agent = node.start_agent(&[]);
     let socket = socket_of(&node);
     let asker = Asker::new(socket.clone());
     let db = guaranteed("db", 2000);
