@@ -73,6 +73,12 @@ const WRITE_SITES: &[(&str, &str)] = &[
         "existing <proc-root>/irq affinity files (no O_CREAT, O_NOFOLLOW), only for irq-load-balancing pods",
     ),
     (
+        "src/podresources/server.rs",
+        "the PodResources socket (--pod-resources-socket, default <state-dir>/pod-resources.sock): \
+         binds it, removes it at stop and an old socket there at start (only a socket); \
+         connects to kubelet's PodResources socket (--kubelet-pod-resources-socket) to read it",
+    ),
+    (
         "src/irqbalance.rs",
         "connects to a running irqbalance's socket (<proc-root>/../run/irqbalance): setup, settings cpus; only for irq-load-balancing pods",
     ),
@@ -99,6 +105,8 @@ const WRITE_PATTERNS: &[&str] = &[
     "mount(",
     // Not a file write, but it changes another daemon's state.
     "UnixStream::connect(",
+    // Makes a socket file.
+    "UnixListener::bind(",
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
