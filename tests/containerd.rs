@@ -793,6 +793,12 @@ fn containerd_daemonset_pod_pins_its_node_and_survives_its_own_restart() {
     let (exclusive, shared) = exclusive_and_shared(&status);
     let db_pid = db.container("db").unwrap().pid;
     assert_eq!(wait_allowed(db_pid, &exclusive), exclusive);
+    // Its PodResources socket, on the host in the state directory's hostPath, where NFD's
+    // topology-updater or the resource-topology-exporter is pointed.
+    let podres = crate::podresources::Asker::new(state.join("pod-resources.sock"));
+    let db_ids: Vec<i64> = exclusive.iter().map(i64::from).collect();
+    let answered = podres.get("payments", "db-0").unwrap();
+    assert_eq!(answered.containers[0].cpu_ids, db_ids);
     // The agent's own container: shared, never pinned, never starved.
     let agent_container = agent_pod.container("cpusetd").unwrap().clone();
     assert_eq!(wait_allowed(agent_container.pid, &shared), shared);

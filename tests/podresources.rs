@@ -520,3 +520,26 @@ fn frames_waiting(conn: &StdUnixStream) -> Vec<(u8, u32)> {
     }
     kinds
 }
+
+#[test]
+fn an_unusable_socket_path_is_a_configuration_error() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let file = node.base.join("not-a-socket");
+    std::fs::write(&file, "keep me").unwrap();
+    let long = format!("{}/{}.sock", node.base.display(), "x".repeat(120));
+    for (path, says) in [
+        (file.display().to_string(), "exists and is not a socket"),
+        (long, "longer than a Unix socket path may be"),
+    ] {
+        let out = node
+            .agent_command(&["--pod-resources-socket", &path])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{stderr}");
+        assert!(stderr.contains("--pod-resources-socket"), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+        assert!(stderr.contains("none"), "the way out is named: {stderr}");
+    }
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+}
