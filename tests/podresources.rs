@@ -62,7 +62,10 @@ pub struct Asker {
 }
 
 impl Asker {
+    /// Waits for the socket (the agent binds it after its first pass, before `READY=1`).
     pub fn new(socket: PathBuf) -> Asker {
+        poll_until(DEADLINE, || socket.exists().then_some(()))
+            .unwrap_or_else(|| panic!("{} never appeared", socket.display()));
         Asker {
             socket,
             runtime: runtime(),
@@ -238,6 +241,10 @@ fn none_policy_reports_no_cpus_and_the_socket_can_be_turned_off() {
     agent.stop();
 
     let mut off = node.start_agent(&["--pod-resources-socket", "none"]);
+    // Past the point where it would bind: it pins a new pod.
+    node.fake.start_pod(&guaranteed("h", 2000)).unwrap();
+    poll_until(DEADLINE, || off.log().contains("default/h/h").then_some(())).expect("h is pinned");
+    assert!(!off.log().contains("PodResources API on"), "{}", off.log());
     assert!(
         !socket_of(&node).exists(),
         "--pod-resources-socket none serves nothing"
@@ -542,4 +549,46 @@ fn an_unusable_socket_path_is_a_configuration_error() {
         assert!(stderr.contains("none"), "the way out is named: {stderr}");
     }
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+}
+
+#[test]
+fn answers_in_bounded_time_while_the_agent_is_busy() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let asker = Asker::new(socket_of(&node));
+    // 300 pods at once (a guaranteed one in every ten): passes, shared-pool rewrites and
+    // their echoes keep the controller busy while `List` is asked, each answer timed.
+    let pods: Vec<_> = (0..300)
+        .map(|n| {
+            if n % 10 == 0 {
+                guaranteed(&format!("g{n}"), 1000)
+            } else {
+                best_effort(&format!("be{n}"))
+            }
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        let starter = scope.spawn(|| node.fake.start_pods_at_rate(&pods, None).unwrap());
+        let mut answers = 0;
+        while !starter.is_finished() || answers < 10 {
+            asker.list(); // asserts it took less than ANSWER_WITHIN
+            answers += 1;
+        }
+        starter.join().unwrap();
+    });
+    let mut last = 0;
+    let every = poll_until(DEADLINE, || {
+        let listed = asker.list();
+        last = listed.len();
+        (listed.len() == 300).then_some(listed)
+    })
+    .unwrap_or_else(|| panic!("{last} of 300 pods listed\n{}", agent.log()));
+    // Fifteen 1-cpu pins fit beside cpu 0 (cores {n, n+8}); the rest stay shared, as kubelet.
+    let pinned = every
+        .iter()
+        .filter(|p| !p.containers[0].cpu_ids.is_empty())
+        .count();
+    assert_eq!(pinned, 15);
+    agent.assert_running();
+    agent.stop();
 }
