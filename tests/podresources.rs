@@ -592,3 +592,20 @@ fn answers_in_bounded_time_while_the_agent_is_busy() {
     agent.assert_running();
     agent.stop();
 }
+
+#[test]
+fn the_socket_comes_back_after_the_state_directory_is_removed() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let mut agent = node.start_agent(&[]);
+    let socket = socket_of(&node);
+    Asker::new(socket.clone());
+    std::fs::remove_dir_all(node.state_dir()).unwrap();
+    // The next checkpoint makes the directory again; the socket follows within its check.
+    node.fake.start_pod(&guaranteed("db", 2000)).unwrap();
+    poll_until(Duration::from_secs(20), || socket.exists().then_some(()))
+        .unwrap_or_else(|| panic!("no socket again\n{}", agent.log()));
+    let asker = Asker::new(socket);
+    wait_list(&asker, &[("default/db/db", &[1, 9])]);
+    agent.wait_for_log("serving the PodResources API on it again");
+    agent.stop();
+}

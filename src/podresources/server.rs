@@ -171,16 +171,73 @@ fn serve(
             kubelet: kubelet.map(Kubelet::new),
         };
         let service = PodResourcesListerServer::new(lister).max_encoding_message_size(MAX_MESSAGE);
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-        let server = Server::builder().serve_with_incoming(service, incoming);
-        tokio::select! {
-            result = server => if let Err(e) = result {
-                log::error!("PodResources server on {} stopped: {e}", path.display());
-            },
-            _ = stop => {}
+        let mut listener = listener;
+        let mut stop = stop;
+        loop {
+            let bound = inode(path);
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            let server = Server::builder().serve_with_incoming(service.clone(), incoming);
+            tokio::select! {
+                result = server => {
+                    if let Err(e) = result {
+                        log::error!("PodResources server on {} stopped: {e}", path.display());
+                    }
+                    return;
+                },
+                _ = &mut stop => return,
+                // Connections already open stay (they are tasks of their own).
+                fresh = bound_again_when_gone(path, bound) => listener = fresh,
+            }
         }
     });
     drop(runtime);
+}
+
+/// How often the socket's path is looked at (a `stat`).
+const SOCKET_CHECK: Duration = Duration::from_secs(5);
+
+fn inode(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| m.ino())
+}
+
+/// Resolves once the socket at `path` was removed (the state directory with it, say) and a new
+/// one is bound there. Something else put in its place is left alone, and said once.
+async fn bound_again_when_gone(path: &Path, bound: Option<u64>) -> tokio::net::UnixListener {
+    let mut said = false;
+    loop {
+        tokio::time::sleep(SOCKET_CHECK).await;
+        match inode(path) {
+            now if now == bound => continue,
+            Some(_) => {
+                if !said {
+                    log::warn!(
+                        "{} is no longer this agent's socket: the PodResources API is not \
+                         reachable there until it is removed (cpusetd then binds it again)",
+                        path.display()
+                    );
+                    said = true;
+                }
+                continue;
+            }
+            None => {}
+        }
+        // Gone: bound again once its directory is back (the persist thread makes the state
+        // directory again with the next checkpoint).
+        let fresh = bind(path).and_then(|l| {
+            tokio::net::UnixListener::from_std(l).map_err(|source| ServeError::Bind {
+                path: path.to_path_buf(),
+                source,
+            })
+        });
+        if let Ok(listener) = fresh {
+            log::warn!(
+                "{} was removed: serving the PodResources API on it again",
+                path.display()
+            );
+            return listener;
+        }
+    }
 }
 
 /// kubelet's own PodResources socket, asked for everything but the cpus.
