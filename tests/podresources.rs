@@ -549,6 +549,15 @@ fn an_unusable_socket_path_is_a_configuration_error() {
         assert!(stderr.contains("none"), "the way out is named: {stderr}");
     }
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+    // Asking itself would answer nothing but its own timeouts.
+    let own = socket_of(&node).display().to_string();
+    let out = node
+        .agent_command(&["--kubelet-pod-resources-socket", &own])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("is cpusetd's own"), "{stderr}");
 }
 
 #[test]

@@ -206,6 +206,14 @@ impl AgentArgs {
             .map_err(|e| CommandError::usage(format!("--cpu-manager-policy-options: {e}")))?;
         check_placement(self.policy.placement, &options)?;
         if let Some(config) = self.pod_resources() {
+            if config.kubelet.as_ref() == Some(&config.socket) {
+                return Err(CommandError::usage(format!(
+                    "--kubelet-pod-resources-socket {} is cpusetd's own --pod-resources-socket: \
+                     name kubelet's (default {}), or none",
+                    config.socket.display(),
+                    crate::podresources::KUBELET_SOCKET
+                )));
+            }
             if let Some(why) = crate::podresources::socket_problem(&config.socket) {
                 return Err(CommandError::usage(format!(
                     "--pod-resources-socket {}: {why}; name another path, or none to not serve \
