@@ -618,3 +618,105 @@ fn the_socket_comes_back_after_the_state_directory_is_removed() {
     agent.wait_for_log("serving the PodResources API on it again");
     agent.stop();
 }
+
+/// Resident memory of `cpusetd run` binaries (`CPUSETD_BINS`, space-separated; default this
+/// build's) on a fake node of `PODS` pods (default 1000, one in ten Guaranteed): with the
+/// PodResources server off, on and idle, and after ten `List`s. For DECISIONS' figures:
+/// `CPUSETD_BINS="/tmp/cpusetd-base /tmp/cpusetd-new" cargo test --test tests
+/// podresources::footprint -- --ignored --nocapture` (release binaries, the first one built
+/// before the server existed: its rows say what the flags it does not know would have done).
+#[test]
+#[ignore]
+fn footprint() {
+    let pods: usize = std::env::var("PODS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let bins =
+        std::env::var("CPUSETD_BINS").unwrap_or_else(|_| env!("CARGO_BIN_EXE_cpusetd").to_string());
+    let node = TestNode::new(CgroupVersion::V1);
+    for n in 0..pods {
+        let spec = if n % 10 == 0 {
+            guaranteed(&format!("g{n}"), 1000)
+        } else {
+            best_effort(&format!("be{n}"))
+        };
+        node.fake.start_pod(&spec).unwrap();
+    }
+    let rss_kib = |pid: u32| -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap()
+    };
+    println!(
+        "{:<24} {:<28} {:>9} {:>8}",
+        "binary", "server", "RSS MiB", "threads"
+    );
+    for bin in bins.split_whitespace() {
+        let rows: [(&str, &[&str], usize); 3] = [
+            ("off (none)", &["--pod-resources-socket", "none"], 0),
+            ("on, idle", &[], 0),
+            ("on, after 10 List", &[], 10),
+        ];
+        for (what, extra, lists) in rows {
+            let template = node.agent_command(extra);
+            let mut command = std::process::Command::new(bin);
+            command.args(template.get_args());
+            command.env("RUST_LOG", "warn");
+            if bin.ends_with("base") && !extra.is_empty() {
+                continue; // it has no such flag (and no server)
+            }
+            let mut child = command
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            // Settled: the metrics file says every container is known.
+            let metrics = node.metrics_file();
+            poll_until(Duration::from_secs(120), || {
+                let text = std::fs::read_to_string(&metrics).ok()?;
+                let known = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("cpusetd_containers "))?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()?;
+                (known as usize >= pods).then_some(())
+            })
+            .expect("settled");
+            std::thread::sleep(Duration::from_secs(3));
+            let socket = socket_of(&node);
+            let mut listed = 0;
+            if lists > 0 && socket.exists() {
+                let asker = Asker::new(socket);
+                for _ in 0..lists {
+                    listed = asker.list().len();
+                }
+            }
+            let threads = std::fs::read_dir(format!("/proc/{}/task", child.id()))
+                .unwrap()
+                .count();
+            let label = if lists > 0 {
+                format!("{what} ({listed} pods)")
+            } else {
+                what.to_string()
+            };
+            println!(
+                "{:<24} {:<28} {:>9.1} {:>8}",
+                bin,
+                label,
+                rss_kib(child.id()) as f64 / 1024.0,
+                threads
+            );
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            child.wait().unwrap();
+            let _ = std::fs::remove_file(&metrics);
+        }
+    }
+}

@@ -155,7 +155,7 @@ impl Agent {
 
     /// Its state directory (where its PodResources socket is, unless told otherwise).
     #[allow(dead_code)] // footprint's
-    pub fn state_dir(&self) -> &std::path::Path {
+    pub fn state_dir(&self) -> &Path {
         self._state.path()
     }
 
