@@ -22,6 +22,7 @@ pub mod irqbalance;
 pub mod kubesim;
 pub mod logging;
 pub mod planner;
+pub mod podresources;
 pub mod report;
 pub mod runtime;
 pub mod sched_balance;

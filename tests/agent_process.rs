@@ -279,7 +279,7 @@ impl TestNode {
     }
 
     /// `cpusetd run` on this node: [`Self::tree_args`], CPU 0 reserved, the metrics file, a
-    /// 1 s reconcile period and no kubelet checkpoint, each unless `extra` names the flag
+    /// 1 s reconcile period and no kubelet checkpoint or PodResources socket, each unless `extra` names the flag
     /// (`--reserved-cpu-count` replaces `--reserved-cpus`), then `extra`; with the fake
     /// kernel's rules when the node has them.
     pub fn agent_command(&self, extra: &[&str]) -> Command {
@@ -293,8 +293,10 @@ impl TestNode {
                 &metrics,
                 "--cpu-manager-reconcile-period",
                 "1s",
-                // Never this machine's kubelet checkpoint.
+                // Never this machine's kubelet checkpoint, nor its PodResources socket.
                 "--kubelet-state",
+                "none",
+                "--kubelet-pod-resources-socket",
                 "none",
             ]
             .map(String::from),

@@ -154,6 +154,9 @@ impl RealAgent {
             "0",
             "--cpu-manager-reconcile-period",
             "1s",
+            // Never this machine's kubelet: the PodResources answers are cpusetd's alone.
+            "--kubelet-pod-resources-socket",
+            "none",
             "--metrics-file",
         ]);
         command.arg(&metrics);

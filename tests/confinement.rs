@@ -77,6 +77,12 @@ const WRITE_SITES: &[(&str, &str)] = &[
         "existing <sysfs-root>/devices/system/cpu/cpu<N>/power/pm_qos_resume_latency_us and cpufreq/scaling_governor (no O_CREAT, O_NOFOLLOW), only for cpu-c-states and cpu-freq-governor pods' exclusive cpus",
     ),
     (
+        "src/podresources/server.rs",
+        "the PodResources socket (--pod-resources-socket, default <state-dir>/pod-resources.sock): \
+         binds it, removes it at stop and an old socket there at start (only a socket); \
+         connects to kubelet's PodResources socket (--kubelet-pod-resources-socket) to read it",
+    ),
+    (
         "src/irqbalance.rs",
         "connects to a running irqbalance's socket (<proc-root>/../run/irqbalance): setup, settings cpus; only for irq-load-balancing pods",
     ),
@@ -103,6 +109,8 @@ const WRITE_PATTERNS: &[&str] = &[
     "mount(",
     // Not a file write, but it changes another daemon's state.
     "UnixStream::connect(",
+    // Makes a socket file.
+    "UnixListener::bind(",
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -793,6 +793,12 @@ fn containerd_daemonset_pod_pins_its_node_and_survives_its_own_restart() {
     let (exclusive, shared) = exclusive_and_shared(&status);
     let db_pid = db.container("db").unwrap().pid;
     assert_eq!(wait_allowed(db_pid, &exclusive), exclusive);
+    // Its PodResources socket, on the host in the state directory's hostPath, where NFD's
+    // topology-updater or the resource-topology-exporter is pointed.
+    let podres = crate::podresources::Asker::new(state.join("pod-resources.sock"));
+    let db_ids: Vec<i64> = exclusive.iter().map(i64::from).collect();
+    let answered = podres.get("payments", "db-0").unwrap();
+    assert_eq!(answered.containers[0].cpu_ids, db_ids);
     // The agent's own container: shared, never pinned, never starved.
     let agent_container = agent_pod.container("cpusetd").unwrap().clone();
     assert_eq!(wait_allowed(agent_container.pid, &shared), shared);
@@ -926,5 +932,78 @@ fn containerd_pod_annotations_reach_the_agent() {
         log.contains("annotation cpu-load-balancing.crio.io: \"maybe\" ignored"),
         "{log}"
     );
+    agent.stop_clean();
+}
+
+/// kubelet's PodResources API served by the agent, asked the way NFD's topology-updater asks
+/// kubelet: a real pod's exclusive container reports the cpus its process may run on, shared
+/// ones none, and a deleted pod is gone from the answer.
+#[test]
+fn containerd_pod_resources_cpu_ids_are_the_containers_cpus_allowed() {
+    use crate::podresources::Asker;
+    if let Some(reason) = skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let mut node = CriNode::start();
+    let mut agent = node.agent();
+    let asker = Asker::new(node.containerd.scratch().join("state/pod-resources.sock"));
+    let guaranteed = node.run(&spec(
+        "db-0",
+        "payments",
+        vec![
+            ContainerSpec::guaranteed("db", 1000),
+            ContainerSpec::guaranteed("sidecar", 500),
+        ],
+    ));
+    let burstable = node.run(&spec(
+        "web-7f9c",
+        "shop",
+        vec![ContainerSpec::burstable("web", 250)],
+    ));
+    let status = agent.wait_status("one exclusive cpu, converged", |s| {
+        s.exclusive_cpu_count == 1 && s.converged()
+    });
+    let (exclusive, shared) = exclusive_and_shared(&status);
+    let db = guaranteed.container("db").unwrap();
+    assert_eq!(wait_allowed(db.pid, &exclusive), exclusive);
+    let ids = |cpus: &CpuSet| cpus.iter().map(i64::from).collect::<Vec<i64>>();
+
+    let got = asker.get("payments", "db-0").unwrap();
+    let by_name = |pod: &cpusetd::podresources::v1::PodResources, name: &str| {
+        let mut ids = pod
+            .containers
+            .iter()
+            .find(|c| c.name == name)
+            .unwrap_or_else(|| panic!("no {name} in {pod:?}"))
+            .cpu_ids
+            .clone();
+        ids.sort_unstable();
+        ids
+    };
+    assert_eq!(by_name(&got, "db"), ids(&cpus_allowed(db.pid)));
+    let sidecar = guaranteed.container("sidecar").unwrap();
+    assert_eq!(wait_allowed(sidecar.pid, &shared), shared);
+    assert!(
+        by_name(&got, "sidecar").is_empty(),
+        "a shared container has none"
+    );
+    let list = asker.list();
+    let web = list
+        .iter()
+        .find(|p| p.name == "web-7f9c" && p.namespace == "shop")
+        .unwrap_or_else(|| panic!("no web-7f9c in {list:?}"));
+    assert!(by_name(web, "web").is_empty());
+    assert_eq!(
+        asker.allocatable().cpu_ids,
+        ids(&online_cpus().difference(&CpuSet::parse("0").unwrap()))
+    );
+
+    node.delete(&guaranteed);
+    poll_until(DEADLINE, || {
+        asker.get("payments", "db-0").is_err().then_some(())
+    })
+    .expect("the deleted pod is gone from the answers");
+    drop(burstable);
     agent.stop_clean();
 }

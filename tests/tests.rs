@@ -34,6 +34,7 @@ mod plan_cli;
 mod pod_level;
 mod power;
 mod prometheus;
+mod podresources;
 mod real_containers;
 mod real_kernel;
 mod runc;

@@ -153,6 +153,12 @@ impl Agent {
         self.process.pid()
     }
 
+    /// Its state directory (where its PodResources socket is, unless told otherwise).
+    #[allow(dead_code)] // footprint's
+    pub fn state_dir(&self) -> &Path {
+        self._state.path()
+    }
+
     /// The agent's log lines that contain `needle`.
     #[allow(dead_code)] // drift's
     pub fn log_lines(&self, needle: &str) -> Vec<String> {

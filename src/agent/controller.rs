@@ -62,6 +62,7 @@ mod events;
 mod incremental;
 mod isolation;
 mod model;
+mod podres;
 mod write;
 
 /// A cgroup's classification, shared by its model entry (which caches it) and the passes that

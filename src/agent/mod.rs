@@ -86,6 +86,17 @@ pub struct AgentConfig {
     pub hotplug: Hotplug,
     /// sd_notify, already used while waiting for kubepods.
     pub notifier: Notifier,
+    /// Where kubelet's PodResources API is served (`None`: not served).
+    pub pod_resources: Option<PodResourcesConfig>,
+}
+
+/// `--pod-resources-socket` and `--kubelet-pod-resources-socket`.
+#[derive(Debug, Clone)]
+pub struct PodResourcesConfig {
+    /// cpusetd's socket.
+    pub socket: PathBuf,
+    /// kubelet's, asked for devices, memory and the pod list (`None`: never asked).
+    pub kubelet: Option<PathBuf>,
 }
 
 /// Why the agent stopped with an error.
@@ -99,6 +110,8 @@ pub enum AgentError {
     FirstScan(#[source] crate::cgroupfs::CgroupError),
     #[error("cannot block signals for the signal thread")]
     Signals(#[source] nix::Error),
+    #[error("cannot serve the PodResources API")]
+    PodResources(#[source] crate::podresources::ServeError),
     #[error("the {0} thread stopped unexpectedly")]
     ThreadGone(&'static str),
     #[error("--metrics-bind-address")]
@@ -128,6 +141,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         isolate_host,
         hotplug,
         mut notifier,
+        pod_resources,
     } = config;
 
     // Before the agent's threads allocate.
@@ -239,8 +253,28 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         outcome.writes,
         outcome.failed_writes
     );
-    let mut persist = Persist::start(state_dir, options, metrics_file, snapshot);
+    let published = pod_resources
+        .as_ref()
+        .map(|_| Arc::new(crate::podresources::Published::default()));
+    let mut persist = Persist::start(
+        state_dir,
+        options,
+        metrics_file,
+        (snapshot, published.clone()),
+    );
     persist.save_now(&controller);
+    // After the first pass is published, so no reader is ever told of an empty node.
+    let pod_resources_server = match (pod_resources, published) {
+        (Some(config), Some(published)) => Some(
+            crate::podresources::PodResourcesServer::start(
+                &config.socket,
+                config.kubelet,
+                published,
+            )
+            .map_err(AgentError::PodResources)?,
+        ),
+        _ => None,
+    };
     release_free_memory();
     notifier.send(&[sd_notify::NotifyState::Ready]);
     notify_status(&mut notifier, &controller);
@@ -348,6 +382,9 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         }
     };
     persist.finish();
+    if let Some(server) = pod_resources_server {
+        server.stop();
+    }
     let _ = stop_reconcile_tx.send(());
     let _ = reconciler.join();
     if let Some(watcher) = watcher {
@@ -538,6 +575,8 @@ struct Persist {
     /// What `--metrics-bind-address` serves: published here, on the controller thread, as
     /// soon as a pass is rendered (not after the persist thread's `fsync`s).
     snapshot: Arc<http::MetricsSnapshot>,
+    /// Where the PodResources server reads the controller's view (when it serves).
+    published: Option<Arc<crate::podresources::Published>>,
     slot: Arc<PersistSlot>,
     thread: Option<thread::JoinHandle<()>>,
 }
@@ -566,7 +605,10 @@ impl Persist {
         state_dir: PathBuf,
         options: PolicyOptions,
         metrics_file: Option<PathBuf>,
-        snapshot: Arc<http::MetricsSnapshot>,
+        (snapshot, published): (
+            Arc<http::MetricsSnapshot>,
+            Option<Arc<crate::podresources::Published>>,
+        ),
     ) -> Persist {
         let slot = Arc::new(PersistSlot::default());
         let shared = Arc::clone(&slot);
@@ -577,6 +619,7 @@ impl Persist {
         Persist {
             options,
             snapshot,
+            published,
             slot,
             thread: Some(thread),
         }
@@ -639,6 +682,10 @@ impl Persist {
         job.metrics = Some(text);
         job.last_reconcile = last_reconcile;
         self.slot.wake.notify_one();
+        drop(job);
+        if let Some(published) = &self.published {
+            published.publish(controller.pod_resources());
+        }
     }
 
     /// Writes what is pending and stops the thread (at shutdown, after the last save).

@@ -189,12 +189,36 @@ pub struct AgentArgs {
     /// policy); `none` skips it.
     #[arg(long, value_name = "PATH|none", default_value = crate::checkpoint::kubelet_state::DEFAULT_PATH)]
     pub kubelet_state: String,
+    /// `run` serves kubelet's PodResources v1 API (List, Get, GetAllocatableResources) here,
+    /// with cpusetd's exclusive cpus, for NFD's topology-updater, the resource-topology-exporter
+    /// and the like (default: pod-resources.sock in the state directory); `none`: not served.
+    #[arg(long, value_name = "PATH|none")]
+    pub pod_resources_socket: Option<String>,
+    /// kubelet's own PodResources socket: the served answers take pods, devices and memory
+    /// from it when it answers (cpus alone, from the cgroup tree, when not); `none`: never ask.
+    #[arg(long, value_name = "PATH|none", default_value = crate::podresources::KUBELET_SOCKET)]
+    pub kubelet_pod_resources_socket: String,
 }
+
+/// The PodResources socket's name in the state directory.
+pub const POD_RESOURCES_SOCKET: &str = "pod-resources.sock";
 
 impl AgentArgs {
     /// `--kubelet-state`, `None` for `none`.
     pub fn kubelet_state_path(&self) -> Option<PathBuf> {
         (self.kubelet_state != "none").then(|| PathBuf::from(&self.kubelet_state))
+    }
+
+    /// `--pod-resources-socket` and `--kubelet-pod-resources-socket`; `None` when not served.
+    pub fn pod_resources(&self) -> Option<crate::agent::PodResourcesConfig> {
+        let socket = match self.pod_resources_socket.as_deref() {
+            Some("none") => return None,
+            Some(path) => PathBuf::from(path),
+            None => self.state_dir.join(POD_RESOURCES_SOCKET),
+        };
+        let kubelet = (self.kubelet_pod_resources_socket != "none")
+            .then(|| PathBuf::from(&self.kubelet_pod_resources_socket));
+        Some(crate::agent::PodResourcesConfig { socket, kubelet })
     }
 }
 
@@ -205,6 +229,23 @@ impl AgentArgs {
         let options = PolicyOptions::parse(&self.policy.cpu_manager_policy_options)
             .map_err(|e| CommandError::usage(format!("--cpu-manager-policy-options: {e}")))?;
         check_placement(self.policy.placement, &options)?;
+        if let Some(config) = self.pod_resources() {
+            if config.kubelet.as_ref() == Some(&config.socket) {
+                return Err(CommandError::usage(format!(
+                    "--kubelet-pod-resources-socket {} is cpusetd's own --pod-resources-socket: \
+                     name kubelet's (default {}), or none",
+                    config.socket.display(),
+                    crate::podresources::KUBELET_SOCKET
+                )));
+            }
+            if let Some(why) = crate::podresources::socket_problem(&config.socket) {
+                return Err(CommandError::usage(format!(
+                    "--pod-resources-socket {}: {why}; name another path, or none to not serve \
+                     kubelet's PodResources API",
+                    config.socket.display()
+                )));
+            }
+        }
         if let Some(path) = &self.metrics_file {
             if let Some(why) = crate::agent::metrics::metrics_file_problem(path, &self.state_dir) {
                 return Err(CommandError::usage(format!(

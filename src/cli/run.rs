@@ -60,6 +60,7 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         isolate_host: args.isolate_host.then(|| policy_reserved.clone()).flatten(),
         hotplug,
         notifier,
+        pod_resources: args.pod_resources(),
     };
     agent::run(config).map_err(|e| match e {
         // A state directory that cannot be made or cannot hold the lock (a file, /dev/null,
@@ -81,6 +82,12 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
             bind.addr,
             error_chain(&bind.source),
             agent::http::DEFAULT_PORT
+        ))),
+        // A socket path that cannot be bound is the flag's fault too.
+        agent::AgentError::PodResources(ref why) => config_error(CommandError::usage(format!(
+            "--pod-resources-socket: {}; name another path, or none to not serve kubelet's \
+             PodResources API",
+            error_chain(why)
         ))),
         e => CommandError {
             status: super::EXIT_FAILURE,
