@@ -50,6 +50,11 @@ pub const EXCLUSIVE_CONTAINER_ANNOTATION_PREFIX: &str = "cpusetd.io/exclusive.";
 pub const CPU_LOAD_BALANCING_ANNOTATION: &str = "cpu-load-balancing.crio.io";
 pub const CPU_QUOTA_ANNOTATION: &str = "cpu-quota.crio.io";
 pub const IRQ_LOAD_BALANCING_ANNOTATION: &str = "irq-load-balancing.crio.io";
+/// CRI-O's per-container request for the shared pool besides its exclusive CPUs:
+/// `cpu-shared.crio.io/<container-name>: "enable"` on the pod (CRI-O reads only `"enable"`).
+pub const CPU_SHARED_ANNOTATION_PREFIX: &str = "cpu-shared.crio.io/";
+/// cpusetd's pod annotation asking for a projection file per container (`"enable"`).
+pub const PROJECTION_ANNOTATION: &str = "cpusetd.io/projection";
 
 /// What the pod's high-performance annotations ask for its exclusive containers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -94,6 +99,22 @@ fn isolation(runtime: Option<&RuntimeInfo>, notices: &mut Vec<Notice>) -> Isolat
         no_cpu_quota: wanted(CPU_QUOTA_ANNOTATION),
         no_load_balancing: wanted(CPU_LOAD_BALANCING_ANNOTATION),
         no_irqs: wanted(IRQ_LOAD_BALANCING_ANNOTATION),
+    }
+}
+
+/// An annotation CRI-O reads as on only when `"enable"`: `"disable"` (or none) is off, any
+/// other value is noted and ignored.
+fn enabled(runtime: Option<&RuntimeInfo>, key: &str, notices: &mut Vec<Notice>) -> bool {
+    match runtime.and_then(|r| r.annotation(key)) {
+        None | Some("disable") => false,
+        Some("enable") => true,
+        Some(value) => {
+            notices.push(Notice::NotEnableOrDisable {
+                key: key.to_string(),
+                value: value.to_string(),
+            });
+            false
+        }
     }
 }
 
@@ -338,6 +359,9 @@ pub enum Notice {
     DeprecatedAnnotationValue { key: String },
     /// A high-performance annotation with a value that means nothing.
     UnknownAnnotationValue { key: String, value: String },
+    /// An `"enable"`/`"disable"` annotation (`cpu-shared.crio.io/…`, `cpusetd.io/projection`)
+    /// with another value.
+    NotEnableOrDisable { key: String, value: String },
 }
 
 impl fmt::Display for Notice {
@@ -376,6 +400,12 @@ impl fmt::Display for Notice {
                 excerpt(key),
                 excerpt(value)
             ),
+            Notice::NotEnableOrDisable { key, value } => write!(
+                f,
+                "annotation {}: {:?} ignored: \"enable\" turns it on, \"disable\" leaves it off",
+                excerpt(key),
+                excerpt(value)
+            ),
         }
     }
 }
@@ -397,6 +427,10 @@ pub struct Classification {
     pub pod_namespace: Option<String>,
     /// The pod's high-performance annotations (in force only while it holds exclusive CPUs).
     pub isolation: Isolation,
+    /// `cpu-shared.crio.io/<its name>: "enable"`: its exclusive CPUs plus the shared pool.
+    pub cpu_shared: bool,
+    /// `cpusetd.io/projection: "enable"` on its pod: a projection file is kept for it.
+    pub projection: bool,
     /// For containers and sandboxes with readable CPU settings.
     pub resources: Option<CpuResources>,
     pub exclusivity: Exclusivity,
@@ -417,6 +451,8 @@ impl Classification {
             pod_name: None,
             pod_namespace: None,
             isolation: Isolation::default(),
+            cpu_shared: false,
+            projection: false,
             resources: None,
             exclusivity: Exclusivity::NotApplicable,
             notices: Vec::new(),
@@ -1084,6 +1120,11 @@ pub fn classify(
         return classification;
     }
     classification.isolation = isolation(runtime, notices);
+    classification.projection = enabled(runtime, PROJECTION_ANNOTATION, notices);
+    if let Some(name) = &classification.container_name {
+        let key = format!("{CPU_SHARED_ANNOTATION_PREFIX}{name}");
+        classification.cpu_shared = enabled(runtime, &key, notices);
+    }
 
     let decision = match resources {
         _ if qos != QosClass::Guaranteed => Err(SharedReason::NotGuaranteed { qos }),
@@ -1819,6 +1860,52 @@ mod tests {
             [Notice::UnknownAnnotationValue { key, .. }] if key == "cpu-load-balancing.crio.io"
         ));
         assert_eq!(classify_with(&[]).isolation, Isolation::default());
+    }
+
+    #[test]
+    fn cpu_shared_and_projection_are_read_per_container_as_cri_o_reads_them() {
+        let n = cgroupfs();
+        let cpu = OciCpu {
+            shares: Some(1024),
+            quota: Some(100_000),
+            period: Some(100_000),
+        };
+        let classify_with = |pairs: &[(&str, &str)]| {
+            let mut pairs = pairs.to_vec();
+            pairs.push(("io.kubernetes.cri.container-name", "app"));
+            let info = runtime(&pairs, cpu);
+            exclusivity(
+                &n,
+                &format!("pod{UID}/{ID}"),
+                &v1(1024, Some(100_000)),
+                Some(&info),
+            )
+        };
+        let c = classify_with(&[
+            ("cpu-shared.crio.io/app", "enable"),
+            ("cpusetd.io/projection", "enable"),
+        ]);
+        assert!(c.cpu_shared && c.projection, "{c:?}");
+        assert_eq!(
+            c.exclusive_cpus(),
+            1,
+            "cpu-shared never changes exclusivity"
+        );
+        assert!(c.notices.is_empty(), "{:?}", c.notices);
+        let other = classify_with(&[("cpu-shared.crio.io/sidecar", "enable")]);
+        assert!(!other.cpu_shared, "another container's key");
+        let off = classify_with(&[
+            ("cpu-shared.crio.io/app", "disable"),
+            ("cpusetd.io/projection", "disable"),
+        ]);
+        assert!(!off.cpu_shared && !off.projection && off.notices.is_empty());
+        let odd = classify_with(&[("cpu-shared.crio.io/app", "true")]);
+        assert!(!odd.cpu_shared, "values are exact, as CRI-O compares them");
+        assert!(matches!(
+            odd.notices.as_slice(),
+            [Notice::NotEnableOrDisable { key, .. }] if key == "cpu-shared.crio.io/app"
+        ));
+        assert!(odd.notices[0].to_string().contains("\"true\" ignored"));
     }
 
     #[test]

@@ -29,6 +29,7 @@ mod isolation;
 mod kubelet_vectors;
 mod migration;
 mod plan_cli;
+mod projection;
 mod real_containers;
 mod real_kernel;
 mod runc;
