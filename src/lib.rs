@@ -21,6 +21,7 @@ pub mod irqbalance;
 pub mod kubesim;
 pub mod logging;
 pub mod planner;
+pub(crate) mod projection;
 pub mod report;
 pub mod runtime;
 pub mod sched_balance;

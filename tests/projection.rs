@@ -2,10 +2,18 @@
 //! (a container on its exclusive CPUs and the shared pool, kept current as the pool changes)
 //! and the projection files (`cpusetd.io/projection`, `--project-all`).
 
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use inotify::{EventMask, Inotify, WatchMask};
+
 use cpusetd::cgroupfs::CgroupVersion;
 use cpusetd::kubesim::{ContainerSpec, Qos};
 
-use crate::agent_util::{cpus, guaranteed, pod, TestNode};
+use crate::agent_util::{cpus, guaranteed, pod, poll_until, wait_status_of, TestNode, DEADLINE};
 
 fn cpu_shared_follows_the_pool(version: CgroupVersion) {
     let node = TestNode::new(version);
@@ -92,4 +100,218 @@ fn cpu_shared_follows_the_pool_v1() {
 #[test]
 fn cpu_shared_follows_the_pool_v2() {
     cpu_shared_follows_the_pool(CgroupVersion::V2);
+}
+
+/// The projection file of a container, parsed (`None` while missing).
+fn projection(dir: &Path, uid: &str, container: &str) -> Option<serde_json::Value> {
+    let text = fs::read_to_string(dir.join(uid).join(format!("{container}.json"))).ok()?;
+    Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("half a file? {e}: {text}")))
+}
+
+fn wait_projection(
+    dir: &Path,
+    uid: &str,
+    container: &str,
+    what: &str,
+    mut ok: impl FnMut(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    poll_until(DEADLINE, || {
+        projection(dir, uid, container).filter(|v| ok(v))
+    })
+    .unwrap_or_else(|| panic!("{what}: {:?}", projection(dir, uid, container)))
+}
+
+/// Names in a directory's inotify events about `name`, as (event name, mask) pairs.
+fn events_about(inotify: &mut Inotify, name: &str) -> Vec<EventMask> {
+    let mut buf = [0u8; 4096];
+    let mut out = Vec::new();
+    while let Ok(events) = inotify.read_events(&mut buf) {
+        let events: Vec<_> = events
+            .filter(|e| e.name.is_some_and(|n| n == name))
+            .map(|e| e.mask)
+            .collect();
+        if events.is_empty() {
+            break;
+        }
+        out.extend(events);
+    }
+    out
+}
+
+fn projection_follows_the_pod(version: CgroupVersion) {
+    let node = TestNode::new(version);
+    let dir = node.base.join("projection");
+    // What an earlier run left for a pod that is gone: removed at start.
+    let stale = dir.join("11111111-2222-3333-4444-555555555555");
+    fs::create_dir_all(&stale).unwrap();
+    fs::write(stale.join("app.json"), "{}").unwrap();
+    let dir_flag = dir.display().to_string();
+    let mut agent = node.start_agent(&["--projection-dir", &dir_flag]);
+    assert!(!stale.exists(), "{}", agent.log());
+
+    let fast = guaranteed("fast", 1000);
+    let plain = guaranteed("plain", 1000);
+    node.fake.annotate_pod(
+        &fast.uid,
+        &[
+            ("cpusetd.io/projection", "enable"),
+            ("cpu-quota.crio.io", "disable"),
+        ],
+    );
+    let id = node.fake.start_pod(&fast).unwrap().remove(0);
+    node.fake.start_pod(&plain).unwrap();
+    let status = node.wait_status("pinned", |s| s.converged() && s.exclusive_cpu_count == 2);
+    let held = status.by_id(&id).unwrap().current.clone().unwrap();
+    let doc = wait_projection(&dir, &fast.uid, "fast", "the pin", |v| {
+        v["exclusive_cpus"] == held.as_str() && !v["isolation"].as_array().unwrap().is_empty()
+    });
+    assert_eq!(doc["version"], 1, "{doc}");
+    assert_eq!(doc["pod_uid"], fast.uid.as_str());
+    assert_eq!(doc["cpus"], held.as_str());
+    assert_eq!(
+        doc["shared_cpus"], "",
+        "an exclusive container runs on no shared cpu"
+    );
+    let cpu: u32 = held.parse().unwrap();
+    // The fixture: cpus 0-3 and 8-11 on node 0, 4-7 and 12-15 on node 1.
+    assert_eq!(
+        doc["exclusive_numa_nodes"],
+        serde_json::json!([(cpu % 8) / 4])
+    );
+    assert_eq!(doc["isolation"], serde_json::json!(["cpu-quota.crio.io"]));
+    let first = doc["generation"].as_u64().unwrap();
+    assert!(!dir.join(&plain.uid).exists(), "plain did not ask");
+    let pod_dir = dir.join(&fast.uid);
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&pod_dir), 0o755);
+    assert_eq!(mode(&pod_dir.join("fast.json")), 0o644);
+    let mut args = node.tree_args();
+    args.extend(["--projection-dir".to_string(), dir_flag.clone()]);
+    let status = wait_status_of(&args, "status notes it", |s| {
+        s.by_id(&id).is_some_and(|r| r.note.contains("projected"))
+    });
+    assert!(status
+        .by_id(&id)
+        .unwrap()
+        .note
+        .contains("projected (generation"));
+
+    // An in-place resize: a new file, replaced by one rename, read whole meanwhile.
+    let mut inotify = Inotify::init().unwrap();
+    inotify
+        .watches()
+        .add(&pod_dir, WatchMask::ALL_EVENTS)
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (dir, uid, stop) = (dir.clone(), fast.uid.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0;
+            while !stop.load(Ordering::Relaxed) {
+                // Panics on half a file.
+                projection(&dir, &uid, "fast").expect("never missing while the pod runs");
+                reads += 1;
+            }
+            reads
+        })
+    };
+    crate::agent::resize(&node, &fast, &id, 2000);
+    let doc = wait_projection(&dir, &fast.uid, "fast", "the resize", |v| {
+        v["exclusive_cpus"]
+            .as_str()
+            .map(cpus)
+            .is_some_and(|c| c.len() == 2)
+    });
+    stop.store(true, Ordering::Relaxed);
+    assert!(reader.join().unwrap() > 0);
+    let second = doc["generation"].as_u64().unwrap();
+    assert!(second > first, "{first} → {second}");
+    assert!(cpus(doc["exclusive_cpus"].as_str().unwrap()).contains(cpu));
+    let events = events_about(&mut inotify, "fast.json");
+    assert!(
+        events.contains(&EventMask::MOVED_TO)
+            && !events.iter().any(|m| m.contains(EventMask::MODIFY)),
+        "{events:?}"
+    );
+    let names: Vec<_> = fs::read_dir(&pod_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["fast.json"], "no temporary file left");
+
+    // The pod goes: its directory goes.
+    node.fake.remove_pod(&fast).unwrap();
+    assert!(
+        poll_until(DEADLINE, || (!pod_dir.exists()).then_some(())).is_some(),
+        "{}",
+        agent.log()
+    );
+    assert!(agent.stop().success());
+    node.assert_clean();
+}
+
+#[test]
+fn projection_follows_the_pod_v1() {
+    projection_follows_the_pod(CgroupVersion::V1);
+}
+
+#[test]
+fn projection_follows_the_pod_v2() {
+    projection_follows_the_pod(CgroupVersion::V2);
+}
+
+/// `--project-all`: every container, shared ones too; a change of the shared pool is a new
+/// generation; `cpu-shared` says which cpus are whose; `reset` removes what is left.
+#[test]
+fn project_all_follows_the_shared_pool_and_reset_cleans_up() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let dir = node.base.join("projection");
+    let dir_flag = dir.display().to_string();
+    let mut agent = node.start_agent(&["--projection-dir", &dir_flag, "--project-all"]);
+    let web = pod(
+        "web",
+        Qos::Burstable,
+        vec![ContainerSpec::burstable("web", 500, None)],
+    );
+    let fast = guaranteed("fast", 1000);
+    node.fake
+        .annotate_pod(&fast.uid, &[("cpu-shared.crio.io/fast", "enable")]);
+    node.fake.start_pod(&web).unwrap();
+    let status = node.wait_status("web shared", |s| s.converged() && s.containers.len() == 2);
+    let pool = status.shared_pool.clone();
+    let before = wait_projection(&dir, &web.uid, "web", "web", |v| v["cpus"] == pool.as_str());
+    assert_eq!(before["exclusive_cpus"], "");
+    assert_eq!(before["shared_cpus"], pool.as_str());
+    assert_eq!(before["shared_numa_nodes"], serde_json::json!([0, 1]));
+
+    let id = node.fake.start_pod(&fast).unwrap().remove(0);
+    let status = node.wait_status("fast pinned", |s| {
+        s.converged() && s.exclusive_cpu_count == 1
+    });
+    let smaller = status.shared_pool.clone();
+    let held = status.exclusive_cpus.clone();
+    let after = wait_projection(&dir, &web.uid, "web", "the pool shrank", |v| {
+        v["shared_cpus"] == smaller.as_str()
+    });
+    assert!(after["generation"].as_u64() > before["generation"].as_u64());
+    let doc = wait_projection(&dir, &fast.uid, "fast", "fast", |v| {
+        v["exclusive_cpus"] == held.as_str() && v["shared_cpus"] == smaller.as_str()
+    });
+    assert_eq!(doc["isolation"], serde_json::json!(["cpu-shared.crio.io"]));
+    assert_eq!(
+        status.by_id(&id).unwrap().current.as_deref().map(cpus),
+        Some(cpus(&held).union(&cpus(&smaller)))
+    );
+    // Stopped, the files stay (a restart goes on from them); reset removes them.
+    assert!(agent.stop().success());
+    assert!(dir.join(&web.uid).exists());
+    let out = node.cpusetd("reset", &["--projection-dir", &dir_flag]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("removed 2 pod projection directories"));
+    assert!(!dir.join(&web.uid).exists() && !dir.join(&fast.uid).exists());
+    assert!(dir.exists());
 }

@@ -62,6 +62,7 @@ mod events;
 mod incremental;
 mod isolation;
 mod model;
+mod projection;
 mod write;
 
 /// A cgroup's classification, shared by its model entry (which caches it) and the passes that
@@ -227,6 +228,10 @@ pub struct Controller {
     irq: Option<IrqAffinity>,
     /// Scheduler load balancing, kept off the CPUs of `cpu-load-balancing.crio.io` pods.
     sched: Option<SchedBalance>,
+    /// The projection files and `--project-all` (see [`Controller::manage_projection`]).
+    projection: Option<(crate::projection::Projector, bool)>,
+    /// A pass or reconcile ran since the projection files were last brought up to date.
+    projection_due: bool,
     /// Where the online cpus are read from while the agent runs (see [`Controller::follow_hotplug`]).
     hotplug: Option<Hotplug>,
     /// The exclusive cpus refused, by container, as the log said it (for the checkpoint).
@@ -258,6 +263,8 @@ impl Controller {
             pod_names,
             irq: None,
             sched: None,
+            projection: None,
+            projection_due: false,
             hotplug: None,
             refused: Default::default(),
             refusals_changed: false,
@@ -459,6 +466,7 @@ impl Controller {
         let outcome = self.pass(now);
         self.update_irqs(true);
         self.update_sched_balance(true);
+        self.projection_due = true;
         Some(outcome)
     }
 
@@ -521,6 +529,7 @@ impl Controller {
     /// On cgroup v1 a cgroup whose children are being set up by their runtime is narrowed by a
     /// pass a moment later (see [`NewChildren::LetThemSettle`]).
     pub fn pass(&mut self, now: Instant) -> PassOutcome {
+        self.projection_due = true;
         if let Some(outcome) = self.repair_drift() {
             return outcome;
         }

@@ -77,6 +77,9 @@ pub struct AgentConfig {
     /// `--isolate-host`: the CPUs host cgroups are confined to while a pod asks for
     /// `cpu-load-balancing.crio.io` (the reserved ones); `None`: they are left alone.
     pub isolate_host: Option<crate::cpuset::CpuSet>,
+    /// Where the projection files are kept, and whether for every pod (`--project-all`).
+    pub projection_dir: PathBuf,
+    pub project_all: bool,
     /// Where the topology is read again when cpus go offline or come online.
     pub hotplug: Hotplug,
     /// sd_notify, already used while waiting for kubepods.
@@ -117,6 +120,8 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         kubelet_state,
         proc_root,
         isolate_host,
+        projection_dir,
+        project_all,
         hotplug,
         mut notifier,
     } = config;
@@ -194,6 +199,10 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     sched.say_support();
     controller.manage_sched_balance(sched);
     controller.follow_hotplug(hotplug);
+    controller.manage_projection(
+        crate::projection::Projector::new(projection_dir),
+        project_all,
+    );
     controller.metrics.without_inotify = degraded;
     if let Some(watcher) = &watcher {
         controller.watch_arrivals(watcher.arrivals());
@@ -220,6 +229,8 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     );
     let mut persist = Persist::start(state_dir, options, metrics_file);
     persist.save_now(&controller);
+    // After the first pass's writes and its checkpoint: nothing waits for these.
+    controller.update_projections();
     release_free_memory();
     notifier.send(&[sd_notify::NotifyState::Ready]);
     notify_status(&mut notifier, &controller);
@@ -318,6 +329,11 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
                 let outcome = controller.pass(now);
                 persist.save(&controller, outcome.assignments_changed);
             }
+        }
+        // Projection files after the pass's cgroup writes, and only when no event waits: a
+        // new pod's pin never waits behind them.
+        if event_rx.is_empty() {
+            controller.update_projections();
         }
         if let (Some(interval), Some(due)) = (watchdog, next_ping) {
             if due <= now {

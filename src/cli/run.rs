@@ -56,6 +56,8 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         kubelet_state: args.kubelet_state_path(),
         proc_root: args.tree.proc_root.clone(),
         isolate_host: args.isolate_host.then(|| policy_reserved.clone()).flatten(),
+        projection_dir: args.projection_dir.clone(),
+        project_all: args.project_all,
         hotplug,
         notifier,
     };

@@ -1,0 +1,108 @@
+//! The projection files (see [`crate::projection`]): what each container of a pod that asks
+//! for it is told of its CPUs, kept after the pass's cgroup writes (the agent calls
+//! [`Controller::update_projections`] only when no event waits, so no pin waits for it).
+
+use super::*;
+use crate::projection::{ProjectionBody, Projector, Wanted};
+
+impl Controller {
+    /// Keeps projection files from now on: for pods that ask (`cpusetd.io/projection:
+    /// "enable"`), or every pod with `all` (`--project-all`).
+    pub fn manage_projection(&mut self, projector: Projector, all: bool) {
+        self.projection = Some((projector, all));
+        self.projection_due = true;
+    }
+
+    /// Brings the projection files up to date when a pass or a reconcile ran since the last
+    /// call; nothing is read or written otherwise. Failures are logged once, never fatal.
+    pub fn update_projections(&mut self) {
+        if !std::mem::take(&mut self.projection_due) {
+            return;
+        }
+        let Some((_, all)) = &self.projection else {
+            return;
+        };
+        let wanted = self.projections_wanted(*all);
+        let live: HashSet<String> = self
+            .model
+            .values()
+            .filter_map(|e| e.class.as_deref()?.pod_uid.clone())
+            .collect();
+        let Some((projector, _)) = self.projection.as_mut() else {
+            return;
+        };
+        projector.sync(&wanted, &live);
+        self.metrics.projection_writes = projector.writes;
+        self.metrics.projection_failures = projector.failures;
+    }
+
+    /// What every projected container's file should say now, from the model (its cpuset as
+    /// last written or read), the assignments and the isolation read back.
+    fn projections_wanted(&self, all: bool) -> Wanted {
+        let mut wanted = Wanted::new();
+        for (path, entry) in &self.model {
+            let Some(class) = entry.class.as_deref() else {
+                continue;
+            };
+            if class.kind != CgroupKind::Container || !(all || class.projection) {
+                continue;
+            }
+            let (Some(uid), Some(name)) = (&class.pod_uid, &class.container_name) else {
+                continue;
+            };
+            let Some(cpus) = entry.cgroup.cpus.configured().filter(|c| !c.is_empty()) else {
+                continue;
+            };
+            let exclusive = class
+                .assignment_key()
+                .and_then(|k| self.parts.assignments.get(&k))
+                .map(|a| a.cpus.intersection(cpus))
+                .unwrap_or_default();
+            let isolation = self.in_force(path, class, cpus, &exclusive);
+            let topology = &self.parts.topology;
+            let body = ProjectionBody::new(
+                uid,
+                name,
+                cpus,
+                &exclusive,
+                |cpu| topology.cpu(cpu).map(|c| c.numa),
+                isolation,
+            );
+            wanted
+                .entry(uid.clone())
+                .or_default()
+                .insert(name.clone(), body);
+        }
+        wanted
+    }
+
+    /// The high-performance annotations in force for a container, as read back.
+    fn in_force(
+        &self,
+        path: &CgroupPath,
+        class: &Classification,
+        cpus: &CpuSet,
+        exclusive: &CpuSet,
+    ) -> Vec<String> {
+        let mut in_force: Vec<&str> = Vec::new();
+        if exclusive.is_empty() {
+            return Vec::new();
+        }
+        let wanted = &class.isolation;
+        if wanted.no_cpu_quota && self.parts.quota_lifted.contains_key(path) {
+            in_force.push(crate::classify::CPU_QUOTA_ANNOTATION);
+        }
+        let sched = self.sched.as_ref().map(|s| &s.saved().isolated);
+        if wanted.no_load_balancing && sched.is_some_and(|s| exclusive.is_subset(s)) {
+            in_force.push(crate::classify::CPU_LOAD_BALANCING_ANNOTATION);
+        }
+        let irq = self.irq.as_ref().map(|i| &i.saved().in_force);
+        if wanted.no_irqs && irq.is_some_and(|s| exclusive.is_subset(s)) {
+            in_force.push(crate::classify::IRQ_LOAD_BALANCING_ANNOTATION);
+        }
+        if class.cpu_shared && cpus.len() > exclusive.len() {
+            in_force.push("cpu-shared.crio.io");
+        }
+        in_force.into_iter().map(String::from).collect()
+    }
+}
