@@ -639,7 +639,7 @@ mod tests {
         let dir = tmp.path().join("projection");
         let mut projector = Projector::new(dir.clone());
         let first = body("3", "3");
-        projector.sync(&wanted(&[first.clone()]), &none());
+        projector.sync(&wanted(std::slice::from_ref(&first)), &none());
         let doc = read(&dir, &first);
         assert_eq!(doc["version"], FORMAT_VERSION);
         assert_eq!(doc["generation"], 1);
@@ -651,12 +651,12 @@ mod tests {
         let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
         let before = inode(&file);
         // The same body again: nothing written.
-        projector.sync(&wanted(&[first.clone()]), &none());
+        projector.sync(&wanted(std::slice::from_ref(&first)), &none());
         assert_eq!(projector.writes, 1);
         assert_eq!(inode(&file), before);
         // A change: a new file (renamed over), generation 2, no temporary file left.
         let resized = body("3-4", "3-4");
-        projector.sync(&wanted(&[resized.clone()]), &none());
+        projector.sync(&wanted(std::slice::from_ref(&resized)), &none());
         assert_eq!(read(&dir, &resized)["generation"], 2);
         assert_ne!(
             inode(&file),
@@ -697,7 +697,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep");
         // A restart seeing another body goes on from the generation it found.
         let mut third = Projector::new(dir.clone());
-        third.sync(&wanted(&[kept.clone()]), &none());
+        third.sync(&wanted(std::slice::from_ref(&kept)), &none());
         assert_eq!(read(&dir, &kept)["generation"], 3);
         assert_eq!(remove_all(&dir).unwrap(), 1);
         assert!(!dir.join(&kept.pod_uid).exists());
@@ -716,7 +716,7 @@ mod tests {
         let mut projector = Projector::new(dir.clone());
         projector.sync(&Wanted::new(), &live);
         assert!(file_path(&dir, &b.pod_uid, "app").exists());
-        projector.sync(&wanted(&[b.clone()]), &live);
+        projector.sync(&wanted(std::slice::from_ref(&b)), &live);
         // Its container restarts: the file stays; the pod goes: so does its directory.
         projector.sync(&Wanted::new(), &live);
         assert_eq!(read(&dir, &b)["generation"], 1);
