@@ -147,7 +147,12 @@ fn projection_follows_the_pod(version: CgroupVersion) {
     fs::write(stale.join("app.json"), "{}").unwrap();
     let dir_flag = dir.display().to_string();
     let mut agent = node.start_agent(&["--projection-dir", &dir_flag]);
-    assert!(!stale.exists(), "{}", agent.log());
+    // (After the first pass's writes and its checkpoint, so a moment after its log line.)
+    assert!(
+        poll_until(DEADLINE, || (!stale.exists()).then_some(())).is_some(),
+        "{}",
+        agent.log()
+    );
 
     let fast = guaranteed("fast", 1000);
     let plain = guaranteed("plain", 1000);
