@@ -320,3 +320,66 @@ fn project_all_follows_the_shared_pool_and_reset_cleans_up() {
     assert!(!dir.join(&web.uid).exists() && !dir.join(&fast.uid).exists());
     assert!(dir.exists());
 }
+
+/// 20 rounds of 5 Guaranteed 1-CPU pods and 5 BestEffort pods started back to back, each
+/// round waited for and deleted (the burst of `agent_event_to_pin_latency_on_a_fake_tree`);
+/// returns the agent's metrics at the end.
+fn pin_rounds(extra: &[&str]) -> std::collections::BTreeMap<String, f64> {
+    let node = TestNode::new(CgroupVersion::V1);
+    let dir = node.base.join("projection").display().to_string();
+    let mut flags = vec![
+        "--cpu-manager-reconcile-period",
+        "1h",
+        "--projection-dir",
+        &dir,
+    ];
+    flags.extend_from_slice(extra);
+    let mut agent = node.start_agent(&flags);
+    for round in 0..20 {
+        let pods: Vec<_> = (0..10)
+            .map(|i| match i % 2 {
+                0 => guaranteed(&format!("g{round}-{i}"), 1000),
+                _ => pod(
+                    &format!("be{round}-{i}"),
+                    Qos::BestEffort,
+                    vec![ContainerSpec::best_effort(&format!("be{round}-{i}"))],
+                ),
+            })
+            .collect();
+        for p in &pods {
+            node.fake.start_pod(p).unwrap();
+        }
+        let counted = (round + 1) as f64 * 10.0;
+        let pinned = poll_until(DEADLINE, || {
+            Some(node.metric("cpusetd_event_to_pin_seconds_count")).filter(|n| *n >= counted)
+        });
+        assert!(pinned.is_some(), "round {round}: {:?}", node.metrics());
+        node.wait_status("converged", |s| s.converged() && s.exclusive_cpu_count == 5);
+        for p in &pods {
+            node.fake.remove_pod(p).unwrap();
+        }
+        node.wait_status("gone", |s| s.containers.is_empty());
+    }
+    assert!(agent.stop().success());
+    node.assert_clean();
+    node.metrics()
+}
+
+/// What `--project-all` costs the pins (printed, not asserted: a shared 2-CPU machine): the
+/// same bursts with and without it.
+#[test]
+fn projection_stays_off_the_path_to_the_pin() {
+    let without = pin_rounds(&[]);
+    let with = pin_rounds(&["--project-all"]);
+    println!(
+        "event-to-pin latency ({}), without projection: {}; with --project-all: {} ({} files written)",
+        crate::agent_util::build(),
+        crate::agent_util::pin_latency(&without),
+        crate::agent_util::pin_latency(&with),
+        with["cpusetd_projection_writes_total"]
+    );
+    assert_eq!(without["cpusetd_projection_writes_total"], 0.0);
+    // (The metrics file is written before the projection files of the same pass.)
+    assert!(with["cpusetd_projection_writes_total"] >= 100.0, "{with:?}");
+    assert_eq!(with["cpusetd_projection_failures_total"], 0.0);
+}

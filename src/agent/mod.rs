@@ -229,8 +229,8 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     );
     let mut persist = Persist::start(state_dir, options, metrics_file);
     persist.save_now(&controller);
-    // After the first pass's writes and its checkpoint: nothing waits for these.
-    controller.update_projections();
+    // After the first pass's writes and its checkpoint (the watcher is not started yet).
+    controller.update_projections(|| false);
     release_free_memory();
     notifier.send(&[sd_notify::NotifyState::Ready]);
     notify_status(&mut notifier, &controller);
@@ -253,7 +253,8 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
 
     let result = loop {
         let now = Instant::now();
-        let wake = [controller.next_deadline(), next_ping]
+        let owed = controller.projections_due().then_some(now);
+        let wake = [controller.next_deadline(), next_ping, owed]
             .into_iter()
             .flatten()
             .min()
@@ -330,10 +331,10 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
                 persist.save(&controller, outcome.assignments_changed);
             }
         }
-        // Projection files after the pass's cgroup writes, and only when no event waits: a
-        // new pod's pin never waits behind them.
+        // Projection files after the pass's cgroup writes, and only while no event waits: a
+        // new pod's pin waits for one file at most (what is left is owed: no wait below).
         if event_rx.is_empty() {
-            controller.update_projections();
+            controller.update_projections(|| !event_rx.is_empty());
         }
         if let (Some(interval), Some(due)) = (watchdog, next_ping) {
             if due <= now {

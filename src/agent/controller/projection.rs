@@ -13,9 +13,16 @@ impl Controller {
         self.projection_due = true;
     }
 
+    /// Whether projection files are owed (a pass ran since, or the last update stopped early).
+    pub fn projections_due(&self) -> bool {
+        self.projection_due && self.projection.is_some()
+    }
+
     /// Brings the projection files up to date when a pass or a reconcile ran since the last
-    /// call; nothing is read or written otherwise. Failures are logged once, never fatal.
-    pub fn update_projections(&mut self) {
+    /// call; nothing is read or written otherwise. `stop` is asked before each file: when it
+    /// says so (an event waits) the rest stays owed ([`Self::projections_due`]). Failures are
+    /// logged once, never fatal.
+    pub fn update_projections(&mut self, stop: impl FnMut() -> bool) {
         if !std::mem::take(&mut self.projection_due) {
             return;
         }
@@ -31,7 +38,7 @@ impl Controller {
         let Some((projector, _)) = self.projection.as_mut() else {
             return;
         };
-        projector.sync(&wanted, &live);
+        self.projection_due = !projector.sync(&wanted, &live, stop);
         self.metrics.projection_writes = projector.writes;
         self.metrics.projection_failures = projector.failures;
     }
