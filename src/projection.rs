@@ -126,6 +126,8 @@ pub struct Projector {
     swept: bool,
     /// Failures said, by kind (said once each).
     said: HashSet<String>,
+    /// `<uid>/<container>` whose name is no file name (counted once each).
+    refused: HashSet<String>,
     temp_counter: u64,
     /// Files replaced and failures, for the metrics.
     pub writes: u64,
@@ -140,6 +142,7 @@ impl Projector {
             written: HashMap::new(),
             swept: false,
             said: HashSet::new(),
+            refused: HashSet::new(),
             temp_counter: 0,
             writes: 0,
             failures: 0,
@@ -216,10 +219,13 @@ impl Projector {
                 continue;
             }
             if !valid_container(container) {
-                self.say(
-                    "name",
-                    &format!("container name {container:?} is not a file name: no projection"),
-                );
+                // Said and counted once per container, not at every pass.
+                if self.refused.insert(format!("{uid}/{container}")) {
+                    self.say(
+                        "name",
+                        &format!("container name {container:?} is not a file name: no projection"),
+                    );
+                }
                 continue;
             }
             let previous = match known {
@@ -816,9 +822,11 @@ mod tests {
         let mut b = body("3", "3");
         b.container = "../escape".into();
         let mut projector = Projector::new(tmp.path().to_path_buf());
-        projector.sync(&wanted(&[b]), &none(), never);
+        let b = wanted(&[b]);
+        projector.sync(&b, &none(), never);
+        projector.sync(&b, &none(), never);
         assert_eq!(projector.writes, 0);
-        assert_eq!(projector.failures, 1);
+        assert_eq!(projector.failures, 1, "counted once");
         // A symlink where the directory should be is not followed.
         let link = tmp.path().join("link");
         std::os::unix::fs::symlink(tmp.path(), &link).unwrap();

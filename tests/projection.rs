@@ -307,6 +307,29 @@ fn project_all_follows_the_shared_pool_and_reset_cleans_up() {
         status.by_id(&id).unwrap().current.as_deref().map(cpus),
         Some(cpus(&held).union(&cpus(&smaller)))
     );
+    // A kill -9 and a restart: the files stay, each keeps its generation (the same body is
+    // adopted, not written again), and the next change goes on from it.
+    let web_generation = after["generation"].as_u64().unwrap();
+    agent.kill9();
+    let mut agent = node.start_agent(&["--projection-dir", &dir_flag, "--project-all"]);
+    node.fake.remove_pod(&fast).unwrap();
+    let grown = wait_projection(&dir, &web.uid, "web", "the pool grew back", |v| {
+        v["shared_cpus"] == pool.as_str()
+    });
+    assert_eq!(
+        grown["generation"].as_u64(),
+        Some(web_generation + 1),
+        "{grown}"
+    );
+    assert!(
+        poll_until(DEADLINE, || (!dir.join(&fast.uid).exists()).then_some(())).is_some(),
+        "{}",
+        agent.log()
+    );
+    node.fake.start_pod(&fast).unwrap();
+    wait_projection(&dir, &fast.uid, "fast", "fast again", |v| {
+        v["exclusive_cpus"] != ""
+    });
     // Stopped, the files stay (a restart goes on from them); reset removes them.
     assert!(agent.stop().success());
     assert!(dir.join(&web.uid).exists());
