@@ -149,13 +149,10 @@ impl Projector {
         }
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// Pods with at least one projection file now.
-    pub fn pods(&self) -> usize {
-        self.written.len()
+    /// Whether [`Self::sync`] needs the live pods with `wanted`: for its first sweep, or to
+    /// tell a gone pod from a live one among those it wrote for and `wanted` leaves out.
+    pub fn needs_live(&self, wanted: &Wanted) -> bool {
+        !self.swept || self.written.keys().any(|uid| !wanted.contains_key(uid))
     }
 
     /// Makes the files say `wanted`: changed bodies replaced (generation + 1), the directories

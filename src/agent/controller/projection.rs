@@ -30,11 +30,19 @@ impl Controller {
             return;
         };
         let wanted = self.projections_wanted(*all);
-        let live: HashSet<String> = self
-            .model
-            .values()
-            .filter_map(|e| e.class.as_deref()?.pod_uid.clone())
-            .collect();
+        // The live pods only when a pod may have gone (no set of every pod at every pass).
+        let needs_live = self
+            .projection
+            .as_ref()
+            .is_some_and(|(p, _)| p.needs_live(&wanted));
+        let live: HashSet<String> = match needs_live {
+            true => self
+                .model
+                .values()
+                .filter_map(|e| e.class.as_deref()?.pod_uid.clone())
+                .collect(),
+            false => HashSet::new(),
+        };
         let Some((projector, _)) = self.projection.as_mut() else {
             return;
         };
