@@ -232,6 +232,8 @@ pub struct Controller {
     projection: Option<(crate::projection::Projector, bool)>,
     /// A pass or reconcile ran since the projection files were last brought up to date.
     projection_due: bool,
+    /// When they were last brought up to date.
+    projected_at: Option<Instant>,
     /// Where the online cpus are read from while the agent runs (see [`Controller::follow_hotplug`]).
     hotplug: Option<Hotplug>,
     /// The exclusive cpus refused, by container, as the log said it (for the checkpoint).
@@ -265,6 +267,7 @@ impl Controller {
             sched: None,
             projection: None,
             projection_due: false,
+            projected_at: None,
             hotplug: None,
             refused: Default::default(),
             refusals_changed: false,

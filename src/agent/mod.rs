@@ -230,7 +230,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     let mut persist = Persist::start(state_dir, options, metrics_file);
     persist.save_now(&controller);
     // After the first pass's writes and its checkpoint (the watcher is not started yet).
-    controller.update_projections(|| false);
+    controller.update_projections(Instant::now(), || false);
     release_free_memory();
     notifier.send(&[sd_notify::NotifyState::Ready]);
     notify_status(&mut notifier, &controller);
@@ -253,13 +253,16 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
 
     let result = loop {
         let now = Instant::now();
-        let owed = controller.projections_due().then_some(now);
-        let wake = [controller.next_deadline(), next_ping, owed]
-            .into_iter()
-            .flatten()
-            .min()
-            .map(|t| t.saturating_duration_since(now))
-            .unwrap_or(Duration::from_secs(3600));
+        let wake = [
+            controller.next_deadline(),
+            next_ping,
+            controller.projections_due(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|t| t.saturating_duration_since(now))
+        .unwrap_or(Duration::from_secs(3600));
         select! {
             recv(event_rx) -> event => {
                 let Ok(event) = event else { break Err(AgentError::ThreadGone("watcher")) };
@@ -334,7 +337,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         // Projection files after the pass's cgroup writes, and only while no event waits: a
         // new pod's pin waits for one file at most (what is left is owed: no wait below).
         if event_rx.is_empty() {
-            controller.update_projections(|| !event_rx.is_empty());
+            controller.update_projections(Instant::now(), || !event_rx.is_empty());
         }
         if let (Some(interval), Some(due)) = (watchdog, next_ping) {
             if due <= now {

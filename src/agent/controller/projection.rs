@@ -5,6 +5,9 @@
 use super::*;
 use crate::projection::{ProjectionBody, Projector, Wanted};
 
+/// The shortest time between two updates of the projection files while passes keep coming.
+pub(super) const PROJECTION_INTERVAL: Duration = Duration::from_millis(20);
+
 impl Controller {
     /// Keeps projection files from now on: for pods that ask (`cpusetd.io/projection:
     /// "enable"`), or every pod with `all` (`--project-all`).
@@ -13,19 +16,31 @@ impl Controller {
         self.projection_due = true;
     }
 
-    /// Whether projection files are owed (a pass ran since, or the last update stopped early).
-    pub fn projections_due(&self) -> bool {
-        self.projection_due && self.projection.is_some()
+    /// When projection files are owed (a pass ran since, or the last update stopped early):
+    /// at most every [`PROJECTION_INTERVAL`], so a stream of passes walks the model for them
+    /// that often at most.
+    pub fn projections_due(&self) -> Option<Instant> {
+        if !self.projection_due || self.projection.is_none() {
+            return None;
+        }
+        Some(match self.projected_at {
+            Some(at) => at + PROJECTION_INTERVAL,
+            None => Instant::now(),
+        })
     }
 
-    /// Brings the projection files up to date when a pass or a reconcile ran since the last
-    /// call; nothing is read or written otherwise. `stop` is asked before each file: when it
-    /// says so (an event waits) the rest stays owed ([`Self::projections_due`]). Failures are
-    /// logged once, never fatal.
-    pub fn update_projections(&mut self, stop: impl FnMut() -> bool) {
-        if !std::mem::take(&mut self.projection_due) {
+    /// Brings the projection files up to date when they are due ([`Self::projections_due`]);
+    /// nothing is read or written otherwise. `stop` is asked before each file: when it says so
+    /// (an event waits) the rest stays owed. Failures are logged once, never fatal.
+    pub fn update_projections(&mut self, now: Instant, stop: impl FnMut() -> bool) {
+        let early = self
+            .projected_at
+            .is_some_and(|at| at + PROJECTION_INTERVAL > now);
+        if !self.projection_due || self.projection.is_none() || early {
             return;
         }
+        self.projection_due = false;
+        self.projected_at = Some(now);
         let Some((_, all)) = &self.projection else {
             return;
         };
