@@ -162,6 +162,11 @@ impl fmt::Display for Governor {
         f.write_str(self.as_str())
     }
 }
+/// CRI-O's per-container request for the shared pool besides its exclusive CPUs:
+/// `cpu-shared.crio.io/<container-name>: "enable"` on the pod (CRI-O reads only `"enable"`).
+pub const CPU_SHARED_ANNOTATION_PREFIX: &str = "cpu-shared.crio.io/";
+/// cpusetd's pod annotation asking for a projection file per container (`"enable"`).
+pub const PROJECTION_ANNOTATION: &str = "cpusetd.io/projection";
 
 /// What the pod's high-performance annotations ask for its exclusive containers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -248,6 +253,22 @@ fn isolation(runtime: Option<&RuntimeInfo>, notices: &mut Vec<Notice>) -> Isolat
     };
     power(runtime, &mut isolation, notices);
     isolation
+}
+
+/// An annotation CRI-O reads as on only when `"enable"`: `"disable"` (or none) is off, any
+/// other value is noted and ignored.
+fn enabled(runtime: Option<&RuntimeInfo>, key: &str, notices: &mut Vec<Notice>) -> bool {
+    match runtime.and_then(|r| r.annotation(key)) {
+        None | Some("disable") => false,
+        Some("enable") => true,
+        Some(value) => {
+            notices.push(Notice::NotEnableOrDisable {
+                key: key.to_string(),
+                value: value.to_string(),
+            });
+            false
+        }
+    }
 }
 
 /// The kernel's CFS period when a runtime config names a quota without one.
@@ -515,6 +536,9 @@ pub enum Notice {
     IgnoredIsolatedCpusValue { value: String },
     /// `cpusetd.io/core-type` with a value other than "performance" or "efficient".
     UnknownCoreType { value: String },
+    /// An `"enable"`/`"disable"` annotation (`cpu-shared.crio.io/…`, `cpusetd.io/projection`)
+    /// with another value.
+    NotEnableOrDisable { key: String, value: String },
 }
 
 impl fmt::Display for Notice {
@@ -574,6 +598,12 @@ impl fmt::Display for Notice {
                  (placing on performance cores first)",
                 excerpt(value)
             ),
+            Notice::NotEnableOrDisable { key, value } => write!(
+                f,
+                "annotation {}: {:?} ignored: \"enable\" turns it on, \"disable\" leaves it off",
+                excerpt(key),
+                excerpt(value)
+            ),
         }
     }
 }
@@ -600,6 +630,10 @@ pub struct Classification {
     pub isolated_cpus: bool,
     /// The core type best fit places its exclusive CPUs on first (`cpusetd.io/core-type`).
     pub core_type: CoreType,
+    /// `cpu-shared.crio.io/<its name>: "enable"`: its exclusive CPUs plus the shared pool.
+    pub cpu_shared: bool,
+    /// `cpusetd.io/projection: "enable"` on its pod: a projection file is kept for it.
+    pub projection: bool,
     /// For containers and sandboxes with readable CPU settings.
     pub resources: Option<CpuResources>,
     pub exclusivity: Exclusivity,
@@ -622,6 +656,8 @@ impl Classification {
             isolation: Isolation::default(),
             isolated_cpus: false,
             core_type: CoreType::default(),
+            cpu_shared: false,
+            projection: false,
             resources: None,
             exclusivity: Exclusivity::NotApplicable,
             notices: Vec::new(),
@@ -1390,6 +1426,11 @@ pub fn classify(
     classification.isolation = isolation(runtime, notices);
     classification.isolated_cpus = wants_isolated_cpus(runtime, notices);
     classification.core_type = core_type(runtime, notices);
+    classification.projection = enabled(runtime, PROJECTION_ANNOTATION, notices);
+    if let Some(name) = &classification.container_name {
+        let key = format!("{CPU_SHARED_ANNOTATION_PREFIX}{name}");
+        classification.cpu_shared = enabled(runtime, &key, notices);
+    }
 
     let decision = match resources {
         _ if qos != QosClass::Guaranteed => Err(SharedReason::NotGuaranteed { qos }),
@@ -2264,6 +2305,52 @@ mod tests {
             assert_eq!(c.notices.len(), 1);
             assert!(c.notices[0].to_string().contains("cpufreq governor"));
         }
+    }
+
+    #[test]
+    fn cpu_shared_and_projection_are_read_per_container_as_cri_o_reads_them() {
+        let n = cgroupfs();
+        let cpu = OciCpu {
+            shares: Some(1024),
+            quota: Some(100_000),
+            period: Some(100_000),
+        };
+        let classify_with = |pairs: &[(&str, &str)]| {
+            let mut pairs = pairs.to_vec();
+            pairs.push(("io.kubernetes.cri.container-name", "app"));
+            let info = runtime(&pairs, cpu);
+            exclusivity(
+                &n,
+                &format!("pod{UID}/{ID}"),
+                &v1(1024, Some(100_000)),
+                Some(&info),
+            )
+        };
+        let c = classify_with(&[
+            ("cpu-shared.crio.io/app", "enable"),
+            ("cpusetd.io/projection", "enable"),
+        ]);
+        assert!(c.cpu_shared && c.projection, "{c:?}");
+        assert_eq!(
+            c.exclusive_cpus(),
+            1,
+            "cpu-shared never changes exclusivity"
+        );
+        assert!(c.notices.is_empty(), "{:?}", c.notices);
+        let other = classify_with(&[("cpu-shared.crio.io/sidecar", "enable")]);
+        assert!(!other.cpu_shared, "another container's key");
+        let off = classify_with(&[
+            ("cpu-shared.crio.io/app", "disable"),
+            ("cpusetd.io/projection", "disable"),
+        ]);
+        assert!(!off.cpu_shared && !off.projection && off.notices.is_empty());
+        let odd = classify_with(&[("cpu-shared.crio.io/app", "true")]);
+        assert!(!odd.cpu_shared, "values are exact, as CRI-O compares them");
+        assert!(matches!(
+            odd.notices.as_slice(),
+            [Notice::NotEnableOrDisable { key, .. }] if key == "cpu-shared.crio.io/app"
+        ));
+        assert!(odd.notices[0].to_string().contains("\"true\" ignored"));
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod kubesim;
 pub mod logging;
 pub mod planner;
 pub mod podresources;
+pub(crate) mod projection;
 pub mod report;
 pub mod runtime;
 pub mod sched_balance;

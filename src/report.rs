@@ -281,6 +281,20 @@ pub fn rows(
             }
             _ => note,
         };
+        let note = match (assigned, cgroup.cpus.value()) {
+            // In force as read back: the cgroup holds more than its own cpus.
+            (Some(held), Some(now)) if class.cpu_shared && held.cpus.is_subset(now) => {
+                if now.len() > held.cpus.len() {
+                    format!(
+                        "{note}; cpu-shared.crio.io: {} own + shared pool",
+                        held.cpus
+                    )
+                } else {
+                    format!("{note}; cpu-shared.crio.io: not in force yet")
+                }
+            }
+            _ => note,
+        };
         let note = if assigned.is_some() && !class.devices.is_empty() {
             format!("{note}; devices {}", describe_all(&class.devices))
         } else {

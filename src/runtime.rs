@@ -208,7 +208,9 @@ impl RuntimeInfo {
     /// `cpusetd.io/` (an OCI config carries dozens more; the agent caches one per container).
     pub fn trimmed(mut self) -> RuntimeInfo {
         fn wanted(key: &str) -> bool {
-            key.starts_with("cpusetd.io/") || KEPT_KEYS.contains(&key)
+            key.starts_with("cpusetd.io/")
+                || key.starts_with(crate::classify::CPU_SHARED_ANNOTATION_PREFIX)
+                || KEPT_KEYS.contains(&key)
         }
         for map in [
             &mut self.annotations,
@@ -959,6 +961,23 @@ mod tests {
             info.ignored,
             ["1 annotation values are not strings (the first: \"weird\")"]
         );
+    }
+
+    #[test]
+    fn trimming_and_the_cache_keep_cpu_shared_keys() {
+        let json = br#"{"annotations": {
+            "io.kubernetes.cri.container-name": "app",
+            "cpu-shared.crio.io/app": "enable",
+            "cpusetd.io/projection": "enable",
+            "unrelated.example.com/x": "y",
+            "io.kubernetes.cri-o.Annotations": "{\"cpu-shared.crio.io/side\":\"enable\"}"
+        }}"#;
+        let info = parse_config(json).unwrap().trimmed();
+        assert_eq!(info.annotation("cpu-shared.crio.io/app"), Some("enable"));
+        assert_eq!(info.annotation("cpu-shared.crio.io/side"), Some("enable"));
+        assert_eq!(info.annotation("cpusetd.io/projection"), Some("enable"));
+        assert_eq!(info.annotation("unrelated.example.com/x"), None);
+        assert_eq!(CachedInfo::of(&info).info(), info);
     }
 
     #[test]

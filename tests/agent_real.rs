@@ -76,6 +76,8 @@ pub(crate) struct RealAgent {
     pub(crate) agent: AgentProcess,
     pub(crate) tree_args: Vec<String>,
     metrics: PathBuf,
+    /// Its `--projection-dir` (in the scratch directory: never the host's `/run/cpusetd`).
+    pub(crate) projection: PathBuf,
 }
 
 impl RealAgent {
@@ -127,6 +129,7 @@ impl RealAgent {
         let state = scratch.join("state");
         fs::create_dir_all(&state).unwrap();
         let metrics = scratch.join("m.prom");
+        let projection = scratch.join("projection");
         let tree_args: Vec<String> = [
             "--cgroup-root",
             CGROUP_ROOT,
@@ -136,6 +139,8 @@ impl RealAgent {
             &format!("{}/{runtime}/{{id}}/config.json", scratch.display()),
             "--state-dir",
             &state.display().to_string(),
+            "--projection-dir",
+            &projection.display().to_string(),
         ]
         .map(String::from)
         .to_vec();
@@ -166,6 +171,7 @@ impl RealAgent {
             agent,
             tree_args,
             metrics,
+            projection,
         }
     }
 

@@ -69,6 +69,10 @@ const WRITE_SITES: &[(&str, &str)] = &[
     ),
     ("src/topology/fake_sysfs.rs", "the demo's fake sysfs tree"),
     (
+        "src/projection.rs",
+        "<projection-dir>/<pod uid>/<container>.json and their temporary files (O_EXCL|O_NOFOLLOW, renamed), the pod directories (0755), their removal (files only, never followed, then rmdir); only for pods that ask or --project-all, and by reset",
+    ),
+    (
         "src/irq.rs",
         "existing <proc-root>/irq affinity files (no O_CREAT, O_NOFOLLOW), only for irq-load-balancing pods",
     ),

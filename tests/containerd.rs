@@ -82,7 +82,7 @@ state = "{state}"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      pod_annotations = ["cpusetd.io/*", "*.crio.io"]
+      pod_annotations = ["cpusetd.io/*", "*.crio.io", "cpu-shared.crio.io/*"]
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
@@ -228,6 +228,20 @@ impl CriNode {
             .unwrap_or_else(|err| panic!("{err}\n{}", self.containerd.log_tail()));
         self.pods.push(pod.clone());
         pod
+    }
+
+    /// kubelet's in-place resize of a container's CPU (requests = limits = `milli`).
+    fn resize(&mut self, pod: &mut RunningPod, name: &str, milli: u64) {
+        self.cri
+            .resize_cpu(&self.node, pod, name, milli, milli)
+            .unwrap_or_else(|err| panic!("{err}\n{}", self.containerd.log_tail()));
+        if let Some(kept) = self
+            .pods
+            .iter_mut()
+            .find(|p| p.sandbox_id == pod.sandbox_id)
+        {
+            *kept = pod.clone();
+        }
     }
 
     fn delete(&mut self, pod: &RunningPod) {
@@ -1005,5 +1019,132 @@ fn containerd_pod_resources_cpu_ids_are_the_containers_cpus_allowed() {
     })
     .expect("the deleted pod is gone from the answers");
     drop(burstable);
+    agent.stop_clean();
+}
+
+/// The last projection the container printed (`@@ {…}` lines of its CRI log) that satisfies
+/// `ok`, waited for.
+fn projection_seen(
+    log_path: &str,
+    what: &str,
+    mut ok: impl FnMut(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let mut last = None;
+    let found = poll_until(DEADLINE, || {
+        let text = fs::read_to_string(log_path).ok()?;
+        let doc = text
+            .lines()
+            .rev()
+            .filter_map(|l| l.split_once(" @@ ").map(|(_, json)| json))
+            .find_map(|json| serde_json::from_str::<serde_json::Value>(json).ok())?;
+        if ok(&doc) {
+            return Some(doc);
+        }
+        last = Some(doc);
+        None
+    });
+    found.unwrap_or_else(|| panic!("{what}: last projection seen inside: {last:?}"))
+}
+
+/// The projection read from inside a real container (issue 27): the pod's own directory is
+/// mounted read-only at `/projection` (what a hostPath volume with `subPathExpr: $(POD_UID)`
+/// gives it), and the container prints its file every 100 ms. It sees its exclusive CPU, then,
+/// after kubelet's in-place resize to half a CPU (the agent gives the CPU back: a 2-CPU machine
+/// has no second one to grow into), a new generation with no exclusive CPU and the pool.
+#[test]
+fn containerd_container_reads_its_projection_and_sees_a_resize() {
+    if let Some(reason) = skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let mut node = CriNode::start();
+    let mut agent = node.agent();
+    let mut dp = spec("upf", "telco", vec![ContainerSpec::guaranteed("dp", 1000)]);
+    dp.annotations
+        .insert("cpusetd.io/projection".into(), "enable".into());
+    // kubelet makes the subPath directory before the container starts.
+    let pod_dir = agent.projection.join(&dp.uid);
+    fs::create_dir_all(&pod_dir).unwrap();
+    dp.containers[0].mounts.push(crikubelet::MountSpec {
+        host_path: pod_dir.display().to_string(),
+        container_path: "/projection".into(),
+        readonly: true,
+    });
+    dp.containers[0].command = [
+        "/bin/sh",
+        "-c",
+        "if touch /projection/x 2>/dev/null; then echo '@@ writable'; else echo '@@ read-only'; fi; \
+         while :; do echo \"@@ $(tr -d '\\n' < /projection/dp.json 2>/dev/null)\"; sleep 0.1; done",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut pod = node.run(&dp);
+    let status = agent.wait_status("pinned", |s| {
+        s.converged() && s.exclusive_cpu_count == 1 && s.containers.len() == 2
+    });
+    let (exclusive, shared) = exclusive_and_shared(&status);
+    let log_path = pod.container("dp").unwrap().log_path.clone();
+    let pinned = projection_seen(&log_path, "its exclusive cpu", |doc| {
+        doc["exclusive_cpus"] == exclusive.to_string().as_str()
+    });
+    assert_eq!(pinned["version"], 1, "{pinned}");
+    assert_eq!(pinned["pod_uid"], dp.uid.as_str());
+    assert_eq!(pinned["cpus"], exclusive.to_string().as_str());
+    assert_eq!(pinned["shared_cpus"], "");
+    let log = fs::read_to_string(&log_path).unwrap();
+    assert!(log.contains("@@ read-only"), "{log}");
+    let first = pinned["generation"].as_u64().unwrap();
+
+    node.resize(&mut pod, "dp", 500);
+    let resized = projection_seen(&log_path, "after the resize", |doc| {
+        doc["exclusive_cpus"] == ""
+    });
+    assert!(resized["generation"].as_u64().unwrap() > first, "{resized}");
+    let everything = exclusive.union(&shared);
+    assert_eq!(
+        resized["shared_cpus"],
+        everything.to_string().as_str(),
+        "{resized}"
+    );
+    let dp_pid = pod.container("dp").unwrap().pid;
+    assert_eq!(wait_allowed(dp_pid, &everything), everything);
+    agent.stop_clean();
+}
+
+/// `cpu-shared.crio.io/<container>` through containerd's `pod_annotations`: the container runs
+/// on its exclusive CPU and the shared pool, and its projection says which is which.
+#[test]
+fn containerd_cpu_shared_container_runs_on_its_cpu_and_the_pool() {
+    if let Some(reason) = skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let mut node = CriNode::start();
+    let mut agent = node.agent();
+    let mut dp = spec("upf", "telco", vec![ContainerSpec::guaranteed("dp", 1000)]);
+    for (key, value) in [
+        ("cpu-shared.crio.io/dp", "enable"),
+        ("cpusetd.io/projection", "enable"),
+    ] {
+        dp.annotations.insert(key.into(), value.into());
+    }
+    let pod = node.run(&dp);
+    let status = agent.wait_status("pinned with the pool", |s| {
+        s.converged() && s.exclusive_cpu_count == 1 && s.containers.len() == 2
+    });
+    let (exclusive, shared) = exclusive_and_shared(&status);
+    let dp_row = status.by_id(&pod.container("dp").unwrap().id).unwrap();
+    assert!(dp_row.note.contains("cpu-shared.crio.io"), "{dp_row:?}");
+    let everything = exclusive.union(&shared);
+    let pid = pod.container("dp").unwrap().pid;
+    assert_eq!(wait_allowed(pid, &everything), everything);
+    let file = agent.projection.join(&dp.uid).join("dp.json");
+    let doc = poll_until(DEADLINE, || {
+        let doc: serde_json::Value = serde_json::from_str(&fs::read_to_string(&file).ok()?).ok()?;
+        (doc["shared_cpus"] == shared.to_string().as_str()).then_some(doc)
+    })
+    .unwrap_or_else(|| panic!("{:?}", fs::read_to_string(&file)));
+    assert_eq!(doc["exclusive_cpus"], exclusive.to_string().as_str());
+    assert_eq!(doc["isolation"], serde_json::json!(["cpu-shared.crio.io"]));
     agent.stop_clean();
 }

@@ -35,6 +35,7 @@ mod pod_level;
 mod power;
 mod prometheus;
 mod podresources;
+mod projection;
 mod real_containers;
 mod real_kernel;
 mod runc;

@@ -185,6 +185,22 @@ impl NodeCgroups {
         Ok(self.cgroup_parent(pod))
     }
 
+    /// Writes the pod cgroup's CPU settings for the spec as it is now (kubelet's in-place
+    /// resize of the pod level). The cgroupfs driver only: with systemd, kubelet sets the
+    /// slice's properties, which this does not do yet.
+    pub fn update_pod(&self, pod: &PodSpec) -> io::Result<()> {
+        match self.driver {
+            CgroupDriver::Cgroupfs => {
+                let settings = resources::pod_resources(&pod.containers);
+                self.write_cpu_settings(&self.pod_cgroup(pod), settings)
+            }
+            CgroupDriver::Systemd => Err(io::Error::new(
+                ErrorKind::Unsupported,
+                "an in-place resize with the systemd driver is not scripted yet",
+            )),
+        }
+    }
+
     /// Removes the pod's cgroup (after its containers are gone), as kubelet's pod cleanup does.
     pub fn remove_pod(&self, pod: &PodSpec) -> io::Result<()> {
         match self.driver {

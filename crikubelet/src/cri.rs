@@ -13,7 +13,7 @@ use k8s_cri::v1::{
     LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount, MountPropagation, NamespaceMode,
     NamespaceOption, PodSandboxConfig, PodSandboxMetadata, RemoveContainerRequest,
     RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
-    StopPodSandboxRequest, VersionRequest,
+    StopPodSandboxRequest, UpdateContainerResourcesRequest, VersionRequest,
 };
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -183,6 +183,57 @@ impl Cri {
         })?;
         node.remove_pod(&pod.spec)
             .map_err(|e| CriError::Other(format!("pod cgroup of {}: {e}", pod.spec.name)))
+    }
+
+    /// kubelet's in-place resize of a container's CPU (`request_milli`/`limit_milli`, 0: none):
+    /// the pod cgroup first when the pod's CPU grows, after when it shrinks, and the container
+    /// through CRI `UpdateContainerResources` with the resources kubelet computes for it.
+    pub fn resize_cpu(
+        &mut self,
+        node: &NodeCgroups,
+        pod: &mut RunningPod,
+        name: &str,
+        request_milli: u64,
+        limit_milli: u64,
+    ) -> Result<(), CriError> {
+        let before = resources::pod_resources(&pod.spec.containers).cpu_shares;
+        let spec = pod
+            .spec
+            .containers
+            .iter_mut()
+            .find(|c| c.name == name)
+            .ok_or_else(|| {
+                CriError::Other(format!("pod {} has no container {name}", pod.spec.name))
+            })?;
+        spec.cpu_request_milli = request_milli;
+        spec.cpu_limit_milli = limit_milli;
+        let spec = spec.clone();
+        let grows = resources::pod_resources(&pod.spec.containers).cpu_shares >= before;
+        let update_pod = |node: &NodeCgroups, pod: &RunningPod| {
+            node.update_pod(&pod.spec)
+                .map_err(|e| CriError::Other(format!("pod cgroup of {}: {e}", pod.spec.name)))
+        };
+        if grows {
+            update_pod(node, pod)?;
+        }
+        let id = pod
+            .container(name)
+            .map(|c| c.id.clone())
+            .ok_or_else(|| CriError::Other(format!("container {name} is not running")))?;
+        let config = container_config(&spec, pod.spec.qos(), node.node_memory(), 0);
+        let linux = config.linux.and_then(|l| l.resources);
+        self.call("UpdateContainerResources", |mut c| async move {
+            c.update_container_resources(UpdateContainerResourcesRequest {
+                container_id: id,
+                linux,
+                ..Default::default()
+            })
+            .await
+        })?;
+        if !grows {
+            update_pod(node, pod)?;
+        }
+        Ok(())
     }
 
     /// The container's init pid, from the runtime's verbose status (`info.pid`).

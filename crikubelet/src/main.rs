@@ -15,6 +15,9 @@ usage: crikubelet [OPTIONS] COMMAND
   run-pod SPEC.json        pod cgroup, RunPodSandbox, Create/StartContainer each container;
                            prints the pod's state as JSON
   restart STATE.json NAME  the container again as attempt + 1; prints the new state
+  update-container STATE.json NAME REQUEST_MILLI [LIMIT_MILLI]
+                           in-place resize of the container's CPU (pod cgroup, then
+                           UpdateContainerResources; cgroupfs driver); prints the new state
   delete-pod STATE.json    stop and remove containers and sandbox, remove the pod cgroup
 options:
   --socket PATH        the CRI socket (default /run/containerd/containerd.sock)
@@ -127,6 +130,22 @@ fn execute(options: Options) -> Result<(), String> {
             let mut pod: RunningPod = read_json(state)?;
             cri()?
                 .restart(&node()?, &mut pod, name)
+                .map_err(|e| e.to_string())?;
+            print_pod(&pod)
+        }
+        ["update-container", state, name, request, ref limit @ ..] if limit.len() <= 1 => {
+            let mut pod: RunningPod = read_json(state)?;
+            let milli = |text: &str| {
+                text.parse::<u64>()
+                    .map_err(|e| format!("{text:?} is not a number of millicores: {e}"))
+            };
+            let request = milli(request)?;
+            let limit = match limit {
+                [limit] => milli(limit)?,
+                _ => request,
+            };
+            cri()?
+                .resize_cpu(&node()?, &mut pod, name, request, limit)
                 .map_err(|e| e.to_string())?;
             print_pod(&pod)
         }

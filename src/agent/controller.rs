@@ -63,6 +63,7 @@ mod incremental;
 mod isolation;
 mod model;
 mod podres;
+mod projection;
 mod write;
 
 /// A cgroup's classification, shared by its model entry (which caches it) and the passes that
@@ -232,6 +233,12 @@ pub struct Controller {
     power: Option<crate::cpu_power::CpuPower>,
     /// Power setting failures and refusals said (once each while they last).
     power_said: HashSet<String>,
+    /// The projection files and `--project-all` (see [`Controller::manage_projection`]).
+    projection: Option<(crate::projection::Projector, bool)>,
+    /// A pass or reconcile ran since the projection files were last brought up to date.
+    projection_due: bool,
+    /// When they were last brought up to date.
+    projected_at: Option<Instant>,
     /// Where the online cpus are read from while the agent runs (see [`Controller::follow_hotplug`]).
     hotplug: Option<Hotplug>,
     /// The exclusive cpus refused, by container, as the log said it (for the checkpoint).
@@ -265,6 +272,9 @@ impl Controller {
             sched: None,
             power: None,
             power_said: HashSet::new(),
+            projection: None,
+            projection_due: false,
+            projected_at: None,
             hotplug: None,
             refused: Default::default(),
             refusals_changed: false,
@@ -473,6 +483,7 @@ impl Controller {
         self.update_irqs(true);
         self.update_sched_balance(true);
         self.update_power(true);
+        self.projection_due = true;
         Some(outcome)
     }
 
@@ -535,6 +546,7 @@ impl Controller {
     /// On cgroup v1 a cgroup whose children are being set up by their runtime is narrowed by a
     /// pass a moment later (see [`NewChildren::LetThemSettle`]).
     pub fn pass(&mut self, now: Instant) -> PassOutcome {
+        self.projection_due = true;
         if let Some(outcome) = self.repair_drift() {
             return outcome;
         }

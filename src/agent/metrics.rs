@@ -96,6 +96,9 @@ pub struct Metrics {
     pub cpu_power_writes: u64,
     /// `cpuset.sched_load_balance` and host `cpuset.cpus` files written for it.
     pub sched_balance_writes: u64,
+    /// Projection files replaced, and projection failures (see `crate::projection`).
+    pub projection_writes: u64,
+    pub projection_failures: u64,
     pub rescans: u64,
     pub passes: u64,
     /// Reconciles that found nothing to do and ran no pass.
@@ -449,6 +452,18 @@ impl Metrics {
             "counter",
             "Writes of cpuset.sched_load_balance, and of host cpusets confined by --isolate-host.",
             &plain(self.sched_balance_writes),
+        );
+        metric(
+            "cpusetd_projection_writes_total",
+            "counter",
+            "Projection files replaced (a container's CPUs changed, or it is new).",
+            &plain(self.projection_writes),
+        );
+        metric(
+            "cpusetd_projection_failures_total",
+            "counter",
+            "Projection files that could not be written or removed (the first of each kind is logged).",
+            &plain(self.projection_failures),
         );
         metric(
             "cpusetd_irq_affinity_writes_total",

@@ -82,6 +82,9 @@ pub struct AgentConfig {
     /// `--isolate-host`: the CPUs host cgroups are confined to while a pod asks for
     /// `cpu-load-balancing.crio.io` (the reserved ones); `None`: they are left alone.
     pub isolate_host: Option<crate::cpuset::CpuSet>,
+    /// Where the projection files are kept, and whether for every pod (`--project-all`).
+    pub projection_dir: PathBuf,
+    pub project_all: bool,
     /// Where the topology is read again when cpus go offline or come online.
     pub hotplug: Hotplug,
     /// sd_notify, already used while waiting for kubepods.
@@ -139,6 +142,8 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         proc_root,
         sysfs_root,
         isolate_host,
+        projection_dir,
+        project_all,
         hotplug,
         mut notifier,
         pod_resources,
@@ -229,6 +234,10 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         crate::cpu_power::CpuPower::new(&sysfs_root, restored_power).with_journal(journal.clone()),
     );
     controller.follow_hotplug(hotplug);
+    controller.manage_projection(
+        crate::projection::Projector::new(projection_dir),
+        project_all,
+    );
     controller.metrics.without_inotify = degraded;
     if let Some(watcher) = &watcher {
         controller.watch_arrivals(watcher.arrivals());
@@ -275,6 +284,8 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         ),
         _ => None,
     };
+    // After the first pass's writes and its checkpoint (the watcher is not started yet).
+    controller.update_projections(Instant::now(), || false);
     release_free_memory();
     notifier.send(&[sd_notify::NotifyState::Ready]);
     notify_status(&mut notifier, &controller);
@@ -297,12 +308,16 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
 
     let result = loop {
         let now = Instant::now();
-        let wake = [controller.next_deadline(), next_ping]
-            .into_iter()
-            .flatten()
-            .min()
-            .map(|t| t.saturating_duration_since(now))
-            .unwrap_or(Duration::from_secs(3600));
+        let wake = [
+            controller.next_deadline(),
+            next_ping,
+            controller.projections_due(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|t| t.saturating_duration_since(now))
+        .unwrap_or(Duration::from_secs(3600));
         select! {
             recv(event_rx) -> event => {
                 let Ok(event) = event else { break Err(AgentError::ThreadGone("watcher")) };
@@ -373,6 +388,11 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
                 let outcome = controller.pass(now);
                 persist.save(&controller, outcome.assignments_changed);
             }
+        }
+        // Projection files after the pass's cgroup writes, and only while no event waits: a
+        // new pod's pin waits for one file at most (what is left is owed: no wait below).
+        if event_rx.is_empty() {
+            controller.update_projections(Instant::now(), || !event_rx.is_empty());
         }
         if let (Some(interval), Some(due)) = (watchdog, next_ping) {
             if due <= now {

@@ -155,6 +155,8 @@ pub struct PolicyArgs {
 
 /// Default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/cpusetd";
+/// Default projection directory (a tmpfs on systemd hosts: nothing in it outlives a boot).
+pub const DEFAULT_PROJECTION_DIR: &str = "/run/cpusetd/projection";
 
 /// The flags shared by `run`, `plan`, `status` and `reset` (DESIGN.md §7), so one set of flags
 /// (the systemd env file's) works for all of them.
@@ -176,6 +178,13 @@ pub struct AgentArgs {
     /// goes, and by `reset`.
     #[arg(long)]
     pub isolate_host: bool,
+    /// `run` keeps the projection files here: `<DIR>/<pod uid>/<container>.json` for every
+    /// container of a pod that says `cpusetd.io/projection: "enable"` (see --project-all).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PROJECTION_DIR)]
+    pub projection_dir: PathBuf,
+    /// `run` keeps a projection file for every container of every pod, annotated or not.
+    #[arg(long)]
+    pub project_all: bool,
     /// `run` writes Prometheus metrics here after each pass (node_exporter textfile collector).
     #[arg(long, value_name = "PATH")]
     pub metrics_file: Option<PathBuf>,

@@ -40,6 +40,7 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
         }
         e => CommandError::usage(format!("{}: stop cpusetd before reset", error_chain(&e))),
     })?;
+    remove_projections(args);
     // No kubepods cgroup (kubelet never ran pods here, or it is gone): no cgroup to reset,
     // but what the agent changed elsewhere is still put back and its checkpoint removed, so
     // uninstalling works on such a node too.
@@ -188,6 +189,23 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     }
     remove_state(&args.state_dir, true);
     Ok(())
+}
+
+/// Removes the pod directories of `--projection-dir` (with the agent stopped every one is
+/// stale); a failure is said, never fatal: the projection is no cgroup state.
+fn remove_projections(args: &AgentArgs) {
+    match crate::projection::remove_all(&args.projection_dir) {
+        Ok(0) => {}
+        Ok(n) => println!(
+            "removed {n} pod projection director{} from {}",
+            if n == 1 { "y" } else { "ies" },
+            args.projection_dir.display()
+        ),
+        Err(e) => eprintln!(
+            "cpusetd: cannot remove the projection files in {}: {e}",
+            args.projection_dir.display()
+        ),
+    }
 }
 
 /// Puts back the interrupt affinities the checkpoint says the agent changed. Returns whether

@@ -58,6 +58,8 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         proc_root: args.tree.proc_root.clone(),
         sysfs_root: args.tree.sysfs_root.clone(),
         isolate_host: args.isolate_host.then(|| policy_reserved.clone()).flatten(),
+        projection_dir: args.projection_dir.clone(),
+        project_all: args.project_all,
         hotplug,
         notifier,
         pod_resources: args.pod_resources(),

@@ -89,6 +89,23 @@ impl StatusView {
         &self.doc.containers
     }
 
+    /// Notes, on each container row whose projection file exists under `dir`, that it is
+    /// projected and at which generation (one small read per such row).
+    pub fn note_projections(&mut self, dir: &Path) {
+        for row in &mut self.doc.containers {
+            let (Some(uid), Some(container)) = (&row.pod_uid, &row.container) else {
+                continue;
+            };
+            if row.kind != "container" {
+                continue;
+            }
+            let path = crate::projection::file_path(dir, uid, container);
+            if let Some(generation) = crate::projection::generation_of(&path) {
+                row.note = format!("{}; projected (generation {generation})", row.note);
+            }
+        }
+    }
+
     /// Adds what irqbalance was told, or why it was not (looked up under `proc_root`).
     pub fn note_irqbalance(&mut self, proc_root: &Path) {
         self.doc.irqbalance = crate::irqbalance::status_note(
@@ -361,6 +378,7 @@ pub fn run(args: &StatusArgs) -> Result<(), CommandError> {
     let mut node = args.agent.tree.open()?;
     let mut view = collect(&mut node, &args.agent.state_dir)?;
     view.note_irqbalance(&args.agent.tree.proc_root);
+    view.note_projections(&args.agent.projection_dir);
     if args.json {
         let text =
             serde_json::to_string_pretty(&view.doc).map_err(|e| CommandError::failure(&e))?;

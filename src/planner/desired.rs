@@ -1,7 +1,8 @@
 //! The desired `cpuset.cpus` / `cpuset.mems` of every scanned cgroup (DESIGN.md §5).
 //!
 //! * kubepods root: every CPU any pod may use; QoS directories: the shared pool;
-//! * a container: its exclusive set or the shared pool; a sandbox: the shared pool;
+//! * a container: its exclusive set or the shared pool (both, for a `cpu-shared.crio.io/<name>`
+//!   container that holds exclusive CPUs); a sandbox: the shared pool;
 //! * a pod: the union of its children (the shared pool while it has none);
 //! * a cgroup a container made itself (or anything below an unknown directory): its current set
 //!   ∩ its parent's new set, or the parent's new set where that is empty;
@@ -92,6 +93,12 @@ pub fn desired_tree<C: Borrow<Classification>>(
                     .and_then(|k| assignments.get(&k))
                     .map(|a| a.cpus.clone());
                 match exclusive {
+                    // `cpu-shared.crio.io/<name>`: the shared pool besides its own CPUs (the
+                    // pool's memory nodes too, as a shared container has).
+                    Some(set) if class.cpu_shared => (
+                        Some(set.union(&pools.shared)),
+                        Some(pools.memory_nodes.clone()),
+                    ),
                     Some(set) => {
                         let m = if align_memory {
                             aligned_mems(&set, topology, &pools.memory_nodes)
