@@ -298,11 +298,13 @@ pub(crate) fn settle_partitions(fs: &CgroupFs) {
     let mut handed: std::collections::HashMap<CgroupPath, CpuSet> = Default::default();
     let mut isolated = CpuSet::new();
     for path in cgroups(fs) {
+        let own = read_set(fs, &path, exclusive).unwrap_or_default();
+        // The root holds every cpu (all of its own where the tree does not say which).
         let parent_held = match path.parent().filter(|p| !p.is_root()) {
             Some(parent) => handed.get(&parent).cloned().unwrap_or_default(),
-            None => all.clone(),
+            None if effective.is_some() => all.clone(),
+            None => own.clone(),
         };
-        let own = read_set(fs, &path, exclusive).unwrap_or_default();
         let held = own.intersection(&parent_held);
         handed.insert(path.clone(), held.clone());
         let Ok(state) = fs.read(&path, partition) else {
