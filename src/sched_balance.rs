@@ -626,7 +626,7 @@ impl SchedBalance {
         for (path, text, current, desired) in &mut plan {
             let narrowed = current.intersection(desired);
             if narrowed != *current {
-                match self.write(path, exclusive, &narrowed.to_string()) {
+                match self.write_exclusive(path, &narrowed) {
                     Ok(()) => {
                         outcome.written += 1;
                         self.saved
@@ -642,7 +642,7 @@ impl SchedBalance {
         plan.reverse();
         for (path, text, current, desired) in &plan {
             if current != desired {
-                match self.write(path, exclusive, &desired.to_string()) {
+                match self.write_exclusive(path, desired) {
                     Ok(()) => {
                         outcome.written += 1;
                         self.saved
@@ -896,6 +896,27 @@ impl SchedBalance {
         !path.is_root()
             && path.strip_prefix(&self.kubepods).is_none()
             && self.kubepods.strip_prefix(path).is_none()
+    }
+
+    /// Writes `cpuset.cpus.exclusive` and reads it back. An empty set is written as a newline:
+    /// Linux 6.12 ignores a write of no bytes, which left kubepods holding a gone pod's cpus.
+    fn write_exclusive(&self, path: &CgroupPath, cpus: &CpuSet) -> Result<(), String> {
+        let file = InterfaceFile::CpusetCpusExclusive;
+        let text = if cpus.is_empty() {
+            "\n".to_string()
+        } else {
+            cpus.to_string()
+        };
+        self.write(path, file, &text)?;
+        let read = self.fs.read(path, file).map_err(|e| error_chain(&e))?;
+        match CpuSet::parse(read.trim()) {
+            Ok(now) if now == *cpus => Ok(()),
+            _ => Err(format!(
+                "{}: {file} reads {:?} after {cpus:?} was written",
+                self.fs.host_path(path).display(),
+                read.trim()
+            )),
+        }
     }
 
     fn write(&self, path: &CgroupPath, file: InterfaceFile, value: &str) -> Result<(), String> {
