@@ -912,7 +912,7 @@ mod tests {
         assert_eq!(cpus.unwrap().to_string(), "0-5,7");
         assert_eq!(mems.unwrap().to_string(), "0");
         // Nothing held by kubepods: the effective set as the kernel says it.
-        std::fs::write(root.join("kubepods/cpuset.cpus.exclusive"), "\n").unwrap();
+        fs::write(root.join("kubepods/cpuset.cpus.exclusive"), "\n").unwrap();
         let (cpus, _) = scanner.kubepods_parent_limits();
         assert_eq!(cpus.unwrap().to_string(), "0-1,4-5,7");
     }
