@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# End-to-end on a real kernel: boots Debian's kernel under QEMU (2 sockets × 2 cores × 2 threads,
+# End-to-end on a real kernel: boots Debian's kernel (6.12 by default, 6.1 for what differs) under QEMU (2 sockets × 2 cores × 2 threads,
 # two NUMA nodes, isolcpus=7) with an initramfs holding busybox and cpusetd, once per scenario:
 #   v2  cgroup v2 (cpuset + cpu): topology, then the agent on a kubepods tree with real processes
 #   v1  cgroup v1 (cpuset, cpu,cpuacct): plan --apply with a write order the kernel checks, run
 #   irq v2 with a pod that says irq-load-balancing.crio.io: "disable": IRQs off its CPUs, back after
 #   sched v1 with --isolate-host and a pod that says cpu-load-balancing.crio.io: "disable": its
 #         CPUs in no scheduler domain while it runs, every other CPU balanced, all back after
-#   sched-v2  the same pod on v2 (Linux 6.1: no remote partitions): refused clearly, nothing written
+#   sched-v2  the same pod on v2 (Linux 6.12): a remote isolated partition, its CPUs in no
+#             scheduler domain, others balanced, all back after the pod, a kill -9 and `reset`
+#   sched-v2-6.1  the same pod on v2 under Linux 6.1 (no remote partitions): refused clearly,
+#             nothing written
+# Linux 6.12 boots v2, irq, sched-v2 and hotplug; 6.1 boots what needs cgroup v1 (v1, sched,
+# hotplug-v1: Debian's 6.12 is built without CONFIG_CPUSETS_V1, so it cannot mount a v1 cpuset
+# hierarchy) and sched-v2-6.1.
 #   hotplug  v2, then a cpu of the pinned container goes offline and comes back (CPU hotplug)
 #   hotplug-v1  the same after v1 (not in the default set: v1's rewrites are covered by the
 #               fake-node tests, and every boot costs CI time)
@@ -14,26 +20,32 @@
 # against testdata/vm/expected-topology.json. Prints `PASS <scenario>` or `FAIL <scenario>: <why>`
 # per scenario and exits 1 if any failed.
 #
-# Usage: scripts/vm-e2e.sh [SCENARIO...]        (default: v2 v1 irq sched sched-v2 hotplug)
+# Usage: scripts/vm-e2e.sh [SCENARIO...]
+#        (default: v2 v1 irq sched sched-v2 sched-v2-6.1 hotplug)
 # Environment:
 #   CPUSETD_BIN        use this binary instead of `cargo build --release`
-#   VM_E2E_KERNEL      kernel image (default: the newest /boot/vmlinuz-*)
+#   VM_E2E_KERNEL      kernel image of the 6.12 scenarios (default: the newest
+#                      /boot/vmlinuz-6.12.*; a 6.1 image boots v2, irq and hotplug on 6.1)
+#   VM_E2E_KERNEL_6_1  kernel image of the 6.1 scenarios (default: the newest /boot/vmlinuz-6.1.*)
 #   VM_E2E_ACCEL       kvm | tcg | auto (default: kvm when /dev/kvm boots a guest, else tcg)
 #   VM_E2E_TIMEOUT     seconds per boot before qemu is killed (default 240)
-# As root with apt-get it installs what is missing: qemu-system-x86, linux-image-amd64,
-# busybox-static, cpio. Build products go to target/vm-e2e/.
+# As root with apt-get it installs what is missing: qemu-system-x86, Linux 6.12
+# (linux-image-6.12.*+deb12-amd64-unsigned, bookworm-security), Linux 6.1 (linux-image-amd64,
+# when a 6.1 scenario runs), busybox-static, cpio. Build products go to target/vm-e2e/.
 # shellcheck disable=SC2054 # qemu's options hold commas
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 
 scenarios=("$@")
-[ "${#scenarios[@]}" -gt 0 ] || scenarios=(v2 v1 irq sched sched-v2 hotplug)
+[ "${#scenarios[@]}" -gt 0 ] || scenarios=(v2 v1 irq sched sched-v2 sched-v2-6.1 hotplug)
+want_6_1=false
 for s in "${scenarios[@]}"; do
     case "$s" in
-        v1 | v2 | irq | sched | sched-v2 | hotplug | hotplug-v1) ;;
+        v2 | irq | sched-v2 | hotplug) ;;
+        v1 | sched | hotplug-v1 | sched-v2-6.1) want_6_1=true ;;
         *)
-            echo "vm-e2e: unknown scenario '$s' (known: v1 v2 irq sched sched-v2 hotplug hotplug-v1)" >&2
+            echo "vm-e2e: unknown scenario '$s' (known: v1 v2 irq sched sched-v2 sched-v2-6.1 hotplug hotplug-v1)" >&2
             exit 2
             ;;
     esac
@@ -46,7 +58,15 @@ timeout_s=${VM_E2E_TIMEOUT:-240}
 missing=()
 command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
 command -v cpio >/dev/null || missing+=(cpio)
-if [ -z "${VM_E2E_KERNEL:-}" ] && ! compgen -G '/boot/vmlinuz-*' >/dev/null; then
+# The newest image of a kernel series in /boot (empty: none).
+newest_kernel() { # series
+    find /boot -maxdepth 1 -name "vmlinuz-$1.*" | sort -V | tail -n 1
+}
+need_6_12=false
+if [ -z "${VM_E2E_KERNEL:-}" ] && [ -z "$(newest_kernel 6.12)" ]; then
+    need_6_12=true
+fi
+if "$want_6_1" && [ -z "${VM_E2E_KERNEL_6_1:-}" ] && [ -z "$(newest_kernel 6.1)" ]; then
     missing+=(linux-image-amd64)
 fi
 busybox=/bin/busybox
@@ -56,13 +76,24 @@ if ! { [ -x "$busybox" ] && file -L "$busybox" 2>/dev/null | grep -q 'statically
         missing+=(busybox-static)
     fi
 fi
-if [ "${#missing[@]}" -gt 0 ]; then
+if [ "${#missing[@]}" -gt 0 ] || "$need_6_12"; then
     if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+        "$need_6_12" && missing+=("a Linux 6.12 image")
         echo "vm-e2e: missing ${missing[*]}: install them (or run as root on Debian)" >&2
         exit 1
     fi
-    echo "vm-e2e: installing ${missing[*]}" >&2
     apt-get update -qq
+    if "$need_6_12"; then
+        # The newest 6.12 image apt knows (Debian 12: bookworm-security), unsigned: QEMU boots it.
+        k612=$(apt-cache pkgnames linux-image-6.12. |
+            grep -E '^linux-image-6\.12\.[0-9]+\+deb12-amd64-unsigned$' | sort -V | tail -n 1 || true)
+        [ -n "$k612" ] || {
+            echo "vm-e2e: apt knows no linux-image-6.12.*+deb12-amd64-unsigned (is bookworm-security in the sources?)" >&2
+            exit 1
+        }
+        missing+=("$k612")
+    fi
+    echo "vm-e2e: installing ${missing[*]}" >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 command -v python3 >/dev/null || {
@@ -70,21 +101,29 @@ command -v python3 >/dev/null || {
     exit 1
 }
 
-kernel=${VM_E2E_KERNEL:-$(find /boot -maxdepth 1 -name 'vmlinuz-*' | sort -V | tail -n 1)}
-[ -r "$kernel" ] || {
-    echo "vm-e2e: cannot read kernel image '$kernel'" >&2
-    exit 1
-}
-kernel_config=/boot/config-${kernel##*/vmlinuz-}
-if [ -r "$kernel_config" ]; then
-    # All built in on Debian; a module would have to be copied into the initramfs and loaded.
+# The image's config has what the guest needs (all built in on Debian; a module would have to be
+# copied into the initramfs and loaded).
+check_kernel() { # image
+    [ -r "$1" ] || {
+        echo "vm-e2e: cannot read kernel image '$1'" >&2
+        exit 1
+    }
+    local config=/boot/config-${1##*/vmlinuz-}
+    [ -r "$config" ] || return 0
     for option in CONFIG_CPUSETS CONFIG_NUMA CONFIG_CGROUP_SCHED CONFIG_CFS_BANDWIDTH \
         CONFIG_SERIAL_8250_CONSOLE CONFIG_DEVTMPFS CONFIG_RD_GZIP CONFIG_INOTIFY_USER; do
-        grep -qx "$option=y" "$kernel_config" || {
-            echo "vm-e2e: $kernel is not built with $option=y" >&2
+        grep -qx "$option=y" "$config" || {
+            echo "vm-e2e: $1 is not built with $option=y" >&2
             exit 1
         }
     done
+}
+kernel=${VM_E2E_KERNEL:-$(newest_kernel 6.12)}
+check_kernel "$kernel"
+kernel_6_1=
+if "$want_6_1"; then
+    kernel_6_1=${VM_E2E_KERNEL_6_1:-$(newest_kernel 6.1)}
+    check_kernel "$kernel_6_1"
 fi
 
 # --- the binary and the initramfs ----------------------------------------------------------------
@@ -128,17 +167,20 @@ qemu_common=(
     -object memory-backend-ram,id=m0,size=512M -object memory-backend-ram,id=m1,size=512M
     -numa node,nodeid=0,cpus=0-3,memdev=m0 -numa node,nodeid=1,cpus=4-7,memdev=m1
     -display none -monitor none -no-reboot -nodefaults
-    -kernel "$kernel"
 )
 
 # shellcheck source=scripts/lib/qemu-accel.sh
 . "$repo/scripts/lib/qemu-accel.sh"
 accel=()
+# The probe boots the default kernel; each scenario names its own below.
+qemu_boot=("${qemu_common[@]}")
+qemu_common+=(-kernel "$kernel")
 choose_accel "${VM_E2E_ACCEL:-auto}" "$work/kvm-probe.log" || {
     echo "vm-e2e: VM_E2E_ACCEL must be kvm, tcg or auto" >&2
     exit 2
 }
-echo "vm-e2e: kernel $kernel, ${accel[1]}, initramfs $(du -h "$work/initramfs.gz" | cut -f1)" >&2
+qemu_common=("${qemu_boot[@]}")
+echo "vm-e2e: kernel $kernel${kernel_6_1:+ (cgroup v1 and sched-v2-6.1: $kernel_6_1)}, ${accel[1]}, initramfs $(du -h "$work/initramfs.gz" | cut -f1)" >&2
 
 failed=0
 for scenario in "${scenarios[@]}"; do
@@ -147,11 +189,16 @@ for scenario in "${scenarios[@]}"; do
     rm -f "$console" "$results"
     started=$SECONDS
     qemu_status=0
+    case "$scenario" in
+        v1 | sched | hotplug-v1 | sched-v2-6.1) image=$kernel_6_1 ;;
+        *) image=$kernel ;;
+    esac
     # ttyS0: the console (kernel and /init output); ttyS1: what check.py reads.
+    # sched_verbose: 6.12 fills debugfs' sched/domains/cpuN only with it (6.1 always does).
     timeout -k 10 "$timeout_s" qemu-system-x86_64 "${accel[@]}" "${qemu_common[@]}" \
-        -initrd "$work/initramfs.gz" \
+        -kernel "$image" -initrd "$work/initramfs.gz" \
         -serial "file:$console" -serial "file:$results" \
-        -append "console=ttyS0 panic=-1 quiet isolcpus=7 cpusetd_e2e=$scenario" \
+        -append "console=ttyS0 panic=-1 quiet sched_verbose isolcpus=7 cpusetd_e2e=$scenario" \
         </dev/null >"$work/$scenario.qemu.log" 2>&1 || qemu_status=$?
     elapsed=$((SECONDS - started))
     touch "$results" "$console"

@@ -256,7 +256,8 @@ impl FakeNode {
         for dir in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
             write(&self.root.join(dir).join("cpuset.cpus.exclusive"), "")?;
         }
-        Ok(())
+        // The root's list of cpus in isolated partitions (Linux 6.8 or newer).
+        write(&self.root.join("cpuset.cpus.isolated"), "")
     }
 
     /// The same node on a real cgroup v1 hierarchy: `cpuset_top` and `cpu_top` are one new,

@@ -38,8 +38,12 @@
 //! `status` say that load balancing cannot be disabled here. With it, each cgroup from kubepods'
 //! top down to the container gets the container's CPUs in `cpuset.cpus.exclusive` (parents
 //! first; narrowed children first), then the container `isolated`; the partition is read back
-//! and only `isolated` counts, an invalid one (`isolated invalid (<why>)`) is surfaced as the
-//! kernel says it. **This path is proven only on the fake tree** (no 6.7 kernel in the VM).
+//! and only `isolated` counts, an invalid one (`isolated invalid (<why>)`) is undone at once
+//! and surfaced as the kernel says it. Proven on Linux 6.12 (the `sched-v2` scenario of
+//! `scripts/vm-e2e.sh`): without the whole chain 6.12 says `isolated invalid (Parent is not a
+//! partition root)`; with it the CPUs leave every scheduler domain, the root's
+//! `cpuset.cpus.isolated` lists them and every effective set outside the partition, the
+//! root's included, loses them (see `Scanner::kubepods_parent_limits`).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -162,6 +166,10 @@ pub struct SchedBalance {
     journal: Option<HostJournal>,
     /// The root cpuset's cpus (the online ones on v1) as the last round read them.
     online_seen: Option<String>,
+    /// cgroup v2: containers whose isolated partition the kernel refused (undone), with the
+    /// CPUs asked for and what `cpuset.cpus.partition` read; tried again when the CPUs change
+    /// or the agent restarts.
+    refused: BTreeMap<CgroupPath, (CpuSet, String)>,
 }
 
 /// One cpuset as read.
@@ -203,6 +211,7 @@ impl SchedBalance {
             said: HashSet::new(),
             journal: None,
             online_seen: None,
+            refused: BTreeMap::new(),
         }
     }
 
@@ -451,7 +460,95 @@ impl SchedBalance {
     }
 
     /// cgroup v2, remote isolated partitions: see the module's documentation.
+    /// cgroup v2: each wanted container a remote isolated partition, everything read back. A
+    /// partition the kernel shows invalid (`isolated invalid (<why>)`) is undone at once (its
+    /// partition and its CPUs on the exclusive chain back as they were: nothing half applied),
+    /// said with the kernel's reason, and not tried again while the container wants the same
+    /// CPUs (no write, refusal, undo at every pass).
     fn apply_v2(&mut self, wanted: &[(CgroupPath, CpuSet)]) -> SchedOutcome {
+        self.refused
+            .retain(|path, (cpus, _)| wanted.iter().any(|(p, c)| p == path && c == cpus));
+        let trying = |refused: &BTreeMap<CgroupPath, (CpuSet, String)>| {
+            wanted
+                .iter()
+                .filter(|(path, _)| !refused.contains_key(path))
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        let mut outcome = self.apply_v2_once(&trying(&self.refused));
+        let mut states = self.partition_states(&trying(&self.refused));
+        let invalid: Vec<_> = states
+            .iter()
+            .filter(|(_, _, state)| state.as_deref().is_some_and(|s| s != "isolated"))
+            .cloned()
+            .collect();
+        if !invalid.is_empty() {
+            for (path, cpus, state) in invalid {
+                let why = state.unwrap_or_default();
+                log::warn!(
+                    "{}: the kernel made no isolated partition of cpus {cpus}: cpuset.cpus.partition is {why:?}; undone",
+                    self.fs.host_path(&path).display()
+                );
+                self.refused.insert(path, (cpus, why));
+            }
+            let undo = self.apply_v2_once(&trying(&self.refused));
+            outcome.written += undo.written;
+            for error in undo.errors {
+                note(&mut outcome, error);
+            }
+            states = self.partition_states(&trying(&self.refused));
+        }
+        self.judge_v2(&states, wanted);
+        outcome
+    }
+
+    /// Each container's `cpuset.cpus.partition` as read back (`None`: unreadable).
+    fn partition_states(
+        &self,
+        wanted: &[(CgroupPath, CpuSet)],
+    ) -> Vec<(CgroupPath, CpuSet, Option<String>)> {
+        wanted
+            .iter()
+            .map(|(path, cpus)| {
+                let state = self
+                    .fs
+                    .read(path, InterfaceFile::CpusetCpusPartition)
+                    .ok()
+                    .map(|t| t.trim().to_string());
+                (path.clone(), cpus.clone(), state)
+            })
+            .collect()
+    }
+
+    /// What is in force: the CPUs of partitions that read `isolated`; the rest said (refusals
+    /// with the kernel's words).
+    fn judge_v2(
+        &mut self,
+        states: &[(CgroupPath, CpuSet, Option<String>)],
+        wanted: &[(CgroupPath, CpuSet)],
+    ) {
+        let mut isolated = CpuSet::new();
+        let mut problems = Vec::new();
+        for (path, cpus, state) in states {
+            match state.as_deref() {
+                Some("isolated") => isolated.extend_from(cpus),
+                Some(state) => problems.push(format!("{path}: cpuset.cpus.partition is {state:?}")),
+                None => problems.push(format!("{path}: cpuset.cpus.partition unreadable")),
+            }
+        }
+        for (path, _) in wanted {
+            if let Some((cpus, why)) = self.refused.get(path) {
+                problems.push(format!(
+                    "{path}: the kernel refused an isolated partition of cpus {cpus} \
+                     (cpuset.cpus.partition read {why:?}); undone"
+                ));
+            }
+        }
+        self.saved.isolated = isolated;
+        self.saved.not_in_force = (!problems.is_empty()).then(|| problems.join("; "));
+    }
+
+    fn apply_v2_once(&mut self, wanted: &[(CgroupPath, CpuSet)]) -> SchedOutcome {
         let mut outcome = SchedOutcome::default();
         let exclusive = InterfaceFile::CpusetCpusExclusive;
         let partition = InterfaceFile::CpusetCpusPartition;
@@ -529,7 +626,7 @@ impl SchedBalance {
         for (path, text, current, desired) in &mut plan {
             let narrowed = current.intersection(desired);
             if narrowed != *current {
-                match self.write(path, exclusive, &narrowed.to_string()) {
+                match self.write_exclusive(path, &narrowed) {
                     Ok(()) => {
                         outcome.written += 1;
                         self.saved
@@ -545,7 +642,7 @@ impl SchedBalance {
         plan.reverse();
         for (path, text, current, desired) in &plan {
             if current != desired {
-                match self.write(path, exclusive, &desired.to_string()) {
+                match self.write_exclusive(path, desired) {
                     Ok(()) => {
                         outcome.written += 1;
                         self.saved
@@ -564,7 +661,7 @@ impl SchedBalance {
             }
         }
         // Then the partitions. One the kernel shows as isolated, valid or not, is not written
-        // again (an invalid one says why; writing it again changes nothing).
+        // again (an invalid one is undone by `apply_v2`).
         for (path, _) in wanted {
             let Some(current) = read(path, partition) else {
                 continue;
@@ -580,18 +677,6 @@ impl SchedBalance {
                 Err(e) => note(&mut outcome, e),
             }
         }
-        // What the kernel says of each.
-        let mut isolated = CpuSet::new();
-        let mut problems = Vec::new();
-        for (path, cpus) in wanted {
-            match read(path, partition) {
-                Some(state) if state == "isolated" => isolated.extend_from(cpus),
-                Some(state) => problems.push(format!("{path}: cpuset.cpus.partition is {state:?}")),
-                None => problems.push(format!("{path}: cpuset.cpus.partition unreadable")),
-            }
-        }
-        self.saved.isolated = isolated;
-        self.saved.not_in_force = (!problems.is_empty()).then(|| problems.join("; "));
         outcome
     }
 
@@ -811,6 +896,27 @@ impl SchedBalance {
         !path.is_root()
             && path.strip_prefix(&self.kubepods).is_none()
             && self.kubepods.strip_prefix(path).is_none()
+    }
+
+    /// Writes `cpuset.cpus.exclusive` and reads it back. An empty set is written as a newline:
+    /// Linux 6.12 ignores a write of no bytes, which left kubepods holding a gone pod's cpus.
+    fn write_exclusive(&self, path: &CgroupPath, cpus: &CpuSet) -> Result<(), String> {
+        let file = InterfaceFile::CpusetCpusExclusive;
+        let text = if cpus.is_empty() {
+            "\n".to_string()
+        } else {
+            cpus.to_string()
+        };
+        self.write(path, file, &text)?;
+        let read = self.fs.read(path, file).map_err(|e| error_chain(&e))?;
+        match CpuSet::parse(read.trim()) {
+            Ok(now) if now == *cpus => Ok(()),
+            _ => Err(format!(
+                "{}: {file} reads {:?} after {cpus:?} was written",
+                self.fs.host_path(path).display(),
+                read.trim()
+            )),
+        }
     }
 
     fn write(&self, path: &CgroupPath, file: InterfaceFile, value: &str) -> Result<(), String> {
@@ -1270,6 +1376,130 @@ mod tests {
         );
     }
 
+    /// A Linux 6.12 cgroup v2 tree under the fake kernel's rules: the root with every cpu
+    /// (`cpuset.cpus.effective`, `cpuset.cpus.isolated`), kubepods, a pod, two containers.
+    fn v2_tree_6_12(dir: &Path) -> CgroupFs {
+        // isolcpus=7, as in the VM.
+        fs::write(dir.join("cpuset.cpus.effective"), "0-7\n").unwrap();
+        fs::write(dir.join("cpuset.cpus.isolated"), "7\n").unwrap();
+        for rel in ["kp", "kp/pod", "kp/pod/c", "kp/pod/d"] {
+            let d = dir.join(rel);
+            fs::create_dir_all(&d).unwrap();
+            fs::write(d.join("cpuset.cpus.exclusive"), "\n").unwrap();
+            fs::write(d.join("cpuset.cpus.partition"), "member\n").unwrap();
+        }
+        crate::cgroupfs::fake_kernel::enable_for_test(dir);
+        CgroupFs::open(dir).unwrap()
+    }
+
+    fn v2_balance(fs: CgroupFs, kubepods: &str, saved: SchedSaved) -> SchedBalance {
+        SchedBalance::new(fs, CgroupVersion::V2, path(kubepods), None, saved)
+    }
+
+    /// Nothing of a partition left anywhere in `v2_tree_6_12`'s tree.
+    fn assert_v2_undone(dir: &Path) {
+        for rel in ["kp", "kp/pod", "kp/pod/c", "kp/pod/d"] {
+            if dir.join(rel).exists() {
+                assert_eq!(read(dir, rel, "cpuset.cpus.exclusive"), "", "{rel}");
+                assert_eq!(read(dir, rel, "cpuset.cpus.partition"), "member", "{rel}");
+            }
+        }
+        assert_eq!(read(dir, "", "cpuset.cpus.isolated"), "7");
+        assert_eq!(read(dir, "", "cpuset.cpus.effective"), "0-7");
+    }
+
+    /// What Linux 6.12 does (issue 25, the VM's `sched-v2`): the exclusive cpus down the chain
+    /// make a valid remote partition, the root's effective set shrinks by it; it lasts across
+    /// a restart (kill -9: only the checkpoint's record) and goes with the pod; `reset`'s way
+    /// (the record alone, kubepods unknown) undoes it too.
+    #[test]
+    fn remote_partition_valid_on_6_12_kept_across_restart_undone_by_pod_and_reset() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sched = v2_balance(v2_tree_6_12(dir.path()), "kp", SchedSaved::default());
+        let c = (path("kp/pod/c"), set("2-3"));
+        let outcome = sched.apply(std::slice::from_ref(&c));
+        assert!(outcome.errors.is_empty(), "{outcome:?}");
+        assert_eq!(
+            read(dir.path(), "kp/pod/c", "cpuset.cpus.partition"),
+            "isolated"
+        );
+        assert_eq!(read(dir.path(), "", "cpuset.cpus.isolated"), "2-3,7");
+        assert_eq!(read(dir.path(), "", "cpuset.cpus.effective"), "0-1,4-7");
+        assert_eq!(sched.saved().isolated, set("2-3"));
+        assert_eq!(sched.saved().not_in_force, None);
+        // kill -9 and a restart: the record alone; nothing to write, still in force.
+        let json = serde_json::to_string(sched.saved()).unwrap();
+        let mut again = v2_balance(
+            CgroupFs::open(dir.path()).unwrap(),
+            "kp",
+            serde_json::from_str(&json).unwrap(),
+        );
+        assert_eq!(again.apply(std::slice::from_ref(&c)).written, 0);
+        assert_eq!(again.saved().isolated, set("2-3"));
+        // The pod goes (the runtime removes its cgroups): everything back.
+        fs::remove_dir_all(dir.path().join("kp/pod")).unwrap();
+        let outcome = again.apply(&[]);
+        assert!(outcome.errors.is_empty(), "{outcome:?}");
+        assert_v2_undone(dir.path());
+        assert!(again.saved().is_empty(), "{:?}", again.saved());
+        // A new pod, then `reset` (kubepods unknown to it: the record alone).
+        let dir = tempfile::tempdir().unwrap();
+        let mut sched = v2_balance(v2_tree_6_12(dir.path()), "kp", SchedSaved::default());
+        sched.apply(std::slice::from_ref(&c));
+        let saved = sched.saved().clone();
+        let mut reset = v2_balance(CgroupFs::open(dir.path()).unwrap(), "", saved);
+        let outcome = reset.apply(&[]);
+        assert!(outcome.errors.is_empty(), "{outcome:?}");
+        assert_v2_undone(dir.path());
+    }
+
+    /// The kernel refuses (here: every cpu the root has, "Invalid cpu list"; on 6.12 in the VM:
+    /// "Parent is not a partition root"): said with its words, everything written undone, and
+    /// not tried again at the next pass while the container wants the same cpus.
+    #[test]
+    fn invalid_partition_is_said_with_the_kernels_reason_and_undone() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sched = v2_balance(v2_tree_6_12(dir.path()), "kp", SchedSaved::default());
+        let c = (path("kp/pod/c"), set("0-7"));
+        sched.apply(std::slice::from_ref(&c));
+        let why = sched.saved().not_in_force.clone().unwrap_or_default();
+        assert!(
+            why.contains("isolated invalid (Invalid cpu list in cpuset.cpus.exclusive)")
+                && why.contains("undone"),
+            "{why}"
+        );
+        assert_eq!(sched.saved().isolated, CpuSet::new());
+        assert_v2_undone(dir.path());
+        assert!(!sched.saved().has_changes(), "{:?}", sched.saved());
+        assert_eq!(sched.apply(std::slice::from_ref(&c)).written, 0);
+        assert!(sched.saved().not_in_force.is_some());
+        // Other cpus: tried again, and in force.
+        let c = (path("kp/pod/c"), set("2-3"));
+        sched.apply(std::slice::from_ref(&c));
+        assert_eq!(sched.saved().isolated, set("2-3"));
+        assert_eq!(sched.saved().not_in_force, None);
+    }
+
+    /// Linux 6.12's refusal when the chain does not hand the cpus down: the fake kernel says it
+    /// as the kernel did in the VM, and the agent undoes what it wrote.
+    #[test]
+    fn a_chain_without_exclusive_cpus_is_not_a_partition_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = v2_tree_6_12(dir.path());
+        fs::write(dir.path().join("kp/pod/c/cpuset.cpus.exclusive"), "2-3\n").unwrap();
+        fs.write(
+            &path("kp/pod/c"),
+            InterfaceFile::CpusetCpusPartition,
+            "isolated",
+        )
+        .unwrap();
+        assert_eq!(
+            read(dir.path(), "kp/pod/c", "cpuset.cpus.partition"),
+            "isolated invalid (Parent is not a partition root)"
+        );
+        assert_eq!(read(dir.path(), "", "cpuset.cpus.isolated"), "7");
+    }
+
     #[test]
     fn cgroup_v2_without_exclusive_cpus_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
@@ -1333,20 +1563,26 @@ mod tests {
         sched.apply(&[c.clone(), d.clone()]);
         assert_eq!(read(dir.path(), "kp", "cpuset.cpus.exclusive"), "2-4");
         assert_eq!(read(dir.path(), "kp/pod/d", "cpuset.cpus.exclusive"), "4");
-        // The kernel invalidates one (hotplug, a conflict): said as the kernel says it, not
-        // written again.
+        // The kernel invalidates one (hotplug, a conflict): said as the kernel says it, and
+        // undone (its partition, its cpus on the chain), not written again.
         fs::write(
             dir.path().join("kp/pod/c/cpuset.cpus.partition"),
             "isolated invalid (Parent is not a partition root)\n",
         )
         .unwrap();
-        assert_eq!(sched.apply(&[c.clone(), d.clone()]).written, 0);
+        sched.apply(&[c.clone(), d.clone()]);
         assert_eq!(sched.saved().isolated, set("4"));
         let why = sched.saved().not_in_force.clone().unwrap();
         assert!(
             why.contains("isolated invalid (Parent is not a partition root)"),
             "{why}"
         );
+        assert_eq!(
+            read(dir.path(), "kp/pod/c", "cpuset.cpus.partition"),
+            "member"
+        );
+        assert_eq!(read(dir.path(), "kp", "cpuset.cpus.exclusive"), "4");
+        assert_eq!(sched.apply(&[c.clone(), d.clone()]).written, 0);
         // One goes: its partition first, then the exclusive cpus narrowed children first.
         sched.apply(std::slice::from_ref(&d));
         assert_eq!(

@@ -10,8 +10,9 @@ expected one, `status` shows every container where the agent wants it with exact
 exclusive container, (hotplug) every cpu is shared or exclusive again once the cpu that went
 offline is back, (v1, sched) `plan --apply` applied every write, narrowing bottom-up and
 widening top-down, (sched) status has cpu-load-balancing in force for the Guaranteed container,
-(sched-v2) its note refuses clearly with nothing in force, and (irq) housekeeping and cpu-c-states
-in force for the 4-cpu housekeeping pod. Prints nothing and exits 0 on success; prints the reasons and exits 1.
+and (sched-v2-6.1) its note refuses clearly with nothing in force; (sched-v2) in force; (irq) housekeeping
+and cpu-c-states in force for the 4-cpu housekeeping pod. Prints nothing and exits 0 on success; prints the
+reasons and exits 1.
 """
 
 import json
@@ -192,10 +193,11 @@ def main():
                 check_hotplug(status, problems)
             g = next((r for r in status.get("containers", [])
                       if r.get("container_id") == GUARANTEED_ID), {})
-            if scenario == "sched" and "cpu-load-balancing" not in g.get("isolation", []):
+            if (scenario in ("sched", "sched-v2")
+                    and "cpu-load-balancing" not in g.get("isolation", [])):
                 problems.append(f"status: cpu-load-balancing not in force for the guaranteed "
                                 f"container: {g.get('note')!r}")
-            if scenario == "sched-v2" and ("Linux 6.7 or newer" not in g.get("note", "")
+            if scenario == "sched-v2-6.1" and ("Linux 6.7 or newer" not in g.get("note", "")
                                            or g.get("isolation")):
                 problems.append(f"status: no clear refusal for the guaranteed container: "
                                 f"{g.get('note')!r} {g.get('isolation')}")

@@ -13,8 +13,9 @@
 //! kernel's: a write is refused (EACCES). `cpuset.sched_load_balance` takes a decimal number
 //! (the kernel's `kstrtoull`: one trailing newline at most, no sign, no spaces) and refuses
 //! anything else (EINVAL); as on the real kernel (6.1, checked in the VM), any order of writes
-//! is taken. cgroup v2's remote partitions (Linux 6.7 or newer, which the VM's 6.1 does not
-//! have: these rules follow the kernel's documentation and are not checked on a real kernel):
+//! is taken. cgroup v2's remote partitions (Linux 6.7 or newer; the write rules follow the
+//! kernel's documentation, what the kernel shows after them is what 6.12 showed in the VM:
+//! [`after_write`]):
 //! `cpuset.cpus.exclusive` may be empty, must be within the parent's (below the root), must
 //! keep every child's (EBUSY) and must not overlap a sibling's (EINVAL);
 //! `cpuset.cpus.partition` takes `member`, `root` or `isolated` (EINVAL otherwise). The check
@@ -37,7 +38,7 @@ use crate::cpuset::CpuSet;
 /// and never truncates): the fake-tree measures apply.
 pub(super) fn fake_tree(fs: &CgroupFs) -> bool {
     use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC};
-    enabled()
+    enabled_for(fs)
         && !statfs(fs.root()).is_ok_and(|st| {
             let kind = st.filesystem_type();
             kind == CGROUP_SUPER_MAGIC || kind == CGROUP2_SUPER_MAGIC
@@ -47,6 +48,26 @@ pub(super) fn fake_tree(fs: &CgroupFs) -> bool {
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("CPUSETD_FAKE_KERNEL_RULES").is_some_and(|v| v == "1"))
+}
+
+/// The unit tests' fake trees whose writes the rules check (the environment is process-wide).
+#[cfg(test)]
+static TEST_ROOTS: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Turns the rules on for the fake tree at `root` (unit tests only).
+#[cfg(test)]
+pub(crate) fn enable_for_test(root: &std::path::Path) {
+    TEST_ROOTS.lock().unwrap().push(root.to_path_buf());
+}
+
+fn enabled_for(fs: &CgroupFs) -> bool {
+    #[cfg(test)]
+    if TEST_ROOTS.lock().unwrap().iter().any(|r| r == fs.root()) {
+        return true;
+    }
+    #[cfg(not(test))]
+    let _ = fs;
+    enabled()
 }
 
 /// The fake tree's `cgroup_mutex`: an exclusive `flock` on the hierarchy's root directory, held
@@ -68,7 +89,7 @@ pub(super) fn check(
     file: InterfaceFile,
     value: &str,
 ) -> Result<(), io::Error> {
-    if !enabled() {
+    if !enabled_for(fs) {
         return Ok(());
     }
     rules(
@@ -212,6 +233,114 @@ fn rules(
         }
     }
     Ok(())
+}
+
+/// After a write of `cpuset.cpus.exclusive` or `cpuset.cpus.partition` on a fake tree: what
+/// Linux 6.12 then shows (checked in the VM's `sched-v2` scenario). Every cgroup asking for an
+/// isolated partition is valid when its exclusive CPUs, within those of each ancestor down from
+/// the root's child (the root holds every CPU), are not empty, not another partition's, and not
+/// all the root has; it reads `isolated`, else `isolated invalid (<reason>)` with the kernel's
+/// words: "Parent is not a partition root" when the chain does not hand its CPUs down,
+/// "Invalid cpu list in cpuset.cpus.exclusive" otherwise. The root's `cpuset.cpus.isolated` is
+/// then every valid partition's CPUs and those `isolcpus=` isolates (which stay in the root's
+/// effective set), and its `cpuset.cpus.effective` loses the partitions' (and gets back those
+/// no longer isolated).
+pub(super) fn after_write(fs: &CgroupFs, file: InterfaceFile) {
+    if !fake_tree(fs)
+        || !matches!(
+            file,
+            InterfaceFile::CpusetCpusExclusive | InterfaceFile::CpusetCpusPartition
+        )
+    {
+        return;
+    }
+    settle_partitions(fs);
+}
+
+fn read_set(fs: &CgroupFs, path: &CgroupPath, file: InterfaceFile) -> Option<CpuSet> {
+    fs.read(path, file)
+        .ok()
+        .and_then(|text| CpuSet::parse(text.trim()).ok())
+}
+
+/// Every cgroup of the fake tree below the root, parents before children.
+fn cgroups(fs: &CgroupFs) -> Vec<CgroupPath> {
+    let mut out = Vec::new();
+    let mut stack = vec![CgroupPath::root()];
+    while let Some(at) = stack.pop() {
+        if let Ok(entries) = fs.list(&at) {
+            for entry in entries.iter().filter(|e| e.kind == FileKind::Directory) {
+                if let Ok(child) = at.join(&entry.name) {
+                    stack.push(child.clone());
+                    out.push(child);
+                }
+            }
+        }
+    }
+    out.sort_by_key(|p| p.depth());
+    out
+}
+
+/// See [`after_write`].
+pub(crate) fn settle_partitions(fs: &CgroupFs) {
+    let root = CgroupPath::root();
+    let (exclusive, partition) = (
+        InterfaceFile::CpusetCpusExclusive,
+        InterfaceFile::CpusetCpusPartition,
+    );
+    let old_isolated = read_set(fs, &root, InterfaceFile::CpusetCpusIsolated).unwrap_or_default();
+    let effective = read_set(fs, &root, InterfaceFile::CpusetCpusEffective);
+    let all = effective.clone().unwrap_or_default().union(&old_isolated);
+    // `isolcpus=` cpus are listed too, and stay in the root's effective set (6.12 in the VM:
+    // isolated `2-3,7`, effective `0-1,4-7` with isolcpus=7 and a partition of 2-3).
+    let boot_isolated = match &effective {
+        Some(effective) => old_isolated.intersection(effective),
+        None => CpuSet::new(),
+    };
+    let mut handed: std::collections::HashMap<CgroupPath, CpuSet> = Default::default();
+    let mut isolated = CpuSet::new();
+    for path in cgroups(fs) {
+        let own = read_set(fs, &path, exclusive).unwrap_or_default();
+        // The root holds every cpu (all of its own where the tree does not say which).
+        let parent_held = match path.parent().filter(|p| !p.is_root()) {
+            Some(parent) => handed.get(&parent).cloned().unwrap_or_default(),
+            None if effective.is_some() => all.clone(),
+            None => own.clone(),
+        };
+        let held = own.intersection(&parent_held);
+        handed.insert(path.clone(), held.clone());
+        let Ok(state) = fs.read(&path, partition) else {
+            continue;
+        };
+        if !state.trim().starts_with("isolated") {
+            continue;
+        }
+        let verdict = if held.is_empty() {
+            "isolated invalid (Parent is not a partition root)".to_string()
+        } else if !held.intersection(&isolated).is_empty()
+            || (!all.is_empty() && all.is_subset(&held))
+        {
+            "isolated invalid (Invalid cpu list in cpuset.cpus.exclusive)".to_string()
+        } else {
+            isolated.extend_from(&held);
+            "isolated".to_string()
+        };
+        if state.trim() != verdict {
+            let _ = std::fs::write(fs.host_path(&path).join(partition.name()), verdict + "\n");
+        }
+    }
+    let _ = std::fs::write(
+        fs.host_path(&root)
+            .join(InterfaceFile::CpusetCpusIsolated.name()),
+        format!("{}\n", isolated.union(&boot_isolated)),
+    );
+    if effective.is_some() {
+        let _ = std::fs::write(
+            fs.host_path(&root)
+                .join(InterfaceFile::CpusetCpusEffective.name()),
+            format!("{}\n", all.difference(&isolated)),
+        );
+    }
 }
 
 #[cfg(test)]

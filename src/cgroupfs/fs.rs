@@ -79,10 +79,13 @@ pub enum InterfaceFile {
     /// `cpuset.cpus.partition` (v2): `member`, `root` or `isolated`; the kernel shows an
     /// invalid one as e.g. `isolated invalid (<reason>)`.
     CpusetCpusPartition,
+    /// `cpuset.cpus.isolated` (v2, the root only, Linux 6.8 or newer): the CPUs in isolated
+    /// partitions, which the kernel takes out of every effective set outside them.
+    CpusetCpusIsolated,
 }
 
 impl InterfaceFile {
-    pub const ALL: [InterfaceFile; 18] = [
+    pub const ALL: [InterfaceFile; 19] = [
         InterfaceFile::CpusetCpus,
         InterfaceFile::CpusetMems,
         InterfaceFile::CpusetCpusEffective,
@@ -101,6 +104,7 @@ impl InterfaceFile {
         InterfaceFile::CpusetSchedLoadBalance,
         InterfaceFile::CpusetCpusExclusive,
         InterfaceFile::CpusetCpusPartition,
+        InterfaceFile::CpusetCpusIsolated,
     ];
 
     /// The file name in the cgroup directory.
@@ -124,6 +128,7 @@ impl InterfaceFile {
             InterfaceFile::CpusetSchedLoadBalance => "cpuset.sched_load_balance",
             InterfaceFile::CpusetCpusExclusive => "cpuset.cpus.exclusive",
             InterfaceFile::CpusetCpusPartition => "cpuset.cpus.partition",
+            InterfaceFile::CpusetCpusIsolated => "cpuset.cpus.isolated",
         }
     }
 
@@ -407,6 +412,8 @@ impl CgroupFs {
         #[cfg(debug_assertions)]
         if written.is_ok() {
             crate::faults::written(file.name());
+            // What the kernel derives from a partition's files (fake trees with the rules on).
+            super::fake_kernel::after_write(self, file);
         }
         written
     }
@@ -428,6 +435,12 @@ impl CgroupFs {
                 source,
             }
         })?;
+        // The kernel takes a write of no bytes and changes nothing (Linux 6.12's
+        // `cpuset.cpus.exclusive` kept its cpus so): the fake kernel too.
+        #[cfg(debug_assertions)]
+        if value.is_empty() && super::fake_kernel::fake_tree(self) {
+            return Ok(());
+        }
         #[cfg(debug_assertions)]
         if let Some(source) = crate::faults::cgroup_write(file.name()) {
             return Err(CgroupError::Write {

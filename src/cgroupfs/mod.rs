@@ -8,7 +8,7 @@
 //! anything: classification and planning take the scan's values.
 
 #[cfg(debug_assertions)]
-mod fake_kernel;
+pub(crate) mod fake_kernel;
 mod fs;
 mod layout;
 mod path;

@@ -90,6 +90,7 @@ pub fn discover(sysfs: &Path, proc: &Path) -> Result<Topology, DiscoverError> {
     for id in &online {
         cpus.push(read_cpu(&cpu_dir, id, &online, &numa_of)?);
     }
+    number_dies_within_packages(&mut cpus);
 
     let mut isolated =
         read_optional_list(&cpu_dir.join("isolated"), "isolated cpu list")?.unwrap_or_default();
@@ -364,6 +365,25 @@ fn read_cpu(
     })
 }
 
+/// Renumbers `die` as the die's index within its package (0, 1, … in the order of the kernel's
+/// `die_id`s). Linux up to 6.8 numbers `die_id` within the package; from 6.9 (the x86 topology
+/// rework) across the machine, so the second socket's only die reads 1 on 6.12 where 6.1 said 0.
+/// A die is the pair (package, `die_id`) either way; the number is kernel-independent.
+fn number_dies_within_packages(cpus: &mut [CpuInfo]) {
+    let mut ids: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for cpu in cpus.iter() {
+        ids.entry(cpu.socket).or_default().push(cpu.die);
+    }
+    for list in ids.values_mut() {
+        list.sort_unstable();
+        list.dedup();
+    }
+    for cpu in cpus.iter_mut() {
+        let list = &ids[&cpu.socket];
+        cpu.die = list.binary_search(&cpu.die).unwrap_or(0) as u32;
+    }
+}
+
 /// The id of the deepest unified cache at level 3 or more, kubelet's "uncore" cache. `None` when
 /// the CPU has no such cache (kubelet then uses the socket id).
 fn read_uncore_cache_id(cache_dir: &Path) -> Result<Option<u32>, DiscoverError> {
@@ -570,6 +590,44 @@ mod tests {
         assert_eq!(parsed.ignored.len(), 3, "{:?}", parsed.ignored);
         assert!(parsed.ignored[0].contains("2-x"), "{:?}", parsed.ignored);
         assert!(parse_cmdline("isolcpus=domain", 7).domain.is_empty());
+    }
+
+    /// Linux 6.9+ numbers `die_id` across the machine (the second socket's only die reads 1 on
+    /// 6.12 where 6.1 said 0): dies are numbered within their package either way (issue 25).
+    #[test]
+    fn dies_are_numbered_within_their_package() {
+        let cpus: Vec<String> = (0..8)
+            .map(|id| {
+                format!(
+                    r#"{{"id":{id},"socket":{},"die":0,"numa":0,"core":{id},"uncore":0}}"#,
+                    id / 4
+                )
+            })
+            .collect();
+        let text = format!(r#"{{"cpus":[{}],"memory_nodes":"0"}}"#, cpus.join(","));
+        let topo = Topology::from_json(&text).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (sysfs, proc) = (dir.path().join("sys"), dir.path().join("proc"));
+        crate::topology::fake_sysfs::write_fake_sysfs(&topo, &sysfs, &proc).unwrap();
+        let dies_read = |die_ids: [u32; 8]| {
+            for (cpu, die_id) in die_ids.iter().enumerate() {
+                let file = format!("devices/system/cpu/cpu{cpu}/topology/die_id");
+                fs::write(sysfs.join(file), format!("{die_id}\n")).unwrap();
+            }
+            let read = discover(&sysfs, &proc).unwrap();
+            read.cpus().iter().map(|c| c.die).collect::<Vec<_>>()
+        };
+        // 6.1: per package; 6.12: across the machine. Same answer.
+        assert_eq!(dies_read([0, 0, 0, 0, 0, 0, 0, 0]), [0; 8]);
+        assert_eq!(dies_read([0, 0, 0, 0, 1, 1, 1, 1]), [0; 8]);
+        // Two dies per package, numbered either way, and ids with gaps.
+        let two = [0, 0, 1, 1, 0, 0, 1, 1];
+        assert_eq!(dies_read([0, 0, 1, 1, 0, 0, 1, 1]), two);
+        assert_eq!(dies_read([0, 0, 1, 1, 2, 2, 3, 3]), two);
+        assert_eq!(
+            dies_read([4, 4, 9, 9, 7, 7, 2, 2]),
+            [0, 0, 1, 1, 1, 1, 0, 0]
+        );
     }
 
     #[test]
