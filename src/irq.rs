@@ -148,6 +148,9 @@ impl IrqAffinity {
                 continue;
             }
             let path = self.dir.join(irq.to_string()).join("smp_affinity_list");
+            if fixed_by_kernel(&path) {
+                continue;
+            }
             let Some(current) = read_affinity_file(&path)
                 .ok()
                 .and_then(|t| CpuSet::parse(t.trim()).ok())
@@ -292,6 +295,11 @@ impl IrqAffinity {
 
     fn apply_irq(&mut self, irq: u32, banned: &CpuSet, outcome: &mut IrqOutcome) {
         let path = self.dir.join(irq.to_string()).join("smp_affinity_list");
+        if fixed_by_kernel(&path) {
+            // Never written, never recorded: nothing to restore.
+            outcome.unchangeable += 1;
+            return;
+        }
         let Some(current) = read_affinity_file(&path)
             .ok()
             .and_then(|t| CpuSet::parse(t.trim()).ok())
@@ -389,6 +397,14 @@ fn without(original: &CpuSet, banned: &CpuSet) -> CpuSet {
     } else {
         left
     }
+}
+
+/// An affinity file the kernel made read-only (no write bit: Linux 6.12 creates
+/// `smp_affinity_list` 0444 for an IRQ user space may not set, such as IRQ 0). Root could still
+/// open it for writing, and the write would be refused; it is left alone as unchangeable.
+fn fixed_by_kernel(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    fs::symlink_metadata(path).is_ok_and(|m| m.permissions().mode() & 0o222 == 0)
 }
 
 /// The kernel's "this interrupt cannot be moved" answers.
@@ -586,6 +602,25 @@ mod tests {
         irqs.apply(&CpuSet::new());
         assert_eq!(read(proc.path(), "11/smp_affinity_list"), "0-3");
         assert_eq!(read(proc.path(), "default_smp_affinity"), "0f");
+    }
+
+    /// Linux 6.12 makes `smp_affinity_list` 0444 where an IRQ cannot be set from user space
+    /// (IRQ 0, the timer); root could still open it for writing and the write fails with EPERM
+    /// or EIO, which the status then read as isolation not in force.
+    #[test]
+    fn an_irq_whose_affinity_file_the_kernel_made_read_only_is_never_written() {
+        use std::os::unix::fs::PermissionsExt;
+        let proc = fake_proc("ff", &[(0, "0-7"), (1, "0-7")]);
+        let fixed = proc.path().join("irq/0/smp_affinity_list");
+        fs::set_permissions(&fixed, fs::Permissions::from_mode(0o444)).unwrap();
+        let mut irqs = IrqAffinity::new(proc.path(), IrqSaved::default());
+        let outcome = irqs.apply(&set("2-3"));
+        assert_eq!(read(proc.path(), "0/smp_affinity_list"), "0-7");
+        assert_eq!(read(proc.path(), "1/smp_affinity_list"), "0-1,4-7");
+        // IRQ 1 and default_smp_affinity written; IRQ 0 left as unchangeable.
+        assert_eq!((outcome.written, outcome.unchangeable), (2, 1));
+        assert_eq!(irqs.saved().in_force, set("2-3"));
+        assert!(!irqs.saved().irqs.contains_key(&0), "{:?}", irqs.saved());
     }
 
     #[test]
