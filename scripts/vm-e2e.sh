@@ -28,7 +28,7 @@
 #                      /boot/vmlinuz-6.12.*; a 6.1 image boots v2, irq and hotplug on 6.1)
 #   VM_E2E_KERNEL_6_1  kernel image of the 6.1 scenarios (default: the newest /boot/vmlinuz-6.1.*)
 #   VM_E2E_ACCEL       kvm | tcg | auto (default: kvm when /dev/kvm boots a guest, else tcg)
-#   VM_E2E_TIMEOUT     seconds per boot before qemu is killed (default 240)
+#   VM_E2E_TIMEOUT     seconds per boot before qemu is killed (default 600: TCG on a loaded host)
 # As root with apt-get it installs what is missing: qemu-system-x86, Linux 6.12
 # (linux-image-6.12.*+deb12-amd64-unsigned, bookworm-security), Linux 6.1 (linux-image-amd64,
 # when a 6.1 scenario runs), busybox-static, cpio. Build products go to target/vm-e2e/.
@@ -52,7 +52,7 @@ for s in "${scenarios[@]}"; do
 done
 
 work=$repo/target/vm-e2e
-timeout_s=${VM_E2E_TIMEOUT:-240}
+timeout_s=${VM_E2E_TIMEOUT:-600}
 
 # --- dependencies --------------------------------------------------------------------------------
 missing=()

@@ -671,7 +671,14 @@ fn the_isolated_pool_places_with_the_policys_own_rules() {
     assert_eq!(kubelet.isolated_pool(), &isolated);
     for n in 1..=isolated.len() {
         let got = kubelet
-            .allocate_in(CpuPool::Isolated, n, &isolated, None, &none, CoreType::Performance)
+            .allocate_in(
+                CpuPool::Isolated,
+                n,
+                &isolated,
+                None,
+                &none,
+                CoreType::Performance,
+            )
             .unwrap();
         assert_eq!(got, kubelet.take_by_topology(&isolated, n).unwrap(), "{n}");
         let general = kubelet.allocate(n, topo.all_cpus(), None, &none).unwrap();
@@ -684,7 +691,14 @@ fn the_isolated_pool_places_with_the_policys_own_rules() {
     for p in [&whole, &best] {
         for n in (2..=12).step_by(2) {
             let got = p
-                .allocate_in(CpuPool::Isolated, n, &isolated, None, &none, CoreType::Performance)
+                .allocate_in(
+                    CpuPool::Isolated,
+                    n,
+                    &isolated,
+                    None,
+                    &none,
+                    CoreType::Performance,
+                )
                 .unwrap();
             assert!(got.is_subset(&isolated), "{n}: {got}");
             // Whole cores only: 45's sibling 5 is not isolated, so 45 is never taken.
@@ -694,7 +708,14 @@ fn the_isolated_pool_places_with_the_policys_own_rules() {
     }
     // Best fit keeps a request within one NUMA node where it can.
     let four = best
-        .allocate_in(CpuPool::Isolated, 4, &isolated, None, &none, CoreType::Performance)
+        .allocate_in(
+            CpuPool::Isolated,
+            4,
+            &isolated,
+            None,
+            &none,
+            CoreType::Performance,
+        )
         .unwrap();
     assert_eq!(best.numa_nodes_of(&four).len(), 1, "{four}");
 }
@@ -711,11 +732,25 @@ fn the_isolated_pool_refuses_what_it_cannot_hold() {
     let pool = set("1-2,5");
     // Core 1 (1,5) is whole; core 2 (2,6) is not: 2 cpus fit, 4 do not.
     assert_eq!(
-        p.allocate_in(CpuPool::Isolated, 2, &pool, None, &none, CoreType::Performance),
+        p.allocate_in(
+            CpuPool::Isolated,
+            2,
+            &pool,
+            None,
+            &none,
+            CoreType::Performance
+        ),
         Ok(set("1,5"))
     );
     let err = p
-        .allocate_in(CpuPool::Isolated, 4, &pool, None, &none, CoreType::Performance)
+        .allocate_in(
+            CpuPool::Isolated,
+            4,
+            &pool,
+            None,
+            &none,
+            CoreType::Performance,
+        )
         .unwrap_err();
     assert!(
         matches!(&err, AllocationError::IsolatedPoolTooSmall { requested: 4, pool: p, cause }
@@ -735,11 +770,25 @@ fn the_isolated_pool_refuses_what_it_cannot_hold() {
     assert!(!err.is_permanent());
     // With 1,5 taken, 2 more do not fit either (the free cpus are counted from `free`).
     assert!(matches!(
-        p.allocate_in(CpuPool::Isolated, 2, &set("2"), None, &none, CoreType::Performance),
+        p.allocate_in(
+            CpuPool::Isolated,
+            2,
+            &set("2"),
+            None,
+            &none,
+            CoreType::Performance
+        ),
         Err(AllocationError::IsolatedPoolTooSmall { .. })
     ));
     let odd = p
-        .allocate_in(CpuPool::Isolated, 3, &pool, None, &none, CoreType::Performance)
+        .allocate_in(
+            CpuPool::Isolated,
+            3,
+            &pool,
+            None,
+            &none,
+            CoreType::Performance,
+        )
         .unwrap_err();
     assert!(
         matches!(odd, AllocationError::SmtNotMultipleOfCore { .. }),
@@ -750,7 +799,14 @@ fn the_isolated_pool_refuses_what_it_cannot_hold() {
     // outright.
     let off = StaticPolicy::new(&topo, full, ReservedCpus::List(set("0")), false).unwrap();
     let err = off
-        .allocate_in(CpuPool::Isolated, 2, topo.all_cpus(), None, &none, CoreType::Performance)
+        .allocate_in(
+            CpuPool::Isolated,
+            2,
+            topo.all_cpus(),
+            None,
+            &none,
+            CoreType::Performance,
+        )
         .unwrap_err();
     assert_eq!(err, AllocationError::IsolatedPoolOff);
     assert!(
@@ -759,7 +815,14 @@ fn the_isolated_pool_refuses_what_it_cannot_hold() {
     );
     let plain = StaticPolicy::new(&single_socket_ht(), full, ReservedCpus::Count(2), true).unwrap();
     let err = plain
-        .allocate_in(CpuPool::Isolated, 2, &none, None, &none, CoreType::Performance)
+        .allocate_in(
+            CpuPool::Isolated,
+            2,
+            &none,
+            None,
+            &none,
+            CoreType::Performance,
+        )
         .unwrap_err();
     assert!(
         err.to_string().contains("the kernel isolates no cpu"),
@@ -768,7 +831,14 @@ fn the_isolated_pool_refuses_what_it_cannot_hold() {
     let reserved = with_isolated(&single_socket_ht(), "0,4");
     let p = StaticPolicy::new(&reserved, full, ReservedCpus::List(set("0,4")), true).unwrap();
     let err = p
-        .allocate_in(CpuPool::Isolated, 2, &set("0,4"), None, &none, CoreType::Performance)
+        .allocate_in(
+            CpuPool::Isolated,
+            2,
+            &set("0,4"),
+            None,
+            &none,
+            CoreType::Performance,
+        )
         .unwrap_err();
     assert!(
         err.to_string()

@@ -506,7 +506,13 @@ pub fn assign_with(
         let lost = lost.remove(&demand.key).unwrap_or_default();
         let free = pools.free(demand.pool, &assignments);
         let replaced = match new_cpus {
-            NewCpus::Given => replacements(policy, (demand.pool, demand.core_type), &held.cpus, n, &free),
+            NewCpus::Given => replacements(
+                policy,
+                (demand.pool, demand.core_type),
+                &held.cpus,
+                n,
+                &free,
+            ),
             NewCpus::Withheld => Err(AllocationError::ScanIncomplete),
         };
         match replaced {
@@ -817,7 +823,14 @@ fn replacements(
     let hint = policy.numa_nodes_of(held);
     let hint = (!hint.is_empty()).then_some(hint);
     policy
-        .allocate_in(pool, missing, free, hint.as_ref(), &CpuSet::new(), core_type)
+        .allocate_in(
+            pool,
+            missing,
+            free,
+            hint.as_ref(),
+            &CpuSet::new(),
+            core_type,
+        )
         .map(|added| held.union(&added))
         .or_else(|_| policy.allocate_in(pool, n, free, hint.as_ref(), held, core_type))
 }
