@@ -389,8 +389,8 @@ impl RealAgent {
             read("cpusetd_cgroup_write_errors_total"),
             read("cpusetd_cgroup_write_retries_total"),
         ) {
-            (None, None) => None,
-            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+            // The series exist from the start at 0: a count of 0 is no error either.
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)).filter(|n| *n > 0),
         }
     }
 
