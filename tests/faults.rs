@@ -385,13 +385,10 @@ impl RealAgent {
             text.lines()
                 .find_map(|l| l.strip_prefix(&needle)?.trim().parse().ok())
         };
-        match (
-            read("cpusetd_cgroup_write_errors_total"),
-            read("cpusetd_cgroup_write_retries_total"),
-        ) {
-            // The series exist from the start at 0: a count of 0 is no error either.
-            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)).filter(|n| *n > 0),
-        }
+        // The series exist from the start at 0: a count of 0 is no error either.
+        let errors = read("cpusetd_cgroup_write_errors_total").unwrap_or(0);
+        let retries = read("cpusetd_cgroup_write_retries_total").unwrap_or(0);
+        Some(errors + retries).filter(|n| *n > 0)
     }
 
     /// A counter of the metrics file (0 until it is there).
