@@ -11,12 +11,9 @@
 //! the injected sysfs root (`<sysfs>/devices/system/cpu/cpu<N>/...`).
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io;
 use std::path::{Path, PathBuf};
 
-use nix::fcntl::OFlag;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::host::HostJournal;
@@ -266,7 +263,7 @@ impl CpuPower {
         if read(path)? == value {
             return Ok(());
         }
-        write_existing(path, value)?;
+        crate::irq::write_existing(path, value)?;
         outcome.written += 1;
         let now = read(path)?;
         if now != value {
@@ -284,24 +281,10 @@ fn read(path: &Path) -> io::Result<String> {
         .map(|t| t.trim().to_string())
 }
 
-/// Writes an existing sysfs file: never creates one, never follows a symlink in its place.
-fn write_existing(path: &Path, value: &str) -> io::Result<()> {
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .custom_flags(OFlag::O_NOFOLLOW.bits())
-        .open(path)?;
-    file.write_all(value.as_bytes())?;
-    #[cfg(debug_assertions)]
-    if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
-        crate::faults::written(name);
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     fn cpu_dir(root: &Path, cpu: u32) -> PathBuf {
         root.join(format!("devices/system/cpu/cpu{cpu}"))

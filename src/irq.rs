@@ -372,9 +372,9 @@ fn still_on(now: &CpuSet, desired: &CpuSet, banned: &CpuSet) -> CpuSet {
     now.intersection(banned).difference(desired)
 }
 
-/// Writes an existing file (procfs' affinity files): never creates one, never follows a
-/// symlink planted in its place.
-fn write_existing(path: &Path, value: &str) -> io::Result<()> {
+/// Writes an existing kernel file (procfs' affinity files, sysfs' per-cpu power files): never
+/// creates one, never follows a symlink planted in its place.
+pub(crate) fn write_existing(path: &Path, value: &str) -> io::Result<()> {
     let mut file = fs::OpenOptions::new()
         .write(true)
         .truncate(true)

@@ -74,11 +74,7 @@ const WRITE_SITES: &[(&str, &str)] = &[
     ),
     (
         "src/irq.rs",
-        "existing <proc-root>/irq affinity files (no O_CREAT, O_NOFOLLOW), only for irq-load-balancing pods",
-    ),
-    (
-        "src/cpu_power.rs",
-        "existing <sysfs-root>/devices/system/cpu/cpu<N>/power/pm_qos_resume_latency_us and cpufreq/scaling_governor (no O_CREAT, O_NOFOLLOW), only for cpu-c-states and cpu-freq-governor pods' exclusive cpus",
+        "existing kernel files (no O_CREAT, O_NOFOLLOW): <proc-root>/irq affinity files, only for irq-load-balancing pods; through irq::write_existing, src/cpu_power.rs's <sysfs-root>/devices/system/cpu/cpu<N>/power/pm_qos_resume_latency_us and cpufreq/scaling_governor, only for cpu-c-states and cpu-freq-governor pods' exclusive cpus",
     ),
     (
         "src/podresources/server.rs",
