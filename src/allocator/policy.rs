@@ -507,8 +507,7 @@ impl StaticPolicy {
         numa_hint: Option<&CpuSet>,
         reusable: &CpuSet,
     ) -> Result<CpuSet, AllocationError> {
-        self.allocate_in(
-            CpuPool::General,
+        self.allocate_preferring(
             request,
             shared_pool,
             numa_hint,
