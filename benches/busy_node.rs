@@ -1,0 +1,403 @@
+//! Issue 24's shapes of the pin figures, with `cpusetd run` (this build) on a fake tmpfs tree
+//! (256-CPU topology, 2 CPUs reserved) holding a background of other pods (each a sandbox and
+//! three Burstable containers). Every container is made the way a runtime makes it (the
+//! simulator: the directory appears with its files, then the runtime's writes; `src/kubesim.rs`)
+//! and every wait is on inotify, never a spin.
+//!
+//! * **Busy node**: back-to-back Guaranteed pods with one 1-CPU container, one started every
+//!   `PERIOD_MS` (default 50 ms); each is removed `HOLD_MS` (default 20 ms) after its pin, and
+//!   the rest of the period is the pause in which the shared pool's held-back rewrites fall due
+//!   (the gap between arrivals is longer than the agent's coalescing window). Event → pin p50 /
+//!   p99, and the agent's CPU (user + system of all its threads, `/proc/<pid>/task/*/schedstat`)
+//!   and cgroup writes (its `cpusetd_cgroup_writes_total`) per pod over the run.
+//! * **Quiet node, event → exclusive**: one pod at a time, the agent quiet before each. From the
+//!   container's appearance until no container of the background pods holds the new pin's CPU
+//!   any more (on v1 a container's own `cpuset.cpus`; on v2 its effective set, worked out from
+//!   the `cpuset.cpus` of the container and its ancestors as the kernel does: an empty or
+//!   disjoint set follows the parent). Also event → pin, and per pod start + release (the
+//!   pod's removal and the agent quiet again) the agent's CPU and writes.
+//!
+//! `cargo bench --bench busy_node` (or `scripts/bench.sh busy`); knobs: `BACKGROUND_PODS`
+//! (default `110,500`), `VERSIONS` (cgroup versions of the fake tree, default `v1,v2`),
+//! `BUSY_SAMPLES` (default 200), `QUIET_SAMPLES` (default 30), `PERIOD_MS`, `HOLD_MS`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use cpusetd::cgroupfs::CgroupVersion;
+use cpusetd::cpuset::CpuSet;
+use cpusetd::kubesim::{ContainerSpec, Qos};
+use inotify::{Inotify, WatchDescriptor, WatchMask};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+const LIMIT: Duration = Duration::from_secs(10);
+/// How long the agent must stay without a pass and without CPU to count as quiet.
+const QUIET: Duration = Duration::from_millis(300);
+
+fn env_list(name: &str, default: &str) -> Vec<String> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.into())
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn env_ms(name: &str, default: usize) -> Duration {
+    Duration::from_millis(env_usize(name, default) as u64)
+}
+
+/// A fake node of `version` with `background` other pods, and the agent watching it, quiet.
+fn node_with_agent(version: CgroupVersion, background: usize) -> (TestNode, Agent) {
+    let machine = TestNode::builder()
+        .fixture(&format!("sysfs/{TOPOLOGY_256}"))
+        .version(version)
+        .fake_kernel(false)
+        .build();
+    for pod in large_node_pods(background, 0) {
+        machine.fake.start_pod(&pod).unwrap();
+    }
+    let agent = Agent::start(&machine.agent_args());
+    agent.wait_quiet(QUIET, Duration::from_secs(120));
+    (machine, agent)
+}
+
+/// Starts a Guaranteed pod with one 1-CPU container; returns it, when its container had
+/// appeared with its settings, and the path of its `cpuset.cpus`.
+fn start_pinned_pod(machine: &TestNode) -> (cpusetd::kubesim::PodSpec, Instant, PathBuf) {
+    let pod = pod(
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("app", 1000)],
+    );
+    let ids = machine.fake.start_pod(&pod).expect("start pod");
+    let appeared = Instant::now();
+    let rel = format!("{}/{}", machine.fake.pod_dir(&pod), ids[0]);
+    (pod, appeared, machine.fake.file(&rel, "cpuset.cpus"))
+}
+
+/// What the agent did over a stretch: CPU (ns) and cgroup writes.
+#[derive(Debug, Clone, Copy)]
+struct Work {
+    cpu_ns: u64,
+    writes: f64,
+}
+
+impl Work {
+    fn now(agent: &Agent) -> Work {
+        Work {
+            cpu_ns: agent.cpu_time_ns(),
+            writes: agent.metric("cpusetd_cgroup_writes_total").unwrap_or(0.0),
+        }
+    }
+
+    fn since(self, earlier: Work) -> Work {
+        Work {
+            cpu_ns: self.cpu_ns.saturating_sub(earlier.cpu_ns),
+            writes: self.writes - earlier.writes,
+        }
+    }
+}
+
+/// The busy node: returns event → pin samples, misses and the agent's work over the run.
+fn busy(machine: &TestNode, agent: &Agent, n: usize) -> (Vec<Duration>, usize, Work) {
+    let (period, hold) = (env_ms("PERIOD_MS", 50), env_ms("HOLD_MS", 20));
+    let mut waiter = FileWaiter::default();
+    let mut samples = Vec::with_capacity(n);
+    let mut missed = 0;
+    let before = Work::now(agent);
+    let mut next = Instant::now();
+    for _ in 0..n {
+        thread::sleep(next.saturating_duration_since(Instant::now()));
+        next = Instant::now() + period;
+        let (pod, appeared, cpus) = start_pinned_pod(machine);
+        match waiter.wait(&cpus, LIMIT, has_cpus(1)) {
+            Some(pinned) => samples.push(pinned - appeared),
+            None => missed += 1,
+        }
+        thread::sleep(hold);
+        machine.fake.remove_pod(&pod).expect("remove pod");
+    }
+    agent.wait_quiet(QUIET, Duration::from_secs(60));
+    (samples, missed, Work::now(agent).since(before))
+}
+
+/// The `cpuset.cpus` files of every container under `kubepods` (64-hex directory names) and,
+/// on v2, of their ancestors up to `kubepods`, watched for changes: tells when none of the
+/// containers' effective sets holds a CPU any more.
+struct Others {
+    inotify: Inotify,
+    /// Per container, its `cpuset.cpus` and its ancestors' (kubepods first).
+    chains: Vec<Vec<PathBuf>>,
+    /// Which containers a watched file bears on.
+    dependents: HashMap<WatchDescriptor, Vec<usize>>,
+}
+
+impl Others {
+    fn new(kubepods: &Path, version: CgroupVersion) -> Others {
+        let inotify = Inotify::init().expect("inotify");
+        let mut containers = Vec::new();
+        containers_below(kubepods, &mut containers);
+        let mut others = Others {
+            inotify,
+            chains: Vec::new(),
+            dependents: HashMap::new(),
+        };
+        for (index, dir) in containers.iter().enumerate() {
+            let mut chain: Vec<PathBuf> = match version {
+                CgroupVersion::V1 => vec![dir.clone()],
+                CgroupVersion::V2 => dir
+                    .ancestors()
+                    .take_while(|d| d.starts_with(kubepods))
+                    .map(Path::to_path_buf)
+                    .collect(),
+            };
+            chain.reverse();
+            let files: Vec<PathBuf> = chain.iter().map(|d| d.join("cpuset.cpus")).collect();
+            for file in &files {
+                let wd = others
+                    .inotify
+                    .watches()
+                    .add(file, WatchMask::MODIFY)
+                    .unwrap_or_else(|e| panic!("watch {}: {e}", file.display()));
+                others.dependents.entry(wd).or_default().push(index);
+            }
+            others.chains.push(files);
+        }
+        others
+    }
+
+    /// The container's effective CPUs as the kernel works them out from the chain.
+    fn effective(&self, index: usize) -> CpuSet {
+        let mut effective: Option<CpuSet> = None;
+        for file in &self.chains[index] {
+            let text = fs::read_to_string(file).unwrap_or_default();
+            let own = CpuSet::parse(text.trim()).unwrap_or_default();
+            let narrowed = match &effective {
+                Some(parent) => own.intersection(parent),
+                None => own,
+            };
+            if !narrowed.is_empty() {
+                effective = Some(narrowed);
+            }
+        }
+        effective.unwrap_or_default()
+    }
+
+    fn drain(&mut self) -> Vec<usize> {
+        let mut buffer = [0u8; 16384];
+        let mut touched = Vec::new();
+        while let Ok(events) = self.inotify.read_events(&mut buffer) {
+            let mut any = false;
+            for event in events {
+                any = true;
+                touched.extend(self.dependents.get(&event.wd).into_iter().flatten());
+            }
+            if !any {
+                break;
+            }
+        }
+        touched
+    }
+
+    /// Waits until no container's effective set holds `cpu`; returns when it saw that.
+    fn wait_exclusive(&mut self, cpu: u32, limit: Duration) -> Option<Instant> {
+        let deadline = Instant::now() + limit;
+        self.drain();
+        let mut holding: Vec<bool> = (0..self.chains.len())
+            .map(|i| self.effective(i).contains(cpu))
+            .collect();
+        let mut left = holding.iter().filter(|h| **h).count();
+        while left > 0 {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            if wait.is_zero() {
+                return None;
+            }
+            let ms = u16::try_from(wait.as_millis().max(1)).unwrap_or(u16::MAX);
+            let mut fds = [PollFd::new(self.inotify.as_fd(), PollFlags::POLLIN)];
+            let _ = poll(&mut fds, PollTimeout::from(ms));
+            for index in self.drain() {
+                if holding[index] && !self.effective(index).contains(cpu) {
+                    holding[index] = false;
+                    left -= 1;
+                }
+            }
+        }
+        Some(Instant::now())
+    }
+}
+
+/// Container cgroup directories (64-hex names) below `dir`.
+fn containers_below(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap().flatten() {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            out.push(entry.path());
+        } else {
+            containers_below(&entry.path(), out);
+        }
+    }
+}
+
+/// Per quiet sample: event → pin, event → exclusive, and the agent's work for the pod's start
+/// and release.
+struct QuietSamples {
+    pin: Vec<Duration>,
+    exclusive: Vec<Duration>,
+    work: Vec<Work>,
+    missed: usize,
+}
+
+fn quiet(machine: &TestNode, agent: &Agent, n: usize) -> QuietSamples {
+    let kubepods = machine.fake.file("kubepods", "cpuset.cpus");
+    let kubepods = kubepods.parent().unwrap();
+    let mut others = Others::new(kubepods, machine.fake.version());
+    let mut waiter = FileWaiter::default();
+    let mut out = QuietSamples {
+        pin: Vec::new(),
+        exclusive: Vec::new(),
+        work: Vec::new(),
+        missed: 0,
+    };
+    for _ in 0..n {
+        let before = Work::now(agent);
+        let (pod, appeared, cpus) = start_pinned_pod(machine);
+        let pinned = waiter.wait(&cpus, LIMIT, has_cpus(1));
+        let cpu = fs::read_to_string(&cpus).ok().and_then(|t| {
+            let set = CpuSet::parse(t.trim()).ok()?;
+            set.iter().next()
+        });
+        match (pinned, cpu) {
+            (Some(pinned), Some(cpu)) if cpus_len(&cpus) == 1 => {
+                out.pin.push(pinned - appeared);
+                match others.wait_exclusive(cpu, LIMIT) {
+                    Some(exclusive) => out.exclusive.push(exclusive - appeared),
+                    None => out.missed += 1,
+                }
+            }
+            _ => out.missed += 1,
+        }
+        machine.fake.remove_pod(&pod).expect("remove pod");
+        agent.wait_quiet(QUIET, Duration::from_secs(60));
+        out.work.push(Work::now(agent).since(before));
+    }
+    out
+}
+
+fn cpus_len(path: &Path) -> usize {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    CpuSet::parse(text.trim()).map_or(0, |s| s.len())
+}
+
+fn ms(micros: f64) -> String {
+    format!("{:.2}", micros / 1000.0)
+}
+
+fn median_of(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn report_busy(what: &str, samples: &mut [Duration], missed: usize, work: Work) {
+    let (p50, p99) = median_p99(samples);
+    let pods = (samples.len() + missed).max(1) as f64;
+    println!(
+        "{what:<26} {:>5} {:>8} {:>8} {:>8} {:>10.2} {:>10.0}",
+        samples.len(),
+        ms(p50),
+        ms(p99),
+        missed,
+        work.cpu_ns as f64 / 1e6 / pods,
+        work.writes / pods
+    );
+}
+
+fn report_quiet(what: &str, mut q: QuietSamples) {
+    let (pin50, pin99) = median_p99(&mut q.pin);
+    let (ex50, ex99) = median_p99(&mut q.exclusive);
+    let cpu = median_of(q.work.iter().map(|w| w.cpu_ns as f64 / 1e6).collect());
+    let writes = median_of(q.work.iter().map(|w| w.writes).collect());
+    println!(
+        "{what:<26} {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10.2} {:>10.0}",
+        q.exclusive.len(),
+        ms(pin50),
+        ms(pin99),
+        ms(ex50),
+        ms(ex99),
+        q.missed,
+        cpu,
+        writes
+    );
+}
+
+fn version_of(name: &str) -> Option<CgroupVersion> {
+    match name {
+        "v1" => Some(CgroupVersion::V1),
+        "v2" => Some(CgroupVersion::V2),
+        _ => None,
+    }
+}
+
+fn main() {
+    let backgrounds: Vec<usize> = env_list("BACKGROUND_PODS", "110,500")
+        .iter()
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    let versions: Vec<String> = env_list("VERSIONS", "v1,v2");
+    let (busy_n, quiet_n) = (
+        env_usize("BUSY_SAMPLES", 200),
+        env_usize("QUIET_SAMPLES", 30),
+    );
+    println!(
+        "busy node: a pod every {} ms, removed {} ms after its pin; event -> pin (ms), agent per pod",
+        env_usize("PERIOD_MS", 50),
+        env_usize("HOLD_MS", 20)
+    );
+    println!(
+        "{:<26} {:>5} {:>8} {:>8} {:>8} {:>10} {:>10}",
+        "tree", "n", "p50", "p99", "missed", "cpu ms/pod", "writes/pod"
+    );
+    let mut quiet_rows = Vec::new();
+    for name in &versions {
+        let Some(version) = version_of(name) else {
+            eprintln!("VERSIONS: {name:?} is not v1 or v2; skipped");
+            continue;
+        };
+        for &background in &backgrounds {
+            let what = format!("tmpfs {name}, {background} pods");
+            let (machine, agent) = node_with_agent(version, background);
+            let (mut samples, missed, work) = busy(&machine, &agent, busy_n);
+            report_busy(&what, &mut samples, missed, work);
+            quiet_rows.push((what, quiet(&machine, &agent, quiet_n)));
+        }
+    }
+    println!();
+    println!(
+        "quiet node, one pod at a time: event -> pin and -> exclusive (ms); agent per pod start + \
+         release (until it is quiet again), medians"
+    );
+    println!(
+        "{:<26} {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10}",
+        "tree",
+        "n",
+        "pin p50",
+        "pin p99",
+        "excl p50",
+        "excl p99",
+        "missed",
+        "cpu ms/pod",
+        "writes/pod"
+    );
+    for (what, q) in quiet_rows {
+        report_quiet(&what, q);
+    }
+}
