@@ -105,27 +105,39 @@ impl Work {
     }
 }
 
-/// The busy node: returns event → pin samples, misses and the agent's work over the run.
-fn busy(machine: &TestNode, agent: &Agent, n: usize) -> (Vec<Duration>, usize, Work) {
+/// The busy node's run: per pin, event -> pin and how many writes to the other containers'
+/// `cpuset.cpus` (and, on v2, their ancestors') landed between the appearance and the pin.
+struct BusyRun {
+    samples: Vec<(Duration, usize)>,
+    missed: usize,
+    work: Work,
+}
+
+fn busy(machine: &TestNode, agent: &Agent, n: usize) -> BusyRun {
     let (period, hold) = (env_ms("PERIOD_MS", 50), env_ms("HOLD_MS", 20));
+    let mut others = Others::of(machine);
     let mut waiter = FileWaiter::default();
-    let mut samples = Vec::with_capacity(n);
-    let mut missed = 0;
-    let before = Work::now(agent);
+    let mut run = BusyRun {
+        samples: Vec::with_capacity(n),
+        missed: 0,
+        work: Work::now(agent),
+    };
     let mut next = Instant::now();
     for _ in 0..n {
         thread::sleep(next.saturating_duration_since(Instant::now()));
         next = Instant::now() + period;
+        others.drain();
         let (pod, appeared, cpus) = start_pinned_pod(machine);
         match waiter.wait(&cpus, LIMIT, has_cpus(1)) {
-            Some(pinned) => samples.push(pinned - appeared),
-            None => missed += 1,
+            Some(pinned) => run.samples.push((pinned - appeared, others.drain().0)),
+            None => run.missed += 1,
         }
         thread::sleep(hold);
         machine.fake.remove_pod(&pod).expect("remove pod");
     }
     agent.wait_quiet(QUIET, Duration::from_secs(60));
-    (samples, missed, Work::now(agent).since(before))
+    run.work = Work::now(agent).since(run.work);
+    run
 }
 
 /// The `cpuset.cpus` files of every container under `kubepods` (64-hex directory names) and,
@@ -140,6 +152,12 @@ struct Others {
 }
 
 impl Others {
+    /// The containers of the node's pods as they are now.
+    fn of(machine: &TestNode) -> Others {
+        let kubepods = machine.fake.file("kubepods", "cpuset.cpus");
+        Others::new(kubepods.parent().unwrap(), machine.fake.version())
+    }
+
     fn new(kubepods: &Path, version: CgroupVersion) -> Others {
         let inotify = Inotify::init().expect("inotify");
         let mut containers = Vec::new();
@@ -190,20 +208,21 @@ impl Others {
         effective.unwrap_or_default()
     }
 
-    fn drain(&mut self) -> Vec<usize> {
+    /// The changes seen since the last drain: how many, and the containers they bear on.
+    fn drain(&mut self) -> (usize, Vec<usize>) {
         let mut buffer = [0u8; 16384];
-        let mut touched = Vec::new();
+        let (mut count, mut touched) = (0, Vec::new());
         while let Ok(events) = self.inotify.read_events(&mut buffer) {
-            let mut any = false;
+            let before = count;
             for event in events {
-                any = true;
+                count += 1;
                 touched.extend(self.dependents.get(&event.wd).into_iter().flatten());
             }
-            if !any {
+            if count == before {
                 break;
             }
         }
-        touched
+        (count, touched)
     }
 
     /// Waits until no container's effective set holds `cpu`; returns when it saw that.
@@ -222,7 +241,7 @@ impl Others {
             let ms = u16::try_from(wait.as_millis().max(1)).unwrap_or(u16::MAX);
             let mut fds = [PollFd::new(self.inotify.as_fd(), PollFlags::POLLIN)];
             let _ = poll(&mut fds, PollTimeout::from(ms));
-            for index in self.drain() {
+            for index in self.drain().1 {
                 if holding[index] && !self.effective(index).contains(cpu) {
                     holding[index] = false;
                     left -= 1;
@@ -258,9 +277,7 @@ struct QuietSamples {
 }
 
 fn quiet(machine: &TestNode, agent: &Agent, n: usize) -> QuietSamples {
-    let kubepods = machine.fake.file("kubepods", "cpuset.cpus");
-    let kubepods = kubepods.parent().unwrap();
-    let mut others = Others::new(kubepods, machine.fake.version());
+    let mut others = Others::of(machine);
     let mut waiter = FileWaiter::default();
     let mut out = QuietSamples {
         pin: Vec::new(),
@@ -307,17 +324,35 @@ fn median_of(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn report_busy(what: &str, samples: &mut [Duration], missed: usize, work: Work) {
-    let (p50, p99) = median_p99(samples);
-    let pods = (samples.len() + missed).max(1) as f64;
+fn report_busy(what: &str, run: BusyRun) {
+    let mut all: Vec<Duration> = run.samples.iter().map(|s| s.0).collect();
+    let (p50, p99) = median_p99(&mut all);
+    let pods = (run.samples.len() + run.missed).max(1) as f64;
+    // The pins behind which other cgroups' writes landed, and the median of each kind.
+    let (mut behind, mut clear): (Vec<Duration>, Vec<Duration>) = (Vec::new(), Vec::new());
+    for &(latency, writes) in &run.samples {
+        if writes > 0 { &mut behind } else { &mut clear }.push(latency);
+    }
+    let most = run.samples.iter().map(|s| s.1).max().unwrap_or(0);
+    let p50_of = |v: &mut Vec<Duration>| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            ms(median_p99(v).0)
+        }
+    };
     println!(
-        "{what:<26} {:>5} {:>8} {:>8} {:>8} {:>10.2} {:>10.0}",
-        samples.len(),
+        "{what:<26} {:>5} {:>8} {:>8} {:>8} {:>10.2} {:>10.0} {:>7}/{:<5} {:>8} {:>8}",
+        all.len(),
         ms(p50),
         ms(p99),
-        missed,
-        work.cpu_ns as f64 / 1e6 / pods,
-        work.writes / pods
+        run.missed,
+        run.work.cpu_ns as f64 / 1e6 / pods,
+        run.work.writes / pods,
+        behind.len(),
+        most,
+        p50_of(&mut clear),
+        p50_of(&mut behind),
     );
 }
 
@@ -363,8 +398,21 @@ fn main() {
         env_usize("HOLD_MS", 20)
     );
     println!(
-        "{:<26} {:>5} {:>8} {:>8} {:>8} {:>10} {:>10}",
-        "tree", "n", "p50", "p99", "missed", "cpu ms/pod", "writes/pod"
+        "{:<26} {:>5} {:>8} {:>8} {:>8} {:>10} {:>10} {:>13} {:>8} {:>8}",
+        "tree",
+        "n",
+        "p50",
+        "p99",
+        "missed",
+        "cpu ms/pod",
+        "writes/pod",
+        "behind/max",
+        "p50 clr",
+        "p50 bhd"
+    );
+    println!(
+        "(behind: pins before which writes to other containers' cpusets landed / the most such \
+         writes before one pin; p50 of the pins without (clr) and with (bhd) them)"
     );
     let mut quiet_rows = Vec::new();
     for name in &versions {
@@ -375,8 +423,7 @@ fn main() {
         for &background in &backgrounds {
             let what = format!("tmpfs {name}, {background} pods");
             let (machine, agent) = node_with_agent(version, background);
-            let (mut samples, missed, work) = busy(&machine, &agent, busy_n);
-            report_busy(&what, &mut samples, missed, work);
+            report_busy(&what, busy(&machine, &agent, busy_n));
             quiet_rows.push((what, quiet(&machine, &agent, quiet_n)));
         }
     }
