@@ -126,10 +126,10 @@ fn busy(machine: &TestNode, agent: &Agent, n: usize) -> BusyRun {
     for _ in 0..n {
         thread::sleep(next.saturating_duration_since(Instant::now()));
         next = Instant::now() + period;
-        others.drain();
+        others.changes();
         let (pod, appeared, cpus) = start_pinned_pod(machine);
         match waiter.wait(&cpus, LIMIT, has_cpus(1)) {
-            Some(pinned) => run.samples.push((pinned - appeared, others.drain().0)),
+            Some(pinned) => run.samples.push((pinned - appeared, others.changes().0)),
             None => run.missed += 1,
         }
         thread::sleep(hold);
@@ -141,14 +141,18 @@ fn busy(machine: &TestNode, agent: &Agent, n: usize) -> BusyRun {
 }
 
 /// The `cpuset.cpus` files of every container under `kubepods` (64-hex directory names) and,
-/// on v2, of their ancestors up to `kubepods`, watched for changes: tells when none of the
+/// on v2, of their ancestors up to `kubepods`, watched for changes and kept parsed (each file
+/// re-read once per change, so the bench's own reads stay few): tells when none of the
 /// containers' effective sets holds a CPU any more.
 struct Others {
     inotify: Inotify,
-    /// Per container, its `cpuset.cpus` and its ancestors' (kubepods first).
-    chains: Vec<Vec<PathBuf>>,
-    /// Which containers a watched file bears on.
-    dependents: HashMap<WatchDescriptor, Vec<usize>>,
+    /// Each watched file and its last value.
+    files: Vec<(PathBuf, CpuSet)>,
+    file_of: HashMap<WatchDescriptor, usize>,
+    /// Per file, the containers it bears on.
+    dependents: Vec<Vec<usize>>,
+    /// Per container, its file and its ancestors' (kubepods first), as indices into `files`.
+    chains: Vec<Vec<usize>>,
 }
 
 impl Others {
@@ -159,47 +163,58 @@ impl Others {
     }
 
     fn new(kubepods: &Path, version: CgroupVersion) -> Others {
-        let inotify = Inotify::init().expect("inotify");
         let mut containers = Vec::new();
         containers_below(kubepods, &mut containers);
         let mut others = Others {
-            inotify,
+            inotify: Inotify::init().expect("inotify"),
+            files: Vec::new(),
+            file_of: HashMap::new(),
+            dependents: Vec::new(),
             chains: Vec::new(),
-            dependents: HashMap::new(),
         };
         for (index, dir) in containers.iter().enumerate() {
-            let mut chain: Vec<PathBuf> = match version {
-                CgroupVersion::V1 => vec![dir.clone()],
+            let mut dirs: Vec<&Path> = match version {
+                CgroupVersion::V1 => vec![dir.as_path()],
                 CgroupVersion::V2 => dir
                     .ancestors()
                     .take_while(|d| d.starts_with(kubepods))
-                    .map(Path::to_path_buf)
                     .collect(),
             };
-            chain.reverse();
-            let files: Vec<PathBuf> = chain.iter().map(|d| d.join("cpuset.cpus")).collect();
-            for file in &files {
-                let wd = others
-                    .inotify
-                    .watches()
-                    .add(file, WatchMask::MODIFY)
-                    .unwrap_or_else(|e| panic!("watch {}: {e}", file.display()));
-                others.dependents.entry(wd).or_default().push(index);
-            }
-            others.chains.push(files);
+            dirs.reverse();
+            let chain = dirs
+                .iter()
+                .map(|d| others.watch(&d.join("cpuset.cpus"), index))
+                .collect();
+            others.chains.push(chain);
         }
         others
     }
 
+    /// Watches `file` (once) for `container`; its index.
+    fn watch(&mut self, file: &Path, container: usize) -> usize {
+        let wd = self
+            .inotify
+            .watches()
+            .add(file, WatchMask::MODIFY)
+            .unwrap_or_else(|e| panic!("watch {}: {e}", file.display()));
+        let next = self.files.len();
+        let index = *self.file_of.entry(wd).or_insert(next);
+        if index == next {
+            self.files.push((file.to_path_buf(), read_set(file)));
+            self.dependents.push(Vec::new());
+        }
+        self.dependents[index].push(container);
+        index
+    }
+
     /// The container's effective CPUs as the kernel works them out from the chain.
-    fn effective(&self, index: usize) -> CpuSet {
+    fn effective(&self, container: usize) -> CpuSet {
         let mut effective: Option<CpuSet> = None;
-        for file in &self.chains[index] {
-            let text = fs::read_to_string(file).unwrap_or_default();
-            let own = CpuSet::parse(text.trim()).unwrap_or_default();
+        for &file in &self.chains[container] {
+            let own = &self.files[file].1;
             let narrowed = match &effective {
                 Some(parent) => own.intersection(parent),
-                None => own,
+                None => own.clone(),
             };
             if !narrowed.is_empty() {
                 effective = Some(narrowed);
@@ -208,21 +223,36 @@ impl Others {
         effective.unwrap_or_default()
     }
 
-    /// The changes seen since the last drain: how many, and the containers they bear on.
-    fn drain(&mut self) -> (usize, Vec<usize>) {
+    /// The changes seen since the last look: how many, and the files they touched (not read).
+    fn changes(&mut self) -> (usize, Vec<usize>) {
         let mut buffer = [0u8; 16384];
-        let (mut count, mut touched) = (0, Vec::new());
+        let (mut count, mut changed) = (0, Vec::new());
         while let Ok(events) = self.inotify.read_events(&mut buffer) {
             let before = count;
             for event in events {
                 count += 1;
-                touched.extend(self.dependents.get(&event.wd).into_iter().flatten());
+                if event.mask.contains(inotify::EventMask::Q_OVERFLOW) {
+                    changed.extend(0..self.files.len());
+                }
+                changed.extend(self.file_of.get(&event.wd));
             }
             if count == before {
                 break;
             }
         }
-        (count, touched)
+        changed.sort_unstable();
+        changed.dedup();
+        (count, changed)
+    }
+
+    /// Takes the changes, re-reading each changed file once: the containers they bear on.
+    fn drain(&mut self) -> Vec<usize> {
+        let mut touched = Vec::new();
+        for file in self.changes().1 {
+            self.files[file].1 = read_set(&self.files[file].0);
+            touched.extend(&self.dependents[file]);
+        }
+        touched
     }
 
     /// Waits until no container's effective set holds `cpu`; returns when it saw that.
@@ -241,7 +271,7 @@ impl Others {
             let ms = u16::try_from(wait.as_millis().max(1)).unwrap_or(u16::MAX);
             let mut fds = [PollFd::new(self.inotify.as_fd(), PollFlags::POLLIN)];
             let _ = poll(&mut fds, PollTimeout::from(ms));
-            for index in self.drain().1 {
+            for index in self.drain() {
                 if holding[index] && !self.effective(index).contains(cpu) {
                     holding[index] = false;
                     left -= 1;
@@ -250,6 +280,12 @@ impl Others {
         }
         Some(Instant::now())
     }
+}
+
+/// A `cpuset.cpus` file's set (empty when unreadable or empty).
+fn read_set(path: &Path) -> CpuSet {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    CpuSet::parse(text.trim()).unwrap_or_default()
 }
 
 /// Container cgroup directories (64-hex names) below `dir`.
@@ -311,8 +347,7 @@ fn quiet(machine: &TestNode, agent: &Agent, n: usize) -> QuietSamples {
 }
 
 fn cpus_len(path: &Path) -> usize {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    CpuSet::parse(text.trim()).map_or(0, |s| s.len())
+    read_set(path).len()
 }
 
 fn ms(micros: f64) -> String {
