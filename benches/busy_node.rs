@@ -8,14 +8,21 @@
 //!   `PERIOD_MS` (default 50 ms); each is removed `HOLD_MS` (default 20 ms) after its pin, and
 //!   the rest of the period is the pause in which the shared pool's held-back rewrites fall due
 //!   (the gap between arrivals is longer than the agent's coalescing window). Event → pin p50 /
-//!   p99, and the agent's CPU (user + system of all its threads, `/proc/<pid>/task/*/schedstat`)
-//!   and cgroup writes (its `cpusetd_cgroup_writes_total`) per pod over the run.
+//!   p99, and the agent's CPU (time on CPU of all its threads, `/proc/<pid>/task/*/schedstat`)
+//!   and cgroup writes (its `cpusetd_cgroup_writes_total`) per pod over the run; and, per pin,
+//!   how many writes to the other containers' `cpuset.cpus` (v2: and their ancestors') landed
+//!   between the container's appearance and its pin (`behind`: whether a pin waits behind the
+//!   shared pool's batch).
 //! * **Quiet node, event → exclusive**: one pod at a time, the agent quiet before each. From the
 //!   container's appearance until no container of the background pods holds the new pin's CPU
 //!   any more (on v1 a container's own `cpuset.cpus`; on v2 its effective set, worked out from
 //!   the `cpuset.cpus` of the container and its ancestors as the kernel does: an empty or
 //!   disjoint set follows the parent). Also event → pin, and per pod start + release (the
-//!   pod's removal and the agent quiet again) the agent's CPU and writes.
+//!   pod's removal and the agent quiet again) the agent's CPU and writes. The bench keeps the
+//!   watched sets parsed and re-reads a file once per change, so its own reads stay few.
+//!
+//! The fake v2 tree's `cpuset.cpus.effective` files are not kept up to date (no kernel): the
+//! bench works the effective sets out itself; an agent that reads them sees the whole machine.
 //!
 //! `cargo bench --bench busy_node` (or `scripts/bench.sh busy`); knobs: `BACKGROUND_PODS`
 //! (default `110,500`), `VERSIONS` (cgroup versions of the fake tree, default `v1,v2`),
