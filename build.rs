@@ -8,6 +8,9 @@ fn main() {
         .build_server(true)
         .build_client(true)
         .build_transport(false)
+        // `cpusetd pod-resources` prints the answers as JSON, fields named as in the proto.
+        .type_attribute(".v1", "#[derive(serde::Serialize)]")
+        .field_attribute(".v1.NUMANode.ID", "#[serde(rename = \"ID\")]")
         .compile_protos(
             &["proto/podresources/v1/api.proto"],
             &["proto/podresources"],

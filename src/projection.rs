@@ -49,7 +49,8 @@ pub struct ProjectionBody {
     pub shared_cpus: String,
     pub shared_numa_nodes: Vec<u32>,
     /// The high-performance annotations in force for it, as read back (`cpu-quota.crio.io`,
-    /// `cpu-load-balancing.crio.io`, `irq-load-balancing.crio.io`, `cpu-shared.crio.io`).
+    /// `cpu-load-balancing.crio.io`, `irq-load-balancing.crio.io`, `cpu-shared.crio.io`,
+    /// `cpu-c-states.crio.io`, `cpu-freq-governor.crio.io`).
     pub isolation: Vec<String>,
 }
 

@@ -40,7 +40,9 @@ pub struct CgroupRow {
     pub note: String,
     /// The high-performance annotations in force for an exclusive container: `cpu-quota`
     /// (quota lifted), `cpu-load-balancing` (its CPUs in no scheduler domain),
-    /// `irq-load-balancing` (interrupts kept off its CPUs).
+    /// `irq-load-balancing` (interrupts kept off its CPUs), `cpu-shared` (its cgroup holds the
+    /// shared pool too), `cpu-c-states` and `cpu-freq-governor` (its CPUs' power files read
+    /// back as asked).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub isolation: Vec<&'static str>,
     /// The devices its runtime config gives it and their NUMA nodes (the topology hint its
@@ -151,6 +153,37 @@ fn power_note(
     parts.join("; ")
 }
 
+/// The annotations besides the three "no ..." ones in force for an exclusive container
+/// holding `held`, as read back: `cpu-shared` (its cgroup holds more than its own cpus),
+/// `cpu-c-states` and `cpu-freq-governor` (every one of its cpus reads back the value asked).
+fn also_in_force(
+    class: &Classification,
+    held: &CpuSet,
+    current: Option<&CpuSet>,
+    in_force: &InForce<'_>,
+) -> Vec<&'static str> {
+    let mut also = Vec::new();
+    if class.cpu_shared && current.is_some_and(|now| held.is_subset(now) && now.len() > held.len())
+    {
+        also.push("cpu-shared");
+    }
+    if class.isolation.c_states.is_some() && held.is_subset(&in_force.power.latency_in_force) {
+        also.push("cpu-c-states");
+    }
+    if class.isolation.governor.is_some() && held.is_subset(&in_force.power.governor_in_force) {
+        also.push("cpu-freq-governor");
+    }
+    also
+}
+
+/// Whether an `isolation` entry reads "no <entry>" in the table (the others are said in the
+/// note already).
+fn is_a_no(entry: &str) -> bool {
+    ["cpu-quota", "cpu-load-balancing", "irq-load-balancing"]
+        .iter()
+        .any(|no| entry.starts_with(no))
+}
+
 /// Rows for every cgroup that is not the root, a QoS directory or a pod.
 pub fn rows(
     scan: &Scan,
@@ -257,6 +290,12 @@ pub fn rows(
                     "irq-load-balancing"
                 });
             }
+            isolation.extend(also_in_force(
+                class,
+                &held.cpus,
+                cgroup.cpus.value(),
+                in_force,
+            ));
         }
         let note = power_note(note, class, assigned.map(|h| &h.cpus), in_force);
         let note = match assigned {
@@ -505,10 +544,14 @@ pub fn render_table(rows: &[CgroupRow], wide: bool) -> String {
                 r.request.clone().unwrap_or_else(|| "-".into()),
                 short(r.current.as_deref(), 24) + mark,
                 short(r.desired.as_deref(), 24),
-                if r.isolation.is_empty() {
-                    r.note.clone()
-                } else {
-                    format!("{} (no {})", r.note, r.isolation.join(", no "))
+                {
+                    let no: Vec<&str> =
+                        r.isolation.iter().copied().filter(|i| is_a_no(i)).collect();
+                    if no.is_empty() {
+                        r.note.clone()
+                    } else {
+                        format!("{} (no {})", r.note, no.join(", no "))
+                    }
                 },
             ]);
             row

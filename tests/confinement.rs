@@ -83,6 +83,11 @@ const WRITE_SITES: &[(&str, &str)] = &[
          connects to kubelet's PodResources socket (--kubelet-pod-resources-socket) to read it",
     ),
     (
+        "src/podresources/client.rs",
+        "`cpusetd pod-resources`: connects to the PodResources socket it is told (--socket, \
+         default <state-dir>/pod-resources.sock) to ask it; writes nothing",
+    ),
+    (
         "src/irqbalance.rs",
         "connects to a running irqbalance's socket (<proc-root>/../run/irqbalance): setup, settings cpus; only for irq-load-balancing pods",
     ),

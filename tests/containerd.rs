@@ -700,6 +700,7 @@ fn containerd_daemonset_pod_pins_its_node_and_survives_its_own_restart() {
             "/run/containerd" => scratch.join(RUN),
             "/var/lib/cpusetd" => state.clone(),
             "/var/lib/kubelet" => kubelet.clone(),
+            "/run/cpusetd" => scratch.join("run-cpusetd"),
             other => PathBuf::from(other),
         }
     };
@@ -796,11 +797,15 @@ fn containerd_daemonset_pod_pins_its_node_and_survives_its_own_restart() {
     };
     wait("the agent's first pass", &|s| s.converged());
 
-    let mut db = node.run(&spec(
+    let mut db_spec = spec(
         "db-0",
         "payments",
         vec![ContainerSpec::guaranteed("db", 1000)],
-    ));
+    );
+    db_spec
+        .annotations
+        .insert("cpusetd.io/projection".into(), "enable".into());
+    let mut db = node.run(&db_spec);
     let status = wait("db pinned", &|s| {
         s.exclusive_cpu_count == 1 && s.converged()
     });
@@ -813,6 +818,22 @@ fn containerd_daemonset_pod_pins_its_node_and_survives_its_own_restart() {
     let db_ids: Vec<i64> = exclusive.iter().map(i64::from).collect();
     let answered = podres.get("payments", "db-0").unwrap();
     assert_eq!(answered.containers[0].cpu_ids, db_ids);
+    // Its projection files, on the host in the /run/cpusetd hostPath, where the pod's own
+    // hostPath volume (subPathExpr: its UID) finds them.
+    let projected = scratch
+        .join("run-cpusetd/projection")
+        .join(&db_spec.uid)
+        .join("db.json");
+    let doc = poll_until(Duration::from_secs(20), || {
+        let text = fs::read_to_string(&projected).ok()?;
+        serde_json::from_str::<serde_json::Value>(&text).ok()
+    })
+    .unwrap_or_else(|| panic!("no {}", projected.display()));
+    assert_eq!(
+        doc["exclusive_cpus"],
+        exclusive.to_string().as_str(),
+        "{doc}"
+    );
     // The agent's own container: shared, never pinned, never starved.
     let agent_container = agent_pod.container("cpusetd").unwrap().clone();
     assert_eq!(wait_allowed(agent_container.pid, &shared), shared);

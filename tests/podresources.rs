@@ -410,6 +410,96 @@ fn kubelets_devices_and_memory_with_cpusetds_cpus() {
     agent.stop();
 }
 
+/// `cpusetd pod-resources …` on this node's agent socket, as an operator runs it: its JSON
+/// answer, or its exit status and stderr.
+fn cli(args: &[&str]) -> Result<serde_json::Value, (Option<i32>, String)> {
+    let out = crate::util::cpusetd(&[&["pod-resources"], args].concat());
+    if !out.status.success() {
+        return Err((
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ));
+    }
+    Ok(serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout))))
+}
+
+/// `cpusetd pod-resources list|get|allocatable`, with the client generated from the same
+/// proto, reads what the agent serves: each container's cpu_ids (its cpuset.cpus on the fake
+/// tree), kubelet's devices with their NUMA nodes under the proto's field names, kubelet's
+/// error for a pod it does not know, and a clear error where nothing listens.
+#[test]
+fn the_pod_resources_command_prints_what_the_agent_serves() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let kubelet_socket = node.base.join("kubelet.sock");
+    let _kubelet = FakeKubeletSocket::start(&kubelet_socket);
+    let kubelet_flag = kubelet_socket.display().to_string();
+    let mut agent = node.start_agent(&["--kubelet-pod-resources-socket", &kubelet_flag]);
+    let _ = Asker::new(socket_of(&node));
+    let cnf = guaranteed("cnf", 2000);
+    let id = node.fake.start_pod(&cnf).unwrap().remove(0);
+    node.wait_cpus(&id, "1,9");
+    // The agent's socket by default, found through --state-dir.
+    let state_dir = node.state_dir().display().to_string();
+    let list = poll_until(DEADLINE, || {
+        let list = cli(&["list", "--state-dir", &state_dir]).unwrap();
+        (list["pod_resources"][0]["containers"][0]["cpu_ids"] == serde_json::json!([1, 9]))
+            .then_some(list)
+    })
+    .expect("list gives cnf its cpus");
+    let pod = &list["pod_resources"][0];
+    assert_eq!(
+        (&pod["namespace"], &pod["name"]),
+        (&"default".into(), &"cnf".into())
+    );
+    let container = &pod["containers"][0];
+    assert_eq!(container["name"], "cnf");
+    assert_eq!(
+        node.cpus_of(&cnf, &id),
+        "1,9",
+        "cpu_ids are its cpuset.cpus"
+    );
+    assert_eq!(
+        container["devices"][0],
+        serde_json::json!({
+            "resource_name": "intel.com/sriov_netdevice",
+            "device_ids": ["0000:3b:02.1"],
+            "topology": {"nodes": [{"ID": 0}]},
+        })
+    );
+    assert_eq!(container["memory"][0]["memory_type"], "hugepages-1Gi");
+
+    let socket = socket_of(&node).display().to_string();
+    let got = cli(&["get", "default", "cnf", "--socket", &socket]).unwrap();
+    assert_eq!(
+        got["pod_resources"]["containers"][0]["cpu_ids"],
+        serde_json::json!([1, 9])
+    );
+    let (code, stderr) = cli(&["get", "default", "nope", "--socket", &socket]).unwrap_err();
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("pod nope in namespace default not found"),
+        "{stderr}"
+    );
+    let allocatable = cli(&["allocatable", "--socket", &socket]).unwrap();
+    assert_eq!(
+        allocatable["cpu_ids"],
+        serde_json::json!((1..16).collect::<Vec<i64>>())
+    );
+
+    // Nothing there: said, with what to do.
+    let missing = node.base.join("missing.sock").display().to_string();
+    let (code, stderr) = cli(&["list", "--socket", &missing]).unwrap_err();
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains(&missing) && stderr.contains("nothing listens there"),
+        "{stderr}"
+    );
+    let (code, stderr) = cli(&["list", "--timeout", "soon"]).unwrap_err();
+    assert_eq!(code, Some(2), "{stderr}");
+    agent.stop();
+}
+
 /// An HTTP/2 frame: length, type, flags, stream, payload.
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = payload.len() as u32;

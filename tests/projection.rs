@@ -56,6 +56,14 @@ fn cpu_shared_follows_the_pool(version: CgroupVersion) {
         status.by_id(&dp).unwrap().note.contains("cpu-shared"),
         "{status:?}"
     );
+    // In force as read back: in `status --json`'s isolation array and counted in the metrics;
+    // not for ctl, whose value was odd.
+    assert_eq!(status.by_id(&dp).unwrap().isolation, ["cpu-shared"]);
+    assert!(status.by_id(&ctl).unwrap().isolation.is_empty());
+    let counted = poll_until(DEADLINE, || {
+        (node.metric("cpusetd_cpu_shared_containers") == 1.0).then_some(())
+    });
+    assert!(counted.is_some(), "{:?}", node.metrics());
     assert_eq!(
         agent
             .log_lines("annotation cpu-shared.crio.io/ctl: \"maybe\" ignored")
@@ -88,6 +96,12 @@ fn cpu_shared_follows_the_pool(version: CgroupVersion) {
         status.by_id(&dp).unwrap().current.as_deref().map(cpus),
         Some(dp_own.union(&pool))
     );
+    // The pod goes: nothing counted.
+    node.fake.remove_pod(&fast).unwrap();
+    let uncounted = poll_until(DEADLINE, || {
+        (node.metric("cpusetd_cpu_shared_containers") == 0.0).then_some(())
+    });
+    assert!(uncounted.is_some(), "{:?}", node.metrics());
     assert!(agent.stop().success());
     node.assert_clean();
 }
@@ -405,4 +419,73 @@ fn projection_stays_off_the_path_to_the_pin() {
     // (The metrics file is written before the projection files of the same pass.)
     assert!(with["cpusetd_projection_writes_total"] >= 100.0, "{with:?}");
     assert_eq!(with["cpusetd_projection_failures_total"], 0.0);
+}
+
+/// `cpu-c-states.crio.io` and `cpu-freq-governor.crio.io` in force (their files read back as
+/// asked, on fake sysfs) are in the projection's `isolation` and in `status --json`'s; a
+/// governor the cpus do not offer is in neither.
+#[test]
+fn projection_and_status_say_the_power_annotations_in_force() {
+    let node = TestNode::with_writable_sysfs(CgroupVersion::V1);
+    crate::power::fake_power(&node);
+    let dir = node.base.join("projection");
+    let dir_flag = dir.display().to_string();
+    let mut agent = node.start_agent(&["--projection-dir", &dir_flag]);
+    let rt = guaranteed("rt", 2000);
+    node.fake.annotate_pod(
+        &rt.uid,
+        &[
+            ("cpusetd.io/projection", "enable"),
+            ("cpu-c-states.crio.io", "disable"),
+            ("cpu-freq-governor.crio.io", "performance"),
+        ],
+    );
+    let slow = guaranteed("slow", 1000);
+    node.fake.annotate_pod(
+        &slow.uid,
+        &[
+            ("cpusetd.io/projection", "enable"),
+            ("cpu-freq-governor.crio.io", "ondemand"),
+        ],
+    );
+    let rt_id = node.fake.start_pod(&rt).unwrap().remove(0);
+    let slow_id = node.fake.start_pod(&slow).unwrap().remove(0);
+    let both = serde_json::json!(["cpu-c-states.crio.io", "cpu-freq-governor.crio.io"]);
+    let doc = wait_projection(&dir, &rt.uid, "rt", "power in force", |v| {
+        v["isolation"] == both
+    });
+    let held = cpus(doc["exclusive_cpus"].as_str().unwrap());
+    assert_eq!(held.len(), 2, "{doc}");
+    for cpu in held.iter() {
+        assert_eq!(
+            crate::power::power_file(&node, cpu, crate::power::LATENCY),
+            "n/a"
+        );
+        assert_eq!(
+            crate::power::power_file(&node, cpu, crate::power::GOVERNOR),
+            "performance"
+        );
+    }
+    let status = node.wait_status("in force", |s| {
+        s.by_id(&rt_id)
+            .is_some_and(|r| r.isolation == ["cpu-c-states", "cpu-freq-governor"])
+    });
+    // ondemand is not offered: refused, so not in force anywhere.
+    let slow_row = status.by_id(&slow_id).unwrap();
+    assert!(
+        slow_row.exclusive && slow_row.isolation.is_empty(),
+        "{slow_row:?}"
+    );
+    let slow_doc = wait_projection(&dir, &slow.uid, "slow", "slow pinned", |v| {
+        v["exclusive_cpus"] != ""
+    });
+    assert_eq!(slow_doc["isolation"], serde_json::json!([]), "{slow_doc}");
+    // The table says them in the note, never as "no cpu-c-states".
+    let out = node.cpusetd("status", &[]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("cpu-c-states.crio.io in force") && !table.contains("no cpu-c-states"),
+        "{table}"
+    );
+    assert!(agent.stop().success());
 }

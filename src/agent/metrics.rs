@@ -92,6 +92,8 @@ pub struct Metrics {
     pub governor_cpus: u64,
     /// CPUs whose asked-for governor was refused (not in `scaling_available_governors`).
     pub governor_refused_cpus: u64,
+    /// Containers on their exclusive CPUs plus the shared pool (`cpu-shared.crio.io`).
+    pub cpu_shared_containers: u64,
     /// Per-cpu power files written (settings and restores).
     pub cpu_power_writes: u64,
     /// `cpuset.sched_load_balance` and host `cpuset.cpus` files written for it.
@@ -434,6 +436,12 @@ impl Metrics {
             "gauge",
             "CPUs whose pod asks for a cpufreq governor the CPU does not offer (left as they are).",
             &plain(self.governor_refused_cpus),
+        );
+        metric(
+            "cpusetd_cpu_shared_containers",
+            "gauge",
+            "Containers running on their exclusive CPUs plus the shared pool (cpu-shared.crio.io/<container>: enable), as their cpuset was last written or read back.",
+            &plain(self.cpu_shared_containers),
         );
         metric(
             "cpusetd_cpu_power_writes_total",

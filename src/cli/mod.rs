@@ -7,6 +7,7 @@ mod demo;
 mod health;
 mod node;
 mod plan;
+mod pod_resources;
 mod reset;
 mod run;
 mod status;
@@ -57,6 +58,9 @@ enum Command {
     Reset(reset::ResetArgs),
     /// Exit 0 when an agent runs on the state directory and reconciled lately (a liveness probe).
     Health(health::HealthArgs),
+    /// Ask a PodResources socket (the agent's, or kubelet's): list, get NAMESPACE POD,
+    /// allocatable; the answer as JSON.
+    PodResources(pod_resources::PodResourcesArgs),
 }
 
 /// A failed command: the message to print and the exit status.
@@ -148,6 +152,7 @@ pub fn main() -> ExitCode {
         Command::Status(args) => status::run(&args),
         Command::Reset(args) => reset::run(&args),
         Command::Health(args) => health::run(&args),
+        Command::PodResources(args) => pod_resources::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

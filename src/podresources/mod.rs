@@ -17,9 +17,11 @@
 //! memory, dynamic resources) and only `cpu_ids` are replaced; where it does not, the pods and
 //! containers cpusetd sees in the cgroup tree are listed, with cpus alone.
 
+mod client;
 mod merge;
 mod server;
 
+pub use client::{ask, Answer, Ask, AskError};
 pub use merge::{own_list, with_cpusetd_cpus};
 pub use server::{PodResourcesServer, ServeError, KUBELET_SOCKET};
 

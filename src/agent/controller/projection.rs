@@ -106,6 +106,31 @@ impl Controller {
         wanted
     }
 
+    /// Counts the containers `cpu-shared.crio.io` is in force for (their cgroup, as last
+    /// written or read, holds their exclusive cpus and more) for the metrics: a walk of the
+    /// model reading one flag per cgroup but theirs.
+    pub(super) fn count_cpu_shared(&mut self) {
+        let assignments = &self.parts.assignments;
+        let count = self
+            .model
+            .values()
+            .filter(|entry| {
+                let Some(class) = entry.class.as_deref().filter(|c| c.cpu_shared) else {
+                    return false;
+                };
+                let held = class.assignment_key().and_then(|k| assignments.get(&k));
+                let cpus = entry.cgroup.cpus.configured();
+                match (held, cpus) {
+                    (Some(held), Some(cpus)) => {
+                        held.cpus.is_subset(cpus) && cpus.len() > held.cpus.len()
+                    }
+                    _ => false,
+                }
+            })
+            .count();
+        self.metrics.cpu_shared_containers = count as u64;
+    }
+
     /// The high-performance annotations in force for a container, as read back.
     fn in_force(
         &self,
@@ -132,6 +157,17 @@ impl Controller {
         }
         if class.cpu_shared && cpus.len() > exclusive.len() {
             in_force.push("cpu-shared.crio.io");
+        }
+        let power = self.power.as_ref().map(|p| p.saved());
+        if wanted.c_states.is_some()
+            && power.is_some_and(|p| exclusive.is_subset(&p.latency_in_force))
+        {
+            in_force.push(crate::classify::CPU_C_STATES_ANNOTATION);
+        }
+        if wanted.governor.is_some()
+            && power.is_some_and(|p| exclusive.is_subset(&p.governor_in_force))
+        {
+            in_force.push(crate::classify::CPU_FREQ_GOVERNOR_ANNOTATION);
         }
         in_force.into_iter().map(String::from).collect()
     }

@@ -52,6 +52,7 @@ impl Controller {
         }
         self.count_containers(&scan, &classes, &mode);
         let mut outcome = self.record_pass(planned, &report, &classes, &mode);
+        self.count_cpu_shared();
         // The checkpoint keeps the refusals `status` shows.
         outcome.assignments_changed |= std::mem::take(&mut self.refusals_changed);
         let paths = |indexes: &[usize]| -> Vec<CgroupPath> {
