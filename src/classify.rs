@@ -35,7 +35,7 @@ use crate::cgroupfs::{
 };
 use crate::devices::ContainerDevice;
 use crate::logging::excerpt;
-use crate::runtime::{OciCpu, RuntimeInfo};
+use crate::runtime::{keys, OciCpu, RuntimeInfo};
 use crate::state::AssignmentKey;
 use crate::topology::CoreType;
 
@@ -167,6 +167,41 @@ impl fmt::Display for Governor {
 pub const CPU_SHARED_ANNOTATION_PREFIX: &str = "cpu-shared.crio.io/";
 /// cpusetd's pod annotation asking for a projection file per container (`"enable"`).
 pub const PROJECTION_ANNOTATION: &str = "cpusetd.io/projection";
+
+/// Every annotation key classification reads by its full name (the runtime's and kubelet's
+/// identity keys and CRI-O's high-performance annotations); [`ANNOTATION_PREFIXES`] covers the
+/// rest. The runtime lookup keeps exactly these ([`reads_annotation`]): a key read here but
+/// missing from this list would be trimmed away and never seen
+/// (`every_annotation_key_classification_reads_is_kept` proves the list complete).
+pub(crate) const ANNOTATION_KEYS: [&str; 15] = [
+    CPU_LOAD_BALANCING_ANNOTATION,
+    CPU_C_STATES_ANNOTATION,
+    CPU_FREQ_GOVERNOR_ANNOTATION,
+    CPU_QUOTA_ANNOTATION,
+    IRQ_LOAD_BALANCING_ANNOTATION,
+    keys::CRI_CONTAINER_TYPE,
+    keys::CRI_CONTAINER_NAME,
+    keys::CRI_SANDBOX_UID,
+    keys::CRI_SANDBOX_NAME,
+    keys::CRI_SANDBOX_NAMESPACE,
+    keys::CRIO_CONTAINER_TYPE,
+    keys::KUBE_CONTAINER_NAME,
+    keys::KUBE_POD_UID,
+    keys::KUBE_POD_NAME,
+    keys::KUBE_POD_NAMESPACE,
+];
+
+/// The prefixes of the annotation keys classification reads by a name it builds: cpusetd's own
+/// (`cpusetd.io/exclusive.<container>` and the rest) and [`CPU_SHARED_ANNOTATION_PREFIX`].
+pub(crate) const ANNOTATION_PREFIXES: [&str; 2] = ["cpusetd.io/", CPU_SHARED_ANNOTATION_PREFIX];
+
+/// Whether classification may read `key`: what the runtime lookup keeps of a config.
+pub(crate) fn reads_annotation(key: &str) -> bool {
+    ANNOTATION_PREFIXES
+        .iter()
+        .any(|prefix| key.starts_with(prefix))
+        || ANNOTATION_KEYS.contains(&key)
+}
 
 /// What the pod's high-performance annotations ask for its exclusive containers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -2224,6 +2259,49 @@ mod tests {
             c.notices.as_slice(),
             [Notice::IgnoredAnnotation { key, .. }] if key == "cpusetd.io/exclusive.app"
         ));
+    }
+
+    /// Every key classification asks a runtime config for is one the runtime lookup keeps
+    /// ([`reads_annotation`], what `RuntimeInfo::trimmed` keeps): a key read but not kept would
+    /// be trimmed from every cached config and silently never seen. And every listed key is
+    /// read, so the list holds nothing stale.
+    #[test]
+    fn every_annotation_key_classification_reads_is_kept() {
+        let cpu = OciCpu {
+            shares: Some(2048),
+            quota: Some(200_000),
+            period: Some(100_000),
+        };
+        crate::runtime::asked::take();
+        // A container without annotations asks for every key and falls back through each
+        // alternative; a named one also asks for its per-container keys.
+        for pairs in [&[][..], &[(keys::CRI_CONTAINER_NAME, "app")][..]] {
+            for settings in [v1(2048, Some(200_000)), v2(79, Some(200_000))] {
+                let info = runtime(pairs, cpu);
+                let relative = path(&format!("pod{UID}/{ID}"));
+                classify(&cgroupfs(), &relative, &settings, Some(&info));
+            }
+        }
+        let asked = crate::runtime::asked::take();
+        let every: Vec<(String, String)> =
+            asked.iter().map(|key| (key.clone(), "x".into())).collect();
+        let kept = RuntimeInfo {
+            annotations: every.into_iter().collect(),
+            ..RuntimeInfo::default()
+        }
+        .trimmed();
+        for key in &asked {
+            assert_eq!(
+                kept.annotation(key),
+                Some("x"),
+                "classification reads {key:?} but the runtime lookup drops it: add it to ANNOTATION_KEYS"
+            );
+        }
+        for key in ANNOTATION_KEYS {
+            assert!(asked.contains(key), "{key:?} is kept but never read");
+        }
+        assert!(asked.contains("cpusetd.io/exclusive.app"), "{asked:?}");
+        assert!(asked.contains("cpu-shared.crio.io/app"), "{asked:?}");
     }
 
     #[test]
