@@ -1577,8 +1577,8 @@ pub fn classify_scan_one(
     classify(naming, &cgroup.relative, &cgroup.cpu, info.as_ref())
 }
 
-#[cfg(test)]
 #[allow(clippy::too_many_lines)]
+#[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
     use std::ffi::OsStr;
