@@ -28,6 +28,9 @@
 //! only affects the label, since such a container never has a whole CPU. Malformed names
 //! classify as unknown with a reason; nothing here panics on input.
 
+// The crate's 60-line function limit (clippy.toml), tests aside.
+#![deny(clippy::too_many_lines)]
+
 use std::fmt;
 
 use crate::cgroupfs::{
@@ -35,7 +38,7 @@ use crate::cgroupfs::{
 };
 use crate::devices::ContainerDevice;
 use crate::logging::excerpt;
-use crate::runtime::{OciCpu, RuntimeInfo};
+use crate::runtime::{keys, OciCpu, RuntimeInfo};
 use crate::state::AssignmentKey;
 use crate::topology::CoreType;
 
@@ -167,6 +170,41 @@ impl fmt::Display for Governor {
 pub const CPU_SHARED_ANNOTATION_PREFIX: &str = "cpu-shared.crio.io/";
 /// cpusetd's pod annotation asking for a projection file per container (`"enable"`).
 pub const PROJECTION_ANNOTATION: &str = "cpusetd.io/projection";
+
+/// Every annotation key classification reads by its full name (the runtime's and kubelet's
+/// identity keys and CRI-O's high-performance annotations); [`ANNOTATION_PREFIXES`] covers the
+/// rest. The runtime lookup keeps exactly these ([`reads_annotation`]): a key read here but
+/// missing from this list would be trimmed away and never seen
+/// (`every_annotation_key_classification_reads_is_kept` proves the list complete).
+pub(crate) const ANNOTATION_KEYS: [&str; 15] = [
+    CPU_LOAD_BALANCING_ANNOTATION,
+    CPU_C_STATES_ANNOTATION,
+    CPU_FREQ_GOVERNOR_ANNOTATION,
+    CPU_QUOTA_ANNOTATION,
+    IRQ_LOAD_BALANCING_ANNOTATION,
+    keys::CRI_CONTAINER_TYPE,
+    keys::CRI_CONTAINER_NAME,
+    keys::CRI_SANDBOX_UID,
+    keys::CRI_SANDBOX_NAME,
+    keys::CRI_SANDBOX_NAMESPACE,
+    keys::CRIO_CONTAINER_TYPE,
+    keys::KUBE_CONTAINER_NAME,
+    keys::KUBE_POD_UID,
+    keys::KUBE_POD_NAME,
+    keys::KUBE_POD_NAMESPACE,
+];
+
+/// The prefixes of the annotation keys classification reads by a name it builds: cpusetd's own
+/// (`cpusetd.io/exclusive.<container>` and the rest) and [`CPU_SHARED_ANNOTATION_PREFIX`].
+pub(crate) const ANNOTATION_PREFIXES: [&str; 2] = ["cpusetd.io/", CPU_SHARED_ANNOTATION_PREFIX];
+
+/// Whether classification may read `key`: what the runtime lookup keeps of a config.
+pub(crate) fn reads_annotation(key: &str) -> bool {
+    ANNOTATION_PREFIXES
+        .iter()
+        .any(|prefix| key.starts_with(prefix))
+        || ANNOTATION_KEYS.contains(&key)
+}
 
 /// What the pod's high-performance annotations ask for its exclusive containers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -560,12 +598,9 @@ impl fmt::Display for Notice {
                 f,
                 "guaranteed container has cpu limit {limit} but request {request}"
             ),
-            Notice::IgnoredAnnotation { key, value } => write!(
-                f,
-                "annotation {}: {:?} ignored: only \"false\" has an effect",
-                excerpt(key),
-                excerpt(value)
-            ),
+            Notice::IgnoredAnnotation { key, value } => {
+                ignored(f, key, value, ": only \"false\" has an effect")
+            }
             Notice::DeprecatedAnnotationValue { key } => write!(
                 f,
                 "annotation {}: \"true\" is CRI-O's deprecated spelling of \"disable\" (honoured)",
@@ -575,37 +610,53 @@ impl fmt::Display for Notice {
                 key,
                 value,
                 expected,
-            } => write!(
+            } => ignored(
                 f,
-                "annotation {}: {:?} ignored (its cpus are left as they are): it takes {expected}",
-                excerpt(key),
-                excerpt(value)
+                key,
+                value,
+                format_args!(" (its cpus are left as they are): it takes {expected}"),
             ),
-            Notice::UnknownAnnotationValue { key, value } => write!(
+            Notice::UnknownAnnotationValue { key, value } => ignored(
                 f,
-                "annotation {}: {:?} ignored: \"disable\" turns it on, \"enable\" leaves it off",
-                excerpt(key),
-                excerpt(value)
+                key,
+                value,
+                ": \"disable\" turns it on, \"enable\" leaves it off",
             ),
-            Notice::IgnoredIsolatedCpusValue { value } => write!(
+            Notice::IgnoredIsolatedCpusValue { value } => ignored(
                 f,
-                "annotation {ISOLATED_CPUS_ANNOTATION}: {:?} ignored: only \"{ISOLATED_CPUS_REQUIRE}\" has an effect (exclusive cpus come from the other cpus)",
-                excerpt(value)
+                ISOLATED_CPUS_ANNOTATION,
+                value,
+                format_args!(": only \"{ISOLATED_CPUS_REQUIRE}\" has an effect (exclusive cpus come from the other cpus)"),
             ),
-            Notice::UnknownCoreType { value } => write!(
+            Notice::UnknownCoreType { value } => ignored(
                 f,
-                "annotation {CORE_TYPE_ANNOTATION}: {:?} ignored: \"performance\" or \"efficient\" \
-                 (placing on performance cores first)",
-                excerpt(value)
+                CORE_TYPE_ANNOTATION,
+                value,
+                ": \"performance\" or \"efficient\" (placing on performance cores first)",
             ),
-            Notice::NotEnableOrDisable { key, value } => write!(
+            Notice::NotEnableOrDisable { key, value } => ignored(
                 f,
-                "annotation {}: {:?} ignored: \"enable\" turns it on, \"disable\" leaves it off",
-                excerpt(key),
-                excerpt(value)
+                key,
+                value,
+                ": \"enable\" turns it on, \"disable\" leaves it off",
             ),
         }
     }
+}
+
+/// `annotation <key>: <value> ignored<why>`: an annotation value that has no effect.
+fn ignored(
+    f: &mut fmt::Formatter<'_>,
+    key: &str,
+    value: &str,
+    why: impl fmt::Display,
+) -> fmt::Result {
+    write!(
+        f,
+        "annotation {}: {:?} ignored{why}",
+        excerpt(key),
+        excerpt(value)
+    )
 }
 
 /// Everything classification says about one cgroup.
@@ -1156,33 +1207,48 @@ fn cpu_resources(
     runtime: Option<&RuntimeInfo>,
     notices: &mut Vec<Notice>,
 ) -> Option<(CpuResources, Option<u64>)> {
-    if let Some(shares) = runtime.and_then(|r| r.cpu.shares) {
-        let cpu = runtime.map(|r| r.cpu).unwrap_or_default();
-        let limit = match cpu.quota {
-            Some(q) if q > 0 => Some(quota_to_milli(
-                q as u64,
-                cpu.period.filter(|p| *p > 0).unwrap_or(DEFAULT_PERIOD_US),
-            )),
-            _ => None,
-        };
-        // A cgroup that still holds the kernel's default is being set up (runc makes it, then
-        // writes the config's value): settling, not disagreeing.
-        if config_matches_cgroup(settings, &cpu) == Some(false) && !holds_kernel_default(settings) {
-            let on_disk = match settings {
-                CpuSettings::V1 { shares, .. } => format!("cpu.shares {}", value_text(shares)),
-                CpuSettings::V2 { weight, .. } => format!("cpu.weight {}", value_text(weight)),
-            };
-            notices.push(Notice::RuntimeConfigDisagrees {
-                detail: format!("{on_disk}, config shares {shares}"),
-            });
-        }
-        let resources = CpuResources {
-            source: CpuSource::OciConfig,
-            request: shares_to_milli(shares),
-            limit,
-        };
-        return Some((resources, None));
+    let cpu = runtime.map(|r| r.cpu).unwrap_or_default();
+    match cpu.shares {
+        Some(shares) => Some((resources_from_config(settings, cpu, shares, notices), None)),
+        None => resources_from_cgroup(settings),
     }
+}
+
+/// CPU request and limit from the OCI config (`cpu.shares` present), noting a cgroup that
+/// disagrees with it.
+fn resources_from_config(
+    settings: &CpuSettings,
+    cpu: OciCpu,
+    shares: u64,
+    notices: &mut Vec<Notice>,
+) -> CpuResources {
+    let limit = match cpu.quota {
+        Some(q) if q > 0 => Some(quota_to_milli(
+            q as u64,
+            cpu.period.filter(|p| *p > 0).unwrap_or(DEFAULT_PERIOD_US),
+        )),
+        _ => None,
+    };
+    // A cgroup that still holds the kernel's default is being set up (runc makes it, then
+    // writes the config's value): settling, not disagreeing.
+    if config_matches_cgroup(settings, &cpu) == Some(false) && !holds_kernel_default(settings) {
+        let on_disk = match settings {
+            CpuSettings::V1 { shares, .. } => format!("cpu.shares {}", value_text(shares)),
+            CpuSettings::V2 { weight, .. } => format!("cpu.weight {}", value_text(weight)),
+        };
+        notices.push(Notice::RuntimeConfigDisagrees {
+            detail: format!("{on_disk}, config shares {shares}"),
+        });
+    }
+    CpuResources {
+        source: CpuSource::OciConfig,
+        request: shares_to_milli(shares),
+        limit,
+    }
+}
+
+/// CPU request and limit from the cgroup's own files, with the v2 weight when that was used.
+fn resources_from_cgroup(settings: &CpuSettings) -> Option<(CpuResources, Option<u64>)> {
     match settings {
         CpuSettings::V1 {
             shares,
@@ -1390,26 +1456,8 @@ pub fn classify(
     }
     let qos = path.qos.unwrap_or(QosClass::BestEffort);
     classification.devices = runtime.map(|r| r.devices.clone()).unwrap_or_default();
-    let notices = &mut classification.notices;
-
-    if let (Some(from_path), Some(from_runtime)) =
-        (&path.pod_uid, runtime.and_then(|r| r.pod_uid()))
-    {
-        if from_path != from_runtime {
-            // The cgroup path wins: kubelet made it, and the pod's cpus are the union of its
-            // directory's containers. A runtime config naming another pod must not put this
-            // container under that pod's key (two containers on one exclusive cpu).
-            notices.push(Notice::PodUidMismatch {
-                path: from_path.clone(),
-                runtime: from_runtime.to_string(),
-            });
-        }
-    }
-    classification.container_name = runtime.and_then(|r| r.container_name()).map(str::to_string);
-    classification.pod_name = runtime.and_then(|r| r.pod_name()).map(str::to_string);
-    classification.pod_namespace = runtime.and_then(|r| r.pod_namespace()).map(str::to_string);
-
-    let resources = cpu_resources(settings, runtime, notices);
+    read_identity(&mut classification, path.pod_uid.as_deref(), runtime);
+    let resources = cpu_resources(settings, runtime, &mut classification.notices);
     classification.resources = resources.map(|(r, _)| r);
 
     let sandbox = match runtime.and_then(|r| r.is_sandbox()) {
@@ -1423,14 +1471,7 @@ pub fn classify(
         };
         return classification;
     }
-    classification.isolation = isolation(runtime, notices);
-    classification.isolated_cpus = wants_isolated_cpus(runtime, notices);
-    classification.core_type = core_type(runtime, notices);
-    classification.projection = enabled(runtime, PROJECTION_ANNOTATION, notices);
-    if let Some(name) = &classification.container_name {
-        let key = format!("{CPU_SHARED_ANNOTATION_PREFIX}{name}");
-        classification.cpu_shared = enabled(runtime, &key, notices);
-    }
+    read_requests(&mut classification, runtime);
 
     let decision = match resources {
         _ if qos != QosClass::Guaranteed => Err(SharedReason::NotGuaranteed { qos }),
@@ -1440,13 +1481,62 @@ pub fn classify(
             resources,
             weight,
             &mut classification.resources,
-            notices,
+            &mut classification.notices,
         ),
     };
     let container_name = classification.container_name.clone();
     let notices = &mut classification.notices;
-    classification.exclusivity = match decision {
-        Ok(cpus) => match opted_out(runtime, container_name.as_deref(), notices) {
+    classification.exclusivity = exclusivity(decision, runtime, container_name.as_deref(), notices);
+    classification
+}
+
+/// The container's and pod's names from the runtime, noting a pod UID that differs from the
+/// cgroup path's (`from_path`).
+fn read_identity(
+    classification: &mut Classification,
+    from_path: Option<&str>,
+    runtime: Option<&RuntimeInfo>,
+) {
+    if let (Some(from_path), Some(from_runtime)) = (from_path, runtime.and_then(|r| r.pod_uid())) {
+        if from_path != from_runtime {
+            // The cgroup path wins: kubelet made it, and the pod's cpus are the union of its
+            // directory's containers. A runtime config naming another pod must not put this
+            // container under that pod's key (two containers on one exclusive cpu).
+            classification.notices.push(Notice::PodUidMismatch {
+                path: from_path.to_string(),
+                runtime: from_runtime.to_string(),
+            });
+        }
+    }
+    classification.container_name = runtime.and_then(|r| r.container_name()).map(str::to_string);
+    classification.pod_name = runtime.and_then(|r| r.pod_name()).map(str::to_string);
+    classification.pod_namespace = runtime.and_then(|r| r.pod_namespace()).map(str::to_string);
+}
+
+/// What the pod's annotations ask for an application container besides exclusivity:
+/// isolation, the isolated pool, a core type, a projection, the shared pool too.
+fn read_requests(classification: &mut Classification, runtime: Option<&RuntimeInfo>) {
+    let notices = &mut classification.notices;
+    classification.isolation = isolation(runtime, notices);
+    classification.isolated_cpus = wants_isolated_cpus(runtime, notices);
+    classification.core_type = core_type(runtime, notices);
+    classification.projection = enabled(runtime, PROJECTION_ANNOTATION, notices);
+    if let Some(name) = &classification.container_name {
+        let key = format!("{CPU_SHARED_ANNOTATION_PREFIX}{name}");
+        classification.cpu_shared = enabled(runtime, &key, notices);
+    }
+}
+
+/// Exclusive when the rule gives whole CPUs and no annotation opts out; opt-out values are
+/// checked (and odd ones noted) either way.
+fn exclusivity(
+    decision: Result<u32, SharedReason>,
+    runtime: Option<&RuntimeInfo>,
+    container_name: Option<&str>,
+    notices: &mut Vec<Notice>,
+) -> Exclusivity {
+    match decision {
+        Ok(cpus) => match opted_out(runtime, container_name, notices) {
             Some(annotation) => Exclusivity::Shared {
                 reason: SharedReason::OptedOut { annotation },
             },
@@ -1454,11 +1544,10 @@ pub fn classify(
         },
         Err(reason) => {
             // Still note meaningless opt-out values.
-            opted_out(runtime, container_name.as_deref(), notices);
+            opted_out(runtime, container_name, notices);
             Exclusivity::Shared { reason }
         }
-    };
-    classification
+    }
 }
 
 /// Classifies every cgroup of a scan, in the scan's order, looking containers up with
@@ -1488,6 +1577,7 @@ pub fn classify_scan_one(
     classify(naming, &cgroup.relative, &cgroup.cpu, info.as_ref())
 }
 
+#[allow(clippy::too_many_lines)]
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -2224,6 +2314,49 @@ mod tests {
             c.notices.as_slice(),
             [Notice::IgnoredAnnotation { key, .. }] if key == "cpusetd.io/exclusive.app"
         ));
+    }
+
+    /// Every key classification asks a runtime config for is one the runtime lookup keeps
+    /// ([`reads_annotation`], what `RuntimeInfo::trimmed` keeps): a key read but not kept would
+    /// be trimmed from every cached config and silently never seen. And every listed key is
+    /// read, so the list holds nothing stale.
+    #[test]
+    fn every_annotation_key_classification_reads_is_kept() {
+        let cpu = OciCpu {
+            shares: Some(2048),
+            quota: Some(200_000),
+            period: Some(100_000),
+        };
+        crate::runtime::asked::take();
+        // A container without annotations asks for every key and falls back through each
+        // alternative; a named one also asks for its per-container keys.
+        for pairs in [&[][..], &[(keys::CRI_CONTAINER_NAME, "app")][..]] {
+            for settings in [v1(2048, Some(200_000)), v2(79, Some(200_000))] {
+                let info = runtime(pairs, cpu);
+                let relative = path(&format!("pod{UID}/{ID}"));
+                classify(&cgroupfs(), &relative, &settings, Some(&info));
+            }
+        }
+        let asked = crate::runtime::asked::take();
+        let every: Vec<(String, String)> =
+            asked.iter().map(|key| (key.clone(), "x".into())).collect();
+        let kept = RuntimeInfo {
+            annotations: every.into_iter().collect(),
+            ..RuntimeInfo::default()
+        }
+        .trimmed();
+        for key in &asked {
+            assert_eq!(
+                kept.annotation(key),
+                Some("x"),
+                "classification reads {key:?} but the runtime lookup drops it: add it to ANNOTATION_KEYS"
+            );
+        }
+        for key in ANNOTATION_KEYS {
+            assert!(asked.contains(key), "{key:?} is kept but never read");
+        }
+        assert!(asked.contains("cpusetd.io/exclusive.app"), "{asked:?}");
+        assert!(asked.contains("cpu-shared.crio.io/app"), "{asked:?}");
     }
 
     #[test]

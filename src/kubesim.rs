@@ -19,6 +19,9 @@
 //!
 //! Not for production use: it only ever writes below the roots it is given.
 
+// The crate's 60-line function limit (clippy.toml), tests aside.
+#![deny(clippy::too_many_lines)]
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
@@ -553,72 +556,89 @@ impl FakeNode {
     /// one file at a time.
     fn add_cgroup(&self, rel: &str, cpu_shares: Option<u64>, limit: Option<u64>) -> io::Result<()> {
         match self.version {
-            CgroupVersion::V1 => {
-                self.appear(
-                    &self.cpuset_root,
-                    rel,
-                    &[
-                        ("cpuset.cpus", ""),
-                        ("cpuset.mems", ""),
-                        ("cpuset.effective_cpus", ""),
-                        ("cpuset.effective_mems", ""),
-                        // The kernel gives every new cpuset 1, whatever its parent's.
-                        ("cpuset.sched_load_balance", "1"),
-                        ("cgroup.procs", ""),
-                    ],
-                )?;
-                self.appear(
-                    &self.cpu_root,
-                    rel,
-                    &[
-                        ("cpu.shares", "1024"),
-                        ("cpu.cfs_quota_us", "-1"),
-                        ("cpu.cfs_period_us", "100000"),
-                        ("cgroup.procs", ""),
-                    ],
-                )?;
-                let cpu = self.cpu_root.join(rel);
-                if let Some(s) = cpu_shares {
-                    write(&cpu.join("cpu.shares"), &s.to_string())?;
-                }
-                if let Some(l) = limit {
-                    write(
-                        &cpu.join("cpu.cfs_quota_us"),
-                        &(l * PERIOD_US / 1000).to_string(),
-                    )?;
-                }
-            }
-            CgroupVersion::V2 => {
-                let cpus = self.cpus.to_string();
-                let mems = self.mems.to_string();
-                let mut files = vec![
-                    ("cgroup.controllers", "cpuset cpu"),
-                    ("cgroup.subtree_control", "cpuset cpu"),
-                    ("cgroup.procs", ""),
-                    ("cpuset.cpus", ""),
-                    ("cpuset.mems", ""),
-                    ("cpuset.cpus.effective", &cpus),
-                    ("cpuset.mems.effective", &mems),
-                    // Partitions since 5.13; cpuset.cpus.exclusive since 6.7.
-                    ("cpuset.cpus.partition", "member"),
-                    ("cpu.max", "max 100000"),
-                    ("cpu.weight", "100"),
-                ];
-                if self.remote_partitions {
-                    files.push(("cpuset.cpus.exclusive", ""));
-                }
-                self.appear(&self.root, rel, &files)?;
-                let dir = self.root.join(rel);
-                if let Some(s) = cpu_shares {
-                    write(&dir.join("cpu.weight"), &weight(s).to_string())?;
-                }
-                if let Some(l) = limit {
-                    write(
-                        &dir.join("cpu.max"),
-                        &format!("{} {PERIOD_US}", l * PERIOD_US / 1000),
-                    )?;
-                }
-            }
+            CgroupVersion::V1 => self.add_cgroup_v1(rel, cpu_shares, limit),
+            CgroupVersion::V2 => self.add_cgroup_v2(rel, cpu_shares, limit),
+        }
+    }
+
+    /// [`Self::add_cgroup`] on v1: the cpuset and cpu hierarchies' directories.
+    fn add_cgroup_v1(
+        &self,
+        rel: &str,
+        cpu_shares: Option<u64>,
+        limit: Option<u64>,
+    ) -> io::Result<()> {
+        self.appear(
+            &self.cpuset_root,
+            rel,
+            &[
+                ("cpuset.cpus", ""),
+                ("cpuset.mems", ""),
+                ("cpuset.effective_cpus", ""),
+                ("cpuset.effective_mems", ""),
+                // The kernel gives every new cpuset 1, whatever its parent's.
+                ("cpuset.sched_load_balance", "1"),
+                ("cgroup.procs", ""),
+            ],
+        )?;
+        self.appear(
+            &self.cpu_root,
+            rel,
+            &[
+                ("cpu.shares", "1024"),
+                ("cpu.cfs_quota_us", "-1"),
+                ("cpu.cfs_period_us", "100000"),
+                ("cgroup.procs", ""),
+            ],
+        )?;
+        let cpu = self.cpu_root.join(rel);
+        if let Some(s) = cpu_shares {
+            write(&cpu.join("cpu.shares"), &s.to_string())?;
+        }
+        if let Some(l) = limit {
+            write(
+                &cpu.join("cpu.cfs_quota_us"),
+                &(l * PERIOD_US / 1000).to_string(),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::add_cgroup`] on v2: one directory with both controllers.
+    fn add_cgroup_v2(
+        &self,
+        rel: &str,
+        cpu_shares: Option<u64>,
+        limit: Option<u64>,
+    ) -> io::Result<()> {
+        let cpus = self.cpus.to_string();
+        let mems = self.mems.to_string();
+        let mut files = vec![
+            ("cgroup.controllers", "cpuset cpu"),
+            ("cgroup.subtree_control", "cpuset cpu"),
+            ("cgroup.procs", ""),
+            ("cpuset.cpus", ""),
+            ("cpuset.mems", ""),
+            ("cpuset.cpus.effective", &cpus),
+            ("cpuset.mems.effective", &mems),
+            // Partitions since 5.13; cpuset.cpus.exclusive since 6.7.
+            ("cpuset.cpus.partition", "member"),
+            ("cpu.max", "max 100000"),
+            ("cpu.weight", "100"),
+        ];
+        if self.remote_partitions {
+            files.push(("cpuset.cpus.exclusive", ""));
+        }
+        self.appear(&self.root, rel, &files)?;
+        let dir = self.root.join(rel);
+        if let Some(s) = cpu_shares {
+            write(&dir.join("cpu.weight"), &weight(s).to_string())?;
+        }
+        if let Some(l) = limit {
+            write(
+                &dir.join("cpu.max"),
+                &format!("{} {PERIOD_US}", l * PERIOD_US / 1000),
+            )?;
         }
         Ok(())
     }

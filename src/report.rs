@@ -530,44 +530,43 @@ pub fn render_table(rows: &[CgroupRow], wide: bool) -> String {
         headers.extend(["POD UID", "CONTAINER ID"]);
     }
     headers.extend(["QOS", "REQUEST", "CURRENT", "DESIRED", "NOTE"]);
-    let table: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            let mark = if r.differs() { "*" } else { "" };
-            let mut row = vec![r.pod_label(), r.container_label()];
-            if wide {
-                row.push(short(r.pod_uid.as_deref(), 36));
-                row.push(short(r.container_id.as_deref(), 64));
+    let headers: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+    let table: Vec<Vec<String>> = rows.iter().map(|r| table_cells(r, wide)).collect();
+    align(&headers, &table)
+}
+
+/// One row's cells for [`render_table`], printable only (names and notes come from runtime
+/// configs and directory names).
+fn table_cells(r: &CgroupRow, wide: bool) -> Vec<String> {
+    let mark = if r.differs() { "*" } else { "" };
+    let mut row = vec![r.pod_label(), r.container_label()];
+    if wide {
+        row.push(short(r.pod_uid.as_deref(), 36));
+        row.push(short(r.container_id.as_deref(), 64));
+    }
+    row.extend([
+        r.qos.clone().unwrap_or_else(|| "-".into()),
+        r.request.clone().unwrap_or_else(|| "-".into()),
+        short(r.current.as_deref(), 24) + mark,
+        short(r.desired.as_deref(), 24),
+        {
+            let no: Vec<&str> = r.isolation.iter().copied().filter(|i| is_a_no(i)).collect();
+            if no.is_empty() {
+                r.note.clone()
+            } else {
+                format!("{} (no {})", r.note, no.join(", no "))
             }
-            row.extend([
-                r.qos.clone().unwrap_or_else(|| "-".into()),
-                r.request.clone().unwrap_or_else(|| "-".into()),
-                short(r.current.as_deref(), 24) + mark,
-                short(r.desired.as_deref(), 24),
-                {
-                    let no: Vec<&str> =
-                        r.isolation.iter().copied().filter(|i| is_a_no(i)).collect();
-                    if no.is_empty() {
-                        r.note.clone()
-                    } else {
-                        format!("{} (no {})", r.note, no.join(", no "))
-                    }
-                },
-            ]);
-            row
-        })
-        .collect();
-    // Names and notes come from runtime configs and directory names: printable only.
-    let table: Vec<Vec<String>> = table
-        .into_iter()
-        .map(|row| {
-            row.into_iter()
-                .map(|cell| crate::logging::printable(&cell).into_owned())
-                .collect()
-        })
-        .collect();
+        },
+    ]);
+    row.into_iter()
+        .map(|cell| crate::logging::printable(&cell).into_owned())
+        .collect()
+}
+
+/// The header and rows in columns two spaces apart, the last column unpadded.
+fn align(headers: &[String], table: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in &table {
+    for row in table {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
@@ -586,8 +585,8 @@ pub fn render_table(rows: &[CgroupRow], wide: bool) -> String {
         out.push_str(text.trim_end());
         out.push('\n');
     };
-    line(&headers.iter().map(|h| h.to_string()).collect::<Vec<_>>());
-    for row in &table {
+    line(headers);
+    for row in table {
         line(row);
     }
     out

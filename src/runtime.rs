@@ -26,6 +26,7 @@ use nix::fcntl::OFlag;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 
+use crate::classify::ANNOTATION_KEYS as KEPT_KEYS;
 use crate::devices::{ContainerDevice, DeviceId, DeviceLocator, MAX_DEVICES};
 
 /// containerd's bundle config of a CRI container (namespace `k8s.io`).
@@ -157,6 +158,27 @@ impl fmt::Display for ConfigTemplate {
     }
 }
 
+/// Test builds: the keys [`RuntimeInfo::annotation`] was asked for on this thread, so a test
+/// can prove that every key classification reads is one [`RuntimeInfo::trimmed`] keeps.
+#[cfg(test)]
+pub(crate) mod asked {
+    use std::cell::RefCell;
+    use std::collections::BTreeSet;
+
+    thread_local! {
+        static ASKED: RefCell<BTreeSet<String>> = const { RefCell::new(BTreeSet::new()) };
+    }
+
+    pub(crate) fn note(key: &str) {
+        ASKED.with(|asked| asked.borrow_mut().insert(key.to_string()));
+    }
+
+    /// The keys asked for since the last call.
+    pub(crate) fn take() -> BTreeSet<String> {
+        ASKED.with(|asked| std::mem::take(&mut *asked.borrow_mut()))
+    }
+}
+
 /// `linux.resources.cpu` of an OCI config, as the runtime received it from kubelet.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OciCpu {
@@ -166,25 +188,13 @@ pub struct OciCpu {
     pub period: Option<u64>,
 }
 
-/// The annotation keys classification reads besides `cpusetd.io/` ones: what
-/// [`RuntimeInfo::trimmed`] keeps, and what the lookup cache stores as a one-byte index.
-const KEPT_KEYS: [&str; 15] = [
-    "cpu-load-balancing.crio.io",
-    "cpu-c-states.crio.io",
-    "cpu-freq-governor.crio.io",
-    "cpu-quota.crio.io",
-    "irq-load-balancing.crio.io",
-    keys::CRI_CONTAINER_TYPE,
-    keys::CRI_CONTAINER_NAME,
-    keys::CRI_SANDBOX_UID,
-    keys::CRI_SANDBOX_NAME,
-    keys::CRI_SANDBOX_NAMESPACE,
-    keys::CRIO_CONTAINER_TYPE,
-    keys::KUBE_CONTAINER_NAME,
-    keys::KUBE_POD_UID,
-    keys::KUBE_POD_NAME,
-    keys::KUBE_POD_NAMESPACE,
-];
+// KEPT_KEYS: what [`RuntimeInfo::trimmed`] keeps by full name and the lookup cache stores as a
+// one-byte index (1 + its index): `classify`'s one list of the keys it reads, so a key
+// classification reads is never trimmed away unseen.
+const _: () = assert!(
+    KEPT_KEYS.len() < u8::MAX as usize,
+    "1 + an index fits a byte"
+);
 
 /// What classification needs from a container's OCI config.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -207,17 +217,12 @@ impl RuntimeInfo {
     /// Only what classification reads: the CPU request and the annotations of [`keys`] and
     /// `cpusetd.io/` (an OCI config carries dozens more; the agent caches one per container).
     pub fn trimmed(mut self) -> RuntimeInfo {
-        fn wanted(key: &str) -> bool {
-            key.starts_with("cpusetd.io/")
-                || key.starts_with(crate::classify::CPU_SHARED_ANNOTATION_PREFIX)
-                || KEPT_KEYS.contains(&key)
-        }
         for map in [
             &mut self.annotations,
             &mut self.crio_annotations,
             &mut self.crio_labels,
         ] {
-            map.retain(|key, _| wanted(key));
+            map.retain(|key, _| crate::classify::reads_annotation(key));
         }
         self.ignored = Vec::new();
         self
@@ -226,6 +231,8 @@ impl RuntimeInfo {
     /// An annotation from the top level, else from CRI-O's encoded annotations, else from its
     /// encoded labels.
     pub fn annotation(&self, key: &str) -> Option<&str> {
+        #[cfg(test)]
+        asked::note(key);
         self.annotations
             .get(key)
             .or_else(|| self.crio_annotations.get(key))

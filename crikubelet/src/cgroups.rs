@@ -301,14 +301,13 @@ impl NodeCgroups {
         Ok(())
     }
 
-    /// Starts a transient slice over D-Bus (what kubelet's systemd driver does through
-    /// `StartTransientUnit`) and waits until its cgroup exists.
-    fn start_slice(
+    /// `StartTransientUnit`'s properties for a slice under `parent` (accounting on, the pod's
+    /// CPU and memory settings when given): their count and busctl's arguments for them.
+    fn slice_properties(
         &self,
-        slice: &str,
         parent: &str,
         settings: Option<PodResources>,
-    ) -> io::Result<()> {
+    ) -> (usize, Vec<String>) {
         let mut properties: Vec<String> = Vec::new();
         let mut count = 0;
         let mut add = |p: &mut Vec<String>, fields: &[&str]| {
@@ -346,6 +345,18 @@ impl NodeCgroups {
                 }
             }
         }
+        (count, properties)
+    }
+
+    /// Starts a transient slice over D-Bus (what kubelet's systemd driver does through
+    /// `StartTransientUnit`) and waits until its cgroup exists.
+    fn start_slice(
+        &self,
+        slice: &str,
+        parent: &str,
+        settings: Option<PodResources>,
+    ) -> io::Result<()> {
+        let (count, properties) = self.slice_properties(parent, settings);
         let dir = self.root.join(slice_path(slice));
         if self.is_unified() && dir.exists() {
             return Ok(());

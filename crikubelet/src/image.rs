@@ -142,11 +142,7 @@ fn oci_archive(work: &Path, layer: &Path, name: &str, cmd: &[&str]) -> io::Resul
         Ok((format!("sha256:{digest}"), bytes.len()))
     };
     let (layer_digest, layer_size) = put(&fs::read(layer)?)?;
-    let arch = match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    };
+    let arch = oci_arch();
     let config = json!({
         "architecture": arch,
         "os": "linux",
@@ -180,18 +176,31 @@ fn oci_archive(work: &Path, layer: &Path, name: &str, cmd: &[&str]) -> io::Resul
         }],
     });
     fs::write(layout.join("index.json"), serde_json::to_vec(&index)?)?;
+    pack_layout(&layout, &work.join(format!("{slug}.tar")))
+}
+
+/// The running machine's architecture as OCI names it.
+fn oci_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// Marks `layout` an OCI image layout and packs it into the tarball `tarball`.
+fn pack_layout(layout: &Path, tarball: &Path) -> io::Result<PathBuf> {
     fs::write(
         layout.join("oci-layout"),
         br#"{"imageLayoutVersion":"1.0.0"}"#,
     )?;
-    let tarball = work.join(format!("{slug}.tar"));
     run(Command::new("tar")
         .arg("-C")
-        .arg(&layout)
+        .arg(layout)
         .arg("-cf")
-        .arg(&tarball)
+        .arg(tarball)
         .args(["oci-layout", "index.json", "blobs"]))?;
-    Ok(tarball)
+    Ok(tarball.to_path_buf())
 }
 
 /// Hex SHA-256 of `bytes`, by `sha256sum` (coreutils).

@@ -237,6 +237,28 @@ fn table_of_cpus(max_id: usize, domains: &[CpuSet]) -> Vec<u32> {
     of_cpu
 }
 
+/// For each group of CPUs (uncore caches, dies): the NUMA node of its first CPU, and whether
+/// the whole group lies in that node.
+fn numa_of_groups(
+    groups: &[CpuSet],
+    cpu_numa: &[u32],
+    numas: &[CpuSet],
+) -> (Vec<usize>, Vec<bool>) {
+    let numa: Vec<usize> = groups
+        .iter()
+        .map(|cpus| {
+            cpus.first()
+                .map_or(0, |cpu| cpu_numa[cpu as usize] as usize)
+        })
+        .collect();
+    let in_one = groups
+        .iter()
+        .zip(&numa)
+        .map(|(cpus, &numa)| cpus.is_subset(&numas[numa]))
+        .collect();
+    (numa, in_one)
+}
+
 impl BestFit {
     pub fn new(index: &TopologyIndex) -> Self {
         let max_id = index.all_cpus().last().map_or(0, |id| id as usize + 1);
@@ -246,19 +268,9 @@ impl BestFit {
         let parent = |cpus: &CpuSet, of_cpu: &[u32]| {
             cpus.first().map_or(0, |cpu| of_cpu[cpu as usize] as usize)
         };
-        let uncore_numa: Vec<usize> = index
-            .uncore_caches
-            .cpus
-            .iter()
-            .map(|cpus| parent(cpus, &cpu_numa))
-            .collect();
-        let uncore_in_one_numa = index
-            .uncore_caches
-            .cpus
-            .iter()
-            .zip(&uncore_numa)
-            .map(|(cpus, &numa)| cpus.is_subset(&index.numa_nodes.cpus[numa]))
-            .collect();
+        let numas = &index.numa_nodes.cpus;
+        let (uncore_numa, uncore_in_one_numa) =
+            numa_of_groups(&index.uncore_caches.cpus, &cpu_numa, numas);
         let numa_socket = index
             .numa_nodes
             .cpus
@@ -272,12 +284,7 @@ impl BestFit {
         } else {
             Vec::new()
         };
-        let die_numa: Vec<usize> = dies.iter().map(|cpus| parent(cpus, &cpu_numa)).collect();
-        let die_in_one_numa = dies
-            .iter()
-            .zip(&die_numa)
-            .map(|(cpus, &numa)| cpus.is_subset(&index.numa_nodes.cpus[numa]))
-            .collect();
+        let (die_numa, die_in_one_numa) = numa_of_groups(dies, &cpu_numa, numas);
         // Dies are the tighter domain when each lies in its cache and some is smaller.
         let cache_of = |die: &CpuSet| &index.uncore_caches.cpus[parent(die, &cpu_uncore)];
         let die_first = has_dies

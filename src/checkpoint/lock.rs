@@ -8,6 +8,9 @@
 //! agent starts do not inherit the lock. The file itself is left in place on release: deleting
 //! a lock file races with the next agent opening it.
 
+// The crate's 60-line function limit (clippy.toml), tests aside.
+#![deny(clippy::too_many_lines)]
+
 use std::fs::{DirBuilder, File};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -90,26 +93,7 @@ impl StateLock {
                 source,
             })?;
         let path = dir.join(LOCK_FILE);
-        let (file, locked_path, own_file) = match open_lock_file(&path) {
-            Ok(file) => (file, path.clone(), true),
-            Err(LockError::Open { source, .. }) if cannot_write_there(&source) => {
-                log::warn!(
-                    "cannot use the lock file {}: {source}; locking the state directory itself \
-                     (a second agent is still refused; its pid is not recorded)",
-                    path.display()
-                );
-                let dir_file = File::options()
-                    .read(true)
-                    .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW).bits())
-                    .open(dir)
-                    .map_err(|source| LockError::Open {
-                        path: dir.to_path_buf(),
-                        source,
-                    })?;
-                (dir_file, dir.to_path_buf(), false)
-            }
-            Err(e) => return Err(e),
-        };
+        let (file, locked_path, own_file) = open_lock_target(dir, &path)?;
         let mut file = match lock_exclusive(file) {
             Ok(locked) => locked,
             Err((mut file, Errno::EWOULDBLOCK)) => {
@@ -126,22 +110,7 @@ impl StateLock {
                 })
             }
         };
-        let mut pid_written = false;
-        if own_file {
-            let pid = format!("{}\n", std::process::id());
-            match file
-                .set_len(0)
-                .and_then(|()| file.seek(SeekFrom::Start(0)).map(drop))
-                .and_then(|()| file.write_all(pid.as_bytes()))
-            {
-                Ok(()) => pid_written = true,
-                // Held all the same; a second agent is told "another cpusetd" without a pid.
-                Err(e) => log::warn!(
-                    "cannot record this process's pid in {}: {e}; the lock is held all the same",
-                    path.display()
-                ),
-            }
-        }
+        let pid_written = own_file && record_pid(&mut file, &path);
         Ok(StateLock {
             path: locked_path,
             file,
@@ -159,6 +128,52 @@ impl StateLock {
 /// take a shared lock for an instant to see whether an agent holds it, and an agent starting
 /// in that instant must not take them for another agent.
 const PROBE_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// The lock file at `path` (in `dir`), or `dir` itself when the directory cannot take the
+/// file (read-only, full); with the path locked and whether it is our own lock file.
+fn open_lock_target(dir: &Path, path: &Path) -> Result<(File, PathBuf, bool), LockError> {
+    match open_lock_file(path) {
+        Ok(file) => Ok((file, path.to_path_buf(), true)),
+        Err(LockError::Open { source, .. }) if cannot_write_there(&source) => {
+            log::warn!(
+                "cannot use the lock file {}: {source}; locking the state directory itself \
+                 (a second agent is still refused; its pid is not recorded)",
+                path.display()
+            );
+            let dir_file = File::options()
+                .read(true)
+                .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW).bits())
+                .open(dir)
+                .map_err(|source| LockError::Open {
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
+            Ok((dir_file, dir.to_path_buf(), false))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes this process's pid into its lock file; whether it was recorded (a failure is logged:
+/// the lock is held all the same, and a second agent is told "another cpusetd" without a pid).
+fn record_pid(file: &mut File, path: &Path) -> bool {
+    let pid = format!("{}\n", std::process::id());
+    match file
+        .set_len(0)
+        .and_then(|()| file.seek(SeekFrom::Start(0)).map(drop))
+        .and_then(|()| file.write_all(pid.as_bytes()))
+    {
+        Ok(()) => true,
+        // Held all the same; a second agent is told "another cpusetd" without a pid.
+        Err(e) => {
+            log::warn!(
+                "cannot record this process's pid in {}: {e}; the lock is held all the same",
+                path.display()
+            );
+            false
+        }
+    }
+}
 
 /// A non-blocking exclusive lock, tried again for [`PROBE_GRACE`] while someone holds it.
 fn lock_exclusive(file: File) -> Result<Flock<File>, (File, Errno)> {
@@ -310,7 +325,11 @@ pub fn lock_holder(dir: &Path) -> LockHolder {
         .then(|| identity.and_then(|(dev, ino)| flock_holder(dev, ino)))
         .flatten()
         .or(recorded);
-    let what = pid.map(|pid| (pid, process_kind(pid)));
+    holder_of(&path, held, pid.map(|pid| (pid, process_kind(pid))))
+}
+
+/// Who holds the lock at `path`, from whether it is `held` and `what` the pid it names is.
+fn holder_of(path: &Path, held: bool, what: Option<(u32, ProcessKind)>) -> LockHolder {
     match (held, what) {
         (true, None) => LockHolder::Agent(None),
         (true, Some((pid, ProcessKind::Cpusetd))) => LockHolder::Agent(Some(pid)),

@@ -3,6 +3,9 @@
 //! topology, the static policy and the runtime config lookup. Host paths appear here only as
 //! flag defaults.
 
+// The crate's 60-line function limit (clippy.toml), tests aside.
+#![deny(clippy::too_many_lines)]
+
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
@@ -422,6 +425,25 @@ impl TreeArgs {
         }
     }
 
+    /// `--runtime-config-path`'s templates, the runtimes' defaults when none is given.
+    fn config_templates(&self) -> Result<Vec<ConfigTemplate>, CommandError> {
+        let templates: Vec<String> = if self.runtime_config_path.is_empty() {
+            DEFAULT_CONFIG_TEMPLATES
+                .iter()
+                .map(|t| t.to_string())
+                .collect()
+        } else {
+            self.runtime_config_path.clone()
+        };
+        templates
+            .iter()
+            .map(|t| {
+                ConfigTemplate::new(t)
+                    .map_err(|e| CommandError::usage(format!("--runtime-config-path: {e}")))
+            })
+            .collect()
+    }
+
     /// Detects the layout, reads the topology, opens the hierarchy. Every failure is a
     /// configuration error naming the flag to fix.
     pub fn open(&self) -> Result<NodeView, CommandError> {
@@ -463,21 +485,7 @@ impl TreeArgs {
             )));
         }
         let topology = discover_topology(&self.sysfs_root, &self.proc_root)?;
-        let templates: Vec<String> = if self.runtime_config_path.is_empty() {
-            DEFAULT_CONFIG_TEMPLATES
-                .iter()
-                .map(|t| t.to_string())
-                .collect()
-        } else {
-            self.runtime_config_path.clone()
-        };
-        let templates = templates
-            .iter()
-            .map(|t| {
-                ConfigTemplate::new(t)
-                    .map_err(|e| CommandError::usage(format!("--runtime-config-path: {e}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let templates = self.config_templates()?;
         let naming = CgroupNaming::new(layout.driver, &layout.kubepods);
         Ok(NodeView {
             layout,

@@ -1,6 +1,9 @@
 //! `cpusetd run`: the agent. Configuration errors exit 78 (so systemd's
 //! `RestartPreventExitStatus=78` stops restarting), runtime failures 1.
 
+// The crate's 60-line function limit (clippy.toml), tests aside.
+#![deny(clippy::too_many_lines)]
+
 use clap::{Args, Parser};
 
 use super::node::{AgentArgs, NodeView};
@@ -64,7 +67,14 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         notifier,
         pod_resources: args.pod_resources(),
     };
-    agent::run(config).map_err(|e| match e {
+    agent::run(config).map_err(|e| agent_error(args, e))
+}
+
+/// The agent's error as the command's: a flag's fault (the state directory, the metrics
+/// address, the PodResources socket) is a configuration error naming the flag; anything else
+/// is a failure a restart may cure.
+fn agent_error(args: &AgentArgs, e: agent::AgentError) -> CommandError {
+    match e {
         // A state directory that cannot be made or cannot hold the lock (a file, /dev/null,
         // /proc/self) is the flag's fault: restarting would not help.
         agent::AgentError::Lock(
@@ -79,8 +89,8 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         // restarting would not help either.
         agent::AgentError::MetricsBind(ref bind) => config_error(CommandError::usage(format!(
             "--metrics-bind-address {}: {}; pass a free port of an address of this node \
-             (such as 127.0.0.1:{}), or leave the flag out (the systemd unit has no network: \
-             see README, Prometheus and Grafana)",
+         (such as 127.0.0.1:{}), or leave the flag out (the systemd unit has no network: \
+         see README, Prometheus and Grafana)",
             bind.addr,
             error_chain(&bind.source),
             agent::http::DEFAULT_PORT
@@ -88,7 +98,7 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         // A socket path that cannot be bound is the flag's fault too.
         agent::AgentError::PodResources(ref why) => config_error(CommandError::usage(format!(
             "--pod-resources-socket: {}; name another path, or none to not serve kubelet's \
-             PodResources API",
+         PodResources API",
             error_chain(why)
         ))),
         e => CommandError {
@@ -96,7 +106,7 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
             message: error_chain(&e),
             bare: false,
         },
-    })
+    }
 }
 
 /// The controller's parts from `run`'s flags on an opened node (the checkpoint's assignments

@@ -65,6 +65,48 @@ impl DiscoverError {
     }
 }
 
+/// The isolated CPUs (sysfs' `isolated` plus `isolcpus=` domains on the command line) and the
+/// `nohz_full` ones (sysfs plus the command line); `known` (online and offline CPUs) bounds
+/// the command line's lists when sysfs has no `possible` list.
+fn isolated_cpus(
+    cpu_dir: &Path,
+    proc: &Path,
+    known: CpuSet,
+) -> Result<(CpuSet, CpuSet), DiscoverError> {
+    let mut isolated =
+        read_optional_list(&cpu_dir.join("isolated"), "isolated cpu list")?.unwrap_or_default();
+    let cmdline_path = proc.join("cmdline");
+    let last_cpu = match read_optional_list(&cpu_dir.join("possible"), "possible cpu list") {
+        Ok(Some(possible)) if !possible.is_empty() => possible.last().unwrap_or(0),
+        _ => known.last().unwrap_or(0),
+    };
+    let mut nohz_full = read_optional_list(&cpu_dir.join("nohz_full"), "nohz_full cpu list")
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    match bounded::read_file(&cmdline_path, bounded::KERNEL_FILE_LIMIT) {
+        Ok(text) => {
+            let parsed = parse_cmdline(&text, last_cpu);
+            for why in &parsed.ignored {
+                log::warn!(
+                    "{}: {why} (the kernel ignores it too); the cpus it names are not treated \
+                     as isolated",
+                    cmdline_path.display()
+                );
+            }
+            isolated.extend_from(&parsed.domain);
+            nohz_full.extend_from(&parsed.nohz_full);
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => log::warn!(
+            "cannot read the kernel command line {}: {e}; isolcpus= and nohz_full= are not \
+             known",
+            cmdline_path.display()
+        ),
+    }
+    Ok((isolated, nohz_full))
+}
+
 /// Reads the topology of the machine whose sysfs is mounted at `sysfs` and procfs at `proc`.
 pub fn discover(sysfs: &Path, proc: &Path) -> Result<Topology, DiscoverError> {
     let cpu_dir = sysfs.join("devices/system/cpu");
@@ -92,37 +134,7 @@ pub fn discover(sysfs: &Path, proc: &Path) -> Result<Topology, DiscoverError> {
     }
     number_dies_within_packages(&mut cpus);
 
-    let mut isolated =
-        read_optional_list(&cpu_dir.join("isolated"), "isolated cpu list")?.unwrap_or_default();
-    let cmdline_path = proc.join("cmdline");
-    let last_cpu = match read_optional_list(&cpu_dir.join("possible"), "possible cpu list") {
-        Ok(Some(possible)) if !possible.is_empty() => possible.last().unwrap_or(0),
-        _ => online.union(&offline).last().unwrap_or(0),
-    };
-    let mut nohz_full = read_optional_list(&cpu_dir.join("nohz_full"), "nohz_full cpu list")
-        .ok()
-        .flatten()
-        .unwrap_or_default();
-    match bounded::read_file(&cmdline_path, bounded::KERNEL_FILE_LIMIT) {
-        Ok(text) => {
-            let parsed = parse_cmdline(&text, last_cpu);
-            for why in &parsed.ignored {
-                log::warn!(
-                    "{}: {why} (the kernel ignores it too); the cpus it names are not treated \
-                     as isolated",
-                    cmdline_path.display()
-                );
-            }
-            isolated.extend_from(&parsed.domain);
-            nohz_full.extend_from(&parsed.nohz_full);
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => log::warn!(
-            "cannot read the kernel command line {}: {e}; isolcpus= and nohz_full= are not \
-             known",
-            cmdline_path.display()
-        ),
-    }
+    let (isolated, nohz_full) = isolated_cpus(&cpu_dir, proc, online.union(&offline))?;
 
     let topology = Topology::new(cpus, offline, isolated, memory_nodes).map_err(|source| {
         DiscoverError::Inconsistent {

@@ -29,17 +29,39 @@ pub fn write_fake_sysfs(topo: &Topology, sysfs: &Path, proc: &Path) -> io::Resul
     write(&cpu_dir.join("offline"), topo.offline())?;
     write(&cpu_dir.join("isolated"), topo.isolated())?;
 
-    let group = |key: fn(&super::CpuInfo) -> u32| {
-        let mut map: BTreeMap<u32, CpuSet> = BTreeMap::new();
-        for c in topo.cpus() {
-            map.entry(key(c)).or_default().insert(c.id);
-        }
-        map
+    write_cpu_dirs(topo, &cpu_dir)?;
+    write_nodes(topo, &sysfs.join("devices/system/node"))?;
+    // A hybrid part's core types, as Intel's hybrid PMUs name them.
+    let types = topo.core_types();
+    if !types.is_empty() {
+        write(&sysfs.join("devices/cpu_core/cpus"), &types.performance)?;
+        write(&sysfs.join("devices/cpu_atom/cpus"), &types.efficient)?;
+    }
+    let isolcpus = if topo.isolated().is_empty() {
+        String::new()
+    } else {
+        format!(" isolcpus={}", topo.isolated())
     };
-    let cores = group(|c| c.core);
-    let sockets = group(|c| c.socket);
-    let uncores = group(|c| c.uncore);
-    let numas = group(|c| c.numa);
+    write(
+        &proc.join("cmdline"),
+        format!("BOOT_IMAGE=/vmlinuz ro quiet{isolcpus}"),
+    )
+}
+
+/// The CPUs of `topo` grouped by `key` (core, socket, uncore cache, NUMA node).
+fn group(topo: &Topology, key: fn(&super::CpuInfo) -> u32) -> BTreeMap<u32, CpuSet> {
+    let mut map: BTreeMap<u32, CpuSet> = BTreeMap::new();
+    for c in topo.cpus() {
+        map.entry(key(c)).or_default().insert(c.id);
+    }
+    map
+}
+
+/// Each CPU's `topology/` and L3 `cache/index3/` files, and `online` for all but CPU 0.
+fn write_cpu_dirs(topo: &Topology, cpu_dir: &Path) -> io::Result<()> {
+    let cores = group(topo, |c| c.core);
+    let sockets = group(topo, |c| c.socket);
+    let uncores = group(topo, |c| c.uncore);
     for c in topo.cpus() {
         let t = cpu_dir.join(format!("cpu{}/topology", c.id));
         write(&t.join("physical_package_id"), c.socket)?;
@@ -62,7 +84,12 @@ pub fn write_fake_sysfs(topo: &Topology, sysfs: &Path, proc: &Path) -> io::Resul
             write(&cpu_dir.join(format!("cpu{}/online", c.id)), 1)?;
         }
     }
-    let node_dir = sysfs.join("devices/system/node");
+    Ok(())
+}
+
+/// `devices/system/node`: each node's CPU list and the online, CPU and memory node lists.
+fn write_nodes(topo: &Topology, node_dir: &Path) -> io::Result<()> {
+    let numas = group(topo, |c| c.numa);
     for (node, cpus) in &numas {
         write(&node_dir.join(format!("node{node}/cpulist")), cpus)?;
     }
@@ -70,21 +97,7 @@ pub fn write_fake_sysfs(topo: &Topology, sysfs: &Path, proc: &Path) -> io::Resul
     write(&node_dir.join("online"), &nodes)?;
     write(&node_dir.join("has_cpu"), &nodes)?;
     write(&node_dir.join("has_memory"), topo.memory_nodes())?;
-    // A hybrid part's core types, as Intel's hybrid PMUs name them.
-    let types = topo.core_types();
-    if !types.is_empty() {
-        write(&sysfs.join("devices/cpu_core/cpus"), &types.performance)?;
-        write(&sysfs.join("devices/cpu_atom/cpus"), &types.efficient)?;
-    }
-    let isolcpus = if topo.isolated().is_empty() {
-        String::new()
-    } else {
-        format!(" isolcpus={}", topo.isolated())
-    };
-    write(
-        &proc.join("cmdline"),
-        format!("BOOT_IMAGE=/vmlinuz ro quiet{isolcpus}"),
-    )
+    Ok(())
 }
 
 #[cfg(test)]

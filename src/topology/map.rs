@@ -88,9 +88,52 @@ pub fn render_map(
     legend: &[String],
     style: MapStyle,
 ) -> String {
-    // socket → die → NUMA node → L3 → core type → core → threads. A die is the pair
-    // (socket, die id): kernels number dies per package or across the machine.
-    type Grid = BTreeMap<(u32, u32, u32, u32, Option<CoreType>), BTreeMap<u32, Vec<u32>>>;
+    let (grid, several_dies) = grid_of(topo);
+    let marks: BTreeMap<u32, Mark> = topo.cpus().iter().map(|c| (c.id, mark(c.id))).collect();
+    let cells = Cells {
+        id_width: topo
+            .cpus()
+            .iter()
+            .map(|c| c.id)
+            .chain(topo.offline().iter())
+            .max()
+            .map_or(1, |max| max.to_string().len()),
+        key_width: marks
+            .values()
+            .map(|m| m.symbol().chars().count())
+            .max()
+            .unwrap_or(1),
+        marks,
+        style,
+    };
+    let mut out = String::new();
+    for ((socket, die, numa, uncore, core_type), cores) in &grid {
+        let cpus: CpuSet = cores.values().flatten().copied().collect();
+        let die = if several_dies {
+            format!(" · die {die}")
+        } else {
+            String::new()
+        };
+        let core_type = core_type.map_or(String::new(), |t| format!(" · {} cores", t.name()));
+        let _ = writeln!(
+            out,
+            "socket {socket}{die} · NUMA node {numa} · L3 {uncore}{core_type} · cpus {cpus}"
+        );
+        cells.draw_cores(&mut out, cores);
+    }
+    cells.draw_offline(&mut out, topo);
+    for line in legend {
+        let _ = writeln!(out, "{line}");
+    }
+    out
+}
+
+/// socket → die → NUMA node → L3 → core type → core → threads. A die is the pair
+/// (socket, die id): kernels number dies per package or across the machine.
+type Grid = BTreeMap<(u32, u32, u32, u32, Option<CoreType>), BTreeMap<u32, Vec<u32>>>;
+
+/// The online CPUs of `topo` by block and core, and whether any socket has several dies.
+fn grid_of(topo: &Topology) -> (Grid, bool) {
     let mut grid: Grid = BTreeMap::new();
     let types = topo.core_types();
     let mut dies: BTreeMap<u32, std::collections::BTreeSet<u32>> = BTreeMap::new();
@@ -106,33 +149,22 @@ pub fn render_map(
             .push(cpu.id);
     }
     let several_dies = dies.values().any(|d| d.len() > 1);
-    let marks: BTreeMap<u32, Mark> = topo.cpus().iter().map(|c| (c.id, mark(c.id))).collect();
-    let id_width = topo
-        .cpus()
-        .iter()
-        .map(|c| c.id)
-        .chain(topo.offline().iter())
-        .max()
-        .map_or(1, |max| max.to_string().len());
-    let key_width = marks
-        .values()
-        .map(|m| m.symbol().chars().count())
-        .max()
-        .unwrap_or(1);
+    (grid, several_dies)
+}
 
-    let mut out = String::new();
-    for ((socket, die, numa, uncore, core_type), cores) in &grid {
-        let cpus: CpuSet = cores.values().flatten().copied().collect();
-        let die = if several_dies {
-            format!(" · die {die}")
-        } else {
-            String::new()
-        };
-        let core_type = core_type.map_or(String::new(), |t| format!(" · {} cores", t.name()));
-        let _ = writeln!(
-            out,
-            "socket {socket}{die} · NUMA node {numa} · L3 {uncore}{core_type} · cpus {cpus}"
-        );
+/// How a CPU's cell is drawn: its mark, ids and marks padded to one width, wrapped at the
+/// style's width.
+struct Cells {
+    marks: BTreeMap<u32, Mark>,
+    id_width: usize,
+    key_width: usize,
+    style: MapStyle,
+}
+
+impl Cells {
+    /// One block's cores, a `[threads]` cell each, wrapped into lines.
+    fn draw_cores(&self, out: &mut String, cores: &BTreeMap<u32, Vec<u32>>) {
+        let (id_width, key_width) = (self.id_width, self.key_width);
         let mut line = String::from(" ");
         let mut line_width = 1;
         for threads in cores.values() {
@@ -140,7 +172,7 @@ pub fn render_map(
             threads.sort_unstable();
             // Plain width first (for wrapping), colour codes around each thread after.
             let cell_width = 2 + threads.len() * (id_width + key_width) + threads.len() - 1;
-            if line_width + 1 + cell_width > style.width && line_width > 1 {
+            if line_width + 1 + cell_width > self.style.width && line_width > 1 {
                 out.push_str(line.trim_end());
                 out.push('\n');
                 line = String::from(" ");
@@ -151,9 +183,9 @@ pub fn render_map(
                 if i > 0 {
                     line.push(' ');
                 }
-                let m = &marks[id];
+                let m = &self.marks[id];
                 let text = format!("{id:>id_width$}{:<key_width$}", m.symbol());
-                match (style.colour, m.colour()) {
+                match (self.style.colour, m.colour()) {
                     (true, Some(sgr)) => {
                         let _ = write!(line, "\x1b[{sgr}m{text}\x1b[0m");
                     }
@@ -166,9 +198,14 @@ pub fn render_map(
         out.push_str(line.trim_end());
         out.push('\n');
     }
-    // Offline cpus: the kernel no longer says where they are, so they have a block of their
-    // own, each drawn `X`.
-    if !topo.offline().is_empty() {
+
+    /// Offline cpus: the kernel no longer says where they are, so they have a block of their
+    /// own, each drawn `X`.
+    fn draw_offline(&self, out: &mut String, topo: &Topology) {
+        if topo.offline().is_empty() {
+            return;
+        }
+        let (id_width, key_width) = (self.id_width, self.key_width);
         let _ = writeln!(
             out,
             "offline · place not reported by the kernel · cpus {}",
@@ -177,7 +214,7 @@ pub fn render_map(
         let mut line = String::from(" ");
         for id in topo.offline().iter() {
             let cell = format!(" [{id:>id_width$}{:<key_width$}]", "X");
-            if line.chars().count() + cell.chars().count() > style.width && line.len() > 1 {
+            if line.chars().count() + cell.chars().count() > self.style.width && line.len() > 1 {
                 out.push_str(line.trim_end());
                 out.push('\n');
                 line = String::from(" ");
@@ -187,10 +224,6 @@ pub fn render_map(
         out.push_str(line.trim_end());
         out.push('\n');
     }
-    for line in legend {
-        let _ = writeln!(out, "{line}");
-    }
-    out
 }
 
 #[cfg(test)]

@@ -10,6 +10,14 @@ use crate::cpuset::CpuSet;
 /// whose place in the topology the kernel no longer reports, are listed at the end.
 pub fn render_tree(topo: &Topology) -> String {
     let mut out = String::new();
+    summary(&mut out, topo);
+    tree(&mut out, topo);
+    special_cpus(&mut out, topo);
+    out
+}
+
+/// The first lines: counts, threads per core and, on a hybrid part, the core types.
+fn summary(out: &mut String, topo: &Topology) {
     let c = topo.counters();
     let mut threads_per_core: BTreeMap<u32, usize> = BTreeMap::new();
     for cpu in topo.cpus() {
@@ -28,11 +36,6 @@ pub fn render_tree(topo: &Topology) -> String {
         c.num_cpus, c.num_sockets, c.num_numa_nodes, c.num_uncore_caches, c.num_cores
     );
     let types = topo.core_types();
-    let type_of = |cpu: u32| {
-        [CoreType::Performance, CoreType::Efficient]
-            .into_iter()
-            .find(|&t| types.of(t).contains(cpu))
-    };
     if !types.is_empty() {
         let cores = |set: &CpuSet| {
             threads_per_core
@@ -49,8 +52,16 @@ pub fn render_tree(topo: &Topology) -> String {
             cores(&types.efficient)
         );
     }
+}
 
-    // socket → numa → uncore → core → threads, all ordered by id.
+/// socket → numa → uncore → core → threads, all ordered by id.
+fn tree(out: &mut String, topo: &Topology) {
+    let types = topo.core_types();
+    let type_of = |cpu: u32| {
+        [CoreType::Performance, CoreType::Efficient]
+            .into_iter()
+            .find(|&t| types.of(t).contains(cpu))
+    };
     type Tree = BTreeMap<u32, BTreeMap<u32, BTreeMap<u32, BTreeMap<u32, Vec<u32>>>>>;
     let mut tree: Tree = BTreeMap::new();
     let mut dies: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
@@ -96,6 +107,10 @@ pub fn render_tree(topo: &Topology) -> String {
             }
         }
     }
+}
+
+/// The offline, isolated, `nohz_full` CPUs and the memory nodes.
+fn special_cpus(out: &mut String, topo: &Topology) {
     let none = |s: &CpuSet| {
         if s.is_empty() {
             "none".to_string()
@@ -113,7 +128,6 @@ pub fn render_tree(topo: &Topology) -> String {
         );
     }
     let _ = writeln!(out, "memory nodes: {}", none(topo.memory_nodes()));
-    out
 }
 
 #[cfg(test)]
