@@ -28,7 +28,9 @@ pub struct CgroupRow {
     /// `None` where there is none (a sandbox, a BestEffort container).
     pub request: Option<String>,
     pub limit: Option<String>,
-    /// `cpuset.cpus` now (`None`: missing or unreadable; "" not yet initialised).
+    /// `cpuset.cpus` now (`None`: missing or unreadable; "" not yet initialised); on cgroup v2
+    /// for a cgroup left to inherit its parent's set (empty `cpuset.cpus`), its
+    /// `cpuset.cpus.effective`: what is in force.
     pub current: Option<String>,
     /// What the plan wants (`None`: left alone).
     pub desired: Option<String>,
@@ -319,7 +321,12 @@ pub fn rows(
                 .as_ref()
                 .and_then(|r| r.limit.as_ref())
                 .map(|l| l.to_string()),
-            current: cgroup.cpus.value().map(|c| c.to_string()),
+            // A v2 cgroup that inherits its parent's set: what is in force there.
+            current: if plan.desired[i].cpus_inherited {
+                cgroup.effective_cpus.value().map(|c| c.to_string())
+            } else {
+                cgroup.cpus.value().map(|c| c.to_string())
+            },
             desired: plan.desired[i].cpus.as_ref().map(|c| c.to_string()),
             exclusive: assigned.is_some(),
             held: assigned.map(|a| a.cpus.to_string()),

@@ -245,16 +245,107 @@ fn rules(
 /// then every valid partition's CPUs and those `isolcpus=` isolates (which stay in the root's
 /// effective set), and its `cpuset.cpus.effective` loses the partitions' (and gets back those
 /// no longer isolated).
-pub(super) fn after_write(fs: &CgroupFs, file: InterfaceFile) {
-    if !fake_tree(fs)
-        || !matches!(
-            file,
-            InterfaceFile::CpusetCpusExclusive | InterfaceFile::CpusetCpusPartition
-        )
-    {
+///
+/// On cgroup v2 (a tree whose cgroups have `cpuset.cpus.effective`), a write of `cpuset.cpus`
+/// or `cpuset.mems` then gives the cgroup and everything below it their effective sets
+/// ([`settle_effective`]), and a partition's change gives the whole tree theirs.
+pub(super) fn after_write(fs: &CgroupFs, cgroup: &CgroupPath, file: InterfaceFile) {
+    if !fake_tree(fs) {
         return;
     }
-    settle_partitions(fs);
+    match file {
+        InterfaceFile::CpusetCpusExclusive | InterfaceFile::CpusetCpusPartition => {
+            settle_partitions(fs);
+            let _cgroup_mutex = lock(fs, InterfaceFile::CpusetCpus);
+            settle_effective(fs, &CgroupPath::root(), InterfaceFile::CpusetCpus);
+        }
+        InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems => {
+            let _cgroup_mutex = lock(fs, file);
+            settle_effective(fs, cgroup, file);
+        }
+        _ => {}
+    }
+}
+
+/// cgroup v2's effective sets (cgroup-v2.rst, "cpuset.cpus.effective"; Linux 6.12 in the VM's
+/// `v2-inherit` check): a cgroup whose `cpuset.cpus` is empty has its parent's effective set;
+/// one with cpus of its own has those of them its parent has, or its parent's whole set when
+/// it has none of them. A valid isolated partition has its exclusive cpus. Done for `top` and
+/// every cgroup below it (the children of the root for the root, whose sets are the
+/// kernel's), parents first; a file is rewritten only when its value changes. Nothing on v1
+/// (no `cpuset.cpus.effective`: an empty v1 cpuset is one not set up yet).
+pub(crate) fn settle_effective(fs: &CgroupFs, top: &CgroupPath, file: InterfaceFile) {
+    let effective = match file {
+        InterfaceFile::CpusetCpus => InterfaceFile::CpusetCpusEffective,
+        InterfaceFile::CpusetMems => InterfaceFile::CpusetMemsEffective,
+        _ => return,
+    };
+    let mut stack: Vec<(CgroupPath, CpuSet)> = Vec::new();
+    let push_children = |stack: &mut Vec<(CgroupPath, CpuSet)>, of: &CgroupPath, set: &CpuSet| {
+        for child in children(fs, of) {
+            stack.push((child, set.clone()));
+        }
+    };
+    if top.is_root() {
+        let Some(root) = read_set(fs, top, effective) else {
+            return;
+        };
+        push_children(&mut stack, top, &root);
+    } else {
+        let parent = top.parent().unwrap_or_else(CgroupPath::root);
+        let Some(from_parent) = read_set(fs, &parent, effective) else {
+            return;
+        };
+        stack.push((top.clone(), from_parent));
+    }
+    while let Some((path, from_parent)) = stack.pop() {
+        let Ok(now) = fs.read(&path, effective) else {
+            continue;
+        };
+        let mine = own_effective(fs, &path, file, &from_parent);
+        if now.trim() != mine.to_string() {
+            let _ = std::fs::write(
+                fs.host_path(&path).join(effective.name()),
+                format!("{mine}\n"),
+            );
+        }
+        push_children(&mut stack, &path, &mine);
+    }
+}
+
+/// A v2 cgroup's effective set given its parent's (see [`settle_effective`]).
+fn own_effective(fs: &CgroupFs, path: &CgroupPath, file: InterfaceFile, parent: &CpuSet) -> CpuSet {
+    if file == InterfaceFile::CpusetCpus
+        && fs
+            .read(path, InterfaceFile::CpusetCpusPartition)
+            .is_ok_and(|state| state.trim() == "isolated")
+    {
+        if let Some(held) = read_set(fs, path, InterfaceFile::CpusetCpusExclusive) {
+            if !held.is_empty() {
+                return held;
+            }
+        }
+    }
+    let own = read_set(fs, path, file).unwrap_or_default();
+    let within = own.intersection(parent);
+    if within.is_empty() {
+        parent.clone()
+    } else {
+        within
+    }
+}
+
+/// The child cgroups of `of` on the fake tree.
+fn children(fs: &CgroupFs, of: &CgroupPath) -> Vec<CgroupPath> {
+    fs.list(of)
+        .map(|entries| {
+            entries
+                .iter()
+                .filter(|e| e.kind == FileKind::Directory)
+                .filter_map(|e| of.join(&e.name).ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn read_set(fs: &CgroupFs, path: &CgroupPath, file: InterfaceFile) -> Option<CpuSet> {

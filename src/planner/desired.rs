@@ -12,11 +12,21 @@
 //!
 //! A last pass clamps every value into its parent's, so the tree nests whatever the input.
 //! A cgroup without the interface file is left alone (`None`).
+//!
+//! On cgroup v2 a cgroup whose `cpuset.cpus` (`cpuset.mems`) is empty follows its parent's
+//! effective set (cgroup-v2.rst, "cpuset.cpus.effective"), and runtimes leave it empty when
+//! kubelet sets none. Such a cgroup stays empty where what it would follow is what it is to
+//! have ([`DesiredCgroup::cpus_inherited`]): the shared pool is then written on the QoS
+//! directories (and the kubepods root where it differs from its parent's) and on the shared
+//! members of Guaranteed pods, not on every shared container. A pod whose file is empty always
+//! follows its parent: on v2 a parent bounds only its children's effective sets, never their
+//! own, and every pod's parent holds all its children hold. v1 has no such inheritance (an
+//! empty v1 cpuset is one not set up yet): nothing changes there.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
 
-use crate::cgroupfs::{FileValue, Scan};
+use crate::cgroupfs::{CgroupVersion, FileValue, Scan};
 use crate::classify::{CgroupKind, Classification, UnknownReason};
 use crate::cpuset::CpuSet;
 use crate::state::Assignments;
@@ -36,8 +46,26 @@ pub struct Pools {
 /// Desired values of one cgroup; `None` = leave the file alone.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DesiredCgroup {
+    /// The cpus it is to run on: written, or (`cpus_inherited`) followed from its parent.
     pub cpus: Option<CpuSet>,
     pub mems: Option<CpuSet>,
+    /// cgroup v2 only: its `cpuset.cpus` is empty and stays so; the kernel gives it `cpus`,
+    /// its parent's effective set (read in `cpuset.cpus.effective`). Nothing is written.
+    pub cpus_inherited: bool,
+    /// The same for `cpuset.mems` and `mems`.
+    pub mems_inherited: bool,
+}
+
+impl DesiredCgroup {
+    /// The `cpuset.cpus` to write: `cpus` unless it is inherited.
+    pub fn cpus_to_write(&self) -> Option<&CpuSet> {
+        self.cpus.as_ref().filter(|_| !self.cpus_inherited)
+    }
+
+    /// The `cpuset.mems` to write: `mems` unless it is inherited.
+    pub fn mems_to_write(&self) -> Option<&CpuSet> {
+        self.mems.as_ref().filter(|_| !self.mems_inherited)
+    }
 }
 
 /// The index of each cgroup's parent in the scan (parents come first in a scan).
@@ -175,7 +203,7 @@ pub fn desired_tree<C: Borrow<Classification>>(
     }
 
     // A cgroup without the interface file is not a cpuset cgroup: leave it alone.
-    (0..n)
+    let mut desired: Vec<DesiredCgroup> = (0..n)
         .map(|i| DesiredCgroup {
             cpus: cpus[i]
                 .take()
@@ -183,8 +211,54 @@ pub fn desired_tree<C: Borrow<Classification>>(
             mems: mems[i]
                 .take()
                 .filter(|_| !scan.cgroups[i].mems.is_missing()),
+            cpus_inherited: false,
+            mems_inherited: false,
         })
-        .collect()
+        .collect();
+    if scan.version == CgroupVersion::V2 {
+        mark_inherited(scan, classes, parents, &mut desired);
+    }
+    desired
+}
+
+/// cgroup v2: marks the cgroups that follow their parent's effective set (see the module's
+/// documentation), in pre-order, so a cgroup's parent is decided first. What a cgroup follows
+/// is its parent's desired set (written or itself followed); for the kubepods root, whose
+/// parent the scan does not hold, what it shows in force now (an empty cgroup's effective set
+/// is its parent's). A pod that follows takes that set as its desired one.
+fn mark_inherited<C: Borrow<Classification>>(
+    scan: &Scan,
+    classes: &[C],
+    parents: &[Option<usize>],
+    desired: &mut [DesiredCgroup],
+) {
+    for i in 0..desired.len() {
+        let cgroup = &scan.cgroups[i];
+        let pod = classes[i].borrow().kind == CgroupKind::Pod;
+        let followed_cpus = match parents[i] {
+            Some(p) => desired[p].cpus.clone(),
+            None => cgroup.effective_cpus.value().cloned(),
+        };
+        let followed_mems = parents[i].and_then(|p| desired[p].mems.clone());
+        let d = &mut desired[i];
+        if let Some(followed) = followed_cpus.filter(|f| !f.is_empty()) {
+            if empty(&cgroup.cpus) && (pod || d.cpus.as_ref() == Some(&followed)) {
+                d.cpus = d.cpus.as_ref().map(|_| followed);
+                d.cpus_inherited = d.cpus.is_some();
+            }
+        }
+        if let Some(followed) = followed_mems.filter(|f| !f.is_empty()) {
+            if empty(&cgroup.mems) && (pod || d.mems.as_ref() == Some(&followed)) {
+                d.mems = d.mems.as_ref().map(|_| followed);
+                d.mems_inherited = d.mems.is_some();
+            }
+        }
+    }
+}
+
+/// The file was read and is empty (v2: the cgroup follows its parent).
+fn empty(value: &FileValue<CpuSet>) -> bool {
+    value.value().is_some_and(CpuSet::is_empty)
 }
 
 /// `current ∩ parent`, or the parent's value where that is empty or unknown.
