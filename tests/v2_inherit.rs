@@ -98,7 +98,12 @@ fn v2_pod_start_and_release_writes_where_children_do_not_inherit() {
         "v2, 110 pods: {start} writes for a pod start, {release} for its release, {} in all",
         start + release
     );
-    assert!(wrong.is_empty(), "{} wrong, e.g. {:?}", wrong.len(), wrong.first());
+    assert!(
+        wrong.is_empty(),
+        "{} wrong, e.g. {:?}",
+        wrong.len(),
+        wrong.first()
+    );
     assert!(start + release <= 20.0, "{start} + {release} writes");
     assert!(agent.stop().success());
     node.assert_clean();

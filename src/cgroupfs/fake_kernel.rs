@@ -259,7 +259,10 @@ pub(super) fn after_write(fs: &CgroupFs, cgroup: &CgroupPath, file: InterfaceFil
             let _cgroup_mutex = lock(fs, InterfaceFile::CpusetCpus);
             settle_effective(fs, &CgroupPath::root(), InterfaceFile::CpusetCpus);
         }
-        InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems => {
+        // v2 only: v1 has no `cpuset.cpus.effective`.
+        InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems
+            if fs.read(cgroup, InterfaceFile::CpusetCpusEffective).is_ok() =>
+        {
             let _cgroup_mutex = lock(fs, file);
             settle_effective(fs, cgroup, file);
         }
