@@ -108,3 +108,44 @@ fn v2_pod_start_and_release_writes_where_children_do_not_inherit() {
     assert!(agent.stop().success());
     node.assert_clean();
 }
+
+/// A shared container that follows its QoS cgroup's set, then someone writes a set into it:
+/// drift, repaired by writing the shared pool (not by emptying the file again: the agent never
+/// writes an empty cpuset). `status` shows an inheriting container's effective set as current.
+#[test]
+fn v2_a_foreign_write_into_an_inheriting_container_is_repaired_with_the_pool() {
+    let node = TestNode::new(CgroupVersion::V2);
+    let mut agent = node.start_agent(&["--cpu-manager-reconcile-period", "1h"]);
+    let b = burstable(0);
+    let ids = node.fake.start_pod(&b).unwrap();
+    let g = guaranteed("g", 1000);
+    let gid = node.fake.start_pod(&g).unwrap().remove(0);
+    let status = node.wait_cpus(&gid, "8");
+    let shared = "0-7,9-15";
+    for id in &ids {
+        assert!(status.has(id, shared), "{id}: {status:#?}");
+        assert_eq!(
+            read(&node, &b, id, "cpuset.cpus"),
+            "",
+            "{id} follows its pod"
+        );
+    }
+
+    let app = &ids[1];
+    node.write(&b, app, "cpuset.cpus", "0-15");
+    let repaired = poll_until(DEADLINE, || {
+        (read(&node, &b, app, "cpuset.cpus") == shared).then_some(())
+    });
+    assert!(
+        repaired.is_some(),
+        "{}",
+        read(&node, &b, app, "cpuset.cpus")
+    );
+    let status = node.wait_status("converged", |s| s.converged());
+    assert!(status.has(app, shared), "{status:#?}");
+    assert!(node.metric("cpusetd_drift_repairs_total") >= 1.0);
+    // The others still follow.
+    assert_eq!(read(&node, &b, &ids[2], "cpuset.cpus"), "");
+    assert!(agent.stop().success());
+    node.assert_clean();
+}

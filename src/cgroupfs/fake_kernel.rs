@@ -270,8 +270,10 @@ pub(super) fn after_write(fs: &CgroupFs, cgroup: &CgroupPath, file: InterfaceFil
     }
 }
 
-/// cgroup v2's effective sets (cgroup-v2.rst, "cpuset.cpus.effective"; Linux 6.12 in the VM's
-/// `v2-inherit` check): a cgroup whose `cpuset.cpus` is empty has its parent's effective set;
+/// cgroup v2's effective sets (cgroup-v2.rst, "cpuset.cpus" and "cpuset.cpus.effective";
+/// `update_cpumasks_hier` since Linux 3.16, commit 554b0d1c845e "cpuset: inherit ancestor's
+/// masks if effective_{cpus,mems} becomes empty", on the default hierarchy only): a cgroup
+/// whose `cpuset.cpus` is empty has its parent's effective set;
 /// one with cpus of its own has those of them its parent has, or its parent's whole set when
 /// it has none of them. A valid isolated partition has its exclusive cpus. Done for `top` and
 /// every cgroup below it (the children of the root for the root, whose sets are the
