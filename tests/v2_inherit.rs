@@ -9,7 +9,7 @@ use std::fs;
 use cpusetd::cgroupfs::CgroupVersion;
 use cpusetd::kubesim::{ContainerSpec, PodSpec, Qos};
 
-use crate::agent_util::{guaranteed, pod, poll_until, TestNode, DEADLINE};
+use crate::agent_util::{cpus, guaranteed, pod, poll_until, TestNode, DEADLINE};
 
 /// The large-node mix of the benches: Burstable pods of three app containers (four cgroups
 /// with the sandbox).
@@ -45,6 +45,26 @@ fn read(node: &TestNode, p: &PodSpec, id: &str, file: &str) -> String {
     node.read(p, id, file)
 }
 
+/// Waits until `gid` runs on cpu 8 and no other container does; how long since `started`
+/// (`None` past the deadline). What each runs on is what the fake kernel says is in force.
+fn until_exclusive(
+    node: &TestNode,
+    pods: &[PodSpec],
+    ids: &[Vec<String>],
+    g: &PodSpec,
+    gid: &str,
+    started: std::time::Instant,
+) -> Option<std::time::Duration> {
+    let others_off = || {
+        pods.iter()
+            .zip(ids)
+            .all(|(p, ids)| ids.iter().all(|id| !cpus(&node.cpus_of(p, id)).contains(8)))
+    };
+    poll_until(DEADLINE, || {
+        (node.cpus_of(g, gid) == "8" && others_off()).then(|| started.elapsed())
+    })
+}
+
 /// 110 Burstable pods, then one Guaranteed pod (a 1-CPU container) starts and is removed:
 /// the writes that cost, and every container's effective set meanwhile.
 #[test]
@@ -62,7 +82,17 @@ fn v2_pod_start_and_release_writes_where_children_do_not_inherit() {
     let before = settled_writes(&node);
 
     let g = guaranteed("g", 1000);
+    let started = std::time::Instant::now();
     let gid = node.fake.start_pod(&g).unwrap().remove(0);
+    let pin = poll_until(DEADLINE, || {
+        (node.cpus_of(&g, &gid) == "8").then(|| started.elapsed())
+    });
+    println!("v2, 110 pods: pinned {pin:?} after its pod started (debug build)");
+    let alone = until_exclusive(&node, &pods, &ids, &g, &gid, started);
+    // On the fake tree this includes the fake kernel's own work: each QoS write rewrites the
+    // effective sets of the 440 cgroups below it (debug build). The figure is the writes.
+    println!("v2, 110 pods: the pin exclusive {alone:?} after its pod started (debug build)");
+    assert!(alone.is_some(), "the pin never became exclusive");
     node.wait_cpus(&gid, "8");
     let pinned = settled_writes(&node);
     // Every shared container runs on the shared pool, inherited or its own.
