@@ -588,51 +588,60 @@ impl FakeNode {
                     )?;
                 }
             }
-            CgroupVersion::V2 => {
-                // A new cgroup's `cpuset.cpus` is empty: it has its parent's effective sets
-                // (read under the fake kernel's lock, which an agent's write holds while the
-                // fake kernel updates the effective sets below it).
-                let _cgroup_mutex = self.fake_kernel_lock()?;
-                let parent = self.root.join(rel);
-                let parent = parent.parent().unwrap_or(&self.root);
-                let inherited = |file: &str, all: &CpuSet| {
-                    fs::read_to_string(parent.join(file))
-                        .ok()
-                        .and_then(|text| CpuSet::parse(text.trim()).ok())
-                        .filter(|set| !set.is_empty())
-                        .unwrap_or_else(|| all.clone())
-                        .to_string()
-                };
-                let cpus = inherited("cpuset.cpus.effective", &self.cpus);
-                let mems = inherited("cpuset.mems.effective", &self.mems);
-                let mut files = vec![
-                    ("cgroup.controllers", "cpuset cpu"),
-                    ("cgroup.subtree_control", "cpuset cpu"),
-                    ("cgroup.procs", ""),
-                    ("cpuset.cpus", ""),
-                    ("cpuset.mems", ""),
-                    ("cpuset.cpus.effective", &cpus),
-                    ("cpuset.mems.effective", &mems),
-                    // Partitions since 5.13; cpuset.cpus.exclusive since 6.7.
-                    ("cpuset.cpus.partition", "member"),
-                    ("cpu.max", "max 100000"),
-                    ("cpu.weight", "100"),
-                ];
-                if self.remote_partitions {
-                    files.push(("cpuset.cpus.exclusive", ""));
-                }
-                self.appear(&self.root, rel, &files)?;
-                let dir = self.root.join(rel);
-                if let Some(s) = cpu_shares {
-                    write(&dir.join("cpu.weight"), &weight(s).to_string())?;
-                }
-                if let Some(l) = limit {
-                    write(
-                        &dir.join("cpu.max"),
-                        &format!("{} {PERIOD_US}", l * PERIOD_US / 1000),
-                    )?;
-                }
-            }
+            CgroupVersion::V2 => self.add_v2_cgroup(rel, cpu_shares, limit)?,
+        }
+        Ok(())
+    }
+
+    /// [`Self::add_cgroup`] on cgroup v2.
+    fn add_v2_cgroup(
+        &self,
+        rel: &str,
+        cpu_shares: Option<u64>,
+        limit: Option<u64>,
+    ) -> io::Result<()> {
+        // A new cgroup's `cpuset.cpus` is empty: it has its parent's effective sets
+        // (read under the fake kernel's lock, which an agent's write holds while the
+        // fake kernel updates the effective sets below it).
+        let _cgroup_mutex = self.fake_kernel_lock()?;
+        let parent = self.root.join(rel);
+        let parent = parent.parent().unwrap_or(&self.root);
+        let inherited = |file: &str, all: &CpuSet| {
+            fs::read_to_string(parent.join(file))
+                .ok()
+                .and_then(|text| CpuSet::parse(text.trim()).ok())
+                .filter(|set| !set.is_empty())
+                .unwrap_or_else(|| all.clone())
+                .to_string()
+        };
+        let cpus = inherited("cpuset.cpus.effective", &self.cpus);
+        let mems = inherited("cpuset.mems.effective", &self.mems);
+        let mut files = vec![
+            ("cgroup.controllers", "cpuset cpu"),
+            ("cgroup.subtree_control", "cpuset cpu"),
+            ("cgroup.procs", ""),
+            ("cpuset.cpus", ""),
+            ("cpuset.mems", ""),
+            ("cpuset.cpus.effective", &cpus),
+            ("cpuset.mems.effective", &mems),
+            // Partitions since 5.13; cpuset.cpus.exclusive since 6.7.
+            ("cpuset.cpus.partition", "member"),
+            ("cpu.max", "max 100000"),
+            ("cpu.weight", "100"),
+        ];
+        if self.remote_partitions {
+            files.push(("cpuset.cpus.exclusive", ""));
+        }
+        self.appear(&self.root, rel, &files)?;
+        let dir = self.root.join(rel);
+        if let Some(s) = cpu_shares {
+            write(&dir.join("cpu.weight"), &weight(s).to_string())?;
+        }
+        if let Some(l) = limit {
+            write(
+                &dir.join("cpu.max"),
+                &format!("{} {PERIOD_US}", l * PERIOD_US / 1000),
+            )?;
         }
         Ok(())
     }

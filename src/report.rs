@@ -321,12 +321,7 @@ pub fn rows(
                 .as_ref()
                 .and_then(|r| r.limit.as_ref())
                 .map(|l| l.to_string()),
-            // A v2 cgroup that inherits its parent's set: what is in force there.
-            current: if plan.desired[i].cpus_inherited {
-                cgroup.effective_cpus.value().map(|c| c.to_string())
-            } else {
-                cgroup.cpus.value().map(|c| c.to_string())
-            },
+            current: current_cpus(cgroup, &plan.desired[i]),
             desired: plan.desired[i].cpus.as_ref().map(|c| c.to_string()),
             exclusive: assigned.is_some(),
             held: assigned.map(|a| a.cpus.to_string()),
@@ -336,6 +331,20 @@ pub fn rows(
         });
     }
     rows
+}
+
+/// What a row shows as its current set: `cpuset.cpus`, or for a v2 cgroup left to inherit its
+/// parent's set, `cpuset.cpus.effective` (what is in force there).
+fn current_cpus(
+    cgroup: &crate::cgroupfs::ScannedCgroup,
+    desired: &crate::planner::DesiredCgroup,
+) -> Option<String> {
+    let shown = if desired.cpus_inherited {
+        &cgroup.effective_cpus
+    } else {
+        &cgroup.cpus
+    };
+    shown.value().map(|c| c.to_string())
 }
 
 /// Whether a row has a CPU request to show: a sandbox and a BestEffort container have none

@@ -86,6 +86,14 @@ pub fn parent_indexes(scan: &Scan) -> Vec<Option<usize>> {
         .collect()
 }
 
+/// What the desired sets are made of besides the tree.
+struct Sources<'a> {
+    assignments: &'a Assignments,
+    pools: &'a Pools,
+    topology: &'a Topology,
+    align_memory: bool,
+}
+
 /// Computes the desired tree. `classes[i]` classifies `scan.cgroups[i]`.
 pub fn desired_tree<C: Borrow<Classification>>(
     scan: &Scan,
@@ -97,102 +105,14 @@ pub fn desired_tree<C: Borrow<Classification>>(
     align_memory: bool,
 ) -> Vec<DesiredCgroup> {
     let n = scan.cgroups.len();
-    let mut cpus: Vec<Option<CpuSet>> = vec![None; n];
-    let mut mems: Vec<Option<CpuSet>> = vec![None; n];
-
-    // Forward pass: everything but pods (parents are computed before children).
-    for i in 0..n {
-        let class: &Classification = classes[i].borrow();
-        let parent_cpus = parents[i].and_then(|p| cpus[p].clone());
-        let parent_mems = parents[i].and_then(|p| mems[p].clone());
-        let cgroup = &scan.cgroups[i];
-        let (c, m) = match &class.kind {
-            CgroupKind::KubepodsRoot => (
-                Some(pools.pod_cpus.clone()),
-                Some(pools.memory_nodes.clone()),
-            ),
-            CgroupKind::QosDir | CgroupKind::Sandbox => {
-                (Some(pools.shared.clone()), Some(pools.memory_nodes.clone()))
-            }
-            CgroupKind::Pod => (None, None),
-            CgroupKind::Container => {
-                let exclusive = class
-                    .assignment_key()
-                    .and_then(|k| assignments.get(&k))
-                    .map(|a| a.cpus.clone());
-                match exclusive {
-                    // `cpu-shared.crio.io/<name>`: the shared pool besides its own CPUs (the
-                    // pool's memory nodes too, as a shared container has).
-                    Some(set) if class.cpu_shared => (
-                        Some(set.union(&pools.shared)),
-                        Some(pools.memory_nodes.clone()),
-                    ),
-                    Some(set) => {
-                        let m = if align_memory {
-                            aligned_mems(&set, topology, &pools.memory_nodes)
-                        } else {
-                            pools.memory_nodes.clone()
-                        };
-                        (Some(set), Some(m))
-                    }
-                    None => (Some(pools.shared.clone()), Some(pools.memory_nodes.clone())),
-                }
-            }
-            CgroupKind::ContainerChild
-            | CgroupKind::Unknown {
-                reason: UnknownReason::BelowUnknown { .. },
-            } => {
-                let parent_now = parents[i].map(|p| &scan.cgroups[p]);
-                (
-                    inherit(
-                        &cgroup.cpus,
-                        parent_now.map(|p| &p.cpus),
-                        parent_cpus.as_ref(),
-                    ),
-                    inherit(
-                        &cgroup.mems,
-                        parent_now.map(|p| &p.mems),
-                        parent_mems.as_ref(),
-                    ),
-                )
-            }
-            CgroupKind::Unknown { .. } => {
-                (Some(pools.shared.clone()), Some(pools.memory_nodes.clone()))
-            }
-        };
-        cpus[i] = c;
-        mems[i] = m;
-    }
-
-    // Pods: the union of their children (as the forward pass left them: all unions are taken
-    // before any pod is set); the shared pool while they have none. One walk over the
-    // cgroups, not one per pod.
-    let mut unions: Vec<Option<(CpuSet, CpuSet)>> = vec![None; n];
-    for j in 0..n {
-        let Some(i) = parents[j].filter(|&i| i < j && classes[i].borrow().kind == CgroupKind::Pod)
-        else {
-            continue;
-        };
-        let (c, m) = unions[i].get_or_insert_with(Default::default);
-        c.extend_from(cpus[j].as_ref().unwrap_or(&pools.shared));
-        m.extend_from(mems[j].as_ref().unwrap_or(&pools.memory_nodes));
-    }
-    for i in 0..n {
-        if classes[i].borrow().kind != CgroupKind::Pod {
-            continue;
-        }
-        let (c, m) = unions[i].take().unwrap_or_default();
-        cpus[i] = Some(if c.is_empty() {
-            pools.shared.clone()
-        } else {
-            c
-        });
-        mems[i] = Some(if m.is_empty() {
-            pools.memory_nodes.clone()
-        } else {
-            m
-        });
-    }
+    let sources = Sources {
+        assignments,
+        pools,
+        topology,
+        align_memory,
+    };
+    let (mut cpus, mut mems) = forward_pass(scan, classes, parents, &sources);
+    pod_unions(classes, parents, pools, &mut cpus, &mut mems);
 
     // Clamp into the parent, in pre-order, so the tree nests whatever the classification said.
     for i in 0..n {
@@ -259,6 +179,124 @@ fn mark_inherited<C: Borrow<Classification>>(
 /// The file was read and is empty (v2: the cgroup follows its parent).
 fn empty(value: &FileValue<CpuSet>) -> bool {
     value.value().is_some_and(CpuSet::is_empty)
+}
+
+/// Forward pass: every cgroup but pods (parents are computed before children).
+fn forward_pass<C: Borrow<Classification>>(
+    scan: &Scan,
+    classes: &[C],
+    parents: &[Option<usize>],
+    sources: &Sources<'_>,
+) -> (Vec<Option<CpuSet>>, Vec<Option<CpuSet>>) {
+    let n = scan.cgroups.len();
+    let mut cpus: Vec<Option<CpuSet>> = vec![None; n];
+    let mut mems: Vec<Option<CpuSet>> = vec![None; n];
+    for i in 0..n {
+        let parent_cpus = parents[i].and_then(|p| cpus[p].clone());
+        let parent_mems = parents[i].and_then(|p| mems[p].clone());
+        let parent_now = parents[i].map(|p| &scan.cgroups[p]);
+        let (c, m) = match &classes[i].borrow().kind {
+            CgroupKind::ContainerChild
+            | CgroupKind::Unknown {
+                reason: UnknownReason::BelowUnknown { .. },
+            } => {
+                let cgroup = &scan.cgroups[i];
+                (
+                    inherit(
+                        &cgroup.cpus,
+                        parent_now.map(|p| &p.cpus),
+                        parent_cpus.as_ref(),
+                    ),
+                    inherit(
+                        &cgroup.mems,
+                        parent_now.map(|p| &p.mems),
+                        parent_mems.as_ref(),
+                    ),
+                )
+            }
+            _ => own_sets(classes[i].borrow(), sources),
+        };
+        cpus[i] = c;
+        mems[i] = m;
+    }
+    (cpus, mems)
+}
+
+/// The sets of a cgroup that does not take them from its parent (a pod's come later).
+fn own_sets(class: &Classification, sources: &Sources<'_>) -> (Option<CpuSet>, Option<CpuSet>) {
+    let pools = sources.pools;
+    let shared = || (Some(pools.shared.clone()), Some(pools.memory_nodes.clone()));
+    match &class.kind {
+        CgroupKind::KubepodsRoot => (
+            Some(pools.pod_cpus.clone()),
+            Some(pools.memory_nodes.clone()),
+        ),
+        CgroupKind::Pod => (None, None),
+        CgroupKind::Container => {
+            let exclusive = class
+                .assignment_key()
+                .and_then(|k| sources.assignments.get(&k))
+                .map(|a| a.cpus.clone());
+            match exclusive {
+                // `cpu-shared.crio.io/<name>`: the shared pool besides its own CPUs (the
+                // pool's memory nodes too, as a shared container has).
+                Some(set) if class.cpu_shared => (
+                    Some(set.union(&pools.shared)),
+                    Some(pools.memory_nodes.clone()),
+                ),
+                Some(set) => {
+                    let m = if sources.align_memory {
+                        aligned_mems(&set, sources.topology, &pools.memory_nodes)
+                    } else {
+                        pools.memory_nodes.clone()
+                    };
+                    (Some(set), Some(m))
+                }
+                None => shared(),
+            }
+        }
+        // Any other unknown directory, a QoS directory, a sandbox: the shared pool.
+        _ => shared(),
+    }
+}
+
+/// Pods: the union of their children (as the forward pass left them: all unions are taken
+/// before any pod is set); the shared pool while they have none. One walk over the cgroups,
+/// not one per pod.
+fn pod_unions<C: Borrow<Classification>>(
+    classes: &[C],
+    parents: &[Option<usize>],
+    pools: &Pools,
+    cpus: &mut [Option<CpuSet>],
+    mems: &mut [Option<CpuSet>],
+) {
+    let n = classes.len();
+    let mut unions: Vec<Option<(CpuSet, CpuSet)>> = vec![None; n];
+    for j in 0..n {
+        let Some(i) = parents[j].filter(|&i| i < j && classes[i].borrow().kind == CgroupKind::Pod)
+        else {
+            continue;
+        };
+        let (c, m) = unions[i].get_or_insert_with(Default::default);
+        c.extend_from(cpus[j].as_ref().unwrap_or(&pools.shared));
+        m.extend_from(mems[j].as_ref().unwrap_or(&pools.memory_nodes));
+    }
+    for i in 0..n {
+        if classes[i].borrow().kind != CgroupKind::Pod {
+            continue;
+        }
+        let (c, m) = unions[i].take().unwrap_or_default();
+        cpus[i] = Some(if c.is_empty() {
+            pools.shared.clone()
+        } else {
+            c
+        });
+        mems[i] = Some(if m.is_empty() {
+            pools.memory_nodes.clone()
+        } else {
+            m
+        });
+    }
 }
 
 /// `current ∩ parent`, or the parent's value where that is empty or unknown.
