@@ -545,6 +545,66 @@ mod tests {
         );
     }
 
+    /// cgroup v2's effective sets after a write: an empty `cpuset.cpus` follows the parent's
+    /// effective set, cpus of its own are taken within it (all of the parent's where none
+    /// are), down the whole subtree; v1 trees (no `cpuset.cpus.effective`) are left alone.
+    #[test]
+    fn v2_effective_sets_follow_the_kernels_rule() {
+        let dir = tempfile::tempdir().unwrap();
+        let put = |rel: &str, file: &str, value: &str| {
+            std::fs::create_dir_all(dir.path().join(rel)).unwrap();
+            std::fs::write(dir.path().join(rel).join(file), format!("{value}\n")).unwrap();
+        };
+        put("", "cpuset.cpus.effective", "0-7");
+        for (rel, cpus) in [
+            ("kp", ""),
+            ("kp/qos", ""),
+            ("kp/qos/pod", ""),
+            ("kp/qos/pod/c", ""),
+            ("kp/qos/pod/own", "6-9"),
+            ("kp/qos/pod/away", "9"),
+        ] {
+            put(rel, "cpuset.cpus", cpus);
+            put(rel, "cpuset.cpus.effective", "0-7");
+        }
+        let fs = CgroupFs::open(dir.path()).unwrap();
+        let path = |p: &str| CgroupPath::new(p).unwrap();
+        let effective = |p: &str| {
+            read_set(&fs, &path(p), InterfaceFile::CpusetCpusEffective)
+                .unwrap()
+                .to_string()
+        };
+        put("kp/qos", "cpuset.cpus", "1-6");
+        settle_effective(&fs, &path("kp/qos"), InterfaceFile::CpusetCpus);
+        assert_eq!(effective("kp"), "0-7", "above the write: unchanged");
+        assert_eq!(effective("kp/qos"), "1-6");
+        assert_eq!(effective("kp/qos/pod"), "1-6", "empty: the parent's");
+        assert_eq!(effective("kp/qos/pod/c"), "1-6", "empty below empty");
+        assert_eq!(
+            effective("kp/qos/pod/own"),
+            "6",
+            "its own within the parent's"
+        );
+        assert_eq!(
+            effective("kp/qos/pod/away"),
+            "1-6",
+            "none of its own: the parent's"
+        );
+        // Widened again: the followers widen with it.
+        put("kp/qos", "cpuset.cpus", "0-7");
+        settle_effective(&fs, &path("kp/qos"), InterfaceFile::CpusetCpus);
+        assert_eq!(effective("kp/qos/pod/c"), "0-7");
+        assert_eq!(effective("kp/qos/pod/own"), "6-7");
+
+        // v1: no `cpuset.cpus.effective`, nothing is made.
+        let v1 = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(v1.path().join("kp")).unwrap();
+        std::fs::write(v1.path().join("kp/cpuset.cpus"), "1\n").unwrap();
+        let fs = CgroupFs::open(v1.path()).unwrap();
+        settle_effective(&fs, &path("kp"), InterfaceFile::CpusetCpus);
+        assert!(!v1.path().join("kp/cpuset.cpus.effective").exists());
+    }
+
     /// v1's `update_cpumask`/`update_nodemask`: a cpu (memory node) the root cpuset does not
     /// have, i.e. one that is offline, is refused with EINVAL, before any other check.
     #[test]
