@@ -611,8 +611,22 @@ impl FakeNode {
         cpu_shares: Option<u64>,
         limit: Option<u64>,
     ) -> io::Result<()> {
-        let cpus = self.cpus.to_string();
-        let mems = self.mems.to_string();
+        // A new cgroup's `cpuset.cpus` is empty: it has its parent's effective sets
+        // (read under the fake kernel's lock, which an agent's write holds while the
+        // fake kernel updates the effective sets below it).
+        let _cgroup_mutex = self.fake_kernel_lock()?;
+        let parent = self.root.join(rel);
+        let parent = parent.parent().unwrap_or(&self.root);
+        let inherited = |file: &str, all: &CpuSet| {
+            fs::read_to_string(parent.join(file))
+                .ok()
+                .and_then(|text| CpuSet::parse(text.trim()).ok())
+                .filter(|set| !set.is_empty())
+                .unwrap_or_else(|| all.clone())
+                .to_string()
+        };
+        let cpus = inherited("cpuset.cpus.effective", &self.cpus);
+        let mems = inherited("cpuset.mems.effective", &self.mems);
         let mut files = vec![
             ("cgroup.controllers", "cpuset cpu"),
             ("cgroup.subtree_control", "cpuset cpu"),
@@ -654,15 +668,7 @@ impl FakeNode {
         // The fake kernel's cgroup_mutex (see `cgroupfs::fake_kernel`): an agent's write cannot
         // land between reading the parent's set and copying it, which would leave the child
         // outside its parent (the real kernel refuses that copy, as runc's own copy races).
-        let _cgroup_mutex = if self.kernel {
-            None
-        } else {
-            let root = fs::File::open(self.root.join("cpuset"))?;
-            Some(
-                nix::fcntl::Flock::lock(root, nix::fcntl::FlockArg::LockExclusive)
-                    .map_err(|(_, errno)| io::Error::from(errno))?,
-            )
-        };
+        let _cgroup_mutex = self.fake_kernel_lock()?;
         for file in ["cpuset.cpus", "cpuset.mems"] {
             let own = fs::read_to_string(dir.join(file))?;
             if own.trim().is_empty() {
@@ -672,6 +678,18 @@ impl FakeNode {
         }
         Ok(())
     }
+    /// The fake kernel's `cgroup_mutex` (an exclusive `flock` on the cpuset hierarchy's root,
+    /// see `cgroupfs::fake_kernel::lock`); `None` on a real hierarchy, whose kernel has its own.
+    fn fake_kernel_lock(&self) -> io::Result<Option<nix::fcntl::Flock<fs::File>>> {
+        if self.kernel {
+            return Ok(None);
+        }
+        let root = fs::File::open(&self.cpuset_root)?;
+        nix::fcntl::Flock::lock(root, nix::fcntl::FlockArg::LockExclusive)
+            .map(Some)
+            .map_err(|(_, errno)| io::Error::from(errno))
+    }
+
     /// Makes `root/rel` appear at once with the given files: assembled in a staging directory
     /// beside `root` (outside any watched tree) and renamed into place. On a real hierarchy a
     /// `mkdir`, and the kernel makes the files.

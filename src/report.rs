@@ -28,7 +28,9 @@ pub struct CgroupRow {
     /// `None` where there is none (a sandbox, a BestEffort container).
     pub request: Option<String>,
     pub limit: Option<String>,
-    /// `cpuset.cpus` now (`None`: missing or unreadable; "" not yet initialised).
+    /// `cpuset.cpus` now (`None`: missing or unreadable; "" not yet initialised); on cgroup v2
+    /// for a cgroup left to inherit its parent's set (empty `cpuset.cpus`), its
+    /// `cpuset.cpus.effective`: what is in force.
     pub current: Option<String>,
     /// What the plan wants (`None`: left alone).
     pub desired: Option<String>,
@@ -358,7 +360,7 @@ pub fn rows(
                 .as_ref()
                 .and_then(|r| r.limit.as_ref())
                 .map(|l| l.to_string()),
-            current: cgroup.cpus.value().map(|c| c.to_string()),
+            current: current_cpus(cgroup, &plan.desired[i]),
             desired: plan.desired[i].cpus.as_ref().map(|c| c.to_string()),
             exclusive: assigned.is_some(),
             held: assigned.map(|a| a.cpus.to_string()),
@@ -368,6 +370,20 @@ pub fn rows(
         });
     }
     rows
+}
+
+/// What a row shows as its current set: `cpuset.cpus`, or for a v2 cgroup left to inherit its
+/// parent's set, `cpuset.cpus.effective` (what is in force there).
+fn current_cpus(
+    cgroup: &crate::cgroupfs::ScannedCgroup,
+    desired: &crate::planner::DesiredCgroup,
+) -> Option<String> {
+    let shown = if desired.cpus_inherited {
+        &cgroup.effective_cpus
+    } else {
+        &cgroup.cpus
+    };
+    shown.value().map(|c| c.to_string())
 }
 
 /// Whether a row has a CPU request to show: a sandbox and a BestEffort container have none

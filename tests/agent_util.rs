@@ -220,9 +220,15 @@ impl TestNode {
         self.metrics().get(name).copied().unwrap_or(0.0)
     }
 
-    /// A container's `cpuset.cpus` as the file says.
+    /// A container's `cpuset.cpus` as the file says; on cgroup v2, where it is empty (the
+    /// container follows its parent), its `cpuset.cpus.effective` (the fake kernel keeps it as
+    /// the kernel does).
     pub fn cpus_of(&self, pod: &PodSpec, id: &str) -> String {
-        self.fake.container_cpus(pod, id).unwrap()
+        let own = self.fake.container_cpus(pod, id).unwrap();
+        if own.is_empty() && self.fake.version() == CgroupVersion::V2 {
+            return self.read(pod, id, "cpuset.cpus.effective");
+        }
+        own
     }
 
     /// A file of a container (or of the pod with `id` empty), with the trailing newline trimmed.

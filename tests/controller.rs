@@ -31,7 +31,8 @@ fn controller(node: &TestNode) -> Controller {
     controller
 }
 
-/// Every cpuset directory under kubepods holds a subset of its parent's set.
+/// Every cpuset directory under kubepods holds a subset of its parent's set (where that has
+/// one).
 fn assert_nested(node: &FakeNode) {
     let top = node.file("kubepods", "cpuset.cpus");
     let top = top.parent().unwrap();
@@ -44,8 +45,9 @@ fn assert_nested(node: &FakeNode) {
         for entry in fs::read_dir(&dir).unwrap().flatten() {
             if entry.file_type().unwrap().is_dir() {
                 let child = read(&entry.path());
+                // An empty parent (v2: one that follows its own parent) bounds nothing.
                 assert!(
-                    child.is_subset(&held),
+                    held.is_empty() || child.is_subset(&held),
                     "{} holds {child}, outside its parent's {held}",
                     entry.path().display()
                 );
@@ -327,7 +329,10 @@ fn assert_exclusive_sets_alone(
     let mut others: Vec<(String, CpuSet)> = Vec::new();
     for (p, containers) in pods {
         for (id, whole) in containers {
-            let cpus = CpuSet::parse(&node.container_cpus(p, id).unwrap()).unwrap();
+            let cpus = match node.version() {
+                CgroupVersion::V1 => CpuSet::parse(&node.container_cpus(p, id).unwrap()).unwrap(),
+                CgroupVersion::V2 => v2_effective(node, &format!("{}/{id}", node.pod_dir(p))),
+            };
             if *whole > 0 {
                 assert_eq!(cpus.len() as u64, *whole, "{id} holds {cpus}");
                 owners.push((id.clone(), cpus));
@@ -353,6 +358,18 @@ fn assert_exclusive_sets_alone(
 /// full pass finds nothing left to write.
 #[test]
 fn incremental_passes_plan_what_a_full_plan_would() {
+    incremental_property(CgroupVersion::V1);
+}
+
+/// The same on cgroup v2, where shared containers and pods follow their parent's set (issue
+/// 24 (b)): what each container runs on is its effective set, derived from the files by the
+/// kernel's rule ([`v2_effective`]).
+#[test]
+fn incremental_passes_plan_what_a_full_plan_would_v2() {
+    incremental_property(CgroupVersion::V2);
+}
+
+fn incremental_property(version: CgroupVersion) {
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestRunner};
     let mut runner = TestRunner::new(Config {
@@ -365,7 +382,7 @@ fn incremental_passes_plan_what_a_full_plan_would() {
         .run(
             &(any::<bool>(), proptest::collection::vec(step(), 1..30)),
             |(agent, steps)| {
-                let test = TestNode::new(CgroupVersion::V1);
+                let test = TestNode::new(version);
                 let node = &test.fake;
                 let mut controller = controller(&test);
                 if agent {
@@ -471,6 +488,31 @@ fn incremental_passes_plan_what_a_full_plan_would() {
         "{} incremental passes",
         incremental.get()
     );
+}
+
+/// A v2 cgroup's effective cpus by the kernel's rule (cgroup-v2.rst, "cpuset.cpus.effective"),
+/// from the `cpuset.cpus` files up to the tree's root (whose effective set is the node's): its
+/// own cpus within its parent's effective set, or all of that where it has none of them (an
+/// empty `cpuset.cpus` among them).
+fn v2_effective(node: &FakeNode, rel: &str) -> CpuSet {
+    let read = |rel: &str, file| {
+        CpuSet::parse(fs::read_to_string(node.file(rel, file)).unwrap().trim()).unwrap()
+    };
+    let Some((parent, _)) = rel.rsplit_once('/') else {
+        let root = node.file("", "cpuset.cpus.effective");
+        let root = CpuSet::parse(fs::read_to_string(root).unwrap().trim()).unwrap();
+        return own_within(read(rel, "cpuset.cpus"), &root);
+    };
+    own_within(read(rel, "cpuset.cpus"), &v2_effective(node, parent))
+}
+
+fn own_within(own: CpuSet, parent: &CpuSet) -> CpuSet {
+    let within = own.intersection(parent);
+    if within.is_empty() {
+        parent.clone()
+    } else {
+        within
+    }
 }
 
 /// Exclusive CPUs the live pods' containers hold.

@@ -112,7 +112,13 @@ fn each_tree_is_planned_applied_and_then_stable() {
             );
         }
 
-        let out = run(&plan_args(&root, &["--apply"]));
+        // With the fake kernel, which keeps v2's effective sets (what a cgroup left to
+        // inherit shows as its current set).
+        let out = cpusetd_command()
+            .args(plan_args(&root, &["--apply"]))
+            .env("CPUSETD_FAKE_KERNEL_RULES", "1")
+            .output()
+            .unwrap();
         assert!(out.status.success(), "{name}: {}", stderr(&out));
         assert!(stdout(&out).contains(" 0 failed"), "{}", stdout(&out));
 
@@ -633,5 +639,41 @@ fn policy_none_with_respect_isolcpus_keeps_every_cgroup_off_isolated_cpus() {
         assert!(out.status.success(), "{}", stderr(&out));
         let again = json(&["--respect-isolcpus"]);
         assert_eq!(again["writes"], serde_json::json!([]), "{name}");
+    }
+}
+
+/// cgroup v2 (issue 24 (b)): a shared container whose `cpuset.cpus` is empty follows its QoS
+/// cgroup, which gets the shared pool: the plan writes the QoS cgroups and no Burstable or
+/// BestEffort container (their rows show their effective sets as current); on v1 every one
+/// of them is written.
+#[test]
+fn v2_shared_containers_follow_their_qos_cgroup_and_are_not_written() {
+    for name in ["v1-cgroupfs", "v2-cgroupfs"] {
+        let dir = fake_tree(name);
+        let doc = plan_json(&dir.path().join(name), &[]);
+        let written: Vec<&str> = doc["writes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| w["file"] == "cpuset.cpus")
+            .map(|w| w["path"].as_str().unwrap())
+            .collect();
+        let shared_rows: Vec<&serde_json::Value> = doc["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["qos"] == "BestEffort" || c["qos"] == "Burstable")
+            .collect();
+        assert!(!shared_rows.is_empty(), "{name}");
+        let pool = doc["shared_pool"].as_str().unwrap();
+        for qos in ["kubepods/besteffort", "kubepods/burstable"] {
+            assert!(written.contains(&qos), "{name}: {qos} in {written:?}");
+        }
+        for row in shared_rows {
+            let path = format!("kubepods/{}", row["path"].as_str().unwrap());
+            let is_written = written.contains(&path.as_str());
+            assert_eq!(is_written, name.starts_with("v1"), "{name}: {path}");
+            assert_eq!(row["desired"], pool, "{name}: {path}");
+        }
     }
 }

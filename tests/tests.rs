@@ -5,6 +5,7 @@
 mod agent_process;
 mod agent_util;
 mod util;
+mod v2_inherit;
 
 mod agent;
 mod agent_real;

@@ -245,16 +245,112 @@ fn rules(
 /// then every valid partition's CPUs and those `isolcpus=` isolates (which stay in the root's
 /// effective set), and its `cpuset.cpus.effective` loses the partitions' (and gets back those
 /// no longer isolated).
-pub(super) fn after_write(fs: &CgroupFs, file: InterfaceFile) {
-    if !fake_tree(fs)
-        || !matches!(
-            file,
-            InterfaceFile::CpusetCpusExclusive | InterfaceFile::CpusetCpusPartition
-        )
-    {
+///
+/// On cgroup v2 (a tree whose cgroups have `cpuset.cpus.effective`), a write of `cpuset.cpus`
+/// or `cpuset.mems` then gives the cgroup and everything below it their effective sets
+/// ([`settle_effective`]), and a partition's change gives the whole tree theirs.
+pub(super) fn after_write(fs: &CgroupFs, cgroup: &CgroupPath, file: InterfaceFile) {
+    if !fake_tree(fs) {
         return;
     }
-    settle_partitions(fs);
+    match file {
+        InterfaceFile::CpusetCpusExclusive | InterfaceFile::CpusetCpusPartition => {
+            settle_partitions(fs);
+            let _cgroup_mutex = lock(fs, InterfaceFile::CpusetCpus);
+            settle_effective(fs, &CgroupPath::root(), InterfaceFile::CpusetCpus);
+        }
+        // v2 only: v1 has no `cpuset.cpus.effective`.
+        InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems
+            if fs.read(cgroup, InterfaceFile::CpusetCpusEffective).is_ok() =>
+        {
+            let _cgroup_mutex = lock(fs, file);
+            settle_effective(fs, cgroup, file);
+        }
+        _ => {}
+    }
+}
+
+/// cgroup v2's effective sets (cgroup-v2.rst, "cpuset.cpus" and "cpuset.cpus.effective";
+/// `update_cpumasks_hier` since Linux 3.16, commit 554b0d1c845e "cpuset: inherit ancestor's
+/// masks if effective_{cpus,mems} becomes empty", on the default hierarchy only): a cgroup
+/// whose `cpuset.cpus` is empty has its parent's effective set;
+/// one with cpus of its own has those of them its parent has, or its parent's whole set when
+/// it has none of them. A valid isolated partition has its exclusive cpus. Done for `top` and
+/// every cgroup below it (the children of the root for the root, whose sets are the
+/// kernel's), parents first; a file is rewritten only when its value changes. Nothing on v1
+/// (no `cpuset.cpus.effective`: an empty v1 cpuset is one not set up yet).
+pub(crate) fn settle_effective(fs: &CgroupFs, top: &CgroupPath, file: InterfaceFile) {
+    let effective = match file {
+        InterfaceFile::CpusetCpus => InterfaceFile::CpusetCpusEffective,
+        InterfaceFile::CpusetMems => InterfaceFile::CpusetMemsEffective,
+        _ => return,
+    };
+    let mut stack: Vec<(CgroupPath, CpuSet)> = Vec::new();
+    let push_children = |stack: &mut Vec<(CgroupPath, CpuSet)>, of: &CgroupPath, set: &CpuSet| {
+        for child in children(fs, of) {
+            stack.push((child, set.clone()));
+        }
+    };
+    if top.is_root() {
+        let Some(root) = read_set(fs, top, effective) else {
+            return;
+        };
+        push_children(&mut stack, top, &root);
+    } else {
+        let parent = top.parent().unwrap_or_else(CgroupPath::root);
+        let Some(from_parent) = read_set(fs, &parent, effective) else {
+            return;
+        };
+        stack.push((top.clone(), from_parent));
+    }
+    while let Some((path, from_parent)) = stack.pop() {
+        let Ok(now) = fs.read(&path, effective) else {
+            continue;
+        };
+        let mine = own_effective(fs, &path, file, &from_parent);
+        if now.trim() != mine.to_string() {
+            let _ = std::fs::write(
+                fs.host_path(&path).join(effective.name()),
+                format!("{mine}\n"),
+            );
+        }
+        push_children(&mut stack, &path, &mine);
+    }
+}
+
+/// A v2 cgroup's effective set given its parent's (see [`settle_effective`]).
+fn own_effective(fs: &CgroupFs, path: &CgroupPath, file: InterfaceFile, parent: &CpuSet) -> CpuSet {
+    if file == InterfaceFile::CpusetCpus
+        && fs
+            .read(path, InterfaceFile::CpusetCpusPartition)
+            .is_ok_and(|state| state.trim() == "isolated")
+    {
+        if let Some(held) = read_set(fs, path, InterfaceFile::CpusetCpusExclusive) {
+            if !held.is_empty() {
+                return held;
+            }
+        }
+    }
+    let own = read_set(fs, path, file).unwrap_or_default();
+    let within = own.intersection(parent);
+    if within.is_empty() {
+        parent.clone()
+    } else {
+        within
+    }
+}
+
+/// The child cgroups of `of` on the fake tree.
+fn children(fs: &CgroupFs, of: &CgroupPath) -> Vec<CgroupPath> {
+    fs.list(of)
+        .map(|entries| {
+            entries
+                .iter()
+                .filter(|e| e.kind == FileKind::Directory)
+                .filter_map(|e| of.join(&e.name).ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn read_set(fs: &CgroupFs, path: &CgroupPath, file: InterfaceFile) -> Option<CpuSet> {
@@ -447,6 +543,66 @@ mod tests {
             logged.contains("kp/pod/cpuset.cpus = \"0-1\": EBUSY"),
             "{logged}"
         );
+    }
+
+    /// cgroup v2's effective sets after a write: an empty `cpuset.cpus` follows the parent's
+    /// effective set, cpus of its own are taken within it (all of the parent's where none
+    /// are), down the whole subtree; v1 trees (no `cpuset.cpus.effective`) are left alone.
+    #[test]
+    fn v2_effective_sets_follow_the_kernels_rule() {
+        let dir = tempfile::tempdir().unwrap();
+        let put = |rel: &str, file: &str, value: &str| {
+            std::fs::create_dir_all(dir.path().join(rel)).unwrap();
+            std::fs::write(dir.path().join(rel).join(file), format!("{value}\n")).unwrap();
+        };
+        put("", "cpuset.cpus.effective", "0-7");
+        for (rel, cpus) in [
+            ("kp", ""),
+            ("kp/qos", ""),
+            ("kp/qos/pod", ""),
+            ("kp/qos/pod/c", ""),
+            ("kp/qos/pod/own", "6-9"),
+            ("kp/qos/pod/away", "9"),
+        ] {
+            put(rel, "cpuset.cpus", cpus);
+            put(rel, "cpuset.cpus.effective", "0-7");
+        }
+        let fs = CgroupFs::open(dir.path()).unwrap();
+        let path = |p: &str| CgroupPath::new(p).unwrap();
+        let effective = |p: &str| {
+            read_set(&fs, &path(p), InterfaceFile::CpusetCpusEffective)
+                .unwrap()
+                .to_string()
+        };
+        put("kp/qos", "cpuset.cpus", "1-6");
+        settle_effective(&fs, &path("kp/qos"), InterfaceFile::CpusetCpus);
+        assert_eq!(effective("kp"), "0-7", "above the write: unchanged");
+        assert_eq!(effective("kp/qos"), "1-6");
+        assert_eq!(effective("kp/qos/pod"), "1-6", "empty: the parent's");
+        assert_eq!(effective("kp/qos/pod/c"), "1-6", "empty below empty");
+        assert_eq!(
+            effective("kp/qos/pod/own"),
+            "6",
+            "its own within the parent's"
+        );
+        assert_eq!(
+            effective("kp/qos/pod/away"),
+            "1-6",
+            "none of its own: the parent's"
+        );
+        // Widened again: the followers widen with it.
+        put("kp/qos", "cpuset.cpus", "0-7");
+        settle_effective(&fs, &path("kp/qos"), InterfaceFile::CpusetCpus);
+        assert_eq!(effective("kp/qos/pod/c"), "0-7");
+        assert_eq!(effective("kp/qos/pod/own"), "6-7");
+
+        // v1: no `cpuset.cpus.effective`, nothing is made.
+        let v1 = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(v1.path().join("kp")).unwrap();
+        std::fs::write(v1.path().join("kp/cpuset.cpus"), "1\n").unwrap();
+        let fs = CgroupFs::open(v1.path()).unwrap();
+        settle_effective(&fs, &path("kp"), InterfaceFile::CpusetCpus);
+        assert!(!v1.path().join("kp/cpuset.cpus.effective").exists());
     }
 
     /// v1's `update_cpumask`/`update_nodemask`: a cpu (memory node) the root cpuset does not

@@ -412,8 +412,9 @@ impl CgroupFs {
         #[cfg(debug_assertions)]
         if written.is_ok() {
             crate::faults::written(file.name());
-            // What the kernel derives from a partition's files (fake trees with the rules on).
-            super::fake_kernel::after_write(self, file);
+            // What the kernel derives from a partition's files and v2's effective sets (fake
+            // trees with the rules on).
+            super::fake_kernel::after_write(self, cgroup, file);
         }
         written
     }

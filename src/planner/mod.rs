@@ -415,7 +415,7 @@ fn cpuset_writes(
     reachable: &CpuSet,
 ) -> WritePlan {
     let current = |v: &FileValue<CpuSet>| v.value().cloned().unwrap_or_default();
-    let nodes = |pick: fn(&DesiredCgroup) -> &Option<CpuSet>,
+    let nodes = |pick: fn(&DesiredCgroup) -> Option<&CpuSet>,
                  now: fn(&crate::cgroupfs::ScannedCgroup) -> &FileValue<CpuSet>| {
         scan.cgroups
             .iter()
@@ -424,11 +424,12 @@ fn cpuset_writes(
             .map(|((c, d), p)| SetNode {
                 parent: *p,
                 current: current(now(c)),
-                desired: pick(d).clone().unwrap_or_default(),
+                desired: pick(d).cloned().unwrap_or_default(),
             })
             .collect::<Vec<_>>()
     };
-    let mut cpus = order_writes(&nodes(|d| &d.cpus, |c| &c.cpus));
+    // What a v2 cgroup inherits is not written (`DesiredCgroup::cpus_inherited`).
+    let mut cpus = order_writes(&nodes(DesiredCgroup::cpus_to_write, |c| &c.cpus));
     for w in cpus.iter_mut().filter(|w| w.phase == Phase::Widen) {
         if !w.value.is_subset(reachable) {
             let mut value = w.value.intersection(reachable);
@@ -438,7 +439,7 @@ fn cpuset_writes(
             w.value = value;
         }
     }
-    let mems = order_writes(&nodes(|d| &d.mems, |c| &c.mems));
+    let mems = order_writes(&nodes(DesiredCgroup::mems_to_write, |c| &c.mems));
     let to_write = |w: &SetWrite, file| PlannedWrite {
         cgroup: w.node,
         path: scan.cgroups[w.node].path.clone(),

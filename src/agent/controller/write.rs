@@ -444,7 +444,7 @@ impl Controller {
             self.shared_members = planned
                 .desired
                 .iter()
-                .filter(|d| d.cpus.is_some() && d.cpus.as_ref() == shared)
+                .filter(|d| d.cpus_to_write().is_some() && d.cpus.as_ref() == shared)
                 .count();
             self.steady = self.complete
                 && !unmet
