@@ -319,11 +319,11 @@ fn unusable_files_say_why_and_are_moved_aside() {
     refused_and_quarantined(edited.as_bytes(), "wrong checksum: the file says");
     // From a future cpusetd.
     let mut future = document.clone();
-    future["version"] = 3.into();
+    future["version"] = 4.into();
     future["new_thing"] = json!({"x": 1});
     refused_and_quarantined(
         &sign(future),
-        "it was written by a newer cpusetd (format version 3; this one reads up to version 2)",
+        "it was written by a newer cpusetd (format version 4; this one reads up to version 3)",
     );
     // Overlapping assignments, with a valid checksum.
     let mut overlapping = document.clone();
