@@ -61,9 +61,7 @@ fn checkpoint(n: u32) -> Checkpoint {
             cgroup: "kubepods/pod-a/abc".into(),
             original: "max 100000".into(),
         }],
-        irq: Default::default(),
-        sched: Default::default(),
-        power: Default::default(),
+        effects: Default::default(),
         refused: Default::default(),
         last_reconcile_unix_ms: Some(1_700_000_000_000),
     }

@@ -49,6 +49,13 @@ pub trait Effect: std::fmt::Debug + Send {
     /// `always` (a full reconcile: something may have moved it back). Logs what it did and
     /// what failed (each failure once while it lasts) and counts it in `metrics`.
     fn update(&mut self, wanted: &Wanted<'_>, always: bool, metrics: &mut Metrics);
+    /// Whether a reconcile tick that found the cgroup tree unchanged re-applies it: what it
+    /// changes can move without the tree moving (IRQs registered since, a restarted
+    /// irqbalance, a governor set back). An effect whose state is the cpuset tree says no: a
+    /// full reconcile re-applies it.
+    fn on_quiet_ticks(&self) -> bool {
+        true
+    }
     /// Takes in what a thread of its own did since the last look (nothing read or written);
     /// whether what is to be saved changed.
     fn sync(&mut self, _metrics: &mut Metrics) -> bool {

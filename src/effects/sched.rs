@@ -54,6 +54,12 @@ impl Effect for Sched {
         self.report(metrics);
     }
 
+    /// Its state is the cpuset tree: a full reconcile re-applies it, a quiet tick does not
+    /// read the whole hierarchy.
+    fn on_quiet_ticks(&self) -> bool {
+        false
+    }
+
     fn say_support(&self) {
         self.0.say_support();
     }

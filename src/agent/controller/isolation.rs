@@ -29,11 +29,16 @@ impl Controller {
     /// and on every full reconcile (`always`: IRQs registered since, flags set back by
     /// someone else). Never on the way to a pin: called after the pass's pin writes.
     pub(super) fn update_effects(&mut self, always: bool) {
+        self.update_effects_where(always, |_| true);
+    }
+
+    /// [`Controller::update_effects`] of the effects `which` names.
+    fn update_effects_where(&mut self, always: bool, which: impl Fn(&dyn Effect) -> bool) {
         if self.effects.is_empty() {
             return;
         }
         let wanted = wanted(&self.isolated, &self.parts);
-        for effect in &mut self.effects {
+        for effect in self.effects.iter_mut().filter(|e| which(e.as_ref())) {
             effect.update(&wanted, always, &mut self.metrics);
         }
     }
@@ -48,13 +53,14 @@ impl Controller {
         changed
     }
 
-    /// Re-applies the host effects on a reconcile tick that found the tree unchanged (IRQs
+    /// Re-applies the host effects that can move without the tree (see
+    /// [`Effect::on_quiet_ticks`]) on a reconcile tick that found the tree unchanged (IRQs
     /// registered since, moved back by someone else, a restarted irqbalance). Nothing to do,
     /// and nothing read, while no pod asks for it. Returns whether what is to be restored
     /// changed (the checkpoint must say so).
     pub fn refresh_effects(&mut self) -> bool {
         let before = self.effects_saved();
-        self.update_effects(true);
+        self.update_effects_where(true, |e| e.on_quiet_ticks());
         self.effects_saved() != before
     }
 }
