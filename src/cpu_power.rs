@@ -80,6 +80,12 @@ impl PowerSaved {
         }
     }
 
+    /// [`PowerSaved::originals`] as `host.json` keeps it (`Null` when nothing).
+    pub fn originals_value(&self) -> serde_json::Value {
+        let originals = self.originals();
+        crate::effects::to_saved(&originals, originals.is_empty())
+    }
+
     fn map(&mut self, knob: Knob) -> (&mut BTreeMap<u32, String>, &mut CpuSet) {
         match knob {
             Knob::ResumeLatency => (&mut self.latency, &mut self.latency_in_force),
@@ -133,12 +139,14 @@ impl CpuPower {
 
     fn record(&self) -> Result<(), String> {
         match &self.journal {
-            Some(journal) => journal.record_power(&self.saved).map_err(|e| {
-                format!(
+            Some(journal) => journal
+                .record(crate::effects::power::NAME, self.saved.originals_value())
+                .map_err(|e| {
+                    format!(
                     "{}: cpu power settings left alone while their originals cannot be recorded",
                     crate::logging::error_chain(&e)
                 )
-            }),
+                }),
             None => Ok(()),
         }
     }

@@ -48,6 +48,16 @@ pub struct IrqSaved {
 }
 
 impl IrqSaved {
+    /// Only what is to be restored (what `host.json` keeps; `Null` when nothing).
+    pub fn originals(&self) -> serde_json::Value {
+        let originals = IrqSaved {
+            banned: CpuSet::new(),
+            in_force: CpuSet::new(),
+            ..self.clone()
+        };
+        crate::effects::to_saved(&originals, originals.is_empty())
+    }
+
     /// Nothing changed, nothing to restore.
     pub fn is_empty(&self) -> bool {
         self.banned.is_empty()
@@ -119,12 +129,14 @@ impl IrqAffinity {
     /// Makes what `saved` records durable.
     fn record(&self) -> Result<(), String> {
         match &self.journal {
-            Some(journal) => journal.record_irq(&self.saved).map_err(|e| {
-                format!(
+            Some(journal) => journal
+                .record(crate::effects::irq::NAME, self.saved.originals())
+                .map_err(|e| {
+                    format!(
                     "{}: interrupt affinities left alone while their originals cannot be recorded",
                     crate::logging::error_chain(&e)
                 )
-            }),
+                }),
             None => Ok(()),
         }
     }

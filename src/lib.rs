@@ -15,6 +15,7 @@ pub mod cli;
 pub mod cpu_power;
 pub mod cpuset;
 pub mod devices;
+pub(crate) mod effects;
 #[cfg(debug_assertions)]
 mod faults;
 pub mod irq;

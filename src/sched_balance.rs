@@ -83,6 +83,16 @@ pub struct SchedSaved {
 }
 
 impl SchedSaved {
+    /// Only what is to be restored (what `host.json` keeps; `Null` when nothing).
+    pub fn originals(&self) -> serde_json::Value {
+        let originals = SchedSaved {
+            isolated: CpuSet::new(),
+            not_in_force: None,
+            ..self.clone()
+        };
+        crate::effects::to_saved(&originals, originals.is_empty())
+    }
+
     /// Nothing changed, nothing to restore.
     pub fn is_empty(&self) -> bool {
         self.isolated.is_empty()
@@ -225,12 +235,14 @@ impl SchedBalance {
     /// Makes what `saved` records durable. `Err`: the change it is about to make must not be.
     fn write_ahead(&self) -> Result<(), String> {
         match &self.journal {
-            Some(journal) => journal.record_sched(&self.saved).map_err(|e| {
-                format!(
-                    "{}: host settings left alone while their originals cannot be recorded",
-                    error_chain(&e)
-                )
-            }),
+            Some(journal) => journal
+                .record(crate::effects::sched::NAME, self.saved.originals())
+                .map_err(|e| {
+                    format!(
+                        "{}: host settings left alone while their originals cannot be recorded",
+                        error_chain(&e)
+                    )
+                }),
             None => Ok(()),
         }
     }
@@ -1334,16 +1346,20 @@ mod tests {
         )
         .with_journal(HostJournal::new(&state, None));
         sched.apply(&wanted);
-        let record = crate::checkpoint::host::load_host_record(&state)
-            .unwrap()
-            .unwrap();
-        assert_eq!(record.sched.host["system.slice"], "0-7");
-        assert_eq!(record.sched.flags[""], "1");
+        let recorded = || -> SchedSaved {
+            let record = crate::checkpoint::host::load_host_record(&state)
+                .unwrap()
+                .unwrap();
+            record
+                .effects
+                .get(crate::effects::sched::NAME)
+                .map(|v| serde_json::from_value(v.clone()).unwrap())
+                .unwrap_or_default()
+        };
+        assert_eq!(recorded().host["system.slice"], "0-7");
+        assert_eq!(recorded().flags[""], "1");
         sched.apply(&[]);
-        let record = crate::checkpoint::host::load_host_record(&state)
-            .unwrap()
-            .unwrap();
-        assert!(!record.sched.has_changes(), "{record:?}");
+        assert!(!recorded().has_changes(), "{:?}", recorded());
     }
 
     #[test]

@@ -61,9 +61,7 @@ fn checkpoint(n: u32) -> Checkpoint {
             cgroup: "kubepods/pod-a/abc".into(),
             original: "max 100000".into(),
         }],
-        irq: Default::default(),
-        sched: Default::default(),
-        power: Default::default(),
+        effects: Default::default(),
         refused: Default::default(),
         last_reconcile_unix_ms: Some(1_700_000_000_000),
     }
@@ -319,11 +317,11 @@ fn unusable_files_say_why_and_are_moved_aside() {
     refused_and_quarantined(edited.as_bytes(), "wrong checksum: the file says");
     // From a future cpusetd.
     let mut future = document.clone();
-    future["version"] = 3.into();
+    future["version"] = 4.into();
     future["new_thing"] = json!({"x": 1});
     refused_and_quarantined(
         &sign(future),
-        "it was written by a newer cpusetd (format version 3; this one reads up to version 2)",
+        "it was written by a newer cpusetd (format version 4; this one reads up to version 3)",
     );
     // Overlapping assignments, with a valid checksum.
     let mut overlapping = document.clone();

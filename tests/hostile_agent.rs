@@ -341,7 +341,7 @@ fn damaged_checkpoints_at_start_are_set_aside_and_no_pin_is_lost() {
         ),
         (
             "future version",
-            text.replacen("\"version\": 2", "\"version\": 99", 1)
+            text.replacen("\"version\": 3", "\"version\": 99", 1)
                 .into_bytes(),
             "written by a newer cpusetd (format version 99",
         ),

@@ -203,6 +203,34 @@ fn reset_restores_interrupt_affinities() {
     assert_eq!(irq_file(&proc, "default_smp_affinity"), "ffff");
 }
 
+/// Issue 24: an upgrade keeps every original. The host record an agent wrote is put back in
+/// the format of before the effects had one map (`{"version": 1, "irq": …, "sched": …}`, a
+/// member per effect) and the checkpoint removed, so only that file knows the originals:
+/// `reset` reads it through the list of effects and puts every affinity back.
+#[test]
+fn reset_restores_the_originals_of_a_host_record_in_the_format_of_before() {
+    let node = TestNode::new(CgroupVersion::V2);
+    let proc = fake_proc(&node);
+    let mut agent = start_with_proc(&node, &proc);
+    let (_rt, id) = start_irq_pod(&node, &proc, &agent, 1000, "0-7,9-15");
+    node.wait_cpus(&id, "8");
+    assert!(agent.stop().success());
+    let host = node.state_dir().join("host.json");
+    let record: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&host).unwrap()).unwrap();
+    let irq = record["effects"]["irq"].clone();
+    assert_eq!(irq["irqs"]["24"], "0-15", "{record}");
+    let before = serde_json::json!({"version": 1, "sched": {"isolated": ""}, "irq": irq});
+    fs::write(&host, serde_json::to_string_pretty(&before).unwrap()).unwrap();
+    fs::remove_file(node.checkpoint()).unwrap();
+    assert_ne!(irq_file(&proc, "24/smp_affinity_list"), "0-15");
+    let out = reset_with_proc(&node, &proc);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(irq_file(&proc, "24/smp_affinity_list"), "0-15");
+    assert_eq!(irq_file(&proc, "default_smp_affinity"), "ffff");
+    assert!(!host.exists(), "restored, so removed");
+}
+
 /// `reset` on a node without a kubepods cgroup (kubelet gone, or never ran pods): nothing to
 /// reset in the tree, but the interrupt affinities come back and the checkpoint goes, exit 0
 /// (`scripts/uninstall.sh` runs it with `set -e`; found by the systemd node test).

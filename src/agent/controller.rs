@@ -35,14 +35,12 @@ use crate::classify::{
     Isolation, Notice,
 };
 use crate::cpuset::CpuSet;
-use crate::irq::{IrqAffinity, IrqSaved};
 use crate::logging::error_chain;
 use crate::planner::{
     entitlement, plan, AssignEvent, Entitlement, NodeLimits, Plan, PlanConfig, Pools,
     ReleaseReason, WriteStep,
 };
 use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
-use crate::sched_balance::{SchedBalance, SchedSaved};
 use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment};
 use crate::topology::Topology;
 use crate::watcher::TreeEvent;
@@ -215,8 +213,6 @@ pub struct Controller {
     complete: bool,
     /// Cgroups said to be unreadable (said once each).
     unreadable_said: HashSet<CgroupPath>,
-    /// IRQ affinity failures said (once each).
-    unreadable_said_irq: HashSet<String>,
     /// The node limits of the last pass (said when they change).
     last_limits: Option<NodeLimits>,
     /// When a rescan was last said in the log, and how many were not said since.
@@ -225,14 +221,8 @@ pub struct Controller {
     /// `namespace/pod` of pods holding exclusive CPUs, so the log can name a pod that is gone
     /// when its CPUs are released.
     pod_names: HashMap<String, String>,
-    /// Interrupt affinities, kept off the CPUs of `irq-load-balancing.crio.io` pods.
-    irq: Option<IrqAffinity>,
-    /// Scheduler load balancing, kept off the CPUs of `cpu-load-balancing.crio.io` pods.
-    sched: Option<SchedBalance>,
-    /// Per-cpu power settings of `cpu-c-states.crio.io` and `cpu-freq-governor.crio.io` pods.
-    power: Option<crate::cpu_power::CpuPower>,
-    /// Power setting failures and refusals said (once each while they last).
-    power_said: HashSet<String>,
+    /// The host effects ([`crate::effects`]), applied after the pins.
+    effects: Vec<Box<dyn crate::effects::Effect>>,
     /// The projection files and `--project-all` (see [`Controller::manage_projection`]).
     projection: Option<(crate::projection::Projector, bool)>,
     /// A pass or reconcile ran since the projection files were last brought up to date.
@@ -264,14 +254,10 @@ impl Controller {
             model: BTreeMap::new(),
             complete: true,
             unreadable_said: HashSet::new(),
-            unreadable_said_irq: HashSet::new(),
             rescan_said: None,
             rescans_unsaid: 0,
             pod_names,
-            irq: None,
-            sched: None,
-            power: None,
-            power_said: HashSet::new(),
+            effects: Vec::new(),
             projection: None,
             projection_due: false,
             projected_at: None,
@@ -474,15 +460,11 @@ impl Controller {
                 .all(|e| e.class.is_some() && e.empty_since.is_none());
         if settled {
             self.metrics.skipped_passes += 1;
-            self.update_irqs(true);
-            self.update_sched_balance(true);
-            self.update_power(true);
+            self.update_effects(true);
             return None;
         }
         let outcome = self.pass(now);
-        self.update_irqs(true);
-        self.update_sched_balance(true);
-        self.update_power(true);
+        self.update_effects(true);
         self.projection_due = true;
         Some(outcome)
     }
@@ -594,9 +576,7 @@ impl Controller {
             }
         }
         // After the pins: interrupts are the second step of isolating a CPU.
-        self.update_irqs(false);
-        self.update_sched_balance(false);
-        self.update_power(false);
+        self.update_effects(false);
         outcome
     }
 

@@ -41,9 +41,7 @@ use nix::sys::signal::{SigSet, Signal};
 use crate::allocator::PolicyOptions;
 use crate::cgroupfs::{CgroupLayout, CpusetSnapshot, Scanner};
 use crate::checkpoint::{self, Checkpoint, LoadOutcome, Policy, QuotaLift, StateLock};
-use crate::irq::IrqAffinity;
 use crate::logging::error_chain;
-use crate::sched_balance::SchedBalance;
 use crate::watcher::{TreeEvent, WatchRoot, Watcher};
 
 /// What the reconcile thread sends each tick.
@@ -193,8 +191,6 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     };
     let degraded = watcher.is_none();
 
-    let (mut restored_irq, mut restored_sched) = (restored.irq, restored.sched);
-    let mut restored_power = restored.power;
     let host_record = match checkpoint::host::load_host_record(&state_dir) {
         Ok(record) => record,
         Err(why) => {
@@ -202,37 +198,29 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             None
         }
     };
-    if let Some(record) = &host_record {
-        record.replace_in(&mut restored_sched, &mut restored_irq);
-        record.replace_power_in(&mut restored_power);
-    }
     let journal = checkpoint::host::HostJournal::new(&state_dir, host_record.as_ref());
     let mut controller = Controller::new(parts);
     // irqbalance is told by a thread of its own (nothing on the way to a pin waits for it),
     // which says here when what it was told changed, for the checkpoint.
     // A sender stays here, so the channel never reads as closed (were that thread gone).
     let (irqbalance_told_tx, irqbalance_told) = bounded::<()>(1);
-    controller.manage_irqs(
-        IrqAffinity::with_irqbalance_in_background(
-            &proc_root,
-            restored_irq,
-            Some(irqbalance_told_tx.clone()),
-        )
-        .with_journal(journal.clone()),
-    );
-    let sched = SchedBalance::new(
-        hierarchy.cpuset.clone(),
-        hierarchy.version,
-        kubepods.clone(),
+    let env = crate::effects::Env {
+        proc_root: &proc_root,
+        sysfs_root: &sysfs_root,
+        cpuset: Some((
+            hierarchy.cpuset.clone(),
+            hierarchy.version,
+            kubepods.clone(),
+        )),
         isolate_host,
-        restored_sched,
-    )
-    .with_journal(journal.clone());
-    sched.say_support();
-    controller.manage_sched_balance(sched);
-    controller.manage_power(
-        crate::cpu_power::CpuPower::new(&sysfs_root, restored_power).with_journal(journal.clone()),
-    );
+        journal: Some(journal),
+        irqbalance_told: Some(irqbalance_told_tx.clone()),
+    };
+    let recorded = crate::effects::Recorded {
+        checkpoint: Some(&restored.effects),
+        host: host_record.as_ref().map(|r| &r.effects),
+    };
+    controller.manage_effects(crate::effects::build(&env, &recorded));
     controller.follow_hotplug(hotplug);
     controller.manage_projection(
         crate::projection::Projector::new(projection_dir),
@@ -342,7 +330,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
                         controller.pass(Instant::now());
                         persist.save(&controller, true);
                     }
-                    let irqs_changed = controller.refresh_irqs();
+                    let irqs_changed = controller.refresh_effects();
                     controller.metrics.reconcile_duration = Some(started.elapsed());
                     controller.metrics.last_reconcile = Some(SystemTime::now());
                     controller.metrics.quiet_reconciles += 1;
@@ -351,7 +339,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
                 Err(_) => break Err(AgentError::ThreadGone("reconcile")),
             },
             recv(irqbalance_told) -> _ => {
-                let changed = controller.sync_irqbalance();
+                let changed = controller.sync_effects();
                 persist.save(&controller, changed);
             }
             recv(control_rx) -> control => match control {
@@ -499,9 +487,7 @@ fn adopt_from_kubelet(controller: &mut Controller, path: &std::path::Path) {
 struct Restored {
     assignments: crate::state::Assignments,
     quota_lifted: std::collections::BTreeMap<crate::cgroupfs::CgroupPath, String>,
-    irq: crate::irq::IrqSaved,
-    sched: crate::sched_balance::SchedSaved,
-    power: crate::cpu_power::PowerSaved,
+    effects: checkpoint::EffectState,
     /// There was no checkpoint: a first start.
     first_start: bool,
 }
@@ -575,9 +561,7 @@ fn restore(
             Restored {
                 assignments: cp.assignments,
                 quota_lifted,
-                irq: *cp.irq,
-                sched: *cp.sched,
-                power: *cp.power,
+                effects: cp.effects,
                 first_start: false,
             }
         }
@@ -687,9 +671,7 @@ impl Persist {
                     original: original.clone(),
                 })
                 .collect(),
-            irq: Box::new(controller.irq_saved()),
-            sched: Box::new(controller.sched_saved()),
-            power: Box::new(controller.power_saved()),
+            effects: controller.effects_saved(),
             refused: controller.refusals().clone(),
             last_reconcile_unix_ms: last_reconcile,
         });

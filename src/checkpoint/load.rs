@@ -175,13 +175,28 @@ impl Checkpoint {
         if stored != computed {
             return Err(UnusableReason::ChecksumMismatch { stored, computed });
         }
-        let document: Document =
+        let mut document: Document =
             serde_json::from_value(value).map_err(|source| UnusableReason::Malformed { source })?;
+        document.fold_legacy_effects();
         document.into_checkpoint()
     }
 }
 
 impl Document {
+    /// Version 2's members per effect (`irq`, `sched`, `power`), moved into `effects` under
+    /// the same names (a name the map has already keeps the map's).
+    fn fold_legacy_effects(&mut self) {
+        for (name, legacy) in [
+            ("irq", self.irq.take()),
+            ("sched", self.sched.take()),
+            ("power", self.power.take()),
+        ] {
+            if let Some(value) = legacy.filter(|v| !v.is_null()) {
+                self.effects.entry(name.to_string()).or_insert(value);
+            }
+        }
+    }
+
     fn into_checkpoint(self) -> Result<Checkpoint, UnusableReason> {
         let options = PolicyOptions::parse(&self.options)
             .map_err(|source| UnusableReason::BadOptions { source })?;
@@ -235,9 +250,7 @@ impl Document {
             shared_pool: list("shared_pool", &self.shared_pool)?,
             assignments,
             quota_lifted: self.quota_lifted,
-            irq: Box::new(self.irq),
-            sched: Box::new(self.sched),
-            power: Box::new(self.power),
+            effects: self.effects,
             refused: self
                 .refused
                 .into_iter()

@@ -7,13 +7,13 @@
 //! reconcile). So a checkpoint that cannot be used is reported and set aside, never a reason to
 //! refuse to start ([`load`] cannot fail; it says [`LoadOutcome::Unusable`] and why).
 //!
-//! # Format (version 2)
+//! # Format (version 3)
 //!
 //! Pretty-printed JSON, one object:
 //!
 //! ```json
 //! {
-//!   "version": 2,
+//!   "version": 3,
 //!   "policy": "static",
 //!   "options": "full-pcpus-only=true",
 //!   "reserved": "0",
@@ -28,6 +28,8 @@
 //!                      "message": "SMT Alignment Error: requested 1 cpus not multiple cpus per core = 2",
 //!                      "permanent": true}],
 //!   "quota_lifted": [{"cgroup": "kubepods/pod…/…", "original": "200000 100000"}],
+//!   "effects": {"irq": {"banned": "2-3", "in_force": "2-3", "irqs": {"24": "0-7"}},
+//!               "sched": {"isolated": "4", "flags": {"": "1"}}},
 //!   "refused": [{"named": {"pod_uid": "…", "container": "big"}, "requested": 8, "available": 5,
 //!                "reason": "not enough cpus available to satisfy request: requested=8, available=5"}],
 //!   "last_reconcile_unix_ms": 1700000000000,
@@ -43,9 +45,13 @@
 //! down in the log); `rejected_pods` are the pods kubelet would reject at admission, with kubelet's reason
 //! and message (left out when none); `refused` (left out when empty) names the containers whose
 //! exclusive cpus the agent refused, with kubelet's text as the log said it;
-//! `last_reconcile_unix_ms` is left out until the first reconcile. Unknown members are refused:
-//! a file of version 2 has exactly these. Version 1 (before `grown`, `rejected_pods` and
-//! `refused`) is read as a version 2 file without them.
+//! `last_reconcile_unix_ms` is left out until the first reconcile; `effects` (left out when
+//! empty) is each host effect's saved state by effect name ([`crate::effects`]: what it
+//! changed, with the originals, and what is in force), as that effect writes it. Unknown
+//! members are refused: a file of version 3 has exactly these. Version 2 had one member per
+//! effect instead of `effects` (`irq`, `sched`, `power`), read into the map under the same
+//! names; version 1 (before `grown`, `rejected_pods` and `refused`) is read as a version 2
+//! file without them.
 //!
 //! # Checksum
 //!
@@ -90,12 +96,14 @@ use serde_json::Value;
 
 use crate::allocator::PolicyOptions;
 use crate::cpuset::CpuSet;
-use crate::irq::IrqSaved;
-use crate::sched_balance::SchedSaved;
 use crate::state::{AssignmentKey, Assignments, Refusal, Refusals};
 
 /// The format version this build writes and the newest it reads.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
+
+/// Each host effect's saved state, by effect name (see [`crate::effects`]): what the
+/// checkpoint and the host record keep of them. The checkpoint does not know their shapes.
+pub type EffectState = std::collections::BTreeMap<String, Value>;
 /// The checkpoint's file name in the state directory.
 pub const STATE_FILE: &str = "state.json";
 /// The temporary file [`save`] writes before renaming it over [`STATE_FILE`].
@@ -148,13 +156,9 @@ pub struct Checkpoint {
     pub shared_pool: CpuSet,
     pub assignments: Assignments,
     pub quota_lifted: Vec<QuotaLift>,
-    /// Interrupt affinities the agent changed, to restore. Boxed as `sched` is.
-    pub irq: Box<IrqSaved>,
-    /// Scheduler load balancing the agent turned off (and host cpusets it confined), to restore.
-    /// Boxed: most checkpoints have none, and [`LoadOutcome`] stays small.
-    pub sched: Box<SchedSaved>,
-    /// Per-cpu power settings (c-states, governor) the agent changed, to restore.
-    pub power: Box<crate::cpu_power::PowerSaved>,
+    /// What each host effect changed (with the originals, to restore) and has in force, by
+    /// effect name.
+    pub effects: EffectState,
     /// The exclusive cpus the agent refused, by container, with kubelet's reason.
     pub refused: Refusals,
     pub last_reconcile_unix_ms: Option<u64>,
@@ -195,15 +199,15 @@ struct Document {
     quota_lifted: Vec<QuotaLift>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     rejected_pods: Vec<DocumentRejection>,
-    #[serde(default, skip_serializing_if = "IrqSaved::is_empty")]
-    irq: IrqSaved,
-    #[serde(default, skip_serializing_if = "SchedSaved::is_empty")]
-    sched: SchedSaved,
-    #[serde(
-        default,
-        skip_serializing_if = "crate::cpu_power::PowerSaved::is_empty"
-    )]
-    power: crate::cpu_power::PowerSaved,
+    #[serde(default, skip_serializing_if = "EffectState::is_empty")]
+    effects: EffectState,
+    /// Version 2's members per effect, read into `effects` (never written).
+    #[serde(default, skip_serializing)]
+    irq: Option<Value>,
+    #[serde(default, skip_serializing)]
+    sched: Option<Value>,
+    #[serde(default, skip_serializing)]
+    power: Option<Value>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     refused: Vec<DocumentRefusal>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -292,9 +296,10 @@ impl From<&Checkpoint> for Document {
                     permanent: r.permanent,
                 })
                 .collect(),
-            irq: (*c.irq).clone(),
-            sched: (*c.sched).clone(),
-            power: (*c.power).clone(),
+            effects: c.effects.clone(),
+            irq: None,
+            sched: None,
+            power: None,
             refused: c
                 .refused
                 .iter()

@@ -68,9 +68,7 @@ fn sample() -> Checkpoint {
             cgroup: "kubepods/pod11111111-2222-3333-4444-555555555555/abc".into(),
             original: "200000 100000".into(),
         }],
-        irq: Default::default(),
-        sched: Default::default(),
-        power: Default::default(),
+        effects: Default::default(),
         refused: [(
             AssignmentKey::Named {
                 pod_uid: "big".into(),
@@ -120,9 +118,7 @@ fn round_trip_keeps_every_field() {
         shared_pool: set("0-3"),
         assignments: Assignments::new(),
         quota_lifted: Vec::new(),
-        irq: Default::default(),
-        sched: Default::default(),
-        power: Default::default(),
+        effects: Default::default(),
         refused: Default::default(),
         last_reconcile_unix_ms: None,
     };
@@ -164,11 +160,45 @@ fn grown_cpus_and_rejected_pods_are_kept_and_version_1_still_loads() {
     assert_eq!(loaded.assignments.rejected().count(), 0);
 }
 
+/// Issue 24: a version 2 checkpoint, as the agent wrote it with a member per host effect
+/// (`irq`, `sched`, `power`), loads with each one in the effects map under the same name (no
+/// original lost on an upgrade); written again it is version 3, with the map alone.
+#[test]
+fn a_version_2_checkpoint_with_a_member_per_effect_loads_into_the_effects_map() {
+    let mut old = unsigned_sample();
+    old["version"] = 2.into();
+    let document = old.as_object_mut().unwrap();
+    document.remove("effects");
+    document.insert(
+        "irq".into(),
+        serde_json::json!({"banned": "2-3", "in_force": "2-3", "default_affinity": "ff",
+                           "irqs": {"24": "0-7"}}),
+    );
+    document.insert(
+        "sched".into(),
+        serde_json::json!({"isolated": "4", "flags": {"": "1"}, "host": {"system.slice": "0-7"}}),
+    );
+    document.insert(
+        "power".into(),
+        serde_json::json!({"latency": {"3": "0"}, "latency_in_force": "3"}),
+    );
+    let loaded = Checkpoint::from_json(&signed(old.clone())).unwrap();
+    for name in ["irq", "sched", "power"] {
+        assert_eq!(loaded.effects[name], old[name], "{name}");
+    }
+    assert_eq!(loaded.effects.len(), 3);
+    let text = String::from_utf8(loaded.to_json().unwrap()).unwrap();
+    assert!(text.contains("\"version\": 3"), "{text}");
+    assert!(text.contains("\"effects\": {"), "{text}");
+    assert!(!text.contains("\n  \"irq\""), "{text}");
+    assert_eq!(Checkpoint::from_json(text.as_bytes()).unwrap(), loaded);
+}
+
 #[test]
 fn the_file_is_pretty_versioned_and_ends_with_its_checksum() {
     let text = String::from_utf8(sample().to_json().unwrap()).unwrap();
     assert!(
-        text.starts_with("{\n  \"version\": 2,\n  \"policy\": \"static\",\n"),
+        text.starts_with("{\n  \"version\": 3,\n  \"policy\": \"static\",\n"),
         "{text}"
     );
     assert!(text.contains("\"options\": \"full-pcpus-only=true\""));
@@ -254,16 +284,16 @@ fn each_refusal_names_its_reason() {
     let cases: Vec<(Vec<u8>, &str)> = vec![
         (b"{\"version\": 1, \"pol".to_vec(), "it is not JSON or is truncated: EOF while parsing"),
         (b"".to_vec(), "it is not JSON or is truncated"),
-        (b"[1]".to_vec(), "it is not a version 2 checkpoint: expected a JSON object"),
-        (b"{}".to_vec(), "it is not a version 2 checkpoint: missing field `version`"),
+        (b"[1]".to_vec(), "it is not a version 3 checkpoint: expected a JSON object"),
+        (b"{}".to_vec(), "it is not a version 3 checkpoint: missing field `version`"),
         (
             b"{\"version\": \"1\"}".to_vec(),
-            "it is not a version 2 checkpoint: `version` is not a whole number",
+            "it is not a version 3 checkpoint: `version` is not a whole number",
         ),
         (
             // A newer format is reported as such whatever else it holds.
-            b"{\"version\": 3, \"anything\": [\"else\"]}".to_vec(),
-            "it was written by a newer cpusetd (format version 3; this one reads up to version 2)",
+            b"{\"version\": 4, \"anything\": [\"else\"]}".to_vec(),
+            "it was written by a newer cpusetd (format version 4; this one reads up to version 3)",
         ),
         (b"{\"version\": 0}".to_vec(), "format version 0 is not one cpusetd writes"),
         (
@@ -272,11 +302,11 @@ fn each_refusal_names_its_reason() {
         ),
         (
             with(&|d| d["surprise"] = Value::Bool(true)),
-            "it is not a version 2 checkpoint: unknown field `surprise`",
+            "it is not a version 3 checkpoint: unknown field `surprise`",
         ),
         (
             with(&|d| d["policy"] = "dynamic".into()),
-            "it is not a version 2 checkpoint: unknown variant `dynamic`",
+            "it is not a version 3 checkpoint: unknown variant `dynamic`",
         ),
         (
             with(&|d| d["options"] = "fast=true".into()),

@@ -12,11 +12,8 @@ use super::{CommandError, EXIT_FAILURE};
 use crate::cgroupfs::{CgroupFs, CgroupPath, CgroupVersion, InterfaceFile};
 use crate::checkpoint::{self, LoadOutcome, StateLock};
 use crate::cpuset::CpuSet;
-use crate::irq::{IrqAffinity, IrqSaved};
-use crate::irqbalance::IrqbalanceOutcome;
 use crate::logging::error_chain;
 use crate::planner::{order_writes, parent_indexes, PlannedWrite, SetNode, WriteStep};
-use crate::sched_balance::{SchedBalance, SchedSaved};
 use crate::writer::{apply, NewChildren};
 
 #[derive(Debug, Args)]
@@ -45,18 +42,17 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     // but what the agent changed elsewhere is still put back and its checkpoint removed, so
     // uninstalling works on such a node too.
     if let Some((kubepods, _)) = args.tree.missing_kubepods() {
-        let irq_failed = restore_irqs(args) | restore_power(args);
-        let sched_failed = match args.tree.cpuset_hierarchy() {
+        let (cpuset, open_failed) = match args.tree.cpuset_hierarchy() {
             Some((root, version)) => match CgroupFs::open(root) {
-                Ok(fs) => restore_sched(args, fs, version),
+                Ok(fs) => (Some((fs, version)), false),
                 Err(e) => {
                     eprintln!("cpusetd: {}", error_chain(&e));
-                    true
+                    (None, true)
                 }
             },
-            None => false,
+            None => (None, false),
         };
-        let irq_failed = irq_failed || sched_failed;
+        let irq_failed = restore_effects(args, cpuset) | open_failed;
         println!("no kubepods cgroup {kubepods}: no cgroup to reset");
         remove_state(&args.state_dir, !irq_failed);
         return if irq_failed {
@@ -121,9 +117,10 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     }
     // Quotas the agent lifted, back to what they were; interrupt affinities too.
     let mut restored = 0;
-    let irq_failed = restore_irqs(args)
-        | restore_power(args)
-        | restore_sched(args, node.hierarchy.cpuset.clone(), node.layout.version);
+    let irq_failed = restore_effects(
+        args,
+        Some((node.hierarchy.cpuset.clone(), node.layout.version)),
+    );
     if let LoadOutcome::Loaded(cp) = checkpoint::load(&args.state_dir) {
         for lifted in &cp.quota_lifted {
             let Ok(path) = CgroupPath::new(&lifted.cgroup) else {
@@ -208,92 +205,46 @@ fn remove_projections(args: &AgentArgs) {
     }
 }
 
-/// Puts back the interrupt affinities the checkpoint says the agent changed. Returns whether
-/// some could not be.
-fn restore_irqs(args: &AgentArgs) -> bool {
-    let (_, saved) = recorded_host_changes(&args.state_dir);
-    if saved.is_empty() {
-        return false;
-    }
-    let mut irqs = IrqAffinity::new(&args.tree.proc_root, saved);
-    let outcome = irqs.apply(&CpuSet::new());
-    println!(
-        "interrupt affinities restored: {} file(s) written",
-        outcome.written
-    );
-    match &outcome.irqbalance_news {
-        Some((true, line)) => {
-            eprintln!("cpusetd: {line} (restarting irqbalance also drops what it was told)")
+/// Puts back what every host effect recorded ([`crate::effects::LIST`]: interrupt
+/// affinities and irqbalance, scheduler load balancing and host cpusets on `cpuset`, the
+/// cpuset hierarchy, per-cpu power settings). Returns whether some could not be.
+fn restore_effects(args: &AgentArgs, cpuset: Option<(CgroupFs, CgroupVersion)>) -> bool {
+    let checkpoint = match checkpoint::load(&args.state_dir) {
+        LoadOutcome::Loaded(cp) => Some(cp.effects),
+        _ => None,
+    };
+    let host = match checkpoint::host::load_host_record(&args.state_dir) {
+        Ok(record) => record.map(|r| r.effects),
+        Err(why) => {
+            eprintln!("cpusetd: {why}: the checkpoint's record of host changes is used");
+            None
         }
-        Some((false, line)) => println!("{line}"),
-        None => {}
-    }
-    for error in &outcome.errors {
-        eprintln!("cpusetd: cannot restore an interrupt's affinity: {error}");
-    }
-    let irqbalance_failed = matches!(outcome.irqbalance, IrqbalanceOutcome::Failed { .. });
-    !outcome.errors.is_empty() || irqbalance_failed
-}
-
-/// Puts back each cpu's resume latency and governor the agent changed (`cpu-c-states.crio.io`,
-/// `cpu-freq-governor.crio.io`). Returns whether some could not be.
-fn restore_power(args: &AgentArgs) -> bool {
-    let mut saved = match checkpoint::load(&args.state_dir) {
-        LoadOutcome::Loaded(cp) => *cp.power,
-        _ => Default::default(),
     };
-    if let Ok(Some(record)) = checkpoint::host::load_host_record(&args.state_dir) {
-        record.replace_power_in(&mut saved);
-    }
-    if saved.latency.is_empty() && saved.governor.is_empty() {
-        return false;
-    }
-    let mut power = crate::cpu_power::CpuPower::new(&args.tree.sysfs_root, saved);
-    let outcome = power.apply(&Default::default(), &Default::default());
-    println!(
-        "cpu power settings restored (c-states, governor): {} file(s) written",
-        outcome.written
-    );
-    for line in &outcome.lines {
-        eprintln!("cpusetd: cannot restore a cpu power setting: {line}");
-    }
-    !outcome.lines.is_empty()
-}
-
-/// Puts back the scheduler load balancing flags and the host cpusets the checkpoint says the
-/// agent changed (on `fs`, the cpuset hierarchy). Returns whether some could not be.
-fn restore_sched(args: &AgentArgs, fs: CgroupFs, version: CgroupVersion) -> bool {
-    let (saved, _) = recorded_host_changes(&args.state_dir);
-    if !saved.has_changes() {
-        return false;
-    }
-    let (flags, host, partitions) = (saved.flags.len(), saved.host.len(), saved.partitions.len());
-    // What kubepods is does not matter to a restore: only what was recorded is written.
-    let mut sched = SchedBalance::new(fs, version, CgroupPath::root(), None, saved);
-    let outcome = sched.apply(&[]);
-    println!(
-        "scheduler load balancing restored: {flags} cpuset(s) balance again, {host} host cgroup(s) get their cpus back, {partitions} partition(s) are members again; {} file(s) written",
-        outcome.written
-    );
-    for error in &outcome.errors {
-        eprintln!("cpusetd: cannot restore scheduler load balancing: {error}");
-    }
-    !outcome.errors.is_empty()
-}
-
-/// What the agent changed outside kubepods and recorded: the checkpoint's records, replaced by
-/// those of `host.json` (written ahead of each change, so never older) when there is one.
-fn recorded_host_changes(state_dir: &std::path::Path) -> (SchedSaved, IrqSaved) {
-    let (mut sched, mut irq) = match checkpoint::load(state_dir) {
-        LoadOutcome::Loaded(cp) => (*cp.sched, *cp.irq),
-        _ => Default::default(),
+    let env = crate::effects::Env {
+        proc_root: &args.tree.proc_root,
+        sysfs_root: &args.tree.sysfs_root,
+        // What kubepods is does not matter to a restore: only what was recorded is written.
+        cpuset: cpuset.map(|(fs, version)| (fs, version, CgroupPath::root())),
+        isolate_host: None,
+        journal: None,
+        irqbalance_told: None,
     };
-    match checkpoint::host::load_host_record(state_dir) {
-        Ok(Some(record)) => record.replace_in(&mut sched, &mut irq),
-        Ok(None) => {}
-        Err(why) => eprintln!("cpusetd: {why}: the checkpoint's record of host changes is used"),
+    let recorded = crate::effects::Recorded {
+        checkpoint: checkpoint.as_ref(),
+        host: host.as_ref(),
+    };
+    let mut failed = false;
+    for mut effect in crate::effects::build(&env, &recorded) {
+        let restored = effect.restore();
+        for line in &restored.said {
+            println!("{line}");
+        }
+        for line in &restored.errors {
+            eprintln!("cpusetd: {line}");
+        }
+        failed |= !restored.errors.is_empty();
     }
-    (sched, irq)
+    failed
 }
 
 /// Removes the checkpoint, and the host record when everything in it was restored.

@@ -81,7 +81,8 @@ pub struct StatusView {
     state_dir: std::path::PathBuf,
     topology: Topology,
     reserved: CpuSet,
-    irq: crate::irq::IrqSaved,
+    /// The host effects as the checkpoint records them (read, never applied).
+    effects: Vec<Box<dyn crate::effects::Effect>>,
 }
 
 impl StatusView {
@@ -108,11 +109,10 @@ impl StatusView {
 
     /// Adds what irqbalance was told, or why it was not (looked up under `proc_root`).
     pub fn note_irqbalance(&mut self, proc_root: &Path) {
-        self.doc.irqbalance = crate::irqbalance::status_note(
-            proc_root,
-            &self.irq.banned,
-            self.irq.irqbalance.as_ref(),
-        );
+        self.doc.irqbalance = self
+            .effects
+            .iter()
+            .find_map(|effect| effect.status_note(proc_root));
     }
 
     /// The node as a grid (`status --map`): each exclusive container gets a key (in the order
@@ -285,20 +285,14 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
         events: Vec::new(),
         writes: Vec::new(),
     };
-    // cgroup v2 without remote partitions: said whatever the checkpoint holds (an agent that
-    // never saw such a pod says nothing in it).
-    let refusal = crate::sched_balance::Support::detect(
-        &node.hierarchy.cpuset,
-        node.layout.version,
-        &node.layout.kubepods,
-    )
-    .refusal();
+    let effects = recorded_effects(node, &cp.effects);
+    let effects_in_force = crate::effects::in_force(&effects);
     let in_force = crate::report::InForce {
-        irq: &cp.irq.in_force,
-        sched: &cp.sched.isolated,
-        sched_not_in_force: refusal.or(cp.sched.not_in_force.as_deref()),
+        irq: &effects_in_force.irq,
+        sched: &effects_in_force.sched,
+        sched_not_in_force: effects_in_force.sched_not_in_force.as_deref(),
         refused: &cp.refused,
-        power: &cp.power,
+        power: &effects_in_force.power,
         topology: Some(&node.topology),
     };
     let mut table = rows(&scan, &classes, &view, &in_force);
@@ -312,7 +306,7 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
         state_dir: state_dir.to_path_buf(),
         topology: node.topology.clone(),
         reserved: cp.reserved.clone(),
-        irq: (*cp.irq).clone(),
+        effects,
         doc: StatusDoc {
             agent,
             policy: cp.policy.to_string(),
@@ -337,6 +331,34 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
 /// with, their cgroup the one they have now. As a starting agent does, the cgroup wins where
 /// the two disagree, unless it still holds the kernel's defaults (a container being created,
 /// whose runtime has not written its settings yet).
+/// The host effects as the checkpoint records them, to read what each has in force (cgroup v2
+/// without remote partitions says why load balancing is not off whatever the checkpoint
+/// holds: an agent that never saw such a pod says nothing in it). Nothing is applied, so the
+/// effects' own roots are the defaults; what `status` reads under `--proc-root` is passed to
+/// [`StatusView::note_irqbalance`].
+fn recorded_effects(
+    node: &NodeView,
+    recorded: &checkpoint::EffectState,
+) -> Vec<Box<dyn crate::effects::Effect>> {
+    let env = crate::effects::Env {
+        proc_root: Path::new("/proc"),
+        sysfs_root: Path::new("/sys"),
+        cpuset: Some((
+            node.hierarchy.cpuset.clone(),
+            node.layout.version,
+            node.layout.kubepods.clone(),
+        )),
+        isolate_host: None,
+        journal: None,
+        irqbalance_told: None,
+    };
+    let recorded = crate::effects::Recorded {
+        checkpoint: Some(recorded),
+        host: None,
+    };
+    crate::effects::build(&env, &recorded)
+}
+
 fn with_live_requests(node: &mut NodeView, scan: &Scan, classes: &mut [Classification]) {
     for (cgroup, class) in scan.cgroups.iter().zip(classes.iter_mut()) {
         let Some(id) = class.container_id.as_deref() else {

@@ -123,9 +123,7 @@ impl Controller {
             return Some(outcome.then(full));
         }
         self.hold_back_for_full_pass(now, pool_changed, root_changed);
-        self.update_irqs(false);
-        self.update_sched_balance(false);
-        self.update_power(false);
+        self.update_effects(false);
         Some(outcome)
     }
 

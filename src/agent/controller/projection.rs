@@ -147,12 +147,11 @@ impl Controller {
         if wanted.no_cpu_quota && self.parts.quota_lifted.contains_key(path) {
             in_force.push(crate::classify::CPU_QUOTA_ANNOTATION);
         }
-        let sched = self.sched.as_ref().map(|s| &s.saved().isolated);
-        if wanted.no_load_balancing && sched.is_some_and(|s| exclusive.is_subset(s)) {
+        let effects = self.effects_in_force();
+        if wanted.no_load_balancing && exclusive.is_subset(&effects.sched) {
             in_force.push(crate::classify::CPU_LOAD_BALANCING_ANNOTATION);
         }
-        let irq = self.irq.as_ref().map(|i| &i.saved().in_force);
-        if wanted.no_irqs && irq.is_some_and(|s| exclusive.is_subset(s)) {
+        if wanted.no_irqs && exclusive.is_subset(&effects.irq) {
             in_force.push(crate::classify::IRQ_LOAD_BALANCING_ANNOTATION);
         }
         if class.cpu_shared && cpus.len() > exclusive.len() {

@@ -1,0 +1,107 @@
+//! Scheduler load balancing kept off the CPUs of `cpu-load-balancing.crio.io` pods, and the
+//! host cpusets `--isolate-host` confines to the reserved CPUs:
+//! [`crate::sched_balance::SchedBalance`].
+
+use serde_json::Value;
+
+use super::{Effect, Env, InForce, Recorded, Restored, Wanted};
+use crate::agent::metrics::Metrics;
+use crate::cgroupfs::CgroupPath;
+use crate::cpuset::CpuSet;
+use crate::sched_balance::{SchedBalance, SchedSaved};
+
+/// Its key in the saved-state maps (today's checkpoint member of the same name).
+pub const NAME: &str = "sched";
+
+#[derive(Debug)]
+struct Sched(SchedBalance);
+
+/// The effect on the cpuset hierarchy (none without one), with what earlier runs recorded
+/// (the host record's originals win).
+pub fn build(env: &Env<'_>, recorded: &Recorded<'_>) -> Option<Box<dyn Effect>> {
+    let (fs, version, kubepods) = env.cpuset.clone()?;
+    let (mut saved, host) = recorded.typed::<SchedSaved>(NAME);
+    if let Some(host) = host {
+        saved.flags = host.flags;
+        saved.host = host.host;
+        saved.partitions = host.partitions;
+        saved.exclusive = host.exclusive;
+    }
+    let sched = SchedBalance::new(fs, version, kubepods, env.isolate_host.clone(), saved);
+    let sched = match &env.journal {
+        Some(journal) => sched.with_journal(journal.clone()),
+        None => sched,
+    };
+    Some(Box::new(Sched(sched)))
+}
+
+impl Effect for Sched {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn update(&mut self, wanted: &Wanted<'_>, always: bool, metrics: &mut Metrics) {
+        let mut cpus: Vec<(CgroupPath, CpuSet)> = wanted
+            .containers
+            .iter()
+            .filter(|a| a.isolation.no_load_balancing)
+            .map(|a| (a.path.clone(), a.cpus.clone()))
+            .collect();
+        cpus.sort();
+        if let Some(outcome) = self.0.update(&cpus, always) {
+            metrics.sched_balance_writes += outcome.written as u64;
+        }
+        self.report(metrics);
+    }
+
+    /// Its state is the cpuset tree: a full reconcile re-applies it, a quiet tick does not
+    /// read the whole hierarchy.
+    fn on_quiet_ticks(&self) -> bool {
+        false
+    }
+
+    fn say_support(&self) {
+        self.0.say_support();
+    }
+
+    fn report(&self, metrics: &mut Metrics) {
+        metrics.sched_isolated_cpus = self.0.saved().isolated.len() as u64;
+    }
+
+    fn in_force(&self, into: &mut InForce) {
+        let saved = self.0.saved();
+        into.sched = saved.isolated.clone();
+        into.sched_not_in_force = self
+            .0
+            .support()
+            .refusal()
+            .map(str::to_string)
+            .or_else(|| saved.not_in_force.clone());
+    }
+
+    fn saved(&self) -> Value {
+        let saved = self.0.saved();
+        super::to_saved(saved, saved.is_empty())
+    }
+
+    fn restore(&mut self) -> Restored {
+        let mut restored = Restored::default();
+        let saved = self.0.saved();
+        if !saved.has_changes() {
+            return restored;
+        }
+        let (flags, host, partitions) =
+            (saved.flags.len(), saved.host.len(), saved.partitions.len());
+        let outcome = self.0.apply(&[]);
+        restored.said.push(format!(
+            "scheduler load balancing restored: {flags} cpuset(s) balance again, {host} host cgroup(s) get their cpus back, {partitions} partition(s) are members again; {} file(s) written",
+            outcome.written
+        ));
+        for error in &outcome.errors {
+            restored
+                .errors
+                .push(format!("cannot restore scheduler load balancing: {error}"));
+        }
+        restored
+    }
+}
