@@ -370,7 +370,7 @@ fn incremental_passes_plan_what_a_full_plan_would() {
                 let mut controller = controller(&test);
                 if agent {
                     // As the agent runs it: the shared pool's rewrites wait while pods arrive.
-                    let arrivals = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+                    let (_arrived, arrivals) = cpusetd::watcher::Arrivals::channel();
                     controller.watch_arrivals(arrivals);
                 }
                 let mut pods: Vec<(PodSpec, Vec<(String, u64)>)> = Vec::new();
