@@ -451,4 +451,92 @@ mod tests {
         assert_eq!(writer.metrics_file.as_deref(), Some(metrics.as_path()));
         assert!(!writer.failing);
     }
+
+    fn node_and_controller() -> (tempfile::TempDir, crate::kubesim::FakeNode, Controller) {
+        use crate::cgroupfs::CgroupVersion;
+        use crate::cpuset::CpuSet;
+        let dir = tempfile::tempdir().unwrap();
+        let node = crate::kubesim::FakeNode::create(
+            &dir.path().join("cg"),
+            CgroupVersion::V1,
+            CpuSet::parse("0-7").unwrap(),
+            CpuSet::parse("0").unwrap(),
+            &dir.path().join("runtime"),
+        )
+        .unwrap();
+        let sysfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/sysfs/1s-4c-ht");
+        let flags = [
+            "--cgroup-root",
+            &node.cgroup_root().display().to_string(),
+            "--runtime-config-path",
+            &node.runtime_template(),
+            "--sysfs-root",
+            &sysfs.display().to_string(),
+            "--proc-root",
+            &sysfs.join("proc").display().to_string(),
+            "--reserved-cpus",
+            "0",
+        ]
+        .map(String::from);
+        let mut controller = crate::cli::controller(&flags).unwrap();
+        controller.full_scan().unwrap();
+        controller.pass(Instant::now());
+        (dir, node, controller)
+    }
+
+    fn pins_saved(state_dir: &Path) -> usize {
+        match checkpoint::load(state_dir) {
+            checkpoint::LoadOutcome::Loaded(cp) => cp.assignments.len(),
+            other => panic!("no checkpoint: {other:?}"),
+        }
+    }
+
+    /// The first write is made by `start` and the last by `finish`, both on the caller (no
+    /// wait for the thread); in between, a burst of passes makes one write, after the burst.
+    #[test]
+    fn a_burst_is_saved_once_after_it_and_the_first_and_last_saves_run_on_the_caller() {
+        use crate::kubesim::{ContainerSpec, PodSpec, Qos};
+        let (dir, node, mut controller) = node_and_controller();
+        let state_dir = dir.path().join("state");
+        let targets = PersistTargets {
+            state_dir: state_dir.clone(),
+            options: PolicyOptions::default(),
+            metrics_file: None,
+            served: Arc::default(),
+            published: None,
+        };
+        let mut persister = Persister::start(targets, &controller);
+        assert_eq!(pins_saved(&state_dir), 0, "written by start");
+        // A burst: three pods, a pass each; the save is owed until no event waits.
+        let mut changed = Vec::new();
+        for name in ["a", "b", "c"] {
+            let pod = PodSpec::one(name, Qos::Guaranteed, ContainerSpec::guaranteed(name, 1000));
+            node.start_pod(&pod).unwrap();
+            controller.full_scan().unwrap();
+            changed.push(controller.pass(Instant::now()).assignments_changed);
+        }
+        for checkpoint_changed in changed {
+            persister.owe(checkpoint_changed);
+            persister.owe(false);
+            assert!(!persister.save_owed(&controller, false), "saved mid-burst");
+        }
+        assert!(persister.save_owed(&controller, true));
+        let reply = persister.replies().recv_timeout(Duration::from_secs(10));
+        persister.on_reply(reply.unwrap());
+        assert_eq!(pins_saved(&state_dir), 3);
+        assert!(!persister.save_owed(&controller, true), "nothing owed");
+        let more = persister.replies().recv_timeout(Duration::from_millis(300));
+        assert!(more.is_err(), "one write for the burst");
+        // A burst that goes on is saved at the limit.
+        persister.owe(false);
+        thread::sleep(BURST_SAVE_LIMIT);
+        assert!(persister.save_owed(&controller, false));
+        // The last: a fourth pin, written by `finish` itself.
+        let pod = PodSpec::one("d", Qos::Guaranteed, ContainerSpec::guaranteed("d", 1000));
+        node.start_pod(&pod).unwrap();
+        controller.full_scan().unwrap();
+        controller.pass(Instant::now());
+        persister.finish(&controller);
+        assert_eq!(pins_saved(&state_dir), 4);
+    }
 }

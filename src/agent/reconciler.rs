@@ -167,3 +167,60 @@ impl ReconcileLoop {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+    use crate::cgroupfs::{CgroupDriver, CgroupLayout, CgroupPath, CgroupVersion, Hierarchy};
+
+    fn next_tick(reconciler: &Reconciler) -> ReconcileTick {
+        reconciler
+            .ticks()
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a tick")
+    }
+
+    fn is_full(tick: &ReconcileTick) -> bool {
+        matches!(tick, ReconcileTick::Full(_))
+    }
+
+    /// A tick scans the whole tree at first, when told the model changed, and when a cpuset
+    /// differs from its last scan; otherwise it is quiet. `stop` ends the thread.
+    #[test]
+    fn a_tick_scans_in_full_when_told_the_model_changed_or_a_cpuset_moved() {
+        let dir = tempfile::tempdir().unwrap();
+        let cpuset = dir.path().join("cpuset");
+        for rel in ["", "kubepods", "kubepods/pod"] {
+            fs::create_dir_all(cpuset.join(rel)).unwrap();
+            fs::write(cpuset.join(rel).join("cpuset.cpus"), "0-3\n").unwrap();
+            fs::write(cpuset.join(rel).join("cpuset.mems"), "0\n").unwrap();
+        }
+        fs::create_dir_all(dir.path().join("cpu")).unwrap();
+        let layout = CgroupLayout {
+            version: CgroupVersion::V1,
+            driver: CgroupDriver::Cgroupfs,
+            cpuset_root: cpuset.clone(),
+            cpu_root: dir.path().join("cpu"),
+            kubepods: CgroupPath::new("kubepods").unwrap(),
+        };
+        let scanner = Scanner::new(Hierarchy::open(&layout).unwrap(), layout.kubepods.clone());
+        let reconciler = Reconciler::spawn(scanner, Duration::from_millis(100), false);
+        assert!(is_full(&next_tick(&reconciler)), "the first tick scans");
+        let mut quiet = 0;
+        // A quiet tick comes before the sixth (which scans in full anyway).
+        for _ in 0..4 {
+            if !is_full(&next_tick(&reconciler)) {
+                quiet += 1;
+                break;
+            }
+        }
+        assert_eq!(quiet, 1, "no quiet tick while nothing moved");
+        reconciler.model_changed();
+        assert!(is_full(&next_tick(&reconciler)), "told the model changed");
+        fs::write(cpuset.join("kubepods/pod/cpuset.cpus"), "1\n").unwrap();
+        assert!(is_full(&next_tick(&reconciler)), "a cpuset moved");
+        reconciler.stop();
+    }
+}
