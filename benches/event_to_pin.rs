@@ -106,7 +106,7 @@ fn main() {
             machine.fake.start_pod(&pod).unwrap();
         }
         let mut controller = controller_of(&machine);
-        controller.watch_arrivals(std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0)));
+        controller.watch_arrivals(cpusetd::watcher::Arrivals::channel().1);
         controller.full_scan().unwrap();
         controller.pass(Instant::now());
         let mut samples = Vec::with_capacity(n);

@@ -46,8 +46,6 @@ use std::num::NonZeroI32;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -476,9 +474,9 @@ struct Outbox {
     full: bool,
     /// The controller dropped its receiver: nobody is listening.
     disconnected: bool,
-    /// Events delivered that may need the controller's attention at once (see
+    /// Told after each event delivered that may need the controller's attention at once (see
     /// [`Watcher::arrivals`]).
-    arrivals: Arc<AtomicU64>,
+    arrivals: Option<Sender<()>>,
 }
 
 impl Outbox {
@@ -500,8 +498,10 @@ impl Outbox {
         );
         match sender.try_send(event) {
             Ok(()) => {
-                if arrival {
-                    self.arrivals.fetch_add(1, Ordering::Release);
+                // After the event: when the token is seen, the event is queued. A full channel
+                // already says so.
+                if let (true, Some(arrivals)) = (arrival, &self.arrivals) {
+                    let _ = arrivals.try_send(());
                 }
             }
             Err(TrySendError::Full(_)) => {
@@ -560,6 +560,34 @@ impl Throttle {
                 true
             }
         }
+    }
+}
+
+/// Whether an event that should go ahead of a long rewrite has been sent since the controller
+/// last looked: a non-empty channel of tokens, one at most, sent by the watcher after the event
+/// itself (see [`Watcher::arrivals`]). Echoes of the agent's own writes (`IN_MODIFY` of the
+/// cpuset files, thousands in a rewrite of the shared pool) send none, which is why this is
+/// not the event channel's own length. Nothing is shared but the channel.
+#[derive(Debug, Clone)]
+pub struct Arrivals {
+    tokens: Receiver<()>,
+}
+
+impl Arrivals {
+    /// A sender of tokens and the [`Arrivals`] that sees them (the watcher's, or a test's).
+    pub fn channel() -> (Sender<()>, Arrivals) {
+        let (tx, tokens) = crossbeam_channel::bounded(1);
+        (tx, Arrivals { tokens })
+    }
+
+    /// Forgets what arrived so far (a pass starting now plans from the events already taken).
+    pub fn forget(&self) {
+        while self.tokens.try_recv().is_ok() {}
+    }
+
+    /// Something arrived since the last [`Arrivals::forget`].
+    pub fn arrived(&self) -> bool {
+        !self.tokens.is_empty()
     }
 }
 
@@ -657,7 +685,7 @@ impl Watcher {
                 sender: None,
                 full: false,
                 disconnected: false,
-                arrivals: Arc::new(AtomicU64::new(0)),
+                arrivals: None,
             },
             resync_needed: false,
             rescan: None,
@@ -696,16 +724,19 @@ impl Watcher {
         self.table.len()
     }
 
-    /// Starts the thread, which sends events on `events` until stopped, until the receiver is
-    /// dropped, or until inotify fails for good.
-    /// A counter of the events sent that may need the controller at once: a new cgroup, a
+    /// The events sent from now on that may need the controller at once: a new cgroup, a
     /// rescan request, or new CPU settings (`cpu.shares`, `cpu.weight`: written by runtimes,
-    /// never by the agent, so never an echo of its own writes). The controller reads it
-    /// between writes to let a new container go ahead of a long rewrite of the shared pool.
-    pub fn arrivals(&self) -> Arc<AtomicU64> {
-        Arc::clone(&self.out.arrivals)
+    /// never by the agent, so never an echo of its own writes). The controller looks between
+    /// writes, to let a new container go ahead of a long rewrite of the shared pool. (One
+    /// [`Arrivals`] per watcher: a second call replaces the first.)
+    pub fn arrivals(&mut self) -> Arrivals {
+        let (tx, arrivals) = Arrivals::channel();
+        self.out.arrivals = Some(tx);
+        arrivals
     }
 
+    /// Starts the thread, which sends events on `events` until stopped, until the receiver is
+    /// dropped, or until inotify fails for good.
     pub fn start(mut self, events: Sender<TreeEvent>) -> Result<WatcherHandle, WatchError> {
         let (stop_rx, stop_tx) =
             nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(|errno| {
@@ -1535,6 +1566,46 @@ mod tests {
                 cgroup: path("kubepods/p3/c")
             }]
         );
+    }
+
+    /// The arrivals channel is told of a new cgroup and of new CPU settings, never of a cpuset
+    /// write (the echo of the agent's own writes), while every event still goes to the
+    /// controller in order.
+    #[test]
+    fn arrivals_are_told_of_new_cgroups_and_cpu_settings_not_of_cpuset_writes() {
+        let (tree, root) = kubepods_tree();
+        fs::create_dir(tree.path().join("kubepods/p0")).unwrap();
+        fs::write(tree.path().join("kubepods/p0/cpuset.cpus"), "0-3\n").unwrap();
+        fs::write(tree.path().join("kubepods/p0/cpu.shares"), "2\n").unwrap();
+        let mut watcher = Watcher::new(vec![root]).unwrap();
+        let (tx, rx) = crossbeam_channel::bounded(64);
+        watcher.out.sender = Some(tx);
+        let arrivals = watcher.arrivals();
+        assert!(!arrivals.arrived());
+        // An echo: the agent narrowing a cgroup.
+        fs::write(tree.path().join("kubepods/p0/cpuset.cpus"), "1\n").unwrap();
+        pump(&mut watcher);
+        assert_eq!(
+            rx.try_iter().collect::<Vec<_>>(),
+            [TreeEvent::Modified {
+                cgroup: path("kubepods/p0"),
+                file: InterfaceFile::CpusetCpus
+            }]
+        );
+        assert!(
+            !arrivals.arrived(),
+            "an echo of a cpuset write is no arrival"
+        );
+        fs::create_dir(tree.path().join("kubepods/p1")).unwrap();
+        pump(&mut watcher);
+        assert_eq!(rx.try_iter().count(), 1);
+        assert!(arrivals.arrived(), "a new cgroup is an arrival");
+        arrivals.forget();
+        assert!(!arrivals.arrived());
+        fs::write(tree.path().join("kubepods/p0/cpu.shares"), "2048\n").unwrap();
+        pump(&mut watcher);
+        assert_eq!(rx.try_iter().count(), 1);
+        assert!(arrivals.arrived(), "new CPU settings are an arrival");
     }
 
     /// Watches held by the watcher's inotify instance, as the kernel lists them.

@@ -387,7 +387,7 @@ fn incremental_property(version: CgroupVersion) {
                 let mut controller = controller(&test);
                 if agent {
                     // As the agent runs it: the shared pool's rewrites wait while pods arrive.
-                    let arrivals = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+                    let (_arrived, arrivals) = cpusetd::watcher::Arrivals::channel();
                     controller.watch_arrivals(arrivals);
                 }
                 let mut pods: Vec<(PodSpec, Vec<(String, u64)>)> = Vec::new();

@@ -305,7 +305,7 @@ fn incremental_and_full_passes_keep_the_pools_apart() {
                 let node = TestNode::new(CgroupVersion::V1);
                 let mut controller = controller_with_isolcpus(&node, "2-3,10-11");
                 if watcher {
-                    let arrivals = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+                    let (_arrived, arrivals) = cpusetd::watcher::Arrivals::channel();
                     controller.watch_arrivals(arrivals);
                 }
                 controller.full_scan().unwrap();

@@ -20,7 +20,6 @@
 #![deny(clippy::too_many_lines)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,7 +42,7 @@ use crate::planner::{
 use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
 use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment};
 use crate::topology::Topology;
-use crate::watcher::TreeEvent;
+use crate::watcher::{Arrivals, TreeEvent};
 use crate::writer::{apply_scheduled, NewChildren, Schedule};
 
 use super::hotplug::Hotplug;
@@ -182,9 +181,9 @@ pub struct Controller {
     resized: HashSet<String>,
     /// The last pass wrote all it planned and allocated all it was asked for.
     last_pass_settled: bool,
-    /// Counts watcher events that should go ahead of a long rewrite (see
+    /// Told of watcher events that should go ahead of a long rewrite (see
     /// [`crate::watcher::Watcher::arrivals`]).
-    arrivals: Option<Arc<AtomicU64>>,
+    arrivals: Option<Arrivals>,
     /// When the last cgroup new to the model was seen.
     last_new_cgroup: Option<Instant>,
     /// The model changed since the last pass in more than drifted `cpuset.cpus` values of
@@ -205,9 +204,10 @@ pub struct Controller {
     steady: bool,
     /// Cgroups on the shared pool after the last full pass: what a change of the pool rewrites.
     shared_members: usize,
-    /// Bumped whenever the model changes (read or written values, cgroups coming and going):
-    /// the reconcile thread does a full scan only when it moved, or every few ticks.
-    generation: Arc<AtomicU64>,
+    /// The model changed (read or written values, cgroups coming and going) since
+    /// [`Controller::take_model_changed`]: the agent tells the reconcile thread, which does a
+    /// full scan only then, or every few ticks.
+    model_changed: bool,
     /// Whether the last full scan saw the whole tree (false past its limit): the planner
     /// releases nothing it did not see.
     complete: bool,
@@ -281,17 +281,18 @@ impl Controller {
             since_pass: SincePass::default(),
             steady: false,
             shared_members: 0,
-            generation: Arc::new(AtomicU64::new(0)),
+            model_changed: true,
             metrics,
         }
     }
 
     /// Lets passes put urgent writes first and hold back the others (the shared pool's
-    /// rewrites) while new cgroups arrive, and stop a long rewrite when `counter` (the
-    /// watcher's [`crate::watcher::Watcher::arrivals`]) moves: new cgroups go first. Without
-    /// it (the library's default), every pass makes all its writes in plan order.
-    pub fn watch_arrivals(&mut self, counter: Arc<AtomicU64>) {
-        self.arrivals = Some(counter);
+    /// rewrites) while new cgroups arrive, and stop a long rewrite when `arrivals` (the
+    /// watcher's [`crate::watcher::Watcher::arrivals`]) says something arrived: new cgroups go
+    /// first. Without it (the library's default), every pass makes all its writes in plan
+    /// order.
+    pub fn watch_arrivals(&mut self, arrivals: Arrivals) {
+        self.arrivals = Some(arrivals);
     }
 
     /// Lets [`Controller::online_cpus_changed`] follow CPU hotplug (`run` does; the library's
@@ -361,13 +362,13 @@ impl Controller {
         true
     }
 
-    /// The model's change counter, shared with the reconcile thread.
-    pub fn generation(&self) -> Arc<AtomicU64> {
-        Arc::clone(&self.generation)
+    /// Whether the model changed since the last call (the agent tells the reconcile thread).
+    pub fn take_model_changed(&mut self) -> bool {
+        std::mem::take(&mut self.model_changed)
     }
 
-    fn bump(&self) {
-        self.generation.fetch_add(1, Ordering::Release);
+    fn bump(&mut self) {
+        self.model_changed = true;
     }
 
     pub fn assignments(&self) -> &Assignments {

@@ -157,7 +157,7 @@ impl Controller {
         if class.cpu_shared && cpus.len() > exclusive.len() {
             in_force.push("cpu-shared.crio.io");
         }
-        let power = self.power.as_ref().map(|p| p.saved());
+        let power = Some(&effects.power);
         if wanted.c_states.is_some()
             && power.is_some_and(|p| exclusive.is_subset(&p.latency_in_force))
         {

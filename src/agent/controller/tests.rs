@@ -341,8 +341,8 @@ fn while_cgroups_arrive_pins_go_first_and_the_shared_rewrites_follow() {
 
     // From now on passes schedule their writes. A Guaranteed pod arrives just after
     // another cgroup did: its pin is written, the shared pool's rewrite held back.
-    let arrivals = Arc::new(AtomicU64::new(0));
-    controller.watch_arrivals(Arc::clone(&arrivals));
+    let (_arrived, arrivals) = Arrivals::channel();
+    controller.watch_arrivals(arrivals);
     let db = PodSpec::one(
         "db2",
         Qos::Guaranteed,
@@ -391,7 +391,7 @@ fn held_back_writes_are_made_when_a_new_pod_arrives_as_they_fall_due() {
         .apply_event(created(&web_pod), Instant::now())
         .unwrap();
     controller.pass(Instant::now());
-    controller.watch_arrivals(Arc::new(AtomicU64::new(0)));
+    controller.watch_arrivals(Arrivals::channel().1);
     // A burst: a Guaranteed pod and a cgroup outside any pod (so the pass is a full one, not
     // the pod's chain): the pin is made, the shared pool's rewrites held back.
     let db = PodSpec::one(

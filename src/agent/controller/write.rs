@@ -206,13 +206,10 @@ impl Controller {
             .last_new_cgroup
             .is_some_and(|t| now.saturating_duration_since(t) < COALESCE_QUIET);
         let overdue = self.deadlines.held_back.overdue(now);
+        // What arrived before now is planned from already, or waits for the next pass.
         let arrivals = self.arrivals.clone();
-        let seen = arrivals.as_ref().map(|a| a.load(Ordering::Acquire));
-        let preempt = move || {
-            arrivals
-                .as_ref()
-                .is_some_and(|a| Some(a.load(Ordering::Acquire)) != seen)
-        };
+        arrivals.iter().for_each(Arrivals::forget);
+        let preempt = move || arrivals.as_ref().is_some_and(Arrivals::arrived);
         let schedule = if self.arrivals.is_some() && mode.is_full() {
             Schedule {
                 urgent: Some(&urgent),
