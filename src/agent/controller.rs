@@ -52,7 +52,7 @@ use super::hotplug::Hotplug;
 use super::metrics::Metrics;
 use deadlines::Deadlines;
 use incremental::{Mode, SincePass};
-use model::ModelEntry;
+use model::{Model, Setup};
 
 mod adopt;
 mod classes;
@@ -166,22 +166,11 @@ impl PassOutcome {
 #[derive(Debug)]
 pub struct Controller {
     parts: ControllerParts,
-    /// Boxed: B-tree nodes hold eleven slots, mostly half empty, and an entry is large.
-    model: BTreeMap<CgroupPath, Box<ModelEntry>>,
-    /// Cgroups with a foreign change seen since the last pass.
-    drifted: HashSet<CgroupPath>,
-    /// Model entries whose pin is still timed (see [`ModelEntry::pin_seen`]).
-    pins_pending: usize,
-    /// Containers waiting for their CPU settings, and how many re-reads they had.
-    settings_wait: HashMap<CgroupPath, usize>,
+    /// One record per cgroup, and the indexes kept beside them.
+    model: Model,
     /// Every timer: settings re-reads, settling narrowings, held-back writes, the owed full
     /// pass, fought-over repairs.
     deadlines: Deadlines,
-    /// Containers (by id) whose cgroup has held their runtime config's CPU request, or that
-    /// were running when the agent started: a difference now is an in-place resize.
-    settled: HashSet<String>,
-    /// Containers (by id) classified from their cgroup because they were resized.
-    resized: HashSet<String>,
     /// The last pass wrote all it planned and allocated all it was asked for.
     last_pass_settled: bool,
     /// Counts watcher events that should go ahead of a long rewrite (see
@@ -189,16 +178,10 @@ pub struct Controller {
     arrivals: Option<Arc<AtomicU64>>,
     /// When the last cgroup new to the model was seen.
     last_new_cgroup: Option<Instant>,
-    /// The model changed since the last pass in more than drifted `cpuset.cpus` values of
-    /// cgroups that pass planned (which [`Controller::pass`] writes back without planning).
-    structural: bool,
     /// Whether a pass has run (cgroups new to the model after it are tracked for their pin).
     planned: bool,
     /// The pools of the last pass (`None` under the `none` policy).
     pools: Option<Pools>,
-    /// The isolation annotations of the containers that hold exclusive cpus or ask for them.
-    /// (What they ask for, and the container's cgroup.)
-    isolated: HashMap<AssignmentKey, (Isolation, CgroupPath)>,
     /// What changed since the last pass, and whether an incremental pass may plan it (see
     /// [`incremental`]).
     since_pass: SincePass,
@@ -210,9 +193,6 @@ pub struct Controller {
     /// Bumped whenever the model changes (read or written values, cgroups coming and going):
     /// the reconcile thread does a full scan only when it moved, or every few ticks.
     generation: Arc<AtomicU64>,
-    /// Whether the last full scan saw the whole tree (false past its limit): the planner
-    /// releases nothing it did not see.
-    complete: bool,
     /// Cgroups said to be unreadable (said once each).
     unreadable_said: HashSet<CgroupPath>,
     /// IRQ affinity failures said (once each).
@@ -261,8 +241,7 @@ impl Controller {
             .collect();
         Controller {
             parts,
-            model: BTreeMap::new(),
-            complete: true,
+            model: Model::default(),
             unreadable_said: HashSet::new(),
             unreadable_said_irq: HashSet::new(),
             rescan_said: None,
@@ -279,20 +258,13 @@ impl Controller {
             refused: Default::default(),
             refusals_changed: false,
             last_limits: None,
-            drifted: HashSet::new(),
-            pins_pending: 0,
-            settings_wait: HashMap::new(),
-            settled: HashSet::new(),
-            resized: HashSet::new(),
             last_pass_settled: false,
             arrivals: None,
             last_new_cgroup: None,
-            structural: true,
             deadlines: Deadlines::default(),
             planned: false,
             pools: None,
-            isolated: HashMap::new(),
-            since_pass: SincePass::default(),
+            since_pass: SincePass::start(),
             steady: false,
             shared_members: 0,
             generation: Arc::new(AtomicU64::new(0)),
@@ -370,7 +342,7 @@ impl Controller {
         if change.policy.is_some() {
             self.parts.policy = change.policy;
         }
-        self.structural = true;
+        self.since_pass.structural = true;
         self.bump();
         true
     }
@@ -463,15 +435,15 @@ impl Controller {
     pub fn reconcile(&mut self, reconcile: ReconcileScan, now: Instant) -> Option<PassOutcome> {
         let changed = self.merge_scan(reconcile) | self.limits_moved() | self.online_cpus_changed();
         let settled = !changed
-            && self.drifted.is_empty()
+            && self.since_pass.drifted.is_empty()
             && self.last_pass_settled
             && !self.deadlines.full_pass.is_owed()
             && self.deadlines.settling.is_empty()
-            && self.settings_wait.is_empty()
+            && !self.model.any_waiting()
             && self
                 .model
                 .values()
-                .all(|e| e.class.is_some() && e.empty_since.is_none());
+                .all(|e| e.class.is_some() && !matches!(e.setup, Setup::EmptySince(_)));
         if settled {
             self.metrics.skipped_passes += 1;
             self.update_irqs(true);
@@ -564,8 +536,7 @@ impl Controller {
 
     /// A pass over the whole model (see [`Controller::pass`]).
     fn full_pass(&mut self, now: Instant) -> PassOutcome {
-        self.structural = false;
-        self.since_pass = SincePass::default();
+        self.since_pass.planned_all();
         self.deadlines.full_pass.paid();
         let mut outcome = PassOutcome::default();
         for replan in 1..=MAX_REPLANS {

@@ -142,8 +142,7 @@ impl Controller {
             changed = true;
         }
         changed |= self.resume_fights(now);
-        let waiting: Vec<CgroupPath> = self.settings_wait.keys().cloned().collect();
-        for path in waiting {
+        for path in self.model.waiting() {
             match self.parts.scanner.read_cgroup(&path) {
                 Some(c) => changed |= self.upsert(c, now),
                 None => changed |= self.remove_if_gone(&path),

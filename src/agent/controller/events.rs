@@ -195,12 +195,12 @@ impl Controller {
         pinned_at: impl Fn(usize) -> Instant,
     ) {
         use crate::classify::{Exclusivity, SharedReason};
-        if self.pins_pending == 0 {
+        if self.model.pins_pending == 0 {
             return;
         }
         let now = Instant::now();
         let mut index = 0;
-        let (pending, metrics) = (&mut self.pins_pending, &mut self.metrics);
+        let (mut timed, metrics) = (0, &mut self.metrics);
         for_each_entry(&mut self.model, scan, |_, entry| {
             let (i, class) = (index, &classes[index]);
             index += 1;
@@ -225,9 +225,10 @@ impl Controller {
             let done = class.kind != CgroupKind::Container || pinned;
             if done || now.saturating_duration_since(seen) >= PIN_TRACKING_LIMIT {
                 entry.pin_seen = None;
-                *pending -= 1;
+                timed += 1;
             }
         });
+        self.model.pins_pending -= timed;
     }
 }
 

@@ -27,7 +27,7 @@ impl Controller {
     /// `housekeeping`, all but the first core of each container's set).
     pub(super) fn irq_isolated_cpus(&self) -> CpuSet {
         let mut cpus = CpuSet::new();
-        for (key, (isolation, _)) in self.isolated.iter().filter(|(_, (i, _))| i.no_irqs) {
+        for (key, (isolation, _)) in self.model.isolated.iter().filter(|(_, (i, _))| i.no_irqs) {
             if let Some(held) = self.parts.assignments.get(key) {
                 if isolation.irq_housekeeping {
                     let kept = self.parts.topology.housekeeping_cpus(&held.cpus);
@@ -59,7 +59,7 @@ impl Controller {
     /// Each exclusive CPU's asked-for resume latency and governor.
     fn power_wanted(&self) -> (BTreeMap<u32, String>, BTreeMap<u32, String>) {
         let (mut latency, mut governor) = (BTreeMap::new(), BTreeMap::new());
-        for (key, (isolation, _)) in &self.isolated {
+        for (key, (isolation, _)) in &self.model.isolated {
             let Some(held) = self.parts.assignments.get(key) else {
                 continue;
             };
@@ -216,6 +216,7 @@ impl Controller {
         }
         let mut wanted = Vec::new();
         for (key, (_, path)) in self
+            .model
             .isolated
             .iter()
             .filter(|(_, (i, _))| i.no_load_balancing)

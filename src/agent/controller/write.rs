@@ -33,7 +33,7 @@ impl Controller {
             self.forget_met_pin_failures(&classes, &planned);
         }
         let urgent = self.urgent_cgroups(&scan, &planned);
-        let drifted = std::mem::take(&mut self.drifted);
+        let drifted = std::mem::take(&mut self.since_pass.drifted);
         let report = self.write(now, &scan, &planned, &urgent, &mode);
         let written_at = Instant::now();
         self.count_repairs(&drifted, &planned, &report);
@@ -180,7 +180,9 @@ impl Controller {
                     (Some(cpus), Some(shared)) => !cpus.is_empty() && cpus.is_disjoint(shared),
                     _ => false,
                 };
-                pinned || (!self.drifted.is_empty() && self.drifted.contains(&cgroup.path))
+                pinned
+                    || (!self.since_pass.drifted.is_empty()
+                        && self.since_pass.drifted.contains(&cgroup.path))
             })
             .collect()
     }
@@ -384,7 +386,7 @@ impl Controller {
             .count() as u64;
         if mode.is_full() {
             self.metrics.containers = containers;
-            self.isolated.clear();
+            self.model.isolated.clear();
         } else {
             self.metrics.containers += containers;
         }
@@ -393,7 +395,8 @@ impl Controller {
                 continue;
             }
             if let Some(key) = class.assignment_key() {
-                self.isolated
+                self.model
+                    .isolated
                     .insert(key, (class.isolation, cgroup.path.clone()));
             }
         }
@@ -445,7 +448,7 @@ impl Controller {
                 .iter()
                 .filter(|d| d.cpus.is_some() && d.cpus.as_ref() == shared)
                 .count();
-            self.steady = self.complete
+            self.steady = self.model.complete
                 && !unmet
                 && classes.iter().all(|c| {
                     c.kind != CgroupKind::Container
