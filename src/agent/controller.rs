@@ -50,7 +50,7 @@ use crate::writer::{apply_scheduled, NewChildren, Schedule};
 
 use super::hotplug::Hotplug;
 use super::metrics::Metrics;
-use deadlines::Deadlines;
+use deadlines::{Burst, Deadlines};
 use incremental::{Mode, SincePass};
 use model::{Model, Setup};
 
@@ -77,24 +77,12 @@ pub struct ReconcileScan {
     pub scan: Scan,
 }
 
-/// How long a cgroup's narrowing waits, again and again, for runtimes to set up its new
-/// children (to copy its cpuset into them: a read and a write, microseconds apart unless the
-/// runtime is descheduled). After the last, the next event or reconcile tick tries again.
-const SETTLE_DELAYS: [Duration; 6] = [
-    Duration::from_millis(5),
-    Duration::from_millis(20),
-    Duration::from_millis(50),
-    Duration::from_millis(200),
-    Duration::from_millis(500),
-    Duration::from_millis(1000),
-];
-
 /// What writing a plan showed of the model.
 #[derive(Debug, Default)]
 struct FollowUp {
     /// Cgroups with a child the model does not know: re-read them and plan again now.
     stale: Vec<CgroupPath>,
-    /// Cgroups not narrowed while a child is set up: plan again after a [`SETTLE_DELAYS`].
+    /// Cgroups not narrowed while a child is set up: plan again after a [`Burst::SETTLE_DELAYS`].
     settling: Vec<CgroupPath>,
     /// A cgroup written to was gone (it left the model): plan again now.
     vanished: bool,
@@ -106,19 +94,6 @@ const MAX_REPLANS: usize = 4;
 /// How long a cgroup with an empty cpuset is left to its runtime (runc copies the parent's set
 /// within milliseconds) before the agent writes it itself.
 const RUNTIME_SETUP_LIMIT: Duration = Duration::from_secs(1);
-
-/// While new cgroups keep arriving (less than this apart), a pass makes only its urgent writes
-/// (exclusive pins, drift repairs) and holds back the rest (the shared pool's rewrites), so a
-/// burst of pods does not rewrite every shared cgroup once per pod.
-const COALESCE_QUIET: Duration = Duration::from_millis(20);
-
-/// Writes are held back for at most this long; after it, a pass makes at least
-/// [`MIN_PROGRESS`] of them before it lets a new arrival go first. (kubelet leaves other
-/// containers' cpusets to its reconcile loop, 10 s by default.)
-const COALESCE_LIMIT: Duration = Duration::from_millis(200);
-
-/// Held-back writes a pass makes before it may be preempted, once they are overdue.
-const MIN_PROGRESS: usize = 32;
 
 /// How long a new container is tracked for the event → pin latency figure.
 const PIN_TRACKING_LIMIT: Duration = Duration::from_secs(60);
@@ -176,8 +151,6 @@ pub struct Controller {
     /// Counts watcher events that should go ahead of a long rewrite (see
     /// [`crate::watcher::Watcher::arrivals`]).
     arrivals: Option<Arc<AtomicU64>>,
-    /// When the last cgroup new to the model was seen.
-    last_new_cgroup: Option<Instant>,
     /// Whether a pass has run (cgroups new to the model after it are tracked for their pin).
     planned: bool,
     /// The pools of the last pass (`None` under the `none` policy).
@@ -260,7 +233,6 @@ impl Controller {
             last_limits: None,
             last_pass_settled: false,
             arrivals: None,
-            last_new_cgroup: None,
             deadlines: Deadlines::default(),
             planned: false,
             pools: None,

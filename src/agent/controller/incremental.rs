@@ -13,14 +13,14 @@
 //!
 //! What a chain leaves undone: the ancestors' and the other shared members' rewrites when the
 //! shared pool changed, and the kubepods root's narrowing when isolated cpus pinned there were
-//! released. A full pass makes them, coalesced: [`COALESCE_QUIET`] after the last
-//! incremental pass, at most [`super::COALESCE_LIMIT`] after the first.
+//! released. A full pass makes them, coalesced: [`Burst::QUIET`] after the last
+//! incremental pass, at most [`Burst::LIMIT`] after the first.
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::Instant;
 
 use super::{
-    entitlement, CgroupKind, CgroupPath, Controller, Entitlement, PassOutcome, Scan, COALESCE_QUIET,
+    entitlement, Burst, CgroupKind, CgroupPath, Controller, Entitlement, PassOutcome, Scan,
 };
 
 /// What a pass plans.
@@ -176,7 +176,7 @@ impl Controller {
             return;
         };
         self.metrics.writes_held_back += held_back;
-        self.deadlines.full_pass.owe(now, now + COALESCE_QUIET);
+        self.deadlines.full_pass.owe(now, now + Burst::QUIET);
     }
 
     /// The pods whose chains an incremental pass plans, when it may: every change since the

@@ -272,7 +272,7 @@ impl Controller {
                 return false;
             }
             Some(_) => {}
-            None if self.planned => self.last_new_cgroup = Some(now),
+            None if self.planned => self.deadlines.burst.arrived(now),
             None => {}
         }
         // New after the first pass: timed until its pin (whichever way it was seen first).

@@ -363,7 +363,7 @@ fn while_cgroups_arrive_pins_go_first_and_the_shared_rewrites_follow() {
 
     // Once no cgroup has arrived for a moment, the held-back writes are made.
     let due = controller.next_deadline().expect("a flush is scheduled");
-    assert!(due <= now + COALESCE_QUIET);
+    assert!(due <= now + Burst::QUIET);
     assert!(controller.on_deadlines(due));
     controller.pass(due);
     let shared = CpuSet::parse(&node.container_cpus(&shared_pod, &web).unwrap()).unwrap();
@@ -424,7 +424,7 @@ fn held_back_writes_are_made_when_a_new_pod_arrives_as_they_fall_due() {
     let mut at = due;
     while controller.on_deadlines(at) {
         controller.pass(at);
-        at = controller.next_deadline().unwrap_or(at + COALESCE_LIMIT);
+        at = controller.next_deadline().unwrap_or(at + Burst::LIMIT);
     }
     let exclusive = CpuSet::parse(&node.container_cpus(&db, &db_id).unwrap()).unwrap();
     let shared = CpuSet::parse(&node.container_cpus(&web_pod, &web).unwrap()).unwrap();

@@ -203,9 +203,7 @@ impl Controller {
             .iter()
             .map(|w| urgent_cgroup.get(w.cgroup).copied().unwrap_or(false))
             .collect();
-        let bursting = self
-            .last_new_cgroup
-            .is_some_and(|t| now.saturating_duration_since(t) < COALESCE_QUIET);
+        let bursting = self.deadlines.burst.bursting(now);
         let overdue = self.deadlines.held_back.overdue(now);
         let arrivals = self.arrivals.clone();
         let seen = arrivals.as_ref().map(|a| a.load(Ordering::Acquire));
@@ -219,7 +217,7 @@ impl Controller {
                 urgent: Some(&urgent),
                 urgent_only: bursting && !overdue,
                 preempt: Some(&preempt),
-                preempt_after: if overdue { MIN_PROGRESS } else { 0 },
+                preempt_after: if overdue { Burst::MIN_PROGRESS } else { 0 },
             }
         } else {
             Schedule::default()
@@ -249,7 +247,7 @@ impl Controller {
     /// leaves what a full one held back to that one's flush).
     fn owe_held_back(&mut self, now: Instant, report: &WriteReport, mode: &Mode) {
         if report.held_back > 0 {
-            let quiet = self.last_new_cgroup.map_or(now, |t| t + COALESCE_QUIET);
+            let quiet = self.deadlines.burst.quiet_at(now);
             self.deadlines.held_back.owe(now, quiet);
             self.metrics.writes_held_back += report.held_back as u64;
         } else if mode.is_full() {
