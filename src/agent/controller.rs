@@ -36,7 +36,7 @@ use crate::classify::{
 };
 use crate::cpuset::CpuSet;
 use crate::irq::{IrqAffinity, IrqSaved};
-use crate::logging::error_chain;
+use crate::logging::{error_chain, SaidEvery, SaidOnce};
 use crate::planner::{
     entitlement, plan, AssignEvent, Entitlement, NodeLimits, Plan, PlanConfig, Pools,
     ReleaseReason, WriteStep,
@@ -51,6 +51,7 @@ use crate::writer::{apply_scheduled, NewChildren, Schedule};
 use super::hotplug::Hotplug;
 use super::metrics::Metrics;
 use deadlines::{Burst, Deadlines};
+use events::Said;
 use incremental::{Mode, SincePass};
 use model::{Model, Setup};
 
@@ -137,47 +138,47 @@ impl PassOutcome {
     }
 }
 
+/// What the last pass left for the next to assume.
+#[derive(Debug, Default)]
+struct LastPass {
+    /// Whether a pass has run (cgroups new to the model after it are tracked for their pin).
+    planned: bool,
+    /// It wrote all it planned and allocated all it was asked for.
+    settled: bool,
+    /// The pools it planned (`None` under the `none` policy).
+    pools: Option<Pools>,
+    /// The last full pass left every container's demand met: an incremental pass may plan
+    /// new pods alone.
+    steady: bool,
+    /// Cgroups on the shared pool after the last full pass: what a change of the pool rewrites.
+    shared_members: usize,
+    /// The node limits it planned within (said when they change).
+    limits: Option<NodeLimits>,
+}
+
 /// The agent's state and its one writer.
 #[derive(Debug)]
 pub struct Controller {
     parts: ControllerParts,
     /// One record per cgroup, and the indexes kept beside them.
     model: Model,
-    /// Every timer: settings re-reads, settling narrowings, held-back writes, the owed full
-    /// pass, fought-over repairs.
-    deadlines: Deadlines,
-    /// The last pass wrote all it planned and allocated all it was asked for.
-    last_pass_settled: bool,
-    /// Counts watcher events that should go ahead of a long rewrite (see
-    /// [`crate::watcher::Watcher::arrivals`]).
-    arrivals: Option<Arc<AtomicU64>>,
-    /// Whether a pass has run (cgroups new to the model after it are tracked for their pin).
-    planned: bool,
-    /// The pools of the last pass (`None` under the `none` policy).
-    pools: Option<Pools>,
     /// What changed since the last pass, and whether an incremental pass may plan it (see
     /// [`incremental`]).
     since_pass: SincePass,
-    /// The last full pass left every container's demand met: an incremental pass may plan
-    /// new pods alone.
-    steady: bool,
-    /// Cgroups on the shared pool after the last full pass: what a change of the pool rewrites.
-    shared_members: usize,
+    last_pass: LastPass,
+    /// Every timer: settings re-reads, settling narrowings, held-back writes, the owed full
+    /// pass, fought-over repairs, the projection files; and the burst of arrivals.
+    deadlines: Deadlines,
+    /// What the log said (once), and the pods' names it says.
+    said: Said,
+    /// Counts watcher events that should go ahead of a long rewrite (see
+    /// [`crate::watcher::Watcher::arrivals`]).
+    arrivals: Option<Arc<AtomicU64>>,
     /// Bumped whenever the model changes (read or written values, cgroups coming and going):
     /// the reconcile thread does a full scan only when it moved, or every few ticks.
     generation: Arc<AtomicU64>,
-    /// Cgroups said to be unreadable (said once each).
-    unreadable_said: HashSet<CgroupPath>,
-    /// IRQ affinity failures said (once each).
-    unreadable_said_irq: HashSet<String>,
-    /// The node limits of the last pass (said when they change).
-    last_limits: Option<NodeLimits>,
-    /// When a rescan was last said in the log, and how many were not said since.
-    rescan_said: Option<Instant>,
-    rescans_unsaid: u64,
-    /// `namespace/pod` of pods holding exclusive CPUs, so the log can name a pod that is gone
-    /// when its CPUs are released.
-    pod_names: HashMap<String, String>,
+    /// Where the online cpus are read from while the agent runs (see [`Controller::follow_hotplug`]).
+    hotplug: Option<Hotplug>,
     /// Interrupt affinities, kept off the CPUs of `irq-load-balancing.crio.io` pods.
     irq: Option<IrqAffinity>,
     /// Scheduler load balancing, kept off the CPUs of `cpu-load-balancing.crio.io` pods.
@@ -188,16 +189,6 @@ pub struct Controller {
     power_said: HashSet<String>,
     /// The projection files and `--project-all` (see [`Controller::manage_projection`]).
     projection: Option<(crate::projection::Projector, bool)>,
-    /// A pass or reconcile ran since the projection files were last brought up to date.
-    projection_due: bool,
-    /// When they were last brought up to date.
-    projected_at: Option<Instant>,
-    /// Where the online cpus are read from while the agent runs (see [`Controller::follow_hotplug`]).
-    hotplug: Option<Hotplug>,
-    /// The exclusive cpus refused, by container, as the log said it (for the checkpoint).
-    refused: crate::state::Refusals,
-    /// `refused` changed since the last pass's outcome said so.
-    refusals_changed: bool,
     pub metrics: Metrics,
 }
 
@@ -215,31 +206,21 @@ impl Controller {
         Controller {
             parts,
             model: Model::default(),
-            unreadable_said: HashSet::new(),
-            unreadable_said_irq: HashSet::new(),
-            rescan_said: None,
-            rescans_unsaid: 0,
-            pod_names,
+            since_pass: SincePass::start(),
+            last_pass: LastPass::default(),
+            deadlines: Deadlines::default(),
+            said: Said {
+                pod_names,
+                ..Said::default()
+            },
+            arrivals: None,
+            generation: Arc::new(AtomicU64::new(0)),
+            hotplug: None,
             irq: None,
             sched: None,
             power: None,
             power_said: HashSet::new(),
             projection: None,
-            projection_due: false,
-            projected_at: None,
-            hotplug: None,
-            refused: Default::default(),
-            refusals_changed: false,
-            last_limits: None,
-            last_pass_settled: false,
-            arrivals: None,
-            deadlines: Deadlines::default(),
-            planned: false,
-            pools: None,
-            since_pass: SincePass::start(),
-            steady: false,
-            shared_members: 0,
-            generation: Arc::new(AtomicU64::new(0)),
             metrics,
         }
     }
@@ -352,12 +333,12 @@ impl Controller {
 
     /// The shared pool after the last pass.
     pub fn shared_pool(&self) -> Option<&CpuSet> {
-        self.pools.as_ref().map(|p| &p.shared)
+        self.last_pass.pools.as_ref().map(|p| &p.shared)
     }
 
     /// Every cpu pods may use after the last pass (the kubepods root's set).
     pub fn pod_cpus(&self) -> Option<&CpuSet> {
-        self.pools.as_ref().map(|p| &p.pod_cpus)
+        self.last_pass.pools.as_ref().map(|p| &p.pod_cpus)
     }
 
     /// (containers, exclusive containers) after the last pass.
@@ -408,7 +389,7 @@ impl Controller {
         let changed = self.merge_scan(reconcile) | self.limits_moved() | self.online_cpus_changed();
         let settled = !changed
             && self.since_pass.drifted.is_empty()
-            && self.last_pass_settled
+            && self.last_pass.settled
             && !self.deadlines.full_pass.is_owed()
             && self.deadlines.settling.is_empty()
             && !self.model.any_waiting()
@@ -427,7 +408,7 @@ impl Controller {
         self.update_irqs(true);
         self.update_sched_balance(true);
         self.update_power(true);
-        self.projection_due = true;
+        self.deadlines.projection.due = true;
         Some(outcome)
     }
 
@@ -457,21 +438,18 @@ impl Controller {
             }
             TreeEvent::Rescan { reason } => {
                 // Said at most once a minute, with how many were not said.
-                let due = self
-                    .rescan_said
-                    .is_none_or(|at| now.saturating_duration_since(at) >= Duration::from_secs(60));
-                if due {
-                    let more = std::mem::take(&mut self.rescans_unsaid);
-                    let since = if more > 0 {
-                        format!(" ({more} more rescans since the last time this was said)")
-                    } else {
-                        String::new()
-                    };
-                    log::warn!("watcher lost track ({reason}): rescanning the whole tree{since}");
-                    self.rescan_said = Some(now);
-                } else {
-                    self.rescans_unsaid += 1;
-                    log::debug!("watcher lost track ({reason}): rescanning the whole tree");
+                match self.said.rescan.due(now, Duration::from_secs(60)) {
+                    Some(more) => {
+                        let since = if more > 0 {
+                            format!(" ({more} more rescans since the last time this was said)")
+                        } else {
+                            String::new()
+                        };
+                        log::warn!(
+                            "watcher lost track ({reason}): rescanning the whole tree{since}"
+                        );
+                    }
+                    None => log::debug!("watcher lost track ({reason}): rescanning the whole tree"),
                 }
                 self.metrics.rescans += 1;
                 self.full_scan()?;
@@ -490,7 +468,7 @@ impl Controller {
     /// On cgroup v1 a cgroup whose children are being set up by their runtime is narrowed by a
     /// pass a moment later (see [`NewChildren::LetThemSettle`]).
     pub fn pass(&mut self, now: Instant) -> PassOutcome {
-        self.projection_due = true;
+        self.deadlines.projection.due = true;
         if let Some(outcome) = self.repair_drift() {
             return outcome;
         }
@@ -585,11 +563,11 @@ impl Controller {
     /// Whether what kubepods' parent gives pods changed since the last pass (the parent is
     /// not watched: every reconcile tick looks).
     pub fn limits_moved(&self) -> bool {
-        if !self.planned {
+        if !self.last_pass.planned {
             return false;
         }
         let (cpus, mems) = self.parts.scanner.kubepods_parent_limits();
-        self.last_limits.as_ref() != Some(&NodeLimits { cpus, mems })
+        self.last_pass.limits.as_ref() != Some(&NodeLimits { cpus, mems })
     }
 
     /// What kubepods' parent lets pods have now (one read of its effective sets a pass): CPUs
@@ -598,14 +576,15 @@ impl Controller {
     fn node_limits(&mut self) -> NodeLimits {
         let (cpus, mems) = self.parts.scanner.kubepods_parent_limits();
         let limits = NodeLimits { cpus, mems };
-        if self.last_limits.as_ref() != Some(&limits) {
+        if self.last_pass.limits.as_ref() != Some(&limits) {
             if let Some(cpus) = &limits.cpus {
                 let all = self.parts.topology.all_cpus();
                 let missing = all.difference(cpus);
                 // Against today's topology: cpus the parent lost by going offline were not
                 // given back when the topology lost them too.
                 let missed = self
-                    .last_limits
+                    .last_pass
+                    .limits
                     .as_ref()
                     .and_then(|l| l.cpus.as_ref())
                     .is_some_and(|last| !all.is_subset(last));
@@ -618,7 +597,7 @@ impl Controller {
                     log::info!("the parent of the kubepods cgroup gives pods every cpu again");
                 }
             }
-            self.last_limits = Some(limits.clone());
+            self.last_pass.limits = Some(limits.clone());
         }
         limits
     }

@@ -17,13 +17,10 @@ pub(super) const SETTINGS_RETRY: [Duration; 4] = [
 /// runtime config that differs from the path, a limit that differs from the request …), said
 /// once: when its classification is cached, which is again only when its CPU settings change.
 /// Logs what classification noticed about a cgroup, each notice once while it lasts.
-pub(super) fn say_notices(path: &CgroupPath, class: &Classification, said: &mut Vec<Notice>) {
-    for notice in &class.notices {
-        if !said.contains(notice) {
-            log::warn!("cg={path}: {notice}");
-        }
+pub(super) fn say_notices(path: &CgroupPath, class: &Classification, said: &mut SaidOnce<Notice>) {
+    for notice in said.only(class.notices.iter().cloned()) {
+        log::warn!("cg={path}: {notice}");
     }
-    said.clone_from(&class.notices);
 }
 
 impl Controller {
@@ -104,7 +101,7 @@ impl Controller {
         cgroup: &ScannedCgroup,
         mut info: RuntimeInfo,
     ) -> Option<Classification> {
-        let starting = !self.planned;
+        let starting = !self.last_pass.planned;
         let phase = self.model.get(&cgroup.path).map(|r| r.phase());
         match config_matches_cgroup(&cgroup.cpu, &info.cpu) {
             Some(true) => {

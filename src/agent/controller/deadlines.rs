@@ -153,6 +153,18 @@ pub(super) struct Deadlines {
     pub(super) fight: Option<Instant>,
     /// The current burst of arrivals (no deadline of its own: it paces the two above).
     pub(super) burst: Burst,
+    /// The projection files (see [`Controller::projections_due`]; not among [`Deadlines::next`]:
+    /// the agent's loop asks for them on their own).
+    pub(super) projection: Projection,
+}
+
+/// When the projection files are to be brought up to date.
+#[derive(Debug, Default)]
+pub(super) struct Projection {
+    /// A pass or reconcile ran since they were last brought up to date.
+    pub(super) due: bool,
+    /// When they were last brought up to date.
+    pub(super) at: Option<Instant>,
 }
 
 impl Deadlines {

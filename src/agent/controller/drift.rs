@@ -65,7 +65,7 @@ impl Controller {
     pub(super) fn repair_drift(&mut self) -> Option<PassOutcome> {
         if self.since_pass.structural
             || self.since_pass.drifted.is_empty()
-            || !self.last_pass_settled
+            || !self.last_pass.settled
             || self.deadlines.held_back.is_owed()
             || self.deadlines.full_pass.is_owed()
             || !self.deadlines.settling.is_empty()

@@ -126,7 +126,7 @@ impl Controller {
         let undecided = classes.iter().any(|c| {
             c.kind == CgroupKind::Container && matches!(entitlement(c), Entitlement::Unknown { .. })
         });
-        let known_limits = self.last_limits.clone();
+        let known_limits = self.last_pass.limits.clone();
         let limits = self.node_limits();
         if undecided || known_limits.as_ref() != Some(&limits) {
             self.since_pass.other = true;
@@ -169,7 +169,7 @@ impl Controller {
     /// narrowing when only it changed.
     fn hold_back_for_full_pass(&mut self, now: Instant, pool_changed: bool, root_changed: bool) {
         let held_back = if pool_changed {
-            self.shared_members as u64
+            self.last_pass.shared_members as u64
         } else if root_changed {
             1
         } else {
@@ -189,8 +189,8 @@ impl Controller {
         let changed = !self.since_pass.new.is_empty()
             || !self.since_pass.touched.is_empty()
             || !self.since_pass.gone_pods.is_empty();
-        let eligible = self.planned
-            && self.steady
+        let eligible = self.last_pass.planned
+            && self.last_pass.steady
             && !self.since_pass.other
             && changed
             && self.parts.policy.is_some()

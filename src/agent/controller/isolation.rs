@@ -180,7 +180,7 @@ impl Controller {
             None => {}
         }
         for error in &outcome.errors {
-            if self.unreadable_said_irq.insert(error.clone()) {
+            if self.said.irq.first(error.clone()) {
                 log::warn!("cannot change an interrupt's affinity: {error} (with the systemd unit, install its irq drop-in)");
             }
         }

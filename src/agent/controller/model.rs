@@ -80,7 +80,7 @@ pub(super) struct Record {
     pub(super) fight: Option<Box<Fight>>,
     /// What classification noticed and the log said, so a re-classification (its CPU
     /// settings written after its config was read) does not say it again.
-    pub(super) said: Vec<Notice>,
+    pub(super) said: SaidOnce<Notice>,
 }
 
 impl Record {
@@ -272,11 +272,11 @@ impl Controller {
                 return false;
             }
             Some(_) => {}
-            None if self.planned => self.deadlines.burst.arrived(now),
+            None if self.last_pass.planned => self.deadlines.burst.arrived(now),
             None => {}
         }
         // New after the first pass: timed until its pin (whichever way it was seen first).
-        let track_pin = self.planned && !self.model.contains_key(&path);
+        let track_pin = self.last_pass.planned && !self.model.contains_key(&path);
         if self.drifts(&path, &cgroup) {
             self.since_pass.drifted.insert(path.clone());
         }
@@ -326,7 +326,7 @@ impl Controller {
                 setup: Setup::Unseen,
                 pin_seen: None,
                 fight: None,
-                said: Vec::new(),
+                said: SaidOnce::default(),
             })),
         }
     }
@@ -357,7 +357,7 @@ impl Controller {
         if self.parts.hierarchy.cpuset.is_gone(root) {
             return self.removed(root);
         }
-        if self.unreadable_said.insert(root.clone()) {
+        if self.said.unreadable.first(root.clone()) {
             log::warn!(
                 "cg={root} cannot be read (not gone): what it holds stays its own; make it \
                  readable by root without capabilities (the unit has none)"
@@ -427,7 +427,7 @@ impl Controller {
     pub(super) fn forget(&mut self, path: &CgroupPath) {
         self.bump();
         self.since_pass.forget(path);
-        self.unreadable_said.remove(path);
+        self.said.unreadable.forget(path);
         self.parts.quota_lifted.remove(path);
         let Some(record) = self.model.remove_record(path) else {
             return;

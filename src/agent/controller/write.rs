@@ -53,7 +53,7 @@ impl Controller {
         self.count_containers(&scan, &classes, &mode);
         let mut outcome = self.record_pass(planned, &report, &classes, &mode);
         // The checkpoint keeps the refusals `status` shows.
-        outcome.assignments_changed |= std::mem::take(&mut self.refusals_changed);
+        outcome.assignments_changed |= std::mem::take(&mut self.said.refusals_changed);
         let paths = |indexes: &[usize]| -> Vec<CgroupPath> {
             indexes
                 .iter()
@@ -160,9 +160,9 @@ impl Controller {
             )
             .collect();
         self.metrics.retain_pin_failures(|k| asking.contains(k));
-        let before = self.refused.len();
-        self.refused.retain(|k, _| asking.contains(k));
-        self.refusals_changed |= self.refused.len() != before;
+        let before = self.said.refused.len();
+        self.said.refused.retain(|k, _| asking.contains(k));
+        self.said.refusals_changed |= self.said.refused.len() != before;
         self.metrics
             .retain_pod_rejections(|uid| planned.assignments.rejection(uid).is_some());
     }
@@ -434,19 +434,19 @@ impl Controller {
             && !unmet;
         // Only a full pass says the whole tree is settled; an incremental one can only say it
         // is not (a write a full pass could not make is retried by the next reconcile).
-        self.last_pass_settled = settled && (mode.is_full() || self.last_pass_settled);
+        self.last_pass.settled = settled && (mode.is_full() || self.last_pass.settled);
         if unmet {
             // Someone waits for CPUs: only a full pass plans for them.
-            self.steady = false;
+            self.last_pass.steady = false;
         }
         if mode.is_full() {
             let shared = planned.pools.as_ref().map(|p| &p.shared);
-            self.shared_members = planned
+            self.last_pass.shared_members = planned
                 .desired
                 .iter()
                 .filter(|d| d.cpus.is_some() && d.cpus.as_ref() == shared)
                 .count();
-            self.steady = self.model.complete
+            self.last_pass.steady = self.model.complete
                 && !unmet
                 && classes.iter().all(|c| {
                     c.kind != CgroupKind::Container
@@ -455,9 +455,11 @@ impl Controller {
         }
         self.parts.assignments = planned.assignments;
         // The pods' names go into the checkpoint with their pins (for the log after a restart).
-        self.parts.assignments.name_pods(&self.pod_names, changed);
-        self.pools = planned.pools;
-        self.planned = true;
+        self.parts
+            .assignments
+            .name_pods(&self.said.pod_names, changed);
+        self.last_pass.pools = planned.pools;
+        self.last_pass.planned = true;
         PassOutcome {
             assignments_changed: changed,
             writes: report.applied,
