@@ -4,6 +4,7 @@
 //! to date from watcher events and full scans. Forgetting a cgroup drops its record.
 
 use std::collections::btree_map::Entry;
+use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
 
 use super::drift::Fight;
@@ -98,8 +99,8 @@ pub(super) struct Model {
     records: BTreeMap<CgroupPath, Box<Record>>,
     /// Records whose pin is still timed (see [`Record::pin_seen`]).
     pub(super) pins_pending: usize,
-    /// Records in [`Phase::WaitingForSettings`].
-    waiting: usize,
+    /// Records in [`Phase::WaitingForSettings`] (their timer re-reads them, and walks no other).
+    waiting: BTreeSet<CgroupPath>,
     /// The isolation annotations of the containers that hold exclusive cpus or ask for them.
     /// (What they ask for, and the container's cgroup.)
     pub(super) isolated: HashMap<AssignmentKey, (Isolation, CgroupPath)>,
@@ -113,7 +114,7 @@ impl Default for Model {
         Model {
             records: BTreeMap::new(),
             pins_pending: 0,
-            waiting: 0,
+            waiting: BTreeSet::new(),
             isolated: HashMap::new(),
             complete: true,
         }
@@ -149,27 +150,22 @@ impl Model {
         let Some(record) = self.records.get_mut(path) else {
             return;
         };
-        let was = matches!(record.phase, Phase::WaitingForSettings { .. });
-        let is = matches!(phase, Phase::WaitingForSettings { .. });
         record.phase = phase;
-        self.waiting = self.waiting + usize::from(is) - usize::from(was);
+        if matches!(phase, Phase::WaitingForSettings { .. }) {
+            self.waiting.insert(path.clone());
+        } else {
+            self.waiting.remove(path);
+        }
     }
 
     /// Some container waits for its CPU settings.
     pub(super) fn any_waiting(&self) -> bool {
-        self.waiting > 0
+        !self.waiting.is_empty()
     }
 
     /// The containers waiting for their CPU settings.
     pub(super) fn waiting(&self) -> Vec<CgroupPath> {
-        if self.waiting == 0 {
-            return Vec::new();
-        }
-        self.records
-            .iter()
-            .filter(|(_, r)| matches!(r.phase, Phase::WaitingForSettings { .. }))
-            .map(|(p, _)| p.clone())
-            .collect()
+        self.waiting.iter().cloned().collect()
     }
 
     /// Drops `path`'s record and its indexes' entries; the record, if there was one.
@@ -178,7 +174,7 @@ impl Model {
         self.isolated.retain(|_, (_, p)| p != path);
         let record = self.records.remove(path)?;
         self.pins_pending -= usize::from(record.pin_seen.is_some());
-        self.waiting -= usize::from(matches!(record.phase, Phase::WaitingForSettings { .. }));
+        self.waiting.remove(path);
         Some(record)
     }
 }

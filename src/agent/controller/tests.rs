@@ -488,3 +488,45 @@ fn a_cpu_settings_event_rereads_the_settings_and_reclassifies() {
         "{class:?}"
     );
 }
+
+/// Issue 24 item 4: a container's child cgroup carries the container's id but has a record of
+/// its own, so its going leaves the container settled and the container's later in-place
+/// resize is still seen (it was forgotten with the child when `settled` was keyed by id).
+#[test]
+fn a_child_cgroup_that_goes_leaves_its_container_settled_for_a_resize() {
+    let (_dir, node, container, mut controller) = converged();
+    assert_eq!(controller.parts.assignments.exclusive_cpus().len(), 1);
+    let set = cpus(&node, &container);
+    let child = CgroupPath::new(&format!("{container}/sub")).unwrap();
+    let dir = node.file(&child.to_string(), "cpuset.cpus");
+    fs::create_dir_all(dir.parent().unwrap()).unwrap();
+    for (file, value) in [("cpuset.cpus", set.as_str()), ("cpuset.mems", "0")] {
+        fs::write(dir.with_file_name(file), format!("{value}\n")).unwrap();
+    }
+    fs::write(dir.with_file_name("cgroup.procs"), "").unwrap();
+    let created = TreeEvent::Created {
+        cgroup: child.clone(),
+    };
+    assert!(controller.apply_event(created, Instant::now()).unwrap());
+    controller.pass(Instant::now());
+    fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+    let removed = TreeEvent::Removed { cgroup: child };
+    assert!(controller.apply_event(removed, Instant::now()).unwrap());
+    controller.pass(Instant::now());
+    // kubelet resizes the container in place to 2 cpus; its runtime config still says 1.
+    let pod = container.parent().unwrap();
+    for cgroup in [&pod, &container] {
+        let rel = cgroup.to_string();
+        fs::write(node.file(&rel, "cpu.shares"), "2048\n").unwrap();
+        fs::write(node.file(&rel, "cpu.cfs_quota_us"), "200000\n").unwrap();
+        let event = modified(cgroup, InterfaceFile::CpuShares);
+        controller.apply_event(event, Instant::now()).unwrap();
+    }
+    controller.pass(Instant::now());
+    assert_eq!(
+        controller.parts.assignments.exclusive_cpus().len(),
+        2,
+        "the resize was not seen: {:?}",
+        controller.parts.assignments
+    );
+}
