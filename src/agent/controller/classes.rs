@@ -130,37 +130,18 @@ impl Controller {
     }
 
     /// Containers whose CPU settings are not readable yet get a few bounded re-reads (a full
-    /// pass's `scan` is the whole model): each moves to [`Phase::WaitingForSettings`] with one
-    /// more try, or back to [`Phase::New`] once out of them or no longer waiting (the next
-    /// pass that finds it waiting starts again). A container already settled stays so (its
-    /// runtime config gives its settings).
+    /// pass's `scan` is the whole model): see [`Model::track_settings`].
     pub(super) fn track_settings_wait(&mut self, scan: &Scan, classes: &[Class], now: Instant) {
         use crate::classify::{Exclusivity, SharedReason};
-        let mut next: Option<Instant> = None;
-        for (cgroup, class) in scan.cgroups.iter().zip(classes) {
-            let Some(phase) = self.model.get(&cgroup.path).map(|r| r.phase()) else {
-                continue;
-            };
-            let waiting = class.kind == CgroupKind::Container
+        let waiting = classes.iter().map(|class| {
+            class.kind == CgroupKind::Container
                 && matches!(
                     class.exclusivity,
                     Exclusivity::Shared {
                         reason: SharedReason::CpuSettingsUnavailable
                     }
-                );
-            let tries = phase.settings_tries();
-            let phase = match phase {
-                Phase::Settled | Phase::Resized => continue,
-                _ if waiting && tries < SETTINGS_RETRY.len() => {
-                    let at = now + SETTINGS_RETRY[tries];
-                    next = Some(next.map_or(at, |t| t.min(at)));
-                    Phase::WaitingForSettings { tries: tries + 1 }
-                }
-                Phase::New => continue,
-                Phase::WaitingForSettings { .. } => Phase::New,
-            };
-            self.model.set_phase(&cgroup.path, phase);
-        }
-        self.deadlines.settings = next;
+                )
+        });
+        self.deadlines.settings = self.model.track_settings(scan, waiting, now);
     }
 }

@@ -7,6 +7,7 @@ use std::collections::btree_map::Entry;
 use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
 
+use super::classes::SETTINGS_RETRY;
 use super::drift::Fight;
 use super::*;
 
@@ -156,6 +157,41 @@ impl Model {
         } else {
             self.waiting.remove(path);
         }
+    }
+
+    /// After a full pass (`scan` is the whole model; `waiting`: per scanned cgroup, whether it
+    /// is a container that waits for its CPU settings): each waiting one moves to
+    /// [`Phase::WaitingForSettings`] with one more try, or back to [`Phase::New`] once out of
+    /// them or no longer waiting (the next pass that finds it waiting starts again). A container
+    /// already settled stays so (its runtime config gives its settings). Walks along the model;
+    /// returns when the next re-read is due.
+    pub(super) fn track_settings(
+        &mut self,
+        scan: &Scan,
+        mut waiting: impl Iterator<Item = bool>,
+        now: Instant,
+    ) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut index = Vec::new();
+        for_each_entry(&mut self.records, scan, |cgroup, record| {
+            let wants = waiting.next().unwrap_or(false);
+            let Some(record) = record else {
+                return;
+            };
+            let tries = record.phase.settings_tries();
+            record.phase = match record.phase {
+                Phase::Settled | Phase::Resized => return,
+                _ if wants && tries < SETTINGS_RETRY.len() => {
+                    let at = now + SETTINGS_RETRY[tries];
+                    next = Some(next.map_or(at, |t| t.min(at)));
+                    index.push(cgroup.path.clone());
+                    Phase::WaitingForSettings { tries: tries + 1 }
+                }
+                _ => Phase::New,
+            };
+        });
+        self.waiting = index.into_iter().collect();
+        next
     }
 
     /// Some container waits for its CPU settings.
