@@ -205,6 +205,118 @@ mod log_once_tests {
     }
 }
 
+/// Things the log said, each said once: the first time a key comes up ([`SaidOnce::first`]),
+/// not again until it is forgotten ([`SaidOnce::forget`]: its cgroup went) or, for conditions
+/// said while they last, until it stops being true ([`SaidOnce::only`]). The one way the agent
+/// says a thing once (an unreadable cgroup, an IRQ it cannot move, a power setting refused,
+/// what classification noticed about a cgroup …). Kept in a vector: the sets are small, and an
+/// empty one costs no allocation (each cgroup's record holds one).
+#[derive(Debug, Clone)]
+pub(crate) struct SaidOnce<K> {
+    said: Vec<K>,
+}
+
+impl<K> Default for SaidOnce<K> {
+    fn default() -> Self {
+        SaidOnce { said: Vec::new() }
+    }
+}
+
+impl<K: PartialEq> SaidOnce<K> {
+    /// Whether to say `key` now: it was not said before (from now on it was).
+    pub(crate) fn first(&mut self, key: K) -> bool {
+        if self.said.contains(&key) {
+            return false;
+        }
+        self.said.push(key);
+        true
+    }
+
+    /// `key` is said again the next time it comes up.
+    pub(crate) fn forget(&mut self, key: &K) {
+        self.said.retain(|k| k != key);
+    }
+
+    /// `now` is what holds now: those of it not said yet are returned, to be said; those said
+    /// before that no longer hold are forgotten (said again if they come back).
+    pub(crate) fn only(&mut self, now: impl IntoIterator<Item = K>) -> Vec<K>
+    where
+        K: Clone,
+    {
+        let now: Vec<K> = now.into_iter().collect();
+        let new = now
+            .iter()
+            .filter(|k| !self.said.contains(k))
+            .cloned()
+            .collect();
+        self.said = now;
+        new
+    }
+}
+
+/// A thing said at most once per period, with how many times it was not said in between (a
+/// watcher overflow that recurs, said once a minute).
+#[derive(Debug, Default)]
+pub(crate) struct SaidEvery {
+    at: Option<std::time::Instant>,
+    unsaid: u64,
+}
+
+impl SaidEvery {
+    /// Whether to say it now (`Some`: how many times it was not said since the last time),
+    /// at most once per `period`.
+    pub(crate) fn due(
+        &mut self,
+        now: std::time::Instant,
+        period: std::time::Duration,
+    ) -> Option<u64> {
+        let due = self
+            .at
+            .is_none_or(|at| now.saturating_duration_since(at) >= period);
+        if !due {
+            self.unsaid += 1;
+            return None;
+        }
+        self.at = Some(now);
+        Some(std::mem::take(&mut self.unsaid))
+    }
+}
+
+#[cfg(test)]
+mod said_tests {
+    use super::{SaidEvery, SaidOnce};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_thing_is_said_once_until_forgotten_or_gone() {
+        let mut said = SaidOnce::default();
+        assert!(said.first("a"));
+        assert!(!said.first("a"));
+        said.forget(&"a");
+        assert!(said.first("a"));
+        assert_eq!(said.only(["a", "b"]), vec!["b"]);
+        assert_eq!(said.only(["b"]), Vec::<&str>::new());
+        assert_eq!(
+            said.only(["a", "b"]),
+            vec!["a"],
+            "a stopped holding: said again"
+        );
+    }
+
+    #[test]
+    fn a_recurring_thing_is_said_once_per_period_with_the_count_unsaid() {
+        let (mut said, t0, minute) = (
+            SaidEvery::default(),
+            Instant::now(),
+            Duration::from_secs(60),
+        );
+        assert_eq!(said.due(t0, minute), Some(0));
+        assert_eq!(said.due(t0 + Duration::from_secs(1), minute), None);
+        assert_eq!(said.due(t0 + Duration::from_secs(2), minute), None);
+        assert_eq!(said.due(t0 + minute, minute), Some(2));
+    }
+}
+
 #[cfg(test)]
 mod excerpt_tests {
     use super::{excerpt, summary, MAX_LOGGED_VALUE};

@@ -34,7 +34,7 @@ use crate::classify::{
     Isolation, Notice,
 };
 use crate::cpuset::CpuSet;
-use crate::logging::error_chain;
+use crate::logging::{error_chain, SaidEvery, SaidOnce};
 use crate::planner::{
     entitlement, plan, AssignEvent, Entitlement, NodeLimits, Plan, PlanConfig, Pools,
     ReleaseReason, WriteStep,
@@ -47,9 +47,10 @@ use crate::writer::{apply_scheduled, NewChildren, Schedule};
 
 use super::hotplug::Hotplug;
 use super::metrics::Metrics;
-use deadlines::Deadlines;
+use deadlines::{Burst, Deadlines};
+use events::Said;
 use incremental::{Mode, SincePass};
-use model::ModelEntry;
+use model::{Model, Setup};
 
 mod adopt;
 mod classes;
@@ -74,24 +75,12 @@ pub struct ReconcileScan {
     pub scan: Scan,
 }
 
-/// How long a cgroup's narrowing waits, again and again, for runtimes to set up its new
-/// children (to copy its cpuset into them: a read and a write, microseconds apart unless the
-/// runtime is descheduled). After the last, the next event or reconcile tick tries again.
-const SETTLE_DELAYS: [Duration; 6] = [
-    Duration::from_millis(5),
-    Duration::from_millis(20),
-    Duration::from_millis(50),
-    Duration::from_millis(200),
-    Duration::from_millis(500),
-    Duration::from_millis(1000),
-];
-
 /// What writing a plan showed of the model.
 #[derive(Debug, Default)]
 struct FollowUp {
     /// Cgroups with a child the model does not know: re-read them and plan again now.
     stale: Vec<CgroupPath>,
-    /// Cgroups not narrowed while a child is set up: plan again after a [`SETTLE_DELAYS`].
+    /// Cgroups not narrowed while a child is set up: plan again after a [`Burst::SETTLE_DELAYS`].
     settling: Vec<CgroupPath>,
     /// A cgroup written to was gone (it left the model): plan again now.
     vanished: bool,
@@ -103,19 +92,6 @@ const MAX_REPLANS: usize = 4;
 /// How long a cgroup with an empty cpuset is left to its runtime (runc copies the parent's set
 /// within milliseconds) before the agent writes it itself.
 const RUNTIME_SETUP_LIMIT: Duration = Duration::from_secs(1);
-
-/// While new cgroups keep arriving (less than this apart), a pass makes only its urgent writes
-/// (exclusive pins, drift repairs) and holds back the rest (the shared pool's rewrites), so a
-/// burst of pods does not rewrite every shared cgroup once per pod.
-const COALESCE_QUIET: Duration = Duration::from_millis(20);
-
-/// Writes are held back for at most this long; after it, a pass makes at least
-/// [`MIN_PROGRESS`] of them before it lets a new arrival go first. (kubelet leaves other
-/// containers' cpusets to its reconcile loop, 10 s by default.)
-const COALESCE_LIMIT: Duration = Duration::from_millis(200);
-
-/// Held-back writes a pass makes before it may be preempted, once they are overdue.
-const MIN_PROGRESS: usize = 32;
 
 /// How long a new container is tracked for the event → pin latency figure.
 const PIN_TRACKING_LIMIT: Duration = Duration::from_secs(60);
@@ -159,82 +135,52 @@ impl PassOutcome {
     }
 }
 
-/// The agent's state and its one writer.
-#[derive(Debug)]
-pub struct Controller {
-    parts: ControllerParts,
-    /// Boxed: B-tree nodes hold eleven slots, mostly half empty, and an entry is large.
-    model: BTreeMap<CgroupPath, Box<ModelEntry>>,
-    /// Cgroups with a foreign change seen since the last pass.
-    drifted: HashSet<CgroupPath>,
-    /// Model entries whose pin is still timed (see [`ModelEntry::pin_seen`]).
-    pins_pending: usize,
-    /// Containers waiting for their CPU settings, and how many re-reads they had.
-    settings_wait: HashMap<CgroupPath, usize>,
-    /// Every timer: settings re-reads, settling narrowings, held-back writes, the owed full
-    /// pass, fought-over repairs.
-    deadlines: Deadlines,
-    /// Containers (by id) whose cgroup has held their runtime config's CPU request, or that
-    /// were running when the agent started: a difference now is an in-place resize.
-    settled: HashSet<String>,
-    /// Containers (by id) classified from their cgroup because they were resized.
-    resized: HashSet<String>,
-    /// The last pass wrote all it planned and allocated all it was asked for.
-    last_pass_settled: bool,
-    /// Told of watcher events that should go ahead of a long rewrite (see
-    /// [`crate::watcher::Watcher::arrivals`]).
-    arrivals: Option<Arrivals>,
-    /// When the last cgroup new to the model was seen.
-    last_new_cgroup: Option<Instant>,
-    /// The model changed since the last pass in more than drifted `cpuset.cpus` values of
-    /// cgroups that pass planned (which [`Controller::pass`] writes back without planning).
-    structural: bool,
+/// What the last pass left for the next to assume.
+#[derive(Debug, Default)]
+struct LastPass {
     /// Whether a pass has run (cgroups new to the model after it are tracked for their pin).
     planned: bool,
-    /// The pools of the last pass (`None` under the `none` policy).
+    /// It wrote all it planned and allocated all it was asked for.
+    settled: bool,
+    /// The pools it planned (`None` under the `none` policy).
     pools: Option<Pools>,
-    /// The isolation annotations of the containers that hold exclusive cpus or ask for them.
-    /// (What they ask for, and the container's cgroup.)
-    isolated: HashMap<AssignmentKey, (Isolation, CgroupPath)>,
-    /// What changed since the last pass, and whether an incremental pass may plan it (see
-    /// [`incremental`]).
-    since_pass: SincePass,
     /// The last full pass left every container's demand met: an incremental pass may plan
     /// new pods alone.
     steady: bool,
     /// Cgroups on the shared pool after the last full pass: what a change of the pool rewrites.
     shared_members: usize,
+    /// The node limits it planned within (said when they change).
+    limits: Option<NodeLimits>,
+}
+
+/// The agent's state and its one writer.
+#[derive(Debug)]
+pub struct Controller {
+    parts: ControllerParts,
+    /// One record per cgroup, and the indexes kept beside them.
+    model: Model,
+    /// What changed since the last pass, and whether an incremental pass may plan it (see
+    /// [`incremental`]).
+    since_pass: SincePass,
+    last_pass: LastPass,
+    /// Every timer: settings re-reads, settling narrowings, held-back writes, the owed full
+    /// pass, fought-over repairs, the projection files; and the burst of arrivals.
+    deadlines: Deadlines,
+    /// What the log said (once), and the pods' names it says.
+    said: Said,
+    /// Told of watcher events that should go ahead of a long rewrite (see
+    /// [`crate::watcher::Watcher::arrivals`]).
+    arrivals: Option<Arrivals>,
     /// The model changed (read or written values, cgroups coming and going) since
     /// [`Controller::take_model_changed`]: the agent tells the reconcile thread, which does a
     /// full scan only then, or every few ticks.
     model_changed: bool,
-    /// Whether the last full scan saw the whole tree (false past its limit): the planner
-    /// releases nothing it did not see.
-    complete: bool,
-    /// Cgroups said to be unreadable (said once each).
-    unreadable_said: HashSet<CgroupPath>,
-    /// The node limits of the last pass (said when they change).
-    last_limits: Option<NodeLimits>,
-    /// When a rescan was last said in the log, and how many were not said since.
-    rescan_said: Option<Instant>,
-    rescans_unsaid: u64,
-    /// `namespace/pod` of pods holding exclusive CPUs, so the log can name a pod that is gone
-    /// when its CPUs are released.
-    pod_names: HashMap<String, String>,
+    /// Where the online cpus are read from while the agent runs (see [`Controller::follow_hotplug`]).
+    hotplug: Option<Hotplug>,
     /// The host effects ([`crate::effects`]), applied after the pins.
     effects: Vec<Box<dyn crate::effects::Effect>>,
     /// The projection files and `--project-all` (see [`Controller::manage_projection`]).
     projection: Option<(crate::projection::Projector, bool)>,
-    /// A pass or reconcile ran since the projection files were last brought up to date.
-    projection_due: bool,
-    /// When they were last brought up to date.
-    projected_at: Option<Instant>,
-    /// Where the online cpus are read from while the agent runs (see [`Controller::follow_hotplug`]).
-    hotplug: Option<Hotplug>,
-    /// The exclusive cpus refused, by container, as the log said it (for the checkpoint).
-    refused: crate::state::Refusals,
-    /// `refused` changed since the last pass's outcome said so.
-    refusals_changed: bool,
     pub metrics: Metrics,
 }
 
@@ -251,37 +197,19 @@ impl Controller {
             .collect();
         Controller {
             parts,
-            model: BTreeMap::new(),
-            complete: true,
-            unreadable_said: HashSet::new(),
-            rescan_said: None,
-            rescans_unsaid: 0,
-            pod_names,
+            model: Model::default(),
+            since_pass: SincePass::start(),
+            last_pass: LastPass::default(),
+            deadlines: Deadlines::default(),
+            said: Said {
+                pod_names,
+                ..Said::default()
+            },
+            arrivals: None,
+            model_changed: true,
+            hotplug: None,
             effects: Vec::new(),
             projection: None,
-            projection_due: false,
-            projected_at: None,
-            hotplug: None,
-            refused: Default::default(),
-            refusals_changed: false,
-            last_limits: None,
-            drifted: HashSet::new(),
-            pins_pending: 0,
-            settings_wait: HashMap::new(),
-            settled: HashSet::new(),
-            resized: HashSet::new(),
-            last_pass_settled: false,
-            arrivals: None,
-            last_new_cgroup: None,
-            structural: true,
-            deadlines: Deadlines::default(),
-            planned: false,
-            pools: None,
-            isolated: HashMap::new(),
-            since_pass: SincePass::default(),
-            steady: false,
-            shared_members: 0,
-            model_changed: true,
             metrics,
         }
     }
@@ -357,7 +285,7 @@ impl Controller {
         if change.policy.is_some() {
             self.parts.policy = change.policy;
         }
-        self.structural = true;
+        self.since_pass.structural = true;
         self.bump();
         true
     }
@@ -395,12 +323,12 @@ impl Controller {
 
     /// The shared pool after the last pass.
     pub fn shared_pool(&self) -> Option<&CpuSet> {
-        self.pools.as_ref().map(|p| &p.shared)
+        self.last_pass.pools.as_ref().map(|p| &p.shared)
     }
 
     /// Every cpu pods may use after the last pass (the kubepods root's set).
     pub fn pod_cpus(&self) -> Option<&CpuSet> {
-        self.pools.as_ref().map(|p| &p.pod_cpus)
+        self.last_pass.pools.as_ref().map(|p| &p.pod_cpus)
     }
 
     /// (containers, exclusive containers) after the last pass.
@@ -450,15 +378,15 @@ impl Controller {
     pub fn reconcile(&mut self, reconcile: ReconcileScan, now: Instant) -> Option<PassOutcome> {
         let changed = self.merge_scan(reconcile) | self.limits_moved() | self.online_cpus_changed();
         let settled = !changed
-            && self.drifted.is_empty()
-            && self.last_pass_settled
+            && self.since_pass.drifted.is_empty()
+            && self.last_pass.settled
             && !self.deadlines.full_pass.is_owed()
             && self.deadlines.settling.is_empty()
-            && self.settings_wait.is_empty()
+            && !self.model.any_waiting()
             && self
                 .model
                 .values()
-                .all(|e| e.class.is_some() && e.empty_since.is_none());
+                .all(|e| e.class.is_some() && !matches!(e.setup, Setup::EmptySince(_)));
         if settled {
             self.metrics.skipped_passes += 1;
             self.update_effects(true);
@@ -466,7 +394,7 @@ impl Controller {
         }
         let outcome = self.pass(now);
         self.update_effects(true);
-        self.projection_due = true;
+        self.deadlines.projection.due = true;
         Some(outcome)
     }
 
@@ -496,21 +424,18 @@ impl Controller {
             }
             TreeEvent::Rescan { reason } => {
                 // Said at most once a minute, with how many were not said.
-                let due = self
-                    .rescan_said
-                    .is_none_or(|at| now.saturating_duration_since(at) >= Duration::from_secs(60));
-                if due {
-                    let more = std::mem::take(&mut self.rescans_unsaid);
-                    let since = if more > 0 {
-                        format!(" ({more} more rescans since the last time this was said)")
-                    } else {
-                        String::new()
-                    };
-                    log::warn!("watcher lost track ({reason}): rescanning the whole tree{since}");
-                    self.rescan_said = Some(now);
-                } else {
-                    self.rescans_unsaid += 1;
-                    log::debug!("watcher lost track ({reason}): rescanning the whole tree");
+                match self.said.rescan.due(now, Duration::from_secs(60)) {
+                    Some(more) => {
+                        let since = if more > 0 {
+                            format!(" ({more} more rescans since the last time this was said)")
+                        } else {
+                            String::new()
+                        };
+                        log::warn!(
+                            "watcher lost track ({reason}): rescanning the whole tree{since}"
+                        );
+                    }
+                    None => log::debug!("watcher lost track ({reason}): rescanning the whole tree"),
                 }
                 self.metrics.rescans += 1;
                 self.full_scan()?;
@@ -529,7 +454,7 @@ impl Controller {
     /// On cgroup v1 a cgroup whose children are being set up by their runtime is narrowed by a
     /// pass a moment later (see [`NewChildren::LetThemSettle`]).
     pub fn pass(&mut self, now: Instant) -> PassOutcome {
-        self.projection_due = true;
+        self.deadlines.projection.due = true;
         if let Some(outcome) = self.repair_drift() {
             return outcome;
         }
@@ -547,8 +472,7 @@ impl Controller {
 
     /// A pass over the whole model (see [`Controller::pass`]).
     fn full_pass(&mut self, now: Instant) -> PassOutcome {
-        self.structural = false;
-        self.since_pass = SincePass::default();
+        self.since_pass.planned_all();
         self.deadlines.full_pass.paid();
         let mut outcome = PassOutcome::default();
         for replan in 1..=MAX_REPLANS {
@@ -623,11 +547,11 @@ impl Controller {
     /// Whether what kubepods' parent gives pods changed since the last pass (the parent is
     /// not watched: every reconcile tick looks).
     pub fn limits_moved(&self) -> bool {
-        if !self.planned {
+        if !self.last_pass.planned {
             return false;
         }
         let (cpus, mems) = self.parts.scanner.kubepods_parent_limits();
-        self.last_limits.as_ref() != Some(&NodeLimits { cpus, mems })
+        self.last_pass.limits.as_ref() != Some(&NodeLimits { cpus, mems })
     }
 
     /// What kubepods' parent lets pods have now (one read of its effective sets a pass): CPUs
@@ -636,14 +560,15 @@ impl Controller {
     fn node_limits(&mut self) -> NodeLimits {
         let (cpus, mems) = self.parts.scanner.kubepods_parent_limits();
         let limits = NodeLimits { cpus, mems };
-        if self.last_limits.as_ref() != Some(&limits) {
+        if self.last_pass.limits.as_ref() != Some(&limits) {
             if let Some(cpus) = &limits.cpus {
                 let all = self.parts.topology.all_cpus();
                 let missing = all.difference(cpus);
                 // Against today's topology: cpus the parent lost by going offline were not
                 // given back when the topology lost them too.
                 let missed = self
-                    .last_limits
+                    .last_pass
+                    .limits
                     .as_ref()
                     .and_then(|l| l.cpus.as_ref())
                     .is_some_and(|last| !all.is_subset(last));
@@ -656,7 +581,7 @@ impl Controller {
                     log::info!("the parent of the kubepods cgroup gives pods every cpu again");
                 }
             }
-            self.last_limits = Some(limits.clone());
+            self.last_pass.limits = Some(limits.clone());
         }
         limits
     }

@@ -1,7 +1,7 @@
 //! Classification of the model's cgroups, cached per cgroup, and the containers that wait for
 //! their CPU settings.
 
-use super::model::for_each_entry;
+use super::model::{for_each_entry, Phase};
 use super::*;
 
 /// How long a new container may wait for its CPU settings before the controller stops
@@ -17,13 +17,10 @@ pub(super) const SETTINGS_RETRY: [Duration; 4] = [
 /// runtime config that differs from the path, a limit that differs from the request …), said
 /// once: when its classification is cached, which is again only when its CPU settings change.
 /// Logs what classification noticed about a cgroup, each notice once while it lasts.
-pub(super) fn say_notices(path: &CgroupPath, class: &Classification, said: &mut Vec<Notice>) {
-    for notice in &class.notices {
-        if !said.contains(notice) {
-            log::warn!("cg={path}: {notice}");
-        }
+pub(super) fn say_notices(path: &CgroupPath, class: &Classification, said: &mut SaidOnce<Notice>) {
+    for notice in said.only(class.notices.iter().cloned()) {
+        log::warn!("cg={path}: {notice}");
     }
-    said.clone_from(&class.notices);
 }
 
 impl Controller {
@@ -79,8 +76,8 @@ impl Controller {
             }
         );
         let cache = match (found, class.container_id.clone()) {
-            (Some(info), Some(id)) => {
-                if let Some(resized) = self.resized_class(cgroup, info, id) {
+            (Some(info), Some(_)) => {
+                if let Some(resized) = self.resized_class(cgroup, info) {
                     class = resized;
                 }
                 true
@@ -97,25 +94,25 @@ impl Controller {
 
     /// A container whose runtime config was found: once its cgroup has held the config's CPU
     /// request (or was there when the agent started), a cgroup that differs from the config
-    /// was resized in place and is classified from its own settings, which this returns.
+    /// was resized in place and is classified from its own settings, which this returns. Its
+    /// record moves to [`Phase::Settled`] or [`Phase::Resized`].
     fn resized_class(
         &mut self,
         cgroup: &ScannedCgroup,
         mut info: RuntimeInfo,
-        id: String,
     ) -> Option<Classification> {
-        let starting = !self.planned;
+        let starting = !self.last_pass.planned;
+        let phase = self.model.get(&cgroup.path).map(|r| r.phase());
         match config_matches_cgroup(&cgroup.cpu, &info.cpu) {
             Some(true) => {
-                self.resized.remove(&id);
-                self.settled.insert(id);
+                self.model.set_phase(&cgroup.path, Phase::Settled);
                 None
             }
-            Some(false) if starting || self.settled.contains(&id) => {
+            Some(false) if starting || phase.is_some_and(Phase::settled) => {
                 info.cpu = OciCpu::default();
                 let naming = &self.parts.naming;
                 let class = classify(naming, &cgroup.relative, &cgroup.cpu, Some(&info));
-                if self.resized.insert(id.clone()) {
+                if phase != Some(Phase::Resized) {
                     log::info!(
                         "cg={} cpu settings differ from the runtime config (resized in place): \
                          request {} from the cgroup",
@@ -125,36 +122,26 @@ impl Controller {
                             .map_or_else(|| "unknown".to_string(), |r| r.request.to_string())
                     );
                 }
-                self.settled.insert(id);
+                self.model.set_phase(&cgroup.path, Phase::Resized);
                 Some(class)
             }
             _ => None,
         }
     }
 
-    /// Containers whose CPU settings are not readable yet get a few bounded re-reads.
+    /// Containers whose CPU settings are not readable yet get a few bounded re-reads (a full
+    /// pass's `scan` is the whole model): see [`Model::track_settings`].
     pub(super) fn track_settings_wait(&mut self, scan: &Scan, classes: &[Class], now: Instant) {
         use crate::classify::{Exclusivity, SharedReason};
-        let mut still = HashMap::new();
-        for (cgroup, class) in scan.cgroups.iter().zip(classes) {
-            let waiting = class.kind == CgroupKind::Container
+        let waiting = classes.iter().map(|class| {
+            class.kind == CgroupKind::Container
                 && matches!(
                     class.exclusivity,
                     Exclusivity::Shared {
                         reason: SharedReason::CpuSettingsUnavailable
                     }
-                );
-            if waiting {
-                let tries = self.settings_wait.get(&cgroup.path).copied().unwrap_or(0);
-                if tries < SETTINGS_RETRY.len() {
-                    still.insert(cgroup.path.clone(), tries + 1);
-                }
-            }
-        }
-        self.deadlines.settings = still
-            .values()
-            .map(|&tries| now + SETTINGS_RETRY[tries - 1])
-            .min();
-        self.settings_wait = still;
+                )
+        });
+        self.deadlines.settings = self.model.track_settings(scan, waiting, now);
     }
 }

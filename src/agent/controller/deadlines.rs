@@ -1,13 +1,66 @@
 //! Every timer of the controller, in one place: the agent's loop sleeps until [`Deadlines::next`]
-//! (or an event), then [`Controller::on_deadlines`] does what is due.
+//! (or an event), then [`Controller::on_deadlines`] does what is due. How the controller paces
+//! itself through a burst of arrivals is [`Burst`]'s.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::{Controller, COALESCE_LIMIT, SETTLE_DELAYS};
+use super::Controller;
 use crate::cgroupfs::CgroupPath;
 
+/// A burst of new cgroups (pods starting one after the other), and the constants that pace
+/// the controller through one: while new cgroups keep arriving less than [`Burst::QUIET`]
+/// apart, a pass makes only its urgent writes (exclusive pins, drift repairs) and holds back
+/// the rest (the shared pool's rewrites, an incremental pass's full pass: [`Owed`]), so a burst
+/// of pods does not rewrite every shared cgroup once per pod; held back for at most
+/// [`Burst::LIMIT`], then [`Burst::MIN_PROGRESS`] writes a pass before a new arrival may go
+/// first. A narrowing that waits for new children to be set up is planned again after each of
+/// [`Burst::SETTLE_DELAYS`] ([`Settling`]).
+#[derive(Debug, Default)]
+pub(super) struct Burst {
+    /// When the last cgroup new to the model (after the first pass) was seen.
+    last_arrival: Option<Instant>,
+}
+
+impl Burst {
+    /// Arrivals less than this apart are one burst.
+    pub(super) const QUIET: Duration = Duration::from_millis(20);
+    /// Writes are held back for at most this long. (kubelet leaves other containers' cpusets
+    /// to its reconcile loop, 10 s by default.)
+    pub(super) const LIMIT: Duration = Duration::from_millis(200);
+    /// Held-back writes a pass makes before it may be preempted, once they are overdue.
+    pub(super) const MIN_PROGRESS: usize = 32;
+    /// How long a cgroup's narrowing waits, again and again, for runtimes to set up its new
+    /// children (to copy its cpuset into them: a read and a write, microseconds apart unless
+    /// the runtime is descheduled). After the last, the next event or reconcile tick tries
+    /// again.
+    pub(super) const SETTLE_DELAYS: [Duration; 6] = [
+        Duration::from_millis(5),
+        Duration::from_millis(20),
+        Duration::from_millis(50),
+        Duration::from_millis(200),
+        Duration::from_millis(500),
+        Duration::from_millis(1000),
+    ];
+
+    /// A cgroup new to the model arrived at `now`.
+    pub(super) fn arrived(&mut self, now: Instant) {
+        self.last_arrival = Some(now);
+    }
+
+    /// New cgroups are arriving: the last less than [`Burst::QUIET`] before `now`.
+    pub(super) fn bursting(&self, now: Instant) -> bool {
+        self.last_arrival
+            .is_some_and(|t| now.saturating_duration_since(t) < Burst::QUIET)
+    }
+
+    /// When the burst is over if nothing else arrives (`now` when none came).
+    pub(super) fn quiet_at(&self, now: Instant) -> Instant {
+        self.last_arrival.map_or(now, |t| t + Burst::QUIET)
+    }
+}
+
 /// Work owed for later and coalesced: due when things have been quiet a while
-/// ([`super::COALESCE_QUIET`]), and at most [`COALESCE_LIMIT`] after it was first owed.
+/// ([`Burst::QUIET`]), and at most [`Burst::LIMIT`] after it was first owed.
 #[derive(Debug, Default)]
 pub(super) struct Owed {
     since: Option<Instant>,
@@ -19,7 +72,7 @@ impl Owed {
     /// at the limit if that comes first.
     pub(super) fn owe(&mut self, now: Instant, quiet: Instant) {
         let since = *self.since.get_or_insert(now);
-        self.due = Some(quiet.min(since + COALESCE_LIMIT));
+        self.due = Some(quiet.min(since + Burst::LIMIT));
     }
 
     /// The work was done: nothing is owed.
@@ -32,10 +85,10 @@ impl Owed {
         self.since.is_some()
     }
 
-    /// It has waited for [`COALESCE_LIMIT`]: it must make progress now.
+    /// It has waited for [`Burst::LIMIT`]: it must make progress now.
     pub(super) fn overdue(&self, now: Instant) -> bool {
         self.since
-            .is_some_and(|t| now.saturating_duration_since(t) >= COALESCE_LIMIT)
+            .is_some_and(|t| now.saturating_duration_since(t) >= Burst::LIMIT)
     }
 
     pub(super) fn due(&self) -> Option<Instant> {
@@ -48,7 +101,7 @@ impl Owed {
 }
 
 /// Cgroups whose narrowing waits for runtimes to set up their new children: planned again after
-/// each of [`SETTLE_DELAYS`] in turn while the tree stays unsettled.
+/// each of [`Burst::SETTLE_DELAYS`] in turn while the tree stays unsettled.
 #[derive(Debug, Default)]
 pub(super) struct Settling {
     roots: Vec<CgroupPath>,
@@ -63,7 +116,7 @@ impl Settling {
         self.at = None;
         if !later {
             self.tries = 0;
-        } else if let Some(delay) = SETTLE_DELAYS.get(self.tries) {
+        } else if let Some(delay) = Burst::SETTLE_DELAYS.get(self.tries) {
             self.at = Some(now + *delay);
         }
         self.roots = roots;
@@ -98,6 +151,20 @@ pub(super) struct Deadlines {
     pub(super) full_pass: Owed,
     /// Repair the first fought-over cgroup whose backoff ends (see [`super::drift`]).
     pub(super) fight: Option<Instant>,
+    /// The current burst of arrivals (no deadline of its own: it paces the two above).
+    pub(super) burst: Burst,
+    /// The projection files (see [`Controller::projections_due`]; not among [`Deadlines::next`]:
+    /// the agent's loop asks for them on their own).
+    pub(super) projection: Projection,
+}
+
+/// When the projection files are to be brought up to date.
+#[derive(Debug, Default)]
+pub(super) struct Projection {
+    /// A pass or reconcile ran since they were last brought up to date.
+    pub(super) due: bool,
+    /// When they were last brought up to date.
+    pub(super) at: Option<Instant>,
 }
 
 impl Deadlines {
@@ -142,8 +209,7 @@ impl Controller {
             changed = true;
         }
         changed |= self.resume_fights(now);
-        let waiting: Vec<CgroupPath> = self.settings_wait.keys().cloned().collect();
-        for path in waiting {
+        for path in self.model.waiting() {
             match self.parts.scanner.read_cgroup(&path) {
                 Some(c) => changed |= self.upsert(c, now),
                 None => changed |= self.remove_if_gone(&path),

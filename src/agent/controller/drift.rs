@@ -63,9 +63,9 @@ impl Controller {
     /// foreign narrowing of a parent took its children along). `None`: plan instead (also
     /// when a write fails: the pass sorts it out).
     pub(super) fn repair_drift(&mut self) -> Option<PassOutcome> {
-        if self.structural
-            || self.drifted.is_empty()
-            || !self.last_pass_settled
+        if self.since_pass.structural
+            || self.since_pass.drifted.is_empty()
+            || !self.last_pass.settled
             || self.deadlines.held_back.is_owed()
             || self.deadlines.full_pass.is_owed()
             || !self.deadlines.settling.is_empty()
@@ -75,7 +75,7 @@ impl Controller {
         {
             return None;
         }
-        let mut paths: Vec<CgroupPath> = self.drifted.iter().cloned().collect();
+        let mut paths: Vec<CgroupPath> = self.since_pass.drifted.iter().cloned().collect();
         paths.sort_by_key(|p| p.components().count());
         let mut outcome = PassOutcome::default();
         for path in paths {
@@ -91,7 +91,7 @@ impl Controller {
             }
             outcome.writes += 1;
             self.metrics.drift_repairs += 1;
-            self.drifted.remove(&path);
+            self.since_pass.drifted.remove(&path);
             if let Some(entry) = self.model.get_mut(&path) {
                 entry
                     .cgroup

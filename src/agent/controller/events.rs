@@ -4,12 +4,30 @@ use super::model::for_each_entry;
 use super::*;
 use crate::logging::excerpt;
 
+/// What the log said, to say each thing once (see [`SaidOnce`]), and what it needs to name
+/// pods. What is said of one cgroup and lasts as long as it does is in its record.
+#[derive(Debug, Default)]
+pub(super) struct Said {
+    /// Cgroups said to be unreadable (here, not in their records: one that cannot be read
+    /// may have none).
+    pub(super) unreadable: SaidOnce<CgroupPath>,
+    /// The watcher's rescans (once a minute).
+    pub(super) rescan: SaidEvery,
+    /// `namespace/pod` of pods holding exclusive CPUs, so the log can name a pod that is gone
+    /// when its CPUs are released.
+    pub(super) pod_names: HashMap<String, String>,
+    /// The exclusive cpus refused, by container, as the log said it (for the checkpoint).
+    pub(super) refused: crate::state::Refusals,
+    /// `refused` changed since the last pass's outcome said so.
+    pub(super) refusals_changed: bool,
+}
+
 impl Controller {
     /// How the log names a container: `namespace/pod/container (pod<uid>/…)` once the runtime
     /// has named its pod, else the key alone.
     pub(super) fn label(&self, key: &AssignmentKey) -> String {
         let uid = key.pod_uid();
-        let Some(pod) = self.pod_names.get(uid) else {
+        let Some(pod) = self.said.pod_names.get(uid) else {
             return key.to_string();
         };
         let text = match key {
@@ -41,7 +59,7 @@ impl Controller {
     ) {
         for key in keys {
             let uid = key.pod_uid();
-            if self.pod_names.contains_key(uid) {
+            if self.said.pod_names.contains_key(uid) {
                 continue;
             }
             let named = classes
@@ -52,7 +70,8 @@ impl Controller {
                 let name = class.pod_name.as_deref().unwrap_or("-");
                 // Names from the runtime config: cut if a hostile one is long.
                 let (namespace, name) = (excerpt(namespace), excerpt(name));
-                self.pod_names
+                self.said
+                    .pod_names
                     .insert(uid.to_string(), format!("{namespace}/{name}"));
             }
         }
@@ -90,7 +109,7 @@ impl Controller {
                 ..
             } = event
             {
-                self.pod_names.remove(key.pod_uid());
+                self.said.pod_names.remove(key.pod_uid());
             }
         }
     }
@@ -111,24 +130,24 @@ impl Controller {
             AssignEvent::Allocated { key, .. }
             | AssignEvent::Released { key, .. }
             | AssignEvent::Replaced { key, .. } => {
-                self.refusals_changed |= self.refused.remove(key).is_some();
+                self.said.refusals_changed |= self.said.refused.remove(key).is_some();
                 return;
             }
             _ => return,
         };
-        if let Entry::Vacant(entry) = self.refused.entry(key.clone()) {
+        if let Entry::Vacant(entry) = self.said.refused.entry(key.clone()) {
             entry.insert(crate::state::Refusal {
                 reason: error.to_string(),
                 requested,
                 available: error.available(),
             });
-            self.refusals_changed = true;
+            self.said.refusals_changed = true;
         }
     }
 
     /// The exclusive cpus refused, by container, with kubelet's reason as the log said it.
     pub fn refusals(&self) -> &crate::state::Refusals {
-        &self.refused
+        &self.said.refused
     }
 
     /// Counts `event` in the metrics; whether the log says it: a failure is said once per
@@ -195,12 +214,12 @@ impl Controller {
         pinned_at: impl Fn(usize) -> Instant,
     ) {
         use crate::classify::{Exclusivity, SharedReason};
-        if self.pins_pending == 0 {
+        if self.model.pins_pending == 0 {
             return;
         }
         let now = Instant::now();
         let mut index = 0;
-        let (pending, metrics) = (&mut self.pins_pending, &mut self.metrics);
+        let (mut timed, metrics) = (0, &mut self.metrics);
         for_each_entry(&mut self.model, scan, |_, entry| {
             let (i, class) = (index, &classes[index]);
             index += 1;
@@ -225,9 +244,10 @@ impl Controller {
             let done = class.kind != CgroupKind::Container || pinned;
             if done || now.saturating_duration_since(seen) >= PIN_TRACKING_LIMIT {
                 entry.pin_seen = None;
-                *pending -= 1;
+                timed += 1;
             }
         });
+        self.model.pins_pending -= timed;
     }
 }
 

@@ -13,14 +13,14 @@
 //!
 //! What a chain leaves undone: the ancestors' and the other shared members' rewrites when the
 //! shared pool changed, and the kubepods root's narrowing when isolated cpus pinned there were
-//! released. A full pass makes them, coalesced: [`COALESCE_QUIET`] after the last
-//! incremental pass, at most [`super::COALESCE_LIMIT`] after the first.
+//! released. A full pass makes them, coalesced: [`Burst::QUIET`] after the last
+//! incremental pass, at most [`Burst::LIMIT`] after the first.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::time::Instant;
 
 use super::{
-    entitlement, CgroupKind, CgroupPath, Controller, Entitlement, PassOutcome, Scan, COALESCE_QUIET,
+    entitlement, Burst, CgroupKind, CgroupPath, Controller, Entitlement, PassOutcome, Scan,
 };
 
 /// What a pass plans.
@@ -47,7 +47,9 @@ impl Mode {
     }
 }
 
-/// What changed in the model since the last pass.
+/// What changed in the model since the last pass: an index of paths over the records (a
+/// record forgotten leaves it, see [`SincePass::forget`]), which decides what the next pass
+/// plans (a chain, a drift repair, the whole model).
 #[derive(Debug, Default)]
 pub(super) struct SincePass {
     /// Cgroups new to the model.
@@ -58,6 +60,39 @@ pub(super) struct SincePass {
     pub(super) gone_pods: BTreeSet<String>,
     /// Anything else: a cgroup gone, re-read with other values, drift. Only a full plan will do.
     pub(super) other: bool,
+    /// Cgroups with a foreign change of their `cpuset.cpus` (drift), taken by the pass that
+    /// repairs them.
+    pub(super) drifted: HashSet<CgroupPath>,
+    /// The model changed in more than drifted `cpuset.cpus` values of cgroups the last pass
+    /// planned (which [`Controller::pass`] writes back without planning).
+    pub(super) structural: bool,
+}
+
+impl SincePass {
+    /// Before the first pass: everything is new.
+    pub(super) fn start() -> SincePass {
+        SincePass {
+            structural: true,
+            ..SincePass::default()
+        }
+    }
+
+    /// A full pass plans all that changed (drift is taken by the pass that repairs it).
+    pub(super) fn planned_all(&mut self) {
+        let drifted = std::mem::take(&mut self.drifted);
+        *self = SincePass {
+            drifted,
+            ..SincePass::default()
+        };
+    }
+
+    /// `path` left the model: the next pass plans without it.
+    pub(super) fn forget(&mut self, path: &CgroupPath) {
+        self.structural = true;
+        self.new.remove(path);
+        self.touched.remove(path);
+        self.drifted.remove(path);
+    }
 }
 
 impl Controller {
@@ -84,14 +119,14 @@ impl Controller {
             skipped: Vec::new(),
             // Nothing outside the chain is released but what went.
             complete: false,
-            truncated: !self.complete,
+            truncated: !self.model.complete,
             gone_pods: std::mem::take(&mut self.since_pass.gone_pods),
         };
         let classes: Vec<_> = scan.cgroups.iter().map(|c| self.class_of(c)).collect();
         let undecided = classes.iter().any(|c| {
             c.kind == CgroupKind::Container && matches!(entitlement(c), Entitlement::Unknown { .. })
         });
-        let known_limits = self.last_limits.clone();
+        let known_limits = self.last_pass.limits.clone();
         let limits = self.node_limits();
         if undecided || known_limits.as_ref() != Some(&limits) {
             self.since_pass.other = true;
@@ -102,7 +137,7 @@ impl Controller {
         let (outcome, follow_up) =
             self.plan_and_write(now, scan, classes, limits, Mode::Chain { roots });
         self.metrics.incremental_passes += 1;
-        self.structural = false;
+        self.since_pass.structural = false;
         self.since_pass.new.clear();
         self.since_pass.touched.clear();
         let clean = follow_up.stale.is_empty()
@@ -132,14 +167,14 @@ impl Controller {
     /// narrowing when only it changed.
     fn hold_back_for_full_pass(&mut self, now: Instant, pool_changed: bool, root_changed: bool) {
         let held_back = if pool_changed {
-            self.shared_members as u64
+            self.last_pass.shared_members as u64
         } else if root_changed {
             1
         } else {
             return;
         };
         self.metrics.writes_held_back += held_back;
-        self.deadlines.full_pass.owe(now, now + COALESCE_QUIET);
+        self.deadlines.full_pass.owe(now, now + Burst::QUIET);
     }
 
     /// The pods whose chains an incremental pass plans, when it may: every change since the
@@ -152,14 +187,14 @@ impl Controller {
         let changed = !self.since_pass.new.is_empty()
             || !self.since_pass.touched.is_empty()
             || !self.since_pass.gone_pods.is_empty();
-        let eligible = self.planned
-            && self.steady
+        let eligible = self.last_pass.planned
+            && self.last_pass.steady
             && !self.since_pass.other
             && changed
             && self.parts.policy.is_some()
             && self.deadlines.settling.is_empty()
-            && self.drifted.is_empty()
-            && self.settings_wait.is_empty();
+            && self.since_pass.drifted.is_empty()
+            && !self.model.any_waiting();
         if !eligible {
             return None;
         }
@@ -256,8 +291,7 @@ impl Controller {
                 cgroup.path
             );
         }
-        let chain_paths: std::collections::HashSet<&CgroupPath> =
-            chain.cgroups.iter().map(|c| &c.path).collect();
+        let chain_paths: HashSet<&CgroupPath> = chain.cgroups.iter().map(|c| &c.path).collect();
         let in_chain = |w: &crate::planner::PlannedWrite| {
             mode.owns(&w.path)
                 || (w.step == crate::planner::WriteStep::Widen && chain_paths.contains(&w.path))

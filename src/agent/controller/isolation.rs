@@ -37,7 +37,7 @@ impl Controller {
         if self.effects.is_empty() {
             return;
         }
-        let wanted = wanted(&self.isolated, &self.parts);
+        let wanted = wanted(&self.model.isolated, &self.parts);
         for effect in self.effects.iter_mut().filter(|e| which(e.as_ref())) {
             effect.update(&wanted, always, &mut self.metrics);
         }

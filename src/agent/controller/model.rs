@@ -1,14 +1,70 @@
-//! The model: what the files of each cgroup said when last read, kept up to date from watcher
-//! events and full scans, with what the passes learnt of it (its classification, the cpus the
-//! last pass wanted there).
+//! The model: one record per cgroup — what its files said when last read and everything the
+//! agent learnt of it (its classification, the cpus the last pass wanted there, where it is in
+//! its life, its pin timing, a fight with another writer, what the log said of it) — kept up
+//! to date from watcher events and full scans. Forgetting a cgroup drops its record.
 
 use std::collections::btree_map::Entry;
+use std::collections::BTreeSet;
+use std::ops::{Deref, DerefMut};
 
+use super::classes::SETTINGS_RETRY;
 use super::drift::Fight;
 use super::*;
 
+/// Where a cgroup is in its life, as far as its CPU request goes (it matters for containers;
+/// other cgroups stay `New`). A cgroup gone is no phase: its record is dropped
+/// ([`Controller::forget`]).
+///
+/// ```text
+///   New ──(CPU settings unreadable, a full pass)──► WaitingForSettings { tries } ──(read, or
+///    │                                                 out of re-reads)──► New
+///    └──(its cgroup holds its runtime config's CPU request, or it ran when the agent started)
+///          ──► Settled ◄──► Resized (its cgroup differs from the config: classified from it)
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Seen; its CPU request not (yet) checked against its runtime's config.
+    New,
+    /// A container whose CPU settings cannot be read yet: re-read after each of
+    /// [`SETTINGS_RETRY`] (`tries` of them so far, from 1), and by its events.
+    WaitingForSettings { tries: usize },
+    /// Its cgroup has held its runtime config's CPU request, or it was running when the agent
+    /// started: a difference from the config now is an in-place resize.
+    Settled,
+    /// Resized in place: classified from its cgroup's own settings (said once, on the way in).
+    Resized,
+}
+
+impl Phase {
+    /// Its cgroup has held its config's request (or ran at start): see [`Phase::Settled`].
+    pub(super) fn settled(self) -> bool {
+        matches!(self, Phase::Settled | Phase::Resized)
+    }
+
+    /// The re-reads it had while waiting for its CPU settings.
+    pub(super) fn settings_tries(self) -> usize {
+        match self {
+            Phase::WaitingForSettings { tries } => tries,
+            _ => 0,
+        }
+    }
+}
+
+/// Its cpuset's setup by its runtime (on v1 a new cgroup's cpuset is empty until the runtime
+/// copies its parent's into it), as passes saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Setup {
+    /// No pass has seen it yet.
+    Unseen,
+    /// Passes have seen it empty since then: left to its runtime for [`RUNTIME_SETUP_LIMIT`].
+    EmptySince(Instant),
+    /// Seen set up: empty later means a foreign write (drift), not a runtime still at work.
+    Done,
+}
+
+/// What the agent knows of one cgroup.
 #[derive(Debug, Clone)]
-pub(super) struct ModelEntry {
+pub(super) struct Record {
     pub(super) cgroup: ScannedCgroup,
     pub(super) updated: Instant,
     /// The classification of `cgroup`, kept while its path and CPU settings stay the same and
@@ -16,19 +72,147 @@ pub(super) struct ModelEntry {
     pub(super) class: Option<Class>,
     /// The cpus the last pass wanted here, for drift detection and pin latency.
     pub(super) desired: Option<CpuSet>,
-    /// Its cpuset has been seen set up: empty later means a foreign write (drift), not a
-    /// runtime still at work.
-    pub(super) initialised: bool,
-    /// Until then, since when its cpuset has been seen empty: left to its runtime for
-    /// [`RUNTIME_SETUP_LIMIT`] at most.
-    pub(super) empty_since: Option<Instant>,
+    /// Where it is in its life (see [`Phase`]); change it with [`Model::set_phase`].
+    phase: Phase,
+    /// Its cpuset's setup by its runtime.
+    pub(super) setup: Setup,
     /// New after the first pass: when it was seen, until its pin is timed (event → pin).
     pub(super) pin_seen: Option<Instant>,
     /// Someone else keeps rewriting its cpuset (see [`Controller::hold_off_drift`]).
     pub(super) fight: Option<Box<Fight>>,
     /// What classification noticed and the log said, so a re-classification (its CPU
     /// settings written after its config was read) does not say it again.
-    pub(super) said: Vec<Notice>,
+    pub(super) said: SaidOnce<Notice>,
+}
+
+impl Record {
+    pub(super) fn phase(&self) -> Phase {
+        self.phase
+    }
+}
+
+/// The records by path (the model derefs to that map), and the few indexes kept beside them
+/// so no question a pass asks walks every record: how many pins are still timed, how many
+/// containers wait for their CPU settings, which containers ask for isolation.
+#[derive(Debug)]
+pub(super) struct Model {
+    /// Boxed: B-tree nodes hold eleven slots, mostly half empty, and a record is large.
+    records: BTreeMap<CgroupPath, Box<Record>>,
+    /// Records whose pin is still timed (see [`Record::pin_seen`]).
+    pub(super) pins_pending: usize,
+    /// Records in [`Phase::WaitingForSettings`] (their timer re-reads them, and walks no other).
+    waiting: BTreeSet<CgroupPath>,
+    /// The isolation annotations of the containers that hold exclusive cpus or ask for them.
+    /// (What they ask for, and the container's cgroup.)
+    pub(super) isolated: HashMap<AssignmentKey, (Isolation, CgroupPath)>,
+    /// Whether the last full scan saw the whole tree (false past its limit): the planner
+    /// releases nothing it did not see.
+    pub(super) complete: bool,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Model {
+            records: BTreeMap::new(),
+            pins_pending: 0,
+            waiting: BTreeSet::new(),
+            isolated: HashMap::new(),
+            complete: true,
+        }
+    }
+}
+
+impl Deref for Model {
+    type Target = BTreeMap<CgroupPath, Box<Record>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.records
+    }
+}
+
+impl DerefMut for Model {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.records
+    }
+}
+
+impl<'m> IntoIterator for &'m Model {
+    type Item = (&'m CgroupPath, &'m Box<Record>);
+    type IntoIter = std::collections::btree_map::Iter<'m, CgroupPath, Box<Record>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.records.iter()
+    }
+}
+
+impl Model {
+    /// Moves `path`'s record to `phase` (its index kept).
+    pub(super) fn set_phase(&mut self, path: &CgroupPath, phase: Phase) {
+        let Some(record) = self.records.get_mut(path) else {
+            return;
+        };
+        record.phase = phase;
+        if matches!(phase, Phase::WaitingForSettings { .. }) {
+            self.waiting.insert(path.clone());
+        } else {
+            self.waiting.remove(path);
+        }
+    }
+
+    /// After a full pass (`scan` is the whole model; `waiting`: per scanned cgroup, whether it
+    /// is a container that waits for its CPU settings): each waiting one moves to
+    /// [`Phase::WaitingForSettings`] with one more try, or back to [`Phase::New`] once out of
+    /// them or no longer waiting (the next pass that finds it waiting starts again). A container
+    /// already settled stays so (its runtime config gives its settings). Walks along the model;
+    /// returns when the next re-read is due.
+    pub(super) fn track_settings(
+        &mut self,
+        scan: &Scan,
+        mut waiting: impl Iterator<Item = bool>,
+        now: Instant,
+    ) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut index = Vec::new();
+        for_each_entry(&mut self.records, scan, |cgroup, record| {
+            let wants = waiting.next().unwrap_or(false);
+            let Some(record) = record else {
+                return;
+            };
+            let tries = record.phase.settings_tries();
+            record.phase = match record.phase {
+                Phase::Settled | Phase::Resized => return,
+                _ if wants && tries < SETTINGS_RETRY.len() => {
+                    let at = now + SETTINGS_RETRY[tries];
+                    next = Some(next.map_or(at, |t| t.min(at)));
+                    index.push(cgroup.path.clone());
+                    Phase::WaitingForSettings { tries: tries + 1 }
+                }
+                _ => Phase::New,
+            };
+        });
+        self.waiting = index.into_iter().collect();
+        next
+    }
+
+    /// Some container waits for its CPU settings.
+    pub(super) fn any_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// The containers waiting for their CPU settings.
+    pub(super) fn waiting(&self) -> Vec<CgroupPath> {
+        self.waiting.iter().cloned().collect()
+    }
+
+    /// Drops `path`'s record and its indexes' entries; the record, if there was one.
+    fn remove_record(&mut self, path: &CgroupPath) -> Option<Box<Record>> {
+        // A container whose cgroup is gone asks for no isolation.
+        self.isolated.retain(|_, (_, p)| p != path);
+        let record = self.records.remove(path)?;
+        self.pins_pending -= usize::from(record.pin_seen.is_some());
+        self.waiting.remove(path);
+        Some(record)
+    }
 }
 
 impl Controller {
@@ -47,10 +231,10 @@ impl Controller {
             .filter(|s| s.reason == SkipReason::Unlistable)
             .map(|s| &s.path)
             .collect();
-        if scan.complete && !self.complete {
+        if scan.complete && !self.model.complete {
             log::info!("a scan saw the whole tree again: new exclusive cpus are given again");
         }
-        self.complete = scan.complete;
+        self.model.complete = scan.complete;
         self.metrics.scan_incomplete = scan.truncated;
         let gone: Vec<CgroupPath> = self
             .model
@@ -111,7 +295,7 @@ impl Controller {
                 .get(&path)
                 .is_some_and(|e| e.cgroup.same_settings(&cgroup))
         {
-            self.structural = true;
+            self.since_pass.structural = true;
         }
         match self.model.get_mut(&path) {
             Some(entry) if entry.cgroup.same_settings(&cgroup) => {
@@ -120,13 +304,13 @@ impl Controller {
                 return false;
             }
             Some(_) => {}
-            None if self.planned => self.last_new_cgroup = Some(now),
+            None if self.last_pass.planned => self.deadlines.burst.arrived(now),
             None => {}
         }
         // New after the first pass: timed until its pin (whichever way it was seen first).
-        let track_pin = self.planned && !self.model.contains_key(&path);
+        let track_pin = self.last_pass.planned && !self.model.contains_key(&path);
         if self.drifts(&path, &cgroup) {
-            self.drifted.insert(path.clone());
+            self.since_pass.drifted.insert(path.clone());
         }
         if !self.model.contains_key(&path) {
             self.since_pass.new.insert(path.clone());
@@ -137,7 +321,7 @@ impl Controller {
             self.since_pass.touched.insert(path.clone());
         }
         if track_pin {
-            self.pins_pending += 1;
+            self.model.pins_pending += 1;
         }
         let entry = self.set_entry(path, cgroup, now);
         if track_pin {
@@ -153,9 +337,9 @@ impl Controller {
         path: CgroupPath,
         cgroup: ScannedCgroup,
         now: Instant,
-    ) -> &mut ModelEntry {
+    ) -> &mut Record {
         self.bump();
-        match self.model.entry(path) {
+        match self.model.records.entry(path) {
             Entry::Occupied(slot) => {
                 let entry = slot.into_mut();
                 if entry.cgroup.cpu != cgroup.cpu || entry.cgroup.relative != cgroup.relative {
@@ -165,16 +349,16 @@ impl Controller {
                 entry.updated = now;
                 entry
             }
-            Entry::Vacant(slot) => slot.insert(Box::new(ModelEntry {
+            Entry::Vacant(slot) => slot.insert(Box::new(Record {
                 cgroup,
                 updated: now,
                 class: None,
                 desired: None,
-                initialised: false,
-                empty_since: None,
+                phase: Phase::New,
+                setup: Setup::Unseen,
                 pin_seen: None,
                 fight: None,
-                said: Vec::new(),
+                said: SaidOnce::default(),
             })),
         }
     }
@@ -188,7 +372,7 @@ impl Controller {
         };
         match (&entry.desired, cgroup.cpus.configured()) {
             (Some(desired), Some(now)) => desired != now,
-            (Some(_), None) => entry.initialised && cgroup.cpus.value().is_some(),
+            (Some(_), None) => entry.setup == Setup::Done && cgroup.cpus.value().is_some(),
             (None, _) => false,
         }
     }
@@ -205,7 +389,7 @@ impl Controller {
         if self.parts.hierarchy.cpuset.is_gone(root) {
             return self.removed(root);
         }
-        if self.unreadable_said.insert(root.clone()) {
+        if self.said.unreadable.first(root.clone()) {
             log::warn!(
                 "cg={root} cannot be read (not gone): what it holds stays its own; make it \
                  readable by root without capabilities (the unit has none)"
@@ -250,48 +434,45 @@ impl Controller {
                 || c.mems.value().is_some_and(|v| v.is_empty());
             initialised.push(match entry {
                 Some(entry) if !empty => {
-                    entry.initialised = true;
-                    entry.empty_since = None;
+                    entry.setup = Setup::Done;
                     true
                 }
-                Some(entry) if entry.initialised => true,
-                Some(entry) => {
-                    let since = *entry.empty_since.get_or_insert(now);
-                    now.saturating_duration_since(since) >= RUNTIME_SETUP_LIMIT
-                }
+                Some(entry) => match entry.setup {
+                    Setup::Done => true,
+                    Setup::EmptySince(since) => {
+                        now.saturating_duration_since(since) >= RUNTIME_SETUP_LIMIT
+                    }
+                    Setup::Unseen => {
+                        entry.setup = Setup::EmptySince(now);
+                        RUNTIME_SETUP_LIMIT.is_zero()
+                    }
+                },
                 None => !empty,
             });
         });
         initialised
     }
 
+    /// Forgets `path`: drops its record (and its entries in the model's indexes), what changed
+    /// of it since the last pass, its runtime config and what was said of it. The next pass
+    /// plans without it.
     pub(super) fn forget(&mut self, path: &CgroupPath) {
         self.bump();
-        self.structural = true;
-        self.since_pass.new.remove(path);
-        self.since_pass.touched.remove(path);
-        // A container whose cgroup is gone asks for no isolation.
-        self.isolated.retain(|_, (_, p)| p != path);
-        let entry = self.model.remove(path);
-        if entry.as_ref().is_some_and(|e| e.pin_seen.is_some()) {
-            self.pins_pending -= 1;
-        }
-        let class = entry.and_then(|e| e.class);
-        if class
-            .as_ref()
-            .is_some_and(|c| c.kind == CgroupKind::Container)
-        {
+        self.since_pass.forget(path);
+        self.said.unreadable.forget(path);
+        self.parts.quota_lifted.remove(path);
+        let Some(record) = self.model.remove_record(path) else {
+            return;
+        };
+        let Some(class) = record.class else {
+            return;
+        };
+        if class.kind == CgroupKind::Container {
             self.metrics.containers = self.metrics.containers.saturating_sub(1);
         }
-        if let Some(id) = class.as_ref().and_then(|c| c.container_id.as_ref()) {
+        if let Some(id) = &class.container_id {
             self.parts.runtime.forget(id);
-            self.settled.remove(id);
-            self.resized.remove(id);
         }
-        self.unreadable_said.remove(path);
-        self.parts.quota_lifted.remove(path);
-        self.settings_wait.remove(path);
-        self.drifted.remove(path);
     }
 
     /// Reads a subtree again into the model.
@@ -307,8 +488,8 @@ impl Controller {
             kubepods: self.parts.scanner.kubepods().clone(),
             cgroups: self.model.values().map(|e| e.cgroup.clone()).collect(),
             skipped: Vec::new(),
-            complete: self.complete,
-            truncated: !self.complete,
+            complete: self.model.complete,
+            truncated: !self.model.complete,
             gone_pods: Default::default(),
         }
     }
@@ -318,9 +499,9 @@ impl Controller {
 /// order. A scan of the whole model in its order (a full pass's) is walked along the model; a
 /// part of it (a chain) is looked up.
 pub(super) fn for_each_entry(
-    model: &mut BTreeMap<CgroupPath, Box<ModelEntry>>,
+    model: &mut BTreeMap<CgroupPath, Box<Record>>,
     scan: &Scan,
-    mut f: impl FnMut(&ScannedCgroup, Option<&mut ModelEntry>),
+    mut f: impl FnMut(&ScannedCgroup, Option<&mut Record>),
 ) {
     let whole = scan.cgroups.len() == model.len()
         && scan

@@ -13,17 +13,17 @@ impl Controller {
     /// "enable"`), or every pod with `all` (`--project-all`).
     pub fn manage_projection(&mut self, projector: Projector, all: bool) {
         self.projection = Some((projector, all));
-        self.projection_due = true;
+        self.deadlines.projection.due = true;
     }
 
     /// When projection files are owed (a pass ran since, or the last update stopped early):
     /// at most every [`PROJECTION_INTERVAL`], so a stream of passes walks the model for them
     /// that often at most.
     pub fn projections_due(&self) -> Option<Instant> {
-        if !self.projection_due || self.projection.is_none() {
+        if !self.deadlines.projection.due || self.projection.is_none() {
             return None;
         }
-        Some(match self.projected_at {
+        Some(match self.deadlines.projection.at {
             Some(at) => at + PROJECTION_INTERVAL,
             None => Instant::now(),
         })
@@ -34,13 +34,15 @@ impl Controller {
     /// (an event waits) the rest stays owed. Failures are logged once, never fatal.
     pub fn update_projections(&mut self, now: Instant, stop: impl FnMut() -> bool) {
         let early = self
-            .projected_at
+            .deadlines
+            .projection
+            .at
             .is_some_and(|at| at + PROJECTION_INTERVAL > now);
-        if !self.projection_due || self.projection.is_none() || early {
+        if !self.deadlines.projection.due || self.projection.is_none() || early {
             return;
         }
-        self.projection_due = false;
-        self.projected_at = Some(now);
+        self.deadlines.projection.due = false;
+        self.deadlines.projection.at = Some(now);
         let Some((_, all)) = &self.projection else {
             return;
         };
@@ -61,7 +63,7 @@ impl Controller {
         let Some((projector, _)) = self.projection.as_mut() else {
             return;
         };
-        self.projection_due = !projector.sync(&wanted, &live, stop);
+        self.deadlines.projection.due = !projector.sync(&wanted, &live, stop);
         self.metrics.projection_writes = projector.writes;
         self.metrics.projection_failures = projector.failures;
     }

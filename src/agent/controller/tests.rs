@@ -363,7 +363,7 @@ fn while_cgroups_arrive_pins_go_first_and_the_shared_rewrites_follow() {
 
     // Once no cgroup has arrived for a moment, the held-back writes are made.
     let due = controller.next_deadline().expect("a flush is scheduled");
-    assert!(due <= now + COALESCE_QUIET);
+    assert!(due <= now + Burst::QUIET);
     assert!(controller.on_deadlines(due));
     controller.pass(due);
     let shared = CpuSet::parse(&node.container_cpus(&shared_pod, &web).unwrap()).unwrap();
@@ -424,7 +424,7 @@ fn held_back_writes_are_made_when_a_new_pod_arrives_as_they_fall_due() {
     let mut at = due;
     while controller.on_deadlines(at) {
         controller.pass(at);
-        at = controller.next_deadline().unwrap_or(at + COALESCE_LIMIT);
+        at = controller.next_deadline().unwrap_or(at + Burst::LIMIT);
     }
     let exclusive = CpuSet::parse(&node.container_cpus(&db, &db_id).unwrap()).unwrap();
     let shared = CpuSet::parse(&node.container_cpus(&web_pod, &web).unwrap()).unwrap();
@@ -486,5 +486,47 @@ fn a_cpu_settings_event_rereads_the_settings_and_reclassifies() {
             }
         ),
         "{class:?}"
+    );
+}
+
+/// Issue 24 item 4: a container's child cgroup carries the container's id but has a record of
+/// its own, so its going leaves the container settled and the container's later in-place
+/// resize is still seen (it was forgotten with the child when `settled` was keyed by id).
+#[test]
+fn a_child_cgroup_that_goes_leaves_its_container_settled_for_a_resize() {
+    let (_dir, node, container, mut controller) = converged();
+    assert_eq!(controller.parts.assignments.exclusive_cpus().len(), 1);
+    let set = cpus(&node, &container);
+    let child = CgroupPath::new(&format!("{container}/sub")).unwrap();
+    let dir = node.file(&child.to_string(), "cpuset.cpus");
+    fs::create_dir_all(dir.parent().unwrap()).unwrap();
+    for (file, value) in [("cpuset.cpus", set.as_str()), ("cpuset.mems", "0")] {
+        fs::write(dir.with_file_name(file), format!("{value}\n")).unwrap();
+    }
+    fs::write(dir.with_file_name("cgroup.procs"), "").unwrap();
+    let created = TreeEvent::Created {
+        cgroup: child.clone(),
+    };
+    assert!(controller.apply_event(created, Instant::now()).unwrap());
+    controller.pass(Instant::now());
+    fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+    let removed = TreeEvent::Removed { cgroup: child };
+    assert!(controller.apply_event(removed, Instant::now()).unwrap());
+    controller.pass(Instant::now());
+    // kubelet resizes the container in place to 2 cpus; its runtime config still says 1.
+    let pod = container.parent().unwrap();
+    for cgroup in [&pod, &container] {
+        let rel = cgroup.to_string();
+        fs::write(node.file(&rel, "cpu.shares"), "2048\n").unwrap();
+        fs::write(node.file(&rel, "cpu.cfs_quota_us"), "200000\n").unwrap();
+        let event = modified(cgroup, InterfaceFile::CpuShares);
+        controller.apply_event(event, Instant::now()).unwrap();
+    }
+    controller.pass(Instant::now());
+    assert_eq!(
+        controller.parts.assignments.exclusive_cpus().len(),
+        2,
+        "the resize was not seen: {:?}",
+        controller.parts.assignments
     );
 }

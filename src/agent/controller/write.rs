@@ -33,7 +33,7 @@ impl Controller {
             self.forget_met_pin_failures(&classes, &planned);
         }
         let urgent = self.urgent_cgroups(&scan, &planned);
-        let drifted = std::mem::take(&mut self.drifted);
+        let drifted = std::mem::take(&mut self.since_pass.drifted);
         let report = self.write(now, &scan, &planned, &urgent, &mode);
         let written_at = Instant::now();
         self.count_repairs(&drifted, &planned, &report);
@@ -54,7 +54,7 @@ impl Controller {
         let mut outcome = self.record_pass(planned, &report, &classes, &mode);
         self.count_cpu_shared();
         // The checkpoint keeps the refusals `status` shows.
-        outcome.assignments_changed |= std::mem::take(&mut self.refusals_changed);
+        outcome.assignments_changed |= std::mem::take(&mut self.said.refusals_changed);
         let paths = |indexes: &[usize]| -> Vec<CgroupPath> {
             indexes
                 .iter()
@@ -161,9 +161,9 @@ impl Controller {
             )
             .collect();
         self.metrics.retain_pin_failures(|k| asking.contains(k));
-        let before = self.refused.len();
-        self.refused.retain(|k, _| asking.contains(k));
-        self.refusals_changed |= self.refused.len() != before;
+        let before = self.said.refused.len();
+        self.said.refused.retain(|k, _| asking.contains(k));
+        self.said.refusals_changed |= self.said.refused.len() != before;
         self.metrics
             .retain_pod_rejections(|uid| planned.assignments.rejection(uid).is_some());
     }
@@ -181,7 +181,9 @@ impl Controller {
                     (Some(cpus), Some(shared)) => !cpus.is_empty() && cpus.is_disjoint(shared),
                     _ => false,
                 };
-                pinned || (!self.drifted.is_empty() && self.drifted.contains(&cgroup.path))
+                pinned
+                    || (!self.since_pass.drifted.is_empty()
+                        && self.since_pass.drifted.contains(&cgroup.path))
             })
             .collect()
     }
@@ -202,9 +204,7 @@ impl Controller {
             .iter()
             .map(|w| urgent_cgroup.get(w.cgroup).copied().unwrap_or(false))
             .collect();
-        let bursting = self
-            .last_new_cgroup
-            .is_some_and(|t| now.saturating_duration_since(t) < COALESCE_QUIET);
+        let bursting = self.deadlines.burst.bursting(now);
         let overdue = self.deadlines.held_back.overdue(now);
         // What arrived before now is planned from already, or waits for the next pass.
         let arrivals = self.arrivals.clone();
@@ -215,7 +215,7 @@ impl Controller {
                 urgent: Some(&urgent),
                 urgent_only: bursting && !overdue,
                 preempt: Some(&preempt),
-                preempt_after: if overdue { MIN_PROGRESS } else { 0 },
+                preempt_after: if overdue { Burst::MIN_PROGRESS } else { 0 },
             }
         } else {
             Schedule::default()
@@ -245,7 +245,7 @@ impl Controller {
     /// leaves what a full one held back to that one's flush).
     fn owe_held_back(&mut self, now: Instant, report: &WriteReport, mode: &Mode) {
         if report.held_back > 0 {
-            let quiet = self.last_new_cgroup.map_or(now, |t| t + COALESCE_QUIET);
+            let quiet = self.deadlines.burst.quiet_at(now);
             self.deadlines.held_back.owe(now, quiet);
             self.metrics.writes_held_back += report.held_back as u64;
         } else if mode.is_full() {
@@ -382,7 +382,7 @@ impl Controller {
             .count() as u64;
         if mode.is_full() {
             self.metrics.containers = containers;
-            self.isolated.clear();
+            self.model.isolated.clear();
         } else {
             self.metrics.containers += containers;
         }
@@ -391,7 +391,8 @@ impl Controller {
                 continue;
             }
             if let Some(key) = class.assignment_key() {
-                self.isolated
+                self.model
+                    .isolated
                     .insert(key, (class.isolation, cgroup.path.clone()));
             }
         }
@@ -431,19 +432,19 @@ impl Controller {
             && !unmet;
         // Only a full pass says the whole tree is settled; an incremental one can only say it
         // is not (a write a full pass could not make is retried by the next reconcile).
-        self.last_pass_settled = settled && (mode.is_full() || self.last_pass_settled);
+        self.last_pass.settled = settled && (mode.is_full() || self.last_pass.settled);
         if unmet {
             // Someone waits for CPUs: only a full pass plans for them.
-            self.steady = false;
+            self.last_pass.steady = false;
         }
         if mode.is_full() {
             let shared = planned.pools.as_ref().map(|p| &p.shared);
-            self.shared_members = planned
+            self.last_pass.shared_members = planned
                 .desired
                 .iter()
                 .filter(|d| d.cpus_to_write().is_some() && d.cpus.as_ref() == shared)
                 .count();
-            self.steady = self.complete
+            self.last_pass.steady = self.model.complete
                 && !unmet
                 && classes.iter().all(|c| {
                     c.kind != CgroupKind::Container
@@ -452,9 +453,11 @@ impl Controller {
         }
         self.parts.assignments = planned.assignments;
         // The pods' names go into the checkpoint with their pins (for the log after a restart).
-        self.parts.assignments.name_pods(&self.pod_names, changed);
-        self.pools = planned.pools;
-        self.planned = true;
+        self.parts
+            .assignments
+            .name_pods(&self.said.pod_names, changed);
+        self.last_pass.pools = planned.pools;
+        self.last_pass.planned = true;
         PassOutcome {
             assignments_changed: changed,
             writes: report.applied,
