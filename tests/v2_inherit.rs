@@ -89,8 +89,9 @@ fn v2_pod_start_and_release_writes_where_children_do_not_inherit() {
     });
     println!("v2, 110 pods: pinned {pin:?} after its pod started (debug build)");
     let alone = until_exclusive(&node, &pods, &ids, &g, &gid, started);
-    // On the fake tree this includes the fake kernel's own work: each QoS write rewrites the
-    // effective sets of the 440 cgroups below it (debug build). The figure is the writes.
+    // On the fake tree this includes the fake kernel's own work (in the agent's debug build):
+    // each QoS write rewrites the effective sets of the 440 cgroups below it. The figure is
+    // the writes.
     println!("v2, 110 pods: the pin exclusive {alone:?} after its pod started (debug build)");
     assert!(alone.is_some(), "the pin never became exclusive");
     node.wait_cpus(&gid, "8");
