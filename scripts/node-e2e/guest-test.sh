@@ -434,6 +434,59 @@ else
     skip pins-kept-after-restart "no pods"
 fi
 
+# --- what the cluster reads: the PodResources socket and /metrics over HTTP --------------------
+# `cpusetd pod-resources list` (the client generated from kubelet's proto, as NFD's
+# topology-updater asks) must give the Guaranteed container its exclusive cpus as cpu_ids, the
+# same as its Cpus_allowed_list; with the opt-in systemd/cpusetd-metrics.conf (the base unit has
+# no network) the agent serves /metrics on localhost with the container's series. Then the
+# drop-in and the flags go again (the checks below judge the base unit).
+phase "pod-resources and metrics"
+PODRES=/var/lib/cpusetd/pod-resources.sock
+METRICS_PORT=9479
+if [ "$pods_ok" = yes ] && [ -n "$exclusive" ]; then
+    install -D -m 0644 "$REPO/systemd/cpusetd-metrics.conf" /etc/systemd/system/cpusetd.service.d/metrics.conf
+    sed -i "s|^CPUSETD_ARGS=\"|CPUSETD_ARGS=\"--pod-resources-socket $PODRES --metrics-bind-address 127.0.0.1:$METRICS_PORT |" \
+        /etc/default/cpusetd
+    log "$(grep '^CPUSETD_ARGS' /etc/default/cpusetd)"
+    systemctl daemon-reload
+    systemctl restart cpusetd.service || log "restart with the metrics drop-in failed: $(unit_prop Result)"
+    gu_cpu_ids() {
+        cpusetd pod-resources list --socket "$PODRES" 2>>/root/pod-resources.err |
+            jq -r '.pod_resources[] | select(.namespace == "default" and .name == "gu")
+                   | .containers[] | select(.name == "app") | .cpu_ids | map(tostring) | join(",")'
+    }
+    pod_resources_agree() {
+        local ids
+        ids=$(gu_cpu_ids) && [ -n "$ids" ] && same_cpus "$ids" "$(cpus_of_pid "$gu_pid")" &&
+            same_cpus "$ids" "$exclusive"
+    }
+    if wait_until "$CONVERGE" pod_resources_agree; then
+        pass pod-resources-cli
+        log "pod-resources: gu/app cpu_ids $(gu_cpu_ids)"
+    else
+        fail pod-resources-cli "cpu_ids '$(gu_cpu_ids || true)' of default/gu/app, Cpus_allowed_list $(cpus_of_pid "$gu_pid") (pinned $exclusive): $(tail -n 1 /root/pod-resources.err 2>/dev/null || true)"
+    fi
+    scrape() {
+        printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' |
+            socat -t 5 - "TCP:127.0.0.1:$METRICS_PORT" 2>/dev/null | tr -d '\r'
+    }
+    served() {
+        scrape | grep -qxF 'cpusetd_container_exclusive_cpus{namespace="default",pod="gu",container="app"} 2'
+    }
+    if wait_until "$CONVERGE" served; then
+        pass metrics-http
+    else
+        fail metrics-http "http://127.0.0.1:$METRICS_PORT/metrics has no 2 exclusive cpus for default/gu/app: '$(scrape | grep -E '^(HTTP|cpusetd_container_exclusive_cpus)' | tr '\n' ' ' || true)' $(journalctl -u cpusetd.service --no-pager -o cat | grep -i metrics | tail -n 1)"
+    fi
+    rm -f /etc/systemd/system/cpusetd.service.d/metrics.conf
+    cp /root/cpusetd.default /etc/default/cpusetd
+    systemctl daemon-reload
+    systemctl restart cpusetd.service
+else
+    skip pod-resources-cli "no pinned pod"
+    skip metrics-http "no pinned pod"
+fi
+
 # --- the opt-in irq drop-in: a pod saying irq-load-balancing.crio.io: "disable" -----------------
 # The base unit keeps /proc/irq read-only (ProtectKernelTunables=yes); systemd/cpusetd-irq.conf
 # opens that one directory. Every IRQ the kernel lets one move must leave the pod's CPU while it
