@@ -46,7 +46,7 @@ use crate::sched_balance::{SchedBalance, SchedSaved};
 use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment};
 use crate::topology::Topology;
 use crate::watcher::TreeEvent;
-use crate::writer::{apply_scheduled, NewChildren, Schedule};
+use crate::writer::NewChildren;
 
 use super::hotplug::Hotplug;
 use super::metrics::Metrics;

@@ -283,7 +283,7 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
         parents,
         assignments: cp.assignments.clone(),
         events: Vec::new(),
-        writes: Vec::new(),
+        writes: Default::default(),
     };
     // cgroup v2 without remote partitions: said whatever the checkpoint holds (an agent that
     // never saw such a pod says nothing in it).
