@@ -695,4 +695,77 @@ mod tests {
         assert_eq!(read("kubepods/pod/fresh"), "1");
         assert_eq!(read("kubepods/pod"), "1");
     }
+
+    #[test]
+    fn a_budget_makes_the_urgent_prefix_and_holds_back_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let cpuset = dir.path().join("cpuset");
+        for rel in ["", "kubepods", "kubepods/a", "kubepods/b"] {
+            fs::create_dir_all(cpuset.join(rel)).unwrap();
+            fs::write(cpuset.join(rel).join("cpuset.cpus"), "0-3\n").unwrap();
+        }
+        fs::create_dir_all(dir.path().join("cpu")).unwrap();
+        let layout = CgroupLayout {
+            version: CgroupVersion::V1,
+            driver: CgroupDriver::Cgroupfs,
+            cpuset_root: cpuset.clone(),
+            cpu_root: dir.path().join("cpu"),
+            kubepods: CgroupPath::new("kubepods").unwrap(),
+        };
+        let hierarchy = Hierarchy::open(&layout).unwrap();
+        let path = |p: &str| CgroupPath::new(p).unwrap();
+        let step = |p: &str| {
+            Step::new(
+                path(p),
+                InterfaceFile::CpusetCpus,
+                "1".into(),
+                WriteStep::Narrow,
+            )
+        };
+        let mut plan: WritePlan = vec![step("kubepods/a"), step("kubepods/b")].into();
+        crate::planner::order::urgent_first(&mut plan, |s| s.path == path("kubepods/b"));
+        assert_eq!(plan.urgent_len(), 1);
+        let known = Known::nothing();
+        let outcomes = |executed: &Executed| -> Vec<(String, bool)> {
+            let done = executed.done.iter();
+            done.map(|d| {
+                (
+                    d.step.path.to_string(),
+                    matches!(d.outcome, Outcome::Written),
+                )
+            })
+            .collect()
+        };
+        let arrived = || true;
+        for budget in [
+            Budget::UrgentOnly,
+            Budget::Yield {
+                after: 0,
+                arrived: &arrived,
+            },
+        ] {
+            let executed = execute(
+                &hierarchy,
+                plan.clone(),
+                &known,
+                NewChildren::NarrowNow,
+                budget,
+            );
+            let expected = vec![
+                ("kubepods/b".to_string(), true),
+                ("kubepods/a".to_string(), false),
+            ];
+            assert_eq!(outcomes(&executed), expected, "{budget:?}");
+            assert_eq!(executed.tally().held_back, 1);
+            assert!(executed.urgent_done.is_some());
+        }
+        let executed = execute(
+            &hierarchy,
+            plan,
+            &known,
+            NewChildren::NarrowNow,
+            Budget::All,
+        );
+        assert_eq!(executed.tally().written, 2);
+    }
 }
