@@ -1,94 +1,165 @@
-//! The writer: executes a [`WritePlan`] against the cgroup hierarchy, in order.
+//! The writer: executes a prefix of a [`WritePlan`] within a [`Budget`], in the plan's order,
+//! and says what became of each step, by path ([`Outcome`]). It decides no order: the planner
+//! does (`planner::order`).
 //!
-//! ENOENT means the cgroup is gone (a container exited between scan and write): skipped, not an
-//! error, and nothing more is written below it. Any other errno is reported with the path, the
-//! value and the errno, and the rest of the plan goes on where the nesting rules still allow it:
-//! writes of the same file below a cgroup whose write failed are skipped (the kernel would refuse
-//! them too, and the next pass retries the lot).
+//! ENOENT means the cgroup is gone (a container exited between scan and write): not an error,
+//! and nothing more is written below it. Any other errno is reported with the path, the value
+//! and the errno, and the rest of the plan goes on where the nesting rules still allow it:
+//! writes of the same file below a cgroup whose write failed are skipped (the kernel would
+//! refuse them too, and the next pass retries the lot).
 //!
 //! A plan is made from a scan that may be a moment old: a container cgroup created since (its
 //! runtime copies the parent's wide cpuset into it at once) is not in it. So before a cpuset is
 //! narrowed, its directory is listed, and children the scan did not have (or found uninitialised,
 //! which the runtime may have filled since) are read; if one holds CPUs outside the new value
 //! the write is not made (the kernel would refuse it with EBUSY), nor are its ancestors'
-//! narrowings, and the cgroup is reported [`WriteReport::stale`], for the caller to re-read it
-//! and plan again. A narrowing the kernel refuses with EBUSY (a child set up between that check
-//! and the write) is reported the same way.
+//! narrowings, and the step's outcome is [`Outcome::ChildInTheWay`], for the caller to re-read
+//! the cgroup and plan again. A narrowing the kernel refuses with EBUSY (a child set up between
+//! that check and the write) has the same outcome.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
+use std::time::Instant;
 
 use crate::cgroupfs::{
-    CgroupError, CgroupFs, CgroupPath, CgroupVersion, FileKind, Hierarchy, InterfaceFile, Scan,
+    CgroupError, CgroupFs, CgroupPath, CgroupVersion, FileKind, Hierarchy, InterfaceFile,
 };
 use crate::cpuset::CpuSet;
-use crate::planner::{PlannedWrite, WritePlan, WriteStep};
+use crate::planner::{Known, Step, WritePlan, WriteStep};
 
-/// What happened to a plan.
-#[derive(Debug, Default)]
-pub struct WriteReport {
-    /// Writes the kernel (or the fake tree) accepted.
-    pub applied: usize,
-    /// Which: indexes into the plan, in order.
-    pub applied_writes: Vec<usize>,
-    /// Writes skipped because their cgroup, or an ancestor, is gone.
-    pub gone: usize,
-    /// Cgroups a write found gone (indexes in the scan).
-    pub gone_cgroups: Vec<usize>,
-    /// Writes skipped because a write above them failed.
-    pub skipped: usize,
-    /// Writes that failed, with the error (path, value and errno inside).
-    pub failed: Vec<(PlannedWrite, CgroupError)>,
-    /// Narrowing writes not made because a child the plan did not know of holds more: the
-    /// scan was stale below these cgroups (indexes in the scan).
-    pub stale: Vec<usize>,
-    /// Narrowings of a cgroup (index in the scan) left undone because this failed write of a
-    /// child's blocks them.
-    pub blocked: Vec<(usize, PlannedWrite)>,
-    /// Writes refused to a cgroup the scan found empty (v1: a cpuset never set up, which no
-    /// task can join), with the index of its parent: an empty child does not keep its parent
-    /// from being narrowed (the kernel allows it), so the parent's narrowing went on; the
-    /// caller names the child and counts it.
-    pub refused_empty: Vec<(usize, PlannedWrite)>,
-    /// The kernel's refusals behind `stale` (EBUSY), for the caller to count and report once;
-    /// they are re-planned, not failures.
-    pub refused_stale: Vec<(PlannedWrite, CgroupError)>,
-    /// Narrowing writes not made yet because a child is new ([`NewChildren::LetThemSettle`]).
-    pub settling: Vec<usize>,
-    /// Writes not made because the [`Schedule`] held them back (for a later pass).
-    pub held_back: usize,
-    /// When the urgent writes were done (`None`: there were none).
-    pub urgent_done: Option<std::time::Instant>,
+/// What became of one step.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The kernel (or the fake tree) accepted it.
+    Written,
+    /// The cgroup is gone (ENOENT): it leaves the model.
+    Gone,
+    /// Not tried: an earlier step found the cgroup or an ancestor gone.
+    UnderGone,
+    /// Not tried: a write of the same file above failed, or a child's narrowing was not made
+    /// (it still holds more than this value).
+    Skipped,
+    /// Not tried: the cgroup was uninitialised when scanned (v1) and its runtime may be setting
+    /// it up now (see [`NewChildren::LetThemSettle`]).
+    LeftToRuntime,
+    /// A narrowing not made because a child the plan did not know holds more (`child`, seen
+    /// before the write) or the kernel said so (`refused`, EBUSY): the scan was stale below the
+    /// cgroup, re-read it and plan again.
+    ChildInTheWay {
+        child: Option<CgroupPath>,
+        refused: Option<CgroupError>,
+    },
+    /// A narrowing not made yet because a child is new ([`NewChildren::LetThemSettle`]).
+    Settling,
+    /// The kernel refused the write (path, value and errno inside the error). `blocks`: the
+    /// parent whose narrowing waits for this one (which failed).
+    Refused {
+        error: CgroupError,
+        blocks: Option<CgroupPath>,
+    },
+    /// Refused to a cgroup the scan found empty (v1: a cpuset never set up, which no task can
+    /// join): it does not keep its `parent` from being narrowed (the kernel allows it), so that
+    /// narrowing goes on; the caller names the cgroup and counts it.
+    RefusedEmpty {
+        error: CgroupError,
+        parent: Option<CgroupPath>,
+    },
+    /// Not reached within the [`Budget`] (for a later pass).
+    HeldBack,
 }
 
-impl WriteReport {
+/// One step of the plan and what became of it.
+#[derive(Debug)]
+pub struct Done {
+    pub step: Step,
+    pub outcome: Outcome,
+}
+
+/// Every step of a plan, in the order made, with its outcome.
+#[derive(Debug, Default)]
+pub struct Executed {
+    pub done: Vec<Done>,
+    /// When the urgent steps were done (`None`: there were none).
+    pub urgent_done: Option<Instant>,
+}
+
+/// How many steps had each outcome.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    pub written: usize,
+    /// Gone, or under a cgroup found gone.
+    pub gone: usize,
+    /// Skipped or left to the runtime.
+    pub skipped: usize,
+    /// Refused by the kernel (EBUSY over a child the plan did not know is `stale`).
+    pub failed: usize,
+    pub stale: usize,
+    pub settling: usize,
+    pub held_back: usize,
+}
+
+impl Tally {
     /// Every write was made (or its cgroup is gone).
     pub fn is_clean(&self) -> bool {
-        self.failed.is_empty() && self.stale.is_empty() && self.settling.is_empty()
+        self.failed == 0 && self.stale == 0 && self.settling == 0
+    }
+}
+
+impl Executed {
+    pub fn tally(&self) -> Tally {
+        let mut t = Tally::default();
+        for done in &self.done {
+            let count = match done.outcome {
+                Outcome::Written => &mut t.written,
+                Outcome::Gone | Outcome::UnderGone => &mut t.gone,
+                Outcome::Skipped | Outcome::LeftToRuntime => &mut t.skipped,
+                Outcome::ChildInTheWay { .. } => &mut t.stale,
+                Outcome::Settling => &mut t.settling,
+                Outcome::Refused { .. } | Outcome::RefusedEmpty { .. } => &mut t.failed,
+                Outcome::HeldBack => &mut t.held_back,
+            };
+            *count += 1;
+        }
+        t
+    }
+
+    /// The steps written, in order.
+    pub fn written(&self) -> impl Iterator<Item = &Step> {
+        self.with(|o| matches!(o, Outcome::Written))
+    }
+
+    /// The kernel's refusals (EBUSY over a child the plan did not know aside), in order.
+    pub fn refusals(&self) -> impl Iterator<Item = &CgroupError> {
+        self.done.iter().filter_map(|d| match &d.outcome {
+            Outcome::Refused { error, .. } | Outcome::RefusedEmpty { error, .. } => Some(error),
+            _ => None,
+        })
+    }
+
+    /// The steps whose outcome `pick` selects, in order.
+    pub fn with(&self, pick: impl Fn(&Outcome) -> bool) -> impl Iterator<Item = &Step> {
+        self.done
+            .iter()
+            .filter(move |d| pick(&d.outcome))
+            .map(|d| &d.step)
     }
 }
 
 /// Where a file lives: cpuset files in the cpuset hierarchy, cpu files in the cpu one.
-fn controller_of(file: InterfaceFile) -> Controller {
+fn fs_of(hierarchy: &Hierarchy, file: InterfaceFile) -> &CgroupFs {
     match file {
         InterfaceFile::CpuCfsQuotaUs
         | InterfaceFile::CpuCfsPeriodUs
         | InterfaceFile::CpuMax
         | InterfaceFile::CpuShares
-        | InterfaceFile::CpuWeight => Controller::Cpu,
-        _ => Controller::Cpuset,
+        | InterfaceFile::CpuWeight => &hierarchy.cpu,
+        _ => &hierarchy.cpuset,
     }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Controller {
-    Cpuset,
-    Cpu,
 }
 
 /// How narrowing treats a cgroup whose children are new.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NewChildren<'a> {
+pub enum NewChildren {
     /// Narrow now (the one-shot commands).
     NarrowNow,
     /// The agent on cgroup v1, while runtimes create cgroups: a new cpuset cgroup is empty until
@@ -96,340 +167,265 @@ pub enum NewChildren<'a> {
     /// any moment; runc's `ensureParent`). Writing the child first races with that copy, and
     /// narrowing the parent meanwhile makes one of the two writes fail (EBUSY for us, EACCES
     /// for the runtime, which then fails to start the container). So a cgroup uninitialised in
-    /// the scan is left to its runtime (not written, nor anything below it), and a cgroup is not
-    /// narrowed while a child is uninitialised on disk: it is reported
-    /// [`WriteReport::settling`], for a pass a moment later. `initialised[i]` marks scanned
-    /// cgroups known to be past that point (seen set up before, or empty for too long): an
-    /// empty value there is drift to repair, not a runtime at work.
-    LetThemSettle { initialised: &'a [bool] },
+    /// the scan is left to its runtime (not written, nor anything below it) unless [`Known`]
+    /// says it is past that point, and a cgroup is not narrowed while a child is uninitialised
+    /// on disk ([`Outcome::Settling`], for a pass a moment later).
+    LetThemSettle,
 }
 
-/// Which of a plan's writes a pass makes first, and which it may leave for a later pass.
-///
-/// Urgent writes (and every earlier write of the plan they depend on: the same file of their
-/// parent or children, so the v1 nesting rules hold for them alone) are made first, in plan
-/// order; then the others, in plan order. That is a valid order: no other write precedes an
-/// urgent one it is related to (it would be urgent too), so each write still sees its parent
-/// and children as the plan's order would have them.
-#[derive(Default, Clone, Copy)]
-pub struct Schedule<'a> {
-    /// Per planned write; `None`: none is urgent.
-    pub urgent: Option<&'a [bool]>,
-    /// Make the urgent writes only; the others are [`WriteReport::held_back`].
-    pub urgent_only: bool,
-    /// Asked before each of the other writes: `true` holds back the rest.
-    pub preempt: Option<&'a dyn Fn() -> bool>,
-    /// How many of the other writes are made before `preempt` is asked.
-    pub preempt_after: usize,
+/// How much of a plan one pass makes.
+#[derive(Clone, Copy)]
+pub enum Budget<'a> {
+    /// Every step.
+    All,
+    /// The urgent steps only ([`WritePlan::urgent_len`]); the others are [`Outcome::HeldBack`].
+    UrgentOnly,
+    /// The urgent steps, `after` more, then more until `arrived` says something new arrived
+    /// (asked before each): the rest are held back.
+    Yield {
+        after: usize,
+        arrived: &'a dyn Fn() -> bool,
+    },
 }
 
-impl std::fmt::Debug for Schedule<'_> {
+impl Budget<'_> {
+    /// Whether the budget ends before the `n`-th step after the urgent ones.
+    fn ends_before(&self, n: usize) -> bool {
+        match self {
+            Budget::All => false,
+            Budget::UrgentOnly => true,
+            Budget::Yield { after, arrived } => n >= *after && arrived(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Budget<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Schedule")
-            .field(
-                "urgent",
-                &self.urgent.map(|u| u.iter().filter(|&&x| x).count()),
-            )
-            .field("urgent_only", &self.urgent_only)
-            .field("preempt", &self.preempt.is_some())
-            .field("preempt_after", &self.preempt_after)
-            .finish()
+        match self {
+            Budget::All => write!(f, "All"),
+            Budget::UrgentOnly => write!(f, "UrgentOnly"),
+            Budget::Yield { after, .. } => write!(f, "Yield {{ after: {after} }}"),
+        }
     }
 }
 
-/// The order writes are made in: the urgent ones with what they depend on, then the rest (see
-/// [`Schedule`]); and how many of the first are urgent. `writes[i]` is write `i`'s cgroup and
-/// file, `parents` the cgroups' parents.
-pub(crate) fn schedule_order(
-    writes: &[(usize, InterfaceFile)],
-    parents: &[Option<usize>],
-    urgent: Option<&[bool]>,
-) -> (Vec<usize>, usize) {
-    let Some(urgent) = urgent.filter(|u| u.iter().any(|&x| x)) else {
-        return ((0..writes.len()).collect(), 0);
-    };
-    let mut by_cgroup: HashMap<(usize, InterfaceFile), Vec<usize>> = HashMap::new();
-    for (index, &key) in writes.iter().enumerate() {
-        by_cgroup.entry(key).or_default().push(index);
-    }
-    let children = children_index(parents);
-    let mut marked: Vec<bool> = (0..writes.len())
-        .map(|i| urgent.get(i).copied().unwrap_or(false))
-        .collect();
-    // From the last write back: each marked write marks the earlier writes of the same file
-    // of its own cgroup, its parent and its children (those marked later are visited later).
-    for k in (0..writes.len()).rev() {
-        if !marked[k] {
-            continue;
-        }
-        let (cgroup, file) = writes[k];
-        let related = std::iter::once(cgroup)
-            .chain(parents.get(cgroup).copied().flatten())
-            .chain(children.get(cgroup).into_iter().flatten().copied());
-        for related in related {
-            for &j in by_cgroup.get(&(related, file)).into_iter().flatten() {
-                if j < k {
-                    marked[j] = true;
-                }
-            }
-        }
-    }
-    let first: Vec<usize> = (0..writes.len()).filter(|&i| marked[i]).collect();
-    let count = first.len();
-    let order = first
-        .into_iter()
-        .chain((0..writes.len()).filter(|&i| !marked[i]))
-        .collect();
-    (order, count)
+/// Executes all of `plan` (the one-shot commands).
+pub fn apply(hierarchy: &Hierarchy, plan: WritePlan, known: &Known<'_>) -> Executed {
+    execute(hierarchy, plan, known, NewChildren::NarrowNow, Budget::All)
 }
 
-/// The children of each scanned cgroup, from the parents' index.
-fn children_index(parents: &[Option<usize>]) -> Vec<Vec<usize>> {
-    let mut index = vec![Vec::new(); parents.len()];
-    for (child, parent) in parents.iter().enumerate() {
-        if let Some(list) = parent.and_then(|p| index.get_mut(p)) {
-            list.push(child);
-        }
-    }
-    index
-}
-
-/// Executes `plan`, made from `scan`, in order. `parents[i]` is the parent of scanned cgroup
-/// `i` (as planned).
-pub fn apply(
+/// Executes a prefix of `plan`, made from the tree `known` describes, within `budget`.
+pub fn execute(
     hierarchy: &Hierarchy,
-    plan: &WritePlan,
-    scan: &Scan,
-    parents: &[Option<usize>],
-    new_children: NewChildren<'_>,
-) -> WriteReport {
-    apply_scheduled(
+    plan: WritePlan,
+    known: &Known<'_>,
+    new_children: NewChildren,
+    budget: Budget<'_>,
+) -> Executed {
+    let urgent = plan.urgent_len();
+    let mut run = Run {
         hierarchy,
-        plan,
-        scan,
-        parents,
-        new_children,
-        Schedule::default(),
-    )
-}
-
-/// As [`apply`], urgent writes first and the rest perhaps held back (see [`Schedule`]).
-pub fn apply_scheduled(
-    hierarchy: &Hierarchy,
-    plan: &WritePlan,
-    scan: &Scan,
-    parents: &[Option<usize>],
-    new_children: NewChildren<'_>,
-    schedule: Schedule<'_>,
-) -> WriteReport {
-    let mut report = WriteReport::default();
-    let mut gone = vec![false; parents.len()];
-    // Cgroups whose write of a file failed, per file.
-    let mut failed: HashSet<(usize, InterfaceFile)> = HashSet::new();
-    // Ancestors of cgroups whose narrowing was deferred, per file.
-    let mut deferred: HashSet<(usize, InterfaceFile)> = HashSet::new();
-    // Cgroups left to their runtime, per file.
-    let mut uninitialised: HashSet<(usize, InterfaceFile)> = HashSet::new();
-    let (settle, initialised) = match new_children {
-        NewChildren::NarrowNow => (false, &[][..]),
-        NewChildren::LetThemSettle { initialised } => (true, initialised),
+        known,
+        settle: new_children == NewChildren::LetThemSettle,
+        gone: HashSet::new(),
+        failed: PathFiles::default(),
+        deferred: PathFiles::default(),
+        uninitialised: PathFiles::default(),
     };
-    // Children of each scanned cgroup, built at the first narrowing.
-    let mut children: Option<Vec<Vec<usize>>> = None;
-    let ancestors =
-        |cgroup: usize| std::iter::successors(Some(cgroup), |&i| parents.get(i).copied().flatten());
-    let keys: Vec<(usize, InterfaceFile)> = plan.iter().map(|w| (w.cgroup, w.file)).collect();
-    let (order, urgent_count) = schedule_order(&keys, parents, schedule.urgent);
-    for (position, &index) in order.iter().enumerate() {
-        let write = &plan[index];
-        if position == urgent_count && urgent_count > 0 {
-            report.urgent_done = Some(std::time::Instant::now());
+    let mut executed = Executed {
+        done: Vec::with_capacity(plan.len()),
+        urgent_done: None,
+    };
+    let mut held = false;
+    for (position, step) in plan.into_iter().enumerate() {
+        if position == urgent && urgent > 0 {
+            executed.urgent_done = Some(Instant::now());
         }
-        if position >= urgent_count
-            && (schedule.urgent_only
-                || (position - urgent_count >= schedule.preempt_after
-                    && schedule.preempt.is_some_and(|preempt| preempt())))
-        {
-            report.held_back = order.len() - position;
-            break;
-        }
-        if ancestors(write.cgroup).any(|i| gone.get(i) == Some(&true)) {
-            report.gone += 1;
-            continue;
-        }
-        if !failed.is_empty()
-            && ancestors(write.cgroup)
-                .skip(1)
-                .any(|i| failed.contains(&(i, write.file)))
-        {
-            report.skipped += 1;
-            continue;
-        }
-        if settle
-            && !initialised.get(write.cgroup).copied().unwrap_or(false)
-            && (is_uninitialised(scan, write.cgroup, write.file)
-                || ancestors(write.cgroup).any(|i| uninitialised.contains(&(i, write.file))))
-        {
-            uninitialised.insert((write.cgroup, write.file));
-            report.skipped += 1;
-            continue;
-        }
-        let fs = match controller_of(write.file) {
-            Controller::Cpuset => &hierarchy.cpuset,
-            Controller::Cpu => &hierarchy.cpu,
+        held = held || (position >= urgent && budget.ends_before(position - urgent));
+        let outcome = if held {
+            Outcome::HeldBack
+        } else {
+            run.step(&step)
         };
-        if write.step == WriteStep::Narrow {
-            if deferred.contains(&(write.cgroup, write.file)) {
-                // A child's narrowing was deferred: it still holds more than this value.
-                report.skipped += 1;
-                continue;
-            }
-            let children = children.get_or_insert_with(|| children_index(parents));
-            let of_this = children.get(write.cgroup).map_or(&[][..], |c| &c[..]);
-            let settled = settled_children(scan, of_this, initialised, write.file);
-            let child = child_in_the_way(
-                fs,
-                &write.path,
-                write.file,
-                &write.value,
-                (&settled, of_this.len()),
-                settle,
-            );
-            // Below the scan's depth limit the plan cannot know the children: a cgroup the
-            // container made there, however deep, is narrowed here, deepest first, as the plan
-            // would narrow a known one (its set ∩ the new value), instead of holding the whole
-            // chain wide (and re-planning for ever).
-            let child = match child {
-                Some(ChildState::Holds { .. }) if beyond_scan_depth(scan, &write.path) => {
-                    narrow_unseen_subtree(fs, &write.path, write.file, &write.value);
-                    None
-                }
-                // No runtime sets up a cgroup down there: an empty one is not a start in
-                // progress, and the kernel narrows its parent past it.
-                Some(ChildState::Uninitialised) if beyond_scan_depth(scan, &write.path) => None,
-                other => other,
-            };
-            if let Some(child) = child {
-                log::debug!(
-                    "cg={} not narrowed to {} now: {child}",
-                    write.path,
-                    write.value
-                );
-                match child {
-                    ChildState::Holds { .. } => report.stale.push(write.cgroup),
-                    ChildState::Uninitialised => report.settling.push(write.cgroup),
-                }
-                deferred.extend(ancestors(write.cgroup).skip(1).map(|i| (i, write.file)));
-                continue;
-            }
-        }
-        match fs.write(&write.path, write.file, &write.value) {
-            Ok(()) => {
-                report.applied += 1;
-                report.applied_writes.push(index);
-            }
-            Err(e) if e.is_gone() => {
-                log::debug!(
-                    "cg={} gone before {} was written",
-                    write.path,
-                    write.file.name()
-                );
-                if let Some(flag) = gone.get_mut(write.cgroup) {
-                    *flag = true;
-                }
-                report.gone += 1;
-                report.gone_cgroups.push(write.cgroup);
-            }
-            Err(e)
-                if write.step == WriteStep::Narrow
-                    && e.errno() == Some(nix::errno::Errno::EBUSY as i32) =>
-            {
-                // A child set up since the check holds more: the kernel's word for "stale".
-                log::debug!(
-                    "cg={} not narrowed to {}: a child holds more (re-planning)",
-                    write.path,
-                    write.value
-                );
-                report.stale.push(write.cgroup);
-                report.refused_stale.push((write.clone(), e));
-                deferred.extend(ancestors(write.cgroup).skip(1).map(|i| (i, write.file)));
-            }
-            Err(e) => {
-                failed.insert((write.cgroup, write.file));
-                if scan.version == CgroupVersion::V1
-                    && is_uninitialised(scan, write.cgroup, write.file)
-                {
-                    // Still empty (v1): it holds no task and does not block its parent (see
-                    // `settled_children`), which is narrowed as planned. (An empty v2 cpuset
-                    // inherits its parent's: a failure like any other.)
-                    if let Some(parent) = parents.get(write.cgroup).copied().flatten() {
-                        report.refused_empty.push((parent, write.clone()));
-                    }
-                } else if write.step == WriteStep::Narrow {
-                    // Its parents cannot be narrowed over it (the kernel would refuse them with
-                    // EBUSY, and a re-plan would change nothing): they wait for the next
-                    // reconcile, and the report says which child blocks them.
-                    let blocked: Vec<usize> = ancestors(write.cgroup).skip(1).collect();
-                    deferred.extend(blocked.iter().map(|&i| (i, write.file)));
-                    if let Some(&parent) = blocked.first() {
-                        report.blocked.push((parent, write.clone()));
-                    }
-                }
-                report.failed.push((write.clone(), e));
-            }
-        }
+        executed.done.push(Done { step, outcome });
     }
-    if report.urgent_done.is_none() && urgent_count > 0 {
-        report.urgent_done = Some(std::time::Instant::now());
+    if executed.urgent_done.is_none() && urgent > 0 {
+        executed.urgent_done = Some(Instant::now());
     }
-    report
+    executed
 }
 
-/// Whether the scan found scanned cgroup `cgroup`'s cpuset `file` empty: a v1 cgroup its
-/// runtime has not set up yet.
-fn is_uninitialised(scan: &Scan, cgroup: usize, file: InterfaceFile) -> bool {
-    let Some(c) = scan.cgroups.get(cgroup) else {
-        return false;
-    };
-    let value = match file {
-        InterfaceFile::CpusetMems => &c.mems,
-        InterfaceFile::CpusetCpus => &c.cpus,
-        _ => return false,
-    };
-    value.value().is_some_and(|v| v.is_empty())
+/// `path` and the cgroups above it, nearest first, as path bytes (the sets below hold scanned
+/// cgroups only: walking the path's own ancestors finds the scanned ones, without a look-up).
+fn ancestors(path: &CgroupPath) -> impl Iterator<Item = &[u8]> {
+    std::iter::successors(Some(path.as_bytes()), |p| {
+        let slash = p.iter().rposition(|&b| b == b'/');
+        (!p.is_empty()).then(|| slash.map_or(&p[..0], |s| &p[..s]))
+    })
 }
 
-/// Names of the scanned `children` whose `file` the scan found set (the plan narrowed them
-/// first, if needed), missing (not cpuset cgroups), or empty past their runtime's set-up
-/// (`initialised`: the plan set them up first, and one it could not write is still empty,
-/// which the kernel narrows a parent past). The others, uninitialised when scanned, may have
-/// had the parent's wide set copied into them since, and are read again.
-fn settled_children<'a>(
-    scan: &'a Scan,
-    children: &[usize],
-    initialised: &[bool],
-    file: InterfaceFile,
-) -> HashSet<&'a OsStr> {
-    children
-        .iter()
-        .filter_map(|&i| Some((i, scan.cgroups.get(i)?)))
-        .filter(|(i, c)| {
-            let value = match file {
-                InterfaceFile::CpusetMems => &c.mems,
-                _ => &c.cpus,
-            };
-            value.configured().is_some()
-                || value.is_missing()
-                || initialised.get(*i).copied().unwrap_or(false)
+/// Cgroups (path bytes), each with the files a condition holds for.
+#[derive(Default)]
+struct PathFiles(HashMap<Box<[u8]>, Vec<InterfaceFile>>);
+
+impl PathFiles {
+    fn insert(&mut self, path: &[u8], file: InterfaceFile) {
+        let files = self.0.entry(path.into()).or_default();
+        if !files.contains(&file) {
+            files.push(file);
+        }
+    }
+
+    fn contains(&self, path: &[u8], file: InterfaceFile) -> bool {
+        self.0.get(path).is_some_and(|f| f.contains(&file))
+    }
+
+    /// Whether it holds `file` of a cgroup above `path`.
+    fn above(&self, path: &CgroupPath, file: InterfaceFile) -> bool {
+        !self.0.is_empty() && ancestors(path).skip(1).any(|p| self.contains(p, file))
+    }
+
+    /// Whether it holds `file` of `path` or a cgroup above it.
+    fn at_or_above(&self, path: &CgroupPath, file: InterfaceFile) -> bool {
+        !self.0.is_empty() && ancestors(path).any(|p| self.contains(p, file))
+    }
+}
+
+/// One execution's state: what earlier steps found.
+struct Run<'r, 'k> {
+    hierarchy: &'r Hierarchy,
+    known: &'r Known<'k>,
+    settle: bool,
+    /// Cgroups found gone.
+    gone: HashSet<Box<[u8]>>,
+    /// Cgroups whose write of a file failed.
+    failed: PathFiles,
+    /// Ancestors of cgroups whose narrowing was not made.
+    deferred: PathFiles,
+    /// Cgroups left to their runtime.
+    uninitialised: PathFiles,
+}
+
+impl Run<'_, '_> {
+    /// Makes one step, unless an earlier one rules it out.
+    fn step(&mut self, step: &Step) -> Outcome {
+        let (path, file) = (&step.path, step.file);
+        if !self.gone.is_empty() && ancestors(path).any(|p| self.gone.contains(p)) {
+            return Outcome::UnderGone;
+        }
+        if self.failed.above(path, file) {
+            return Outcome::Skipped;
+        }
+        if self.settle {
+            let (empty, initialised) = self.known.setup(path, file);
+            if !initialised && (empty || self.uninitialised.at_or_above(path, file)) {
+                self.uninitialised.insert(path.as_bytes(), file);
+                return Outcome::LeftToRuntime;
+            }
+        }
+        if step.step == WriteStep::Narrow {
+            if self.deferred.contains(path.as_bytes(), file) {
+                return Outcome::Skipped;
+            }
+            if let Some(outcome) = self.child_in_the_way(step) {
+                self.defer_ancestors(path, file);
+                return outcome;
+            }
+        }
+        let written = fs_of(self.hierarchy, file).write(path, file, &step.value);
+        match written {
+            Ok(()) => Outcome::Written,
+            Err(e) => self.refused(step, e),
+        }
+    }
+
+    fn defer_ancestors(&mut self, path: &CgroupPath, file: InterfaceFile) {
+        for p in ancestors(path).skip(1) {
+            self.deferred.insert(p, file);
+        }
+    }
+
+    /// A narrowing not to make now: a child holds more, or is being set up.
+    fn child_in_the_way(&self, step: &Step) -> Option<Outcome> {
+        let (path, file) = (&step.path, step.file);
+        let fs = fs_of(self.hierarchy, file);
+        let settled = self.known.settled_children(path, file);
+        let child = child_in_the_way(
+            fs,
+            path,
+            file,
+            &step.value,
+            (&settled.0, settled.1),
+            self.settle,
+        );
+        // Below the scan's depth limit the plan cannot know the children: a cgroup the
+        // container made there, however deep, is narrowed here, deepest first, as the plan
+        // would narrow a known one (its set ∩ the new value), instead of holding the whole
+        // chain wide (and re-planning for ever).
+        let unseen_below = || self.known.unseen_below(path);
+        let child = match child {
+            Some(ChildState::Holds { .. }) if unseen_below() => {
+                narrow_unseen_subtree(fs, path, file, &step.value);
+                None
+            }
+            // No runtime sets up a cgroup down there: an empty one is not a start in
+            // progress, and the kernel narrows its parent past it.
+            Some(ChildState::Uninitialised) if unseen_below() => None,
+            other => other,
+        }?;
+        log::debug!("cg={path} not narrowed to {} now: {child}", step.value);
+        Some(match child {
+            ChildState::Holds { child, .. } => Outcome::ChildInTheWay {
+                child: Some(child),
+                refused: None,
+            },
+            ChildState::Uninitialised => Outcome::Settling,
         })
-        .filter_map(|(_, c)| c.path.name())
-        .collect()
-}
+    }
 
-/// Whether the children of `path` lie past the scan's depth limit (so the plan never saw them).
-fn beyond_scan_depth(scan: &Scan, path: &CgroupPath) -> bool {
-    path.strip_prefix(&scan.kubepods)
-        .is_some_and(|rel| rel.depth() >= crate::cgroupfs::MAX_SCAN_DEPTH)
+    /// What a refused write means.
+    fn refused(&mut self, step: &Step, e: CgroupError) -> Outcome {
+        let (path, file) = (&step.path, step.file);
+        if e.is_gone() {
+            log::debug!("cg={path} gone before {} was written", file.name());
+            self.gone.insert(path.as_bytes().into());
+            return Outcome::Gone;
+        }
+        if step.step == WriteStep::Narrow && e.errno() == Some(nix::errno::Errno::EBUSY as i32) {
+            // A child set up since the check holds more: the kernel's word for "stale".
+            log::debug!(
+                "cg={path} not narrowed to {}: a child holds more (re-planning)",
+                step.value
+            );
+            self.defer_ancestors(path, file);
+            return Outcome::ChildInTheWay {
+                child: None,
+                refused: Some(e),
+            };
+        }
+        self.failed.insert(path.as_bytes(), file);
+        let parent = self.known.parent(path).cloned();
+        if self.known.version() == CgroupVersion::V1 && self.known.found_empty(path, file) {
+            // Still empty (v1): it holds no task and does not block its parent (see
+            // `Known::settled_children`), which is narrowed as planned. (An empty v2 cpuset
+            // inherits its parent's: a failure like any other.)
+            return Outcome::RefusedEmpty { error: e, parent };
+        }
+        if step.step != WriteStep::Narrow {
+            return Outcome::Refused {
+                error: e,
+                blocks: None,
+            };
+        }
+        // Its parents cannot be narrowed over it (the kernel would refuse them with EBUSY, and
+        // a re-plan would change nothing): they wait for the next reconcile, and the outcome
+        // says which parent it blocks.
+        self.defer_ancestors(path, file);
+        Outcome::Refused {
+            error: e,
+            blocks: parent,
+        }
+    }
 }
 
 /// Most cgroups [`narrow_unseen_subtree`] visits below one cgroup.
@@ -592,34 +588,34 @@ mod tests {
         make("kubepods/pod/late", "0-3");
         make("kubepods/other/filled", "0-3");
 
-        let index = |p: &str| {
-            scan.cgroups
-                .iter()
-                .position(|c| c.path == CgroupPath::new(p).unwrap())
-                .unwrap()
+        let path = |p: &str| CgroupPath::new(p).unwrap();
+        let write = |p: &str, value: &str| {
+            Step::new(
+                path(p),
+                InterfaceFile::CpusetCpus,
+                value.into(),
+                WriteStep::Narrow,
+            )
         };
-        let write = |p: &str, value: &str| PlannedWrite {
-            cgroup: index(p),
-            path: CgroupPath::new(p).unwrap(),
-            file: InterfaceFile::CpusetCpus,
-            value: value.into(),
-            step: WriteStep::Narrow,
-        };
-        let plan = vec![
+        let plan: WritePlan = vec![
             write("kubepods/pod/planned", "1"),
             write("kubepods/pod", "1"),
             write("kubepods/other", "2"),
             write("kubepods/third", "2"),
             write("kubepods", "1-2"),
-        ];
+        ]
+        .into();
         let parents = crate::planner::parent_indexes(&scan);
-        let report = apply(&hierarchy, &plan, &scan, &parents, NewChildren::NarrowNow);
-        assert_eq!(
-            report.stale,
-            vec![index("kubepods/pod"), index("kubepods/other")]
-        );
-        assert!(report.failed.is_empty());
-        assert_eq!((report.applied, report.skipped), (2, 1));
+        let known = Known::new(&scan, &parents, &[]);
+        let executed = apply(&hierarchy, plan, &known);
+        let stale: Vec<&CgroupPath> = executed
+            .with(|o| matches!(o, Outcome::ChildInTheWay { .. }))
+            .map(|s| &s.path)
+            .collect();
+        assert_eq!(stale, vec![&path("kubepods/pod"), &path("kubepods/other")]);
+        let tally = executed.tally();
+        assert_eq!(tally.failed, 0);
+        assert_eq!((tally.written, tally.skipped), (2, 1));
         let read = |rel: &str| fs::read_to_string(cpuset.join(rel).join("cpuset.cpus")).unwrap();
         assert_eq!(read("kubepods/pod"), "0-3\n");
         assert_eq!(read("kubepods/pod/planned"), "1");
@@ -657,36 +653,34 @@ mod tests {
         let scan = crate::cgroupfs::Scanner::new(hierarchy.clone(), layout.kubepods.clone())
             .scan()
             .unwrap();
-        let index = |p: &str| {
-            scan.cgroups
-                .iter()
-                .position(|c| c.path == CgroupPath::new(p).unwrap())
-                .unwrap()
+        let path = |p: &str| CgroupPath::new(p).unwrap();
+        let write = |p: &str, value: &str, step| {
+            Step::new(path(p), InterfaceFile::CpusetCpus, value.into(), step)
         };
-        let write = |p: &str, value: &str, step| PlannedWrite {
-            cgroup: index(p),
-            path: CgroupPath::new(p).unwrap(),
-            file: InterfaceFile::CpusetCpus,
-            value: value.into(),
-            step,
-        };
-        let plan = vec![
+        let plan: WritePlan = vec![
             write("kubepods/pod/fresh", "1", WriteStep::Widen),
             write("kubepods/pod/ready", "1", WriteStep::Narrow),
             write("kubepods/pod", "1", WriteStep::Narrow),
-        ];
+        ]
+        .into();
         let parents = crate::planner::parent_indexes(&scan);
+        let known = Known::new(&scan, &parents, &[]);
         let read = |rel: &str| fs::read_to_string(cpuset.join(rel).join("cpuset.cpus")).unwrap();
 
-        let report = apply(
+        let executed = execute(
             &hierarchy,
-            &plan,
-            &scan,
-            &parents,
-            NewChildren::LetThemSettle { initialised: &[] },
+            plan.clone(),
+            &known,
+            NewChildren::LetThemSettle,
+            Budget::All,
         );
-        assert_eq!(report.settling, vec![index("kubepods/pod")]);
-        assert_eq!((report.applied, report.skipped), (1, 1));
+        let settling: Vec<&CgroupPath> = executed
+            .with(|o| matches!(o, Outcome::Settling))
+            .map(|s| &s.path)
+            .collect();
+        assert_eq!(settling, vec![&path("kubepods/pod")]);
+        let tally = executed.tally();
+        assert_eq!((tally.written, tally.skipped), (1, 1));
         assert_eq!(read("kubepods/pod/fresh"), "\n", "left to its runtime");
         assert_eq!(read("kubepods/pod/ready"), "1");
         assert_eq!(
@@ -696,9 +690,82 @@ mod tests {
         );
 
         // The one-shot commands set it up themselves and narrow at once.
-        let report = apply(&hierarchy, &plan, &scan, &parents, NewChildren::NarrowNow);
-        assert!(report.is_clean());
+        let executed = apply(&hierarchy, plan, &known);
+        assert!(executed.tally().is_clean());
         assert_eq!(read("kubepods/pod/fresh"), "1");
         assert_eq!(read("kubepods/pod"), "1");
+    }
+
+    #[test]
+    fn a_budget_makes_the_urgent_prefix_and_holds_back_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let cpuset = dir.path().join("cpuset");
+        for rel in ["", "kubepods", "kubepods/a", "kubepods/b"] {
+            fs::create_dir_all(cpuset.join(rel)).unwrap();
+            fs::write(cpuset.join(rel).join("cpuset.cpus"), "0-3\n").unwrap();
+        }
+        fs::create_dir_all(dir.path().join("cpu")).unwrap();
+        let layout = CgroupLayout {
+            version: CgroupVersion::V1,
+            driver: CgroupDriver::Cgroupfs,
+            cpuset_root: cpuset.clone(),
+            cpu_root: dir.path().join("cpu"),
+            kubepods: CgroupPath::new("kubepods").unwrap(),
+        };
+        let hierarchy = Hierarchy::open(&layout).unwrap();
+        let path = |p: &str| CgroupPath::new(p).unwrap();
+        let step = |p: &str| {
+            Step::new(
+                path(p),
+                InterfaceFile::CpusetCpus,
+                "1".into(),
+                WriteStep::Narrow,
+            )
+        };
+        let mut plan: WritePlan = vec![step("kubepods/a"), step("kubepods/b")].into();
+        crate::planner::order::urgent_first(&mut plan, |s| s.path == path("kubepods/b"));
+        assert_eq!(plan.urgent_len(), 1);
+        let known = Known::nothing();
+        let outcomes = |executed: &Executed| -> Vec<(String, bool)> {
+            let done = executed.done.iter();
+            done.map(|d| {
+                (
+                    d.step.path.to_string(),
+                    matches!(d.outcome, Outcome::Written),
+                )
+            })
+            .collect()
+        };
+        let arrived = || true;
+        for budget in [
+            Budget::UrgentOnly,
+            Budget::Yield {
+                after: 0,
+                arrived: &arrived,
+            },
+        ] {
+            let executed = execute(
+                &hierarchy,
+                plan.clone(),
+                &known,
+                NewChildren::NarrowNow,
+                budget,
+            );
+            let expected = vec![
+                ("kubepods/b".to_string(), true),
+                ("kubepods/a".to_string(), false),
+            ];
+            assert_eq!(outcomes(&executed), expected, "{budget:?}");
+            assert_eq!(executed.tally().held_back, 1);
+            assert!(executed.urgent_done.is_some());
+        }
+        let executed = execute(
+            &hierarchy,
+            plan,
+            &known,
+            NewChildren::NarrowNow,
+            Budget::All,
+        );
+        assert_eq!(executed.tally().written, 2);
     }
 }

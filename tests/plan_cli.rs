@@ -288,7 +288,8 @@ fn every_planned_write_is_one_the_v1_kernel_accepts() {
                 for w in planned.writes.iter().filter(|w| w.file == file) {
                     assert_ne!(w.step, WriteStep::LiftQuota);
                     let value = CpuSet::parse(&w.value).unwrap();
-                    if let Err(e) = kernel.write(w.cgroup, &value) {
+                    let node = scan.cgroups.iter().position(|c| c.path == w.path).unwrap();
+                    if let Err(e) = kernel.write(node, &value) {
                         panic!(
                             "{name} reserved {reserved}: the kernel would refuse {}/{} = {}: {e}",
                             w.path,

@@ -792,7 +792,7 @@ fn check_round(
         if planned
             .writes
             .iter()
-            .any(|w| w.cgroup == i && w.step == WriteStep::LiftQuota)
+            .any(|w| w.path == cgroup.path && w.step == WriteStep::LiftQuota)
         {
             if let CpuSettings::V1 { cfs_quota, .. } = &mut cgroup.cpu {
                 *cfs_quota = FileValue::Value(Quota::Unlimited);
@@ -847,7 +847,8 @@ fn replay(scan: &Scan, planned: &Plan) -> Vec<(CpuSet, CpuSet)> {
             _ => continue,
         };
         let value = CpuSet::parse(&write.value).expect("a planned value parses");
-        if let Err(e) = checker.write(write.cgroup, &value) {
+        let node = scan.cgroups.iter().position(|c| c.path == write.path);
+        if let Err(e) = checker.write(node.expect("a planned cgroup is scanned"), &value) {
             panic!(
                 "the kernel would refuse {} {} = {}: {e}\nplan: {:#?}",
                 write.path, write.file, write.value, planned.writes

@@ -43,7 +43,7 @@ use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
 use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment};
 use crate::topology::Topology;
 use crate::watcher::{Arrivals, TreeEvent};
-use crate::writer::{apply_scheduled, NewChildren, Schedule};
+use crate::writer::NewChildren;
 
 use super::hotplug::Hotplug;
 use super::metrics::Metrics;

@@ -16,7 +16,7 @@ use crate::classify::Classification;
 use crate::planner::Plan;
 use crate::state::{AdmissionReason, AssignmentKey};
 use crate::topology::Topology;
-use crate::writer::WriteReport;
+use crate::writer::Tally;
 
 /// How many recent samples the latency summary keeps for its quantiles.
 const SUMMARY_WINDOW: usize = 1024;
@@ -171,7 +171,7 @@ impl Metrics {
     pub fn record_pass(
         &mut self,
         plan: &Plan,
-        report: &WriteReport,
+        report: &Tally,
         topology: &Topology,
         reserved: Option<&crate::cpuset::CpuSet>,
         classes: &[std::sync::Arc<Classification>],
@@ -186,9 +186,9 @@ impl Metrics {
         self.record_names(plan, classes);
     }
 
-    fn record_pass_counts(&mut self, plan: &Plan, report: &WriteReport) {
+    fn record_pass_counts(&mut self, plan: &Plan, report: &Tally) {
         self.passes += 1;
-        self.writes_issued += (report.applied + report.failed.len()) as u64;
+        self.writes_issued += (report.written + report.failed) as u64;
         self.exclusive_cpus = plan.assignments.exclusive_cpus().len() as u64;
         self.exclusive_cpus_missing = plan
             .assignments

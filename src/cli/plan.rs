@@ -11,7 +11,7 @@ use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, PlanConfig, WriteStep};
 use crate::report::{render_table, rows, CgroupRow, InForce};
 use crate::state::Assignments;
-use crate::writer::{apply, NewChildren};
+use crate::writer::apply;
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -138,14 +138,10 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
     }
     let table = rows(&scan, &classes, &planned, &InForce::none());
     let report = apply_writes.then(|| {
-        apply(
-            &node.hierarchy,
-            &planned.writes,
-            &scan,
-            &planned.parents,
-            NewChildren::NarrowNow,
-        )
+        let known = crate::planner::Known::new(&scan, &planned.parents, &[]);
+        apply(&node.hierarchy, planned.writes.clone(), &known)
     });
+    let tally = report.as_ref().map(|r| r.tally());
 
     if json {
         let doc = JsonPlan {
@@ -167,12 +163,12 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
                     step: w.step,
                 })
                 .collect(),
-            applied: report.as_ref().map(|r| JsonApplied {
-                applied: r.applied,
-                gone: r.gone,
-                skipped: r.skipped,
-                failed: r.failed.iter().map(|(_, e)| error_chain(e)).collect(),
-                deferred: r.stale.len(),
+            applied: report.as_ref().zip(tally).map(|(r, t)| JsonApplied {
+                applied: t.written,
+                gone: t.gone,
+                skipped: t.skipped,
+                failed: r.refusals().map(|e| error_chain(e)).collect(),
+                deferred: t.stale,
             }),
         };
         let text = serde_json::to_string_pretty(&doc).map_err(|e| CommandError::failure(&e))?;
@@ -208,28 +204,23 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
                 println!("  {step} {}/{} = {}", w.path, w.file.name(), w.value);
             }
         }
-        if let Some(r) = &report {
+        if let Some(r) = &tally {
             println!(
                 "applied {} write(s); {} skipped (cgroup gone), {} skipped (a write above failed), {} failed, {} deferred (the tree changed since the scan)",
-                r.applied,
-                r.gone,
-                r.skipped,
-                r.failed.len(),
-                r.stale.len()
+                r.written, r.gone, r.skipped, r.failed, r.stale
             );
         }
     }
-    if let Some(r) = &report {
-        for (_, e) in &r.failed {
+    if let (Some(r), Some(t)) = (&report, tally) {
+        for e in r.refusals() {
             eprintln!("cpusetd: {}", error_chain(e));
         }
-        if !r.is_clean() {
+        if !t.is_clean() {
             return Err(CommandError {
                 status: EXIT_FAILURE,
                 message: format!(
                     "{} write(s) failed, {} deferred; the next pass retries them",
-                    r.failed.len(),
-                    r.stale.len()
+                    t.failed, t.stale
                 ),
                 bare: false,
             });

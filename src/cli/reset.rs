@@ -13,8 +13,8 @@ use crate::cgroupfs::{CgroupFs, CgroupPath, CgroupVersion, InterfaceFile};
 use crate::checkpoint::{self, LoadOutcome, StateLock};
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
-use crate::planner::{order_writes, parent_indexes, PlannedWrite, SetNode, WriteStep};
-use crate::writer::{apply, NewChildren};
+use crate::planner::{order_writes, parent_indexes, SetNode, Step, WriteStep};
+use crate::writer::apply;
 
 #[derive(Debug, Args)]
 pub struct ResetArgs {
@@ -107,12 +107,9 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
                 }
             })
             .collect();
-        writes.extend(order_writes(&nodes).into_iter().map(|w| PlannedWrite {
-            cgroup: w.node,
-            path: scan.cgroups[w.node].path.clone(),
-            file,
-            value: w.value.to_string(),
-            step: WriteStep::Widen,
+        writes.extend(order_writes(&nodes).into_iter().map(|w| {
+            let path = scan.cgroups[w.node].path.clone();
+            Step::new(path, file, w.value.to_string(), WriteStep::Widen)
         }));
     }
     // Quotas the agent lifted, back to what they were; interrupt affinities too.
@@ -126,20 +123,15 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
             let Ok(path) = CgroupPath::new(&lifted.cgroup) else {
                 continue;
             };
-            let Some(index) = scan.cgroups.iter().position(|c| c.path == path) else {
+            if !scan.cgroups.iter().any(|c| c.path == path) {
                 continue;
-            };
+            }
             let file = match node.layout.version {
                 CgroupVersion::V1 => InterfaceFile::CpuCfsQuotaUs,
                 CgroupVersion::V2 => InterfaceFile::CpuMax,
             };
-            writes.push(PlannedWrite {
-                cgroup: index,
-                path,
-                file,
-                value: lifted.original.clone(),
-                step: WriteStep::LiftQuota,
-            });
+            let original = lifted.original.clone();
+            writes.push(Step::new(path, file, original, WriteStep::LiftQuota));
             restored += 1;
         }
     }
@@ -157,24 +149,20 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
             }
         }
     }
-    let report = apply(
-        &node.hierarchy,
-        &writes,
-        &scan,
-        &parents,
-        NewChildren::NarrowNow,
-    );
+    let known = crate::planner::Known::new(&scan, &parents, &[]);
+    let executed = apply(&node.hierarchy, writes.into(), &known);
+    let report = executed.tally();
     println!(
         "reset {} cgroup(s) under {} to cpus {} mems {}; {restored} quota(s) restored; {} write(s) applied, {} gone, {} failed",
         scan.cgroups.len(),
         node.layout.kubepods,
         all_cpus,
         all_mems,
-        report.applied,
+        report.written,
         report.gone,
-        report.failed.len()
+        report.failed
     );
-    for (_, e) in &report.failed {
+    for e in executed.refusals() {
         eprintln!("cpusetd: {}", error_chain(e));
     }
     if !report.is_clean() || irq_failed {
@@ -275,14 +263,14 @@ fn quotas_from_runtime_configs(
     node: &mut super::node::NodeView,
     scan: &crate::cgroupfs::Scan,
     parents: &[Option<usize>],
-    writes: &mut Vec<PlannedWrite>,
+    writes: &mut Vec<Step>,
 ) -> usize {
     use crate::cgroupfs::{CgroupVersion, CpuSettings, FileValue, Quota};
     use crate::classify::CgroupKind;
-    let covered: std::collections::HashSet<usize> = writes
+    let covered: std::collections::HashSet<CgroupPath> = writes
         .iter()
         .filter(|w| w.step == WriteStep::LiftQuota)
-        .map(|w| w.cgroup)
+        .map(|w| w.path.clone())
         .collect();
     let runtime = &mut node.runtime;
     let classes = crate::classify::classify_scan(&node.naming, scan, |id| runtime.lookup(id));
@@ -326,23 +314,19 @@ fn quotas_from_runtime_configs(
         };
         let config_period = period.filter(|p| *p > 0).unwrap_or(100_000);
         limit_per_second[i] = Some(quota as f64 * 1e6 / config_period as f64);
-        if covered.contains(&i) {
+        if covered.contains(&scan.cgroups[i].path) {
             continue;
         }
         if let Some(period) = unlimited_period(i) {
             let scaled = (quota as u128 * u128::from(period) / u128::from(config_period)) as u64;
-            writes.push(PlannedWrite {
-                cgroup: i,
-                path: scan.cgroups[i].path.clone(),
-                file,
-                value: value(scaled.max(1000), period),
-                step: WriteStep::LiftQuota,
-            });
+            let path = scan.cgroups[i].path.clone();
+            let value = value(scaled.max(1000), period);
+            writes.push(Step::new(path, file, value, WriteStep::LiftQuota));
             planned += 1;
         }
     }
     for (p, class) in classes.iter().enumerate() {
-        if class.kind != CgroupKind::Pod || covered.contains(&p) {
+        if class.kind != CgroupKind::Pod || covered.contains(&scan.cgroups[p].path) {
             continue;
         }
         let Some(period) = unlimited_period(p) else {
@@ -356,13 +340,13 @@ fn quotas_from_runtime_configs(
             continue;
         };
         let quota = (limits.iter().sum::<f64>() * period as f64 / 1e6).round() as u64;
-        pod_writes.push(PlannedWrite {
-            cgroup: p,
-            path: scan.cgroups[p].path.clone(),
+        let path = scan.cgroups[p].path.clone();
+        pod_writes.push(Step::new(
+            path,
             file,
-            value: value(quota.max(1000), period),
-            step: WriteStep::LiftQuota,
-        });
+            value(quota.max(1000), period),
+            WriteStep::LiftQuota,
+        ));
         planned += 1;
     }
     writes.extend(pod_writes);

@@ -283,7 +283,7 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
         parents,
         assignments: cp.assignments.clone(),
         events: Vec::new(),
-        writes: Vec::new(),
+        writes: Default::default(),
     };
     let effects = recorded_effects(node, &cp.effects);
     let effects_in_force = crate::effects::in_force(&effects);

@@ -8,6 +8,7 @@
 
 pub mod assign;
 pub mod desired;
+pub mod known;
 pub mod order;
 
 use std::borrow::Borrow;
@@ -17,7 +18,10 @@ pub use assign::{
     assign, assign_with, AssignEvent, ContainerDemand, Entitlement, NewCpus, ReleaseReason,
 };
 pub use desired::{desired_tree, parent_indexes, DesiredCgroup, Pools};
-pub use order::{order_writes, NestingChecker, NestingViolation, Phase, SetNode, SetWrite};
+pub use known::Known;
+pub use order::{
+    order_writes, NestingChecker, NestingViolation, Phase, SetNode, SetWrite, WritePlan,
+};
 
 use crate::allocator::{CpuPool, StaticPolicy};
 use crate::cgroupfs::{CgroupPath, CpuSettings, FileValue, InterfaceFile, Quota, Scan};
@@ -65,20 +69,33 @@ pub enum WriteStep {
     RestoreQuota,
 }
 
-/// One write of a plan.
+/// One step of a plan: write `value` to `path`'s `file`. Keyed by path: nothing that crosses
+/// from the planner to the writer and back is an index.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlannedWrite {
-    /// Index of the cgroup in the scan.
-    pub cgroup: usize,
+pub struct Step {
     /// Relative to the controller root that holds `file`.
     pub path: CgroupPath,
     pub file: InterfaceFile,
     pub value: String,
+    /// The phase of the plan the write belongs to.
     pub step: WriteStep,
+    /// Made first, before the rest of the plan ([`WritePlan::urgent_len`]): a pin, a drift
+    /// repair, or a write one of those depends on (see [`order::urgent_first`]).
+    pub urgent: bool,
 }
 
-/// The ordered writes of one pass.
-pub type WritePlan = Vec<PlannedWrite>;
+impl Step {
+    /// A step of phase `step`, not urgent.
+    pub fn new(path: CgroupPath, file: InterfaceFile, value: String, step: WriteStep) -> Step {
+        Step {
+            path,
+            file,
+            value,
+            step,
+            urgent: false,
+        }
+    }
+}
 
 /// Everything one planning pass decided.
 #[derive(Debug, Clone)]
@@ -372,7 +389,7 @@ fn plan_without_policy<C: Borrow<Classification>>(
             parents,
             assignments: Assignments::new(),
             events: Vec::new(),
-            writes: Vec::new(),
+            writes: WritePlan::default(),
         };
     }
     let assignments = Assignments::new();
@@ -440,17 +457,19 @@ fn cpuset_writes(
         }
     }
     let mems = order_writes(&nodes(DesiredCgroup::mems_to_write, |c| &c.mems));
-    let to_write = |w: &SetWrite, file| PlannedWrite {
-        cgroup: w.node,
-        path: scan.cgroups[w.node].path.clone(),
-        file,
-        value: w.value.to_string(),
-        step: match w.phase {
+    let to_write = |w: &SetWrite, file| {
+        let step = match w.phase {
             Phase::Widen => WriteStep::Widen,
             Phase::Narrow => WriteStep::Narrow,
-        },
+        };
+        Step::new(
+            scan.cgroups[w.node].path.clone(),
+            file,
+            w.value.to_string(),
+            step,
+        )
     };
-    let mut plan = Vec::with_capacity(cpus.len() + mems.len());
+    let mut plan = WritePlan::with_capacity(cpus.len() + mems.len());
     for phase in [Phase::Widen, Phase::Narrow] {
         plan.extend(
             cpus.iter()
@@ -512,7 +531,7 @@ pub fn quota_lifted_cgroups<C: Borrow<Classification>>(
 }
 
 fn quota_lifts_of(scan: &Scan, lift: &[bool]) -> WritePlan {
-    let mut plan = Vec::new();
+    let mut plan = WritePlan::default();
     for (i, cgroup) in scan.cgroups.iter().enumerate() {
         if !lift[i] {
             continue;
@@ -533,13 +552,12 @@ fn quota_lifts_of(scan: &Scan, lift: &[bool]) -> WritePlan {
                 ),
             },
         };
-        plan.push(PlannedWrite {
-            cgroup: i,
-            path: cgroup.path.clone(),
+        plan.push(Step::new(
+            cgroup.path.clone(),
             file,
             value,
-            step: WriteStep::LiftQuota,
-        });
+            WriteStep::LiftQuota,
+        ));
     }
     plan
 }

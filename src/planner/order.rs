@@ -6,7 +6,15 @@
 //! then **narrow** bottom-up, writing `desired` where the widened value differs from it. After
 //! every single write, every child is a subset of its parent. Nothing is written where nothing
 //! changes, and an empty set is never written.
+//!
+//! The order the writer makes a plan's [`Step`]s in is decided here too, and only here: plan
+//! order ([`order_writes`] per file, then the quota steps), or the urgent steps first with what
+//! they depend on ([`urgent_first`]). The writer executes a prefix of a [`WritePlan`] as it is.
 
+use std::collections::{HashMap, HashSet};
+
+use super::{Plan, Step, WriteStep};
+use crate::cgroupfs::{CgroupPath, InterfaceFile, Scan};
 use crate::cpuset::CpuSet;
 
 /// Which of the two phases a write belongs to.
@@ -71,6 +79,204 @@ pub fn order_writes(nodes: &[SetNode]) -> Vec<SetWrite> {
         }
     }
     writes
+}
+
+/// The ordered steps of one pass: the first [`WritePlan::urgent_len`] of them are the urgent
+/// ones (with what they depend on), the writer's smallest budget.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WritePlan {
+    steps: Vec<Step>,
+    urgent: usize,
+}
+
+impl WritePlan {
+    pub fn with_capacity(capacity: usize) -> WritePlan {
+        WritePlan {
+            steps: Vec::with_capacity(capacity),
+            urgent: 0,
+        }
+    }
+
+    /// How many of the first steps are urgent.
+    pub fn urgent_len(&self) -> usize {
+        self.urgent
+    }
+
+    /// Appends a step after every other (a valid order stays valid: the step is the last).
+    pub fn push(&mut self, step: Step) {
+        self.steps.push(step);
+    }
+
+    /// Keeps the steps `keep` says, in their order (a subset of a valid order keeps the
+    /// nesting rules when what it leaves out is left out with everything it depends on: the
+    /// caller's promise, see the incremental pass).
+    pub fn retain(&mut self, mut keep: impl FnMut(&Step) -> bool) {
+        self.steps.retain(|s| keep(s));
+        self.urgent = self.steps.iter().take_while(|s| s.urgent).count();
+    }
+
+    /// The steps, in order.
+    pub fn into_steps(self) -> Vec<Step> {
+        self.steps
+    }
+}
+
+impl std::ops::Deref for WritePlan {
+    type Target = [Step];
+    fn deref(&self) -> &[Step] {
+        &self.steps
+    }
+}
+
+impl Extend<Step> for WritePlan {
+    fn extend<I: IntoIterator<Item = Step>>(&mut self, steps: I) {
+        self.steps.extend(steps);
+    }
+}
+
+impl<'p> IntoIterator for &'p WritePlan {
+    type Item = &'p Step;
+    type IntoIter = std::slice::Iter<'p, Step>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.steps.iter()
+    }
+}
+
+impl From<Vec<Step>> for WritePlan {
+    fn from(steps: Vec<Step>) -> WritePlan {
+        WritePlan { steps, urgent: 0 }
+    }
+}
+
+impl IntoIterator for WritePlan {
+    type Item = Step;
+    type IntoIter = std::vec::IntoIter<Step>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.steps.into_iter()
+    }
+}
+
+/// Puts the steps `urgent` names first, with every earlier step of the plan they depend on
+/// (the same file of their own cgroup, its parent or its children, so the v1 nesting rules
+/// hold for them alone), in plan order; then the others, in plan order. That is a valid order
+/// when the plan's is: no other step precedes an urgent one it is related to (it would be
+/// urgent too), so each step still sees its parent and children as the plan's order would have
+/// them. The steps moved first are marked [`Step::urgent`]. Applied again (more urgent steps),
+/// it keeps the order valid for the same reason.
+pub fn urgent_first(plan: &mut WritePlan, urgent: impl Fn(&Step) -> bool) {
+    let marked = urgent_closure(&plan.steps, urgent);
+    let count = marked.iter().filter(|&&m| m).count();
+    if count == 0 {
+        return;
+    }
+    let (mut first, mut rest) = (Vec::with_capacity(count), Vec::new());
+    for (mut step, marked) in std::mem::take(&mut plan.steps).into_iter().zip(marked) {
+        step.urgent = marked;
+        if marked {
+            first.push(step);
+        } else {
+            rest.push(step);
+        }
+    }
+    first.extend(rest);
+    plan.steps = first;
+    plan.urgent = count;
+}
+
+/// Per step, whether it is urgent or an urgent step depends on it (see [`urgent_first`]).
+fn urgent_closure(steps: &[Step], urgent: impl Fn(&Step) -> bool) -> Vec<bool> {
+    let mut marked: Vec<bool> = steps.iter().map(|s| s.urgent || urgent(s)).collect();
+    if !marked.contains(&true) {
+        return marked;
+    }
+    type Key<'a> = (&'a [u8], InterfaceFile);
+    let mut by_cgroup: HashMap<Key<'_>, Vec<usize>> = HashMap::new();
+    let mut by_parent: HashMap<Key<'_>, Vec<usize>> = HashMap::new();
+    for (index, step) in steps.iter().enumerate() {
+        by_cgroup
+            .entry((step.path.as_bytes(), step.file))
+            .or_default()
+            .push(index);
+        if let Some(parent) = step.path.parent_bytes() {
+            by_parent
+                .entry((parent, step.file))
+                .or_default()
+                .push(index);
+        }
+    }
+    // From the last step back: each marked step marks the earlier steps of the same file of
+    // its own cgroup, its parent and its children (those marked later are visited later).
+    for k in (0..steps.len()).rev() {
+        if !marked[k] {
+            continue;
+        }
+        let (path, file) = (steps[k].path.as_bytes(), steps[k].file);
+        let own = by_cgroup.get(&(path, file));
+        let parent = steps[k]
+            .path
+            .parent_bytes()
+            .and_then(|p| by_cgroup.get(&(p, file)));
+        let children = by_parent.get(&(path, file));
+        for &j in [own, parent, children].into_iter().flatten().flatten() {
+            if j < k {
+                marked[j] = true;
+            }
+        }
+    }
+    marked
+}
+
+/// The plan of a drift repair without planning: each drifted cgroup's `cpuset.cpus` back to
+/// the value the last plan gave it, parents first (a foreign narrowing of a parent took its
+/// children along, and they get their cpus back only within it); every step is urgent.
+pub fn repairs(repairs: impl IntoIterator<Item = (CgroupPath, CpuSet)>) -> WritePlan {
+    let mut steps: Vec<Step> = repairs
+        .into_iter()
+        .map(|(path, cpus)| Step {
+            path,
+            file: InterfaceFile::CpusetCpus,
+            value: cpus.to_string(),
+            // Top-down, as a widening is.
+            step: WriteStep::Widen,
+            urgent: true,
+        })
+        .collect();
+    steps.sort_by_key(|s| s.path.depth());
+    let urgent = steps.len();
+    WritePlan { steps, urgent }
+}
+
+impl Plan {
+    /// Per scanned cgroup, whether its steps are urgent: it gets exclusive cpus (a pin), or
+    /// its drift (`drifted`) is repaired. The others (the shared pool's rewrites) may be held
+    /// back while new cgroups arrive. The plan's steps are put in that order
+    /// ([`urgent_first`]).
+    pub fn urgent_first(&mut self, scan: &Scan, drifted: &HashSet<CgroupPath>) -> Vec<bool> {
+        let shared = self.pools.as_ref().map(|p| &p.shared);
+        let urgent: Vec<bool> = scan
+            .cgroups
+            .iter()
+            .zip(&self.desired)
+            .map(|(cgroup, desired)| {
+                let pinned = match (&desired.cpus, shared) {
+                    (Some(cpus), Some(shared)) => !cpus.is_empty() && cpus.is_disjoint(shared),
+                    _ => false,
+                };
+                pinned || (!drifted.is_empty() && drifted.contains(&cgroup.path))
+            })
+            .collect();
+        let paths: HashSet<&CgroupPath> = scan
+            .cgroups
+            .iter()
+            .zip(&urgent)
+            .filter(|(_, &u)| u)
+            .map(|(c, _)| &c.path)
+            .collect();
+        if !paths.is_empty() {
+            urgent_first(&mut self.writes, |s| paths.contains(&s.path));
+        }
+        urgent
+    }
 }
 
 /// Plays cgroup v1's cpuset rules on a tree of values: what a test uses to prove that a write
@@ -310,39 +516,94 @@ mod tests {
             })
     }
 
+    /// A path per node of a tree: `n0`, `n0/n3`, ... (parents come first).
+    fn tree_paths(nodes: &[SetNode]) -> Vec<CgroupPath> {
+        let mut paths: Vec<CgroupPath> = Vec::with_capacity(nodes.len());
+        for (i, n) in nodes.iter().enumerate() {
+            let name = format!("n{i}");
+            paths.push(match n.parent {
+                Some(p) => paths[p].join(std::ffi::OsStr::new(&name)).unwrap(),
+                None => CgroupPath::new(&name).unwrap(),
+            });
+        }
+        paths
+    }
+
+    fn steps_of(writes: &[SetWrite], paths: &[CgroupPath]) -> WritePlan {
+        let steps: Vec<Step> = writes
+            .iter()
+            .map(|w| {
+                let step = match w.phase {
+                    Phase::Widen => WriteStep::Widen,
+                    Phase::Narrow => WriteStep::Narrow,
+                };
+                Step::new(
+                    paths[w.node].clone(),
+                    InterfaceFile::CpusetCpus,
+                    w.value.to_string(),
+                    step,
+                )
+            })
+            .collect();
+        steps.into()
+    }
+
+    /// Every `urgent` step is in the plan's urgent prefix; the prefix alone, then the whole
+    /// plan, are accepted write by write; the whole plan reaches every desired value.
+    fn check_urgent_prefix(
+        nodes: &[SetNode],
+        node_of: &HashMap<&CgroupPath, usize>,
+        plan: &WritePlan,
+        urgent: impl Fn(&Step) -> bool,
+    ) -> Result<(), TestCaseError> {
+        let count = plan.urgent_len();
+        prop_assert!(plan.iter().skip(count).all(|s| !urgent(s) && !s.urgent));
+        prop_assert!(plan.iter().take(count).all(|s| s.urgent));
+        for prefix in [count, plan.len()] {
+            let mut checker = NestingChecker::new(nodes);
+            for s in &plan[..prefix] {
+                let value = CpuSet::parse(&s.value).unwrap();
+                if let Err(e) = checker.write(node_of[&s.path], &value) {
+                    return Err(TestCaseError::fail(format!(
+                        "{e} in {plan:?} (urgent {count})"
+                    )));
+                }
+            }
+            if prefix == plan.len() {
+                for (i, n) in nodes.iter().enumerate() {
+                    let expect = if n.desired.is_empty() {
+                        &n.current
+                    } else {
+                        &n.desired
+                    };
+                    prop_assert_eq!(checker.value(i), expect);
+                }
+            }
+        }
+        Ok(())
+    }
+
     proptest! {
-        /// The writer's schedule (urgent writes and what they depend on first, then the rest)
-        /// keeps every write valid, and so does stopping after the urgent ones or anywhere
-        /// after them.
+        /// The plan's urgent steps first (and what they depend on), then the rest: the whole
+        /// order and its urgent prefix (the writer's smallest budget) keep every write valid,
+        /// and so does marking more steps urgent afterwards (a drift repair after the pins).
         #[test]
-        fn urgent_writes_first_keep_children_within_parents(
+        fn urgent_steps_first_keep_children_within_parents(
             nodes in arb_tree(),
             urgent_bits in any::<u64>(),
+            more_bits in any::<u64>(),
         ) {
-            use crate::cgroupfs::InterfaceFile;
-            let writes = order_writes(&nodes);
-            let keys: Vec<(usize, InterfaceFile)> =
-                writes.iter().map(|w| (w.node, InterfaceFile::CpusetCpus)).collect();
-            let parents: Vec<Option<usize>> = nodes.iter().map(|n| n.parent).collect();
-            let urgent: Vec<bool> = (0..writes.len()).map(|i| urgent_bits & (1 << (i % 64)) != 0).collect();
-            let (order, count) = crate::writer::schedule_order(&keys, &parents, Some(&urgent));
-            prop_assert_eq!(order.len(), writes.len());
-            for (i, &u) in urgent.iter().enumerate() {
-                if u {
-                    prop_assert!(order[..count].contains(&i));
-                }
-            }
-            let mut checker = NestingChecker::new(&nodes);
-            for &index in &order {
-                let w = &writes[index];
-                if let Err(e) = checker.write(w.node, &w.value) {
-                    return Err(TestCaseError::fail(format!("{e} in {order:?} (urgent {count})")));
-                }
-            }
-            for (i, n) in nodes.iter().enumerate() {
-                let expect = if n.desired.is_empty() { &n.current } else { &n.desired };
-                prop_assert_eq!(checker.value(i), expect);
-            }
+            let paths = tree_paths(&nodes);
+            let node_of: HashMap<&CgroupPath, usize> =
+                paths.iter().enumerate().map(|(i, p)| (p, i)).collect();
+            let mut plan = steps_of(&order_writes(&nodes), &paths);
+            let picked = |bits: u64, s: &Step| bits & (1 << (node_of[&s.path] % 64)) != 0;
+            urgent_first(&mut plan, |s| picked(urgent_bits, s));
+            check_urgent_prefix(&nodes, &node_of, &plan, |s| picked(urgent_bits, s))?;
+            urgent_first(&mut plan, |s| picked(more_bits, s));
+            check_urgent_prefix(&nodes, &node_of, &plan, |s| {
+                picked(urgent_bits, s) || picked(more_bits, s)
+            })?;
         }
 
         #[test]

@@ -75,33 +75,30 @@ impl Controller {
         {
             return None;
         }
-        let mut paths: Vec<CgroupPath> = self.since_pass.drifted.iter().cloned().collect();
-        paths.sort_by_key(|p| p.components().count());
+        let mut repairs = Vec::with_capacity(self.since_pass.drifted.len());
+        for path in &self.since_pass.drifted {
+            repairs.push((path.clone(), self.desired(path)?.clone()));
+        }
+        let plan = crate::planner::order::repairs(repairs);
+        let known = crate::planner::Known::nothing();
+        let (new_children, budget) = (NewChildren::NarrowNow, crate::writer::Budget::All);
+        let executed =
+            crate::writer::execute(&self.parts.hierarchy, plan, &known, new_children, budget);
+        self.metrics.writes_issued += executed.done.len() as u64;
+        let written_at = Instant::now();
         let mut outcome = PassOutcome::default();
-        for path in paths {
-            let desired = self.desired(&path)?.to_string();
-            let written =
-                self.parts
-                    .hierarchy
-                    .cpuset
-                    .write(&path, InterfaceFile::CpusetCpus, &desired);
-            self.metrics.writes_issued += 1;
-            if written.is_err() {
-                return None;
-            }
+        for step in executed.written() {
             outcome.writes += 1;
             self.metrics.drift_repairs += 1;
-            self.since_pass.drifted.remove(&path);
-            if let Some(entry) = self.model.get_mut(&path) {
-                entry
-                    .cgroup
-                    .assume_written(InterfaceFile::CpusetCpus, &desired);
+            self.since_pass.drifted.remove(&step.path);
+            if let Some(entry) = self.model.get_mut(&step.path) {
+                entry.cgroup.assume_written(step.file, &step.value);
                 // As new as the write (see `take_written`).
-                entry.updated = Instant::now();
+                entry.updated = written_at;
             }
             self.bump();
         }
-        Some(outcome)
+        (outcome.writes == executed.done.len()).then_some(outcome)
     }
 
     /// Records a foreign change of `path`'s `cpuset.cpus`; whether its repair must wait. More

@@ -292,12 +292,11 @@ impl Controller {
             );
         }
         let chain_paths: HashSet<&CgroupPath> = chain.cgroups.iter().map(|c| &c.path).collect();
-        let in_chain = |w: &crate::planner::PlannedWrite| {
+        let in_chain = |w: &crate::planner::Step| {
             mode.owns(&w.path)
                 || (w.step == crate::planner::WriteStep::Widen && chain_paths.contains(&w.path))
         };
-        let key =
-            |w: &crate::planner::PlannedWrite| (w.path.clone(), w.file, w.value.clone(), w.step);
+        let key = |w: &crate::planner::Step| (w.path.clone(), w.file, w.value.clone(), w.step);
         let mut mine: Vec<_> = planned.writes.iter().map(key).collect();
         let mut theirs: Vec<_> = full
             .writes

@@ -2,7 +2,9 @@
 
 use super::model::for_each_entry;
 use super::*;
-use crate::writer::WriteReport;
+use crate::cgroupfs::{CgroupError, ScannedCgroup};
+use crate::planner::{Known, Step};
+use crate::writer::{execute, Budget, Executed, Outcome, Tally};
 
 impl Controller {
     /// What the planner is given besides the tree.
@@ -27,21 +29,26 @@ impl Controller {
         limits: NodeLimits,
         mode: Mode,
     ) -> (PassOutcome, FollowUp) {
-        let planned = self.plan_pass(&scan, &classes, &limits, &mode);
+        let mut planned = self.plan_pass(&scan, &classes, &limits, &mode);
         self.log_events(&planned.events, &classes);
         if mode.is_full() {
             self.forget_met_pin_failures(&classes, &planned);
         }
-        let urgent = self.urgent_cgroups(&scan, &planned);
         let drifted = std::mem::take(&mut self.since_pass.drifted);
-        let report = self.write(now, &scan, &planned, &urgent, &mode);
+        // Urgent steps first where the writes may be held back (see `write`).
+        let urgent = if self.arrivals.is_some() && mode.is_full() {
+            planned.urgent_first(&scan, &drifted)
+        } else {
+            Vec::new()
+        };
+        let executed = self.write(now, &scan, &mut planned, &mode);
         let written_at = Instant::now();
-        self.count_repairs(&drifted, &planned, &report);
-        self.say_write_failures(&scan, &report);
-        let vanished = self.take_written(written_at, &scan, &planned, &report, &mode);
-        let urgent_done = report.urgent_done.unwrap_or(written_at);
+        self.count_repairs(&drifted, &executed);
+        self.say_write_failures(&executed);
+        let vanished = self.take_written(written_at, &scan, &planned, &executed, &mode);
+        let urgent_done = executed.urgent_done.unwrap_or(written_at);
         self.track_pins(&scan, &classes, |i| {
-            if urgent[i] {
+            if urgent.get(i) == Some(&true) {
                 urgent_done
             } else {
                 written_at
@@ -51,19 +58,16 @@ impl Controller {
             self.track_settings_wait(&scan, &classes, now);
         }
         self.count_containers(&scan, &classes, &mode);
-        let mut outcome = self.record_pass(planned, &report, &classes, &mode);
+        let mut outcome = self.record_pass(planned, &executed, &classes, &mode);
         self.count_cpu_shared();
         // The checkpoint keeps the refusals `status` shows.
         outcome.assignments_changed |= std::mem::take(&mut self.said.refusals_changed);
-        let paths = |indexes: &[usize]| -> Vec<CgroupPath> {
-            indexes
-                .iter()
-                .map(|&i| scan.cgroups[i].path.clone())
-                .collect()
+        let paths = |pick: fn(&Outcome) -> bool| -> Vec<CgroupPath> {
+            executed.with(pick).map(|s| s.path.clone()).collect()
         };
         let follow_up = FollowUp {
-            stale: paths(&report.stale),
-            settling: paths(&report.settling),
+            stale: paths(|o| matches!(o, Outcome::ChildInTheWay { .. })),
+            settling: paths(|o| matches!(o, Outcome::Settling)),
             vanished,
         };
         (outcome, follow_up)
@@ -134,13 +138,12 @@ impl Controller {
                 _ => continue,
             };
             if !lifted[i] {
-                planned.writes.push(crate::planner::PlannedWrite {
-                    cgroup: i,
-                    path: cgroup.path.clone(),
+                planned.writes.push(Step::new(
+                    cgroup.path.clone(),
                     file,
-                    value: original.clone(),
-                    step: WriteStep::RestoreQuota,
-                });
+                    original.clone(),
+                    WriteStep::RestoreQuota,
+                ));
             }
         }
     }
@@ -168,86 +171,48 @@ impl Controller {
             .retain_pod_rejections(|uid| planned.assignments.rejection(uid).is_some());
     }
 
-    /// Per scanned cgroup, whether its writes are urgent: it gets exclusive cpus (a pin), or
-    /// its drift is repaired. The others (the shared pool's rewrites) may be held back while
-    /// new cgroups arrive.
-    fn urgent_cgroups(&self, scan: &Scan, planned: &Plan) -> Vec<bool> {
-        let shared = planned.pools.as_ref().map(|p| &p.shared);
-        scan.cgroups
-            .iter()
-            .zip(&planned.desired)
-            .map(|(cgroup, desired)| {
-                let pinned = match (&desired.cpus, shared) {
-                    (Some(cpus), Some(shared)) => !cpus.is_empty() && cpus.is_disjoint(shared),
-                    _ => false,
-                };
-                pinned
-                    || (!self.since_pass.drifted.is_empty()
-                        && self.since_pass.drifted.contains(&cgroup.path))
-            })
-            .collect()
-    }
-
-    /// Makes the plan's writes: every one in plan order, or, in a full pass of an agent that
-    /// watches arrivals, the urgent ones first and the rest held back while cgroups arrive or
-    /// preempted by a new arrival (see [`Schedule`]).
-    fn write(
-        &mut self,
-        now: Instant,
-        scan: &Scan,
-        planned: &Plan,
-        urgent_cgroup: &[bool],
-        mode: &Mode,
-    ) -> WriteReport {
-        let urgent: Vec<bool> = planned
-            .writes
-            .iter()
-            .map(|w| urgent_cgroup.get(w.cgroup).copied().unwrap_or(false))
-            .collect();
+    /// Makes a prefix of the plan's steps: every one, or, in a full pass of an agent that
+    /// watches arrivals, the urgent ones and the rest held back while cgroups arrive or until a
+    /// new arrival (see [`Budget`]). The plan's steps move into what it returns.
+    fn write(&mut self, now: Instant, scan: &Scan, planned: &mut Plan, mode: &Mode) -> Executed {
         let bursting = self.deadlines.burst.bursting(now);
         let overdue = self.deadlines.held_back.overdue(now);
         // What arrived before now is planned from already, or waits for the next pass.
         let arrivals = self.arrivals.clone();
         arrivals.iter().for_each(Arrivals::forget);
-        let preempt = move || arrivals.as_ref().is_some_and(Arrivals::arrived);
-        let schedule = if self.arrivals.is_some() && mode.is_full() {
-            Schedule {
-                urgent: Some(&urgent),
-                urgent_only: bursting && !overdue,
-                preempt: Some(&preempt),
-                preempt_after: if overdue { Burst::MIN_PROGRESS } else { 0 },
-            }
-        } else {
-            Schedule::default()
+        let arrived = move || arrivals.as_ref().is_some_and(Arrivals::arrived);
+        let budget = match (
+            self.arrivals.is_some() && mode.is_full(),
+            bursting && !overdue,
+        ) {
+            (false, _) => Budget::All,
+            (true, true) => Budget::UrgentOnly,
+            (true, false) => Budget::Yield {
+                after: if overdue { Burst::MIN_PROGRESS } else { 0 },
+                arrived: &arrived,
+            },
         };
         self.remember_quotas(scan, planned);
         let initialised = self.initialised(scan, now);
-        let new_children = match self.parts.hierarchy.version {
-            CgroupVersion::V1 => NewChildren::LetThemSettle {
-                initialised: &initialised,
-            },
-            CgroupVersion::V2 => NewChildren::NarrowNow,
+        let (new_children, initialised) = match self.parts.hierarchy.version {
+            CgroupVersion::V1 => (NewChildren::LetThemSettle, &initialised[..]),
+            CgroupVersion::V2 => (NewChildren::NarrowNow, &[][..]),
         };
-        let report = apply_scheduled(
-            &self.parts.hierarchy,
-            &planned.writes,
-            scan,
-            &planned.parents,
-            new_children,
-            schedule,
-        );
-        self.owe_held_back(now, &report, mode);
-        report
+        let known = Known::new(scan, &planned.parents, initialised);
+        let plan = std::mem::take(&mut planned.writes);
+        let executed = execute(&self.parts.hierarchy, plan, &known, new_children, budget);
+        self.owe_held_back(now, executed.tally().held_back, mode);
+        executed
     }
 
     /// Writes held back are owed: made once cgroups stop arriving, or at the limit. A full
     /// pass that held nothing back paid them (an incremental pass holds nothing back, and
     /// leaves what a full one held back to that one's flush).
-    fn owe_held_back(&mut self, now: Instant, report: &WriteReport, mode: &Mode) {
-        if report.held_back > 0 {
+    fn owe_held_back(&mut self, now: Instant, held_back: usize, mode: &Mode) {
+        if held_back > 0 {
             let quiet = self.deadlines.burst.quiet_at(now);
             self.deadlines.held_back.owe(now, quiet);
-            self.metrics.writes_held_back += report.held_back as u64;
+            self.metrics.writes_held_back += held_back as u64;
         } else if mode.is_full() {
             self.deadlines.held_back.paid();
         }
@@ -255,16 +220,9 @@ impl Controller {
 
     /// Drift repaired: a cgroup whose value changed behind the agent's back and that a write
     /// made by this pass rewrote (a refused write repairs nothing).
-    fn count_repairs(
-        &mut self,
-        drifted: &HashSet<CgroupPath>,
-        planned: &Plan,
-        report: &WriteReport,
-    ) {
-        let repaired: HashSet<&CgroupPath> = report
-            .applied_writes
-            .iter()
-            .map(|&i| &planned.writes[i])
+    fn count_repairs(&mut self, drifted: &HashSet<CgroupPath>, executed: &Executed) {
+        let repaired: HashSet<&CgroupPath> = executed
+            .written()
             .filter(|w| matches!(w.step, WriteStep::Widen | WriteStep::Narrow))
             .filter(|w| drifted.contains(&w.path))
             .map(|w| &w.path)
@@ -275,50 +233,75 @@ impl Controller {
     /// Counts the writes that failed and says each failure once; a narrowing the kernel
     /// refused because a child holds more is a race with a runtime, re-planned at once:
     /// counted as a retry and said once, not an error.
-    fn say_write_failures(&mut self, scan: &Scan, report: &WriteReport) {
-        for (write, error) in &report.failed {
-            let errno = error.errno().unwrap_or(0);
-            *self.metrics.write_errors.entry(errno).or_default() += 1;
-            if let Some((parent, _)) = report.refused_empty.iter().find(|(_, w)| w == write) {
-                // Said once per cgroup (its cpus and mems fail alike).
-                if self
-                    .metrics
-                    .first_failure(&write.path, InterfaceFile::CpusetCpus, errno)
-                {
-                    log::warn!(
-                        "{}: cg={} is empty, so no task runs in it and its parent {} is \
-                         narrowed past it; make it writable by root without capabilities \
-                         (chown it to root) or remove it; retried at each reconcile",
-                        error_chain(error),
-                        write.path,
-                        scan.cgroups[*parent].path,
-                    );
+    fn say_write_failures(&mut self, executed: &Executed) {
+        let mut refused_empty: HashSet<&CgroupPath> = HashSet::new();
+        for done in &executed.done {
+            let write = &done.step;
+            match &done.outcome {
+                Outcome::RefusedEmpty {
+                    error,
+                    parent: Some(parent),
+                } => {
+                    self.say_refused_empty(write, error, parent);
+                    refused_empty.insert(&write.path);
                 }
-                continue;
-            }
-            if self.metrics.first_failure(&write.path, write.file, errno) {
-                log::warn!("{}", error_chain(error));
-                if let Some((parent, _)) = report.blocked.iter().find(|(_, w)| w == write) {
-                    log::warn!(
-                        "cg={} cannot be narrowed while its child {} holds more and cannot be \
-                         written: make {} writable by root without capabilities (chown it to \
-                         root) or remove it if it is empty; retried at each reconcile",
-                        scan.cgroups[*parent].path,
-                        write.path,
-                        write.path
-                    );
+                Outcome::RefusedEmpty { error, .. } => self.say_refused(write, error, None),
+                Outcome::Refused { error, blocks } => {
+                    self.metrics.narrowings_blocked += u64::from(blocks.is_some());
+                    self.say_refused(write, error, blocks.as_ref());
                 }
+                Outcome::ChildInTheWay {
+                    refused: Some(error),
+                    ..
+                } => {
+                    let errno = error.errno().unwrap_or(0);
+                    *self.metrics.write_retries.entry(errno).or_default() += 1;
+                    if self.metrics.first_failure(&write.path, write.file, errno) {
+                        log::info!("{} (a child holds more: re-planning)", error_chain(error));
+                    }
+                }
+                _ => {}
             }
         }
-        let refused_empty: HashSet<&CgroupPath> =
-            report.refused_empty.iter().map(|(_, w)| &w.path).collect();
-        self.metrics.narrowings_blocked += (report.blocked.len() + refused_empty.len()) as u64;
-        for (write, error) in &report.refused_stale {
-            let errno = error.errno().unwrap_or(0);
-            *self.metrics.write_retries.entry(errno).or_default() += 1;
-            if self.metrics.first_failure(&write.path, write.file, errno) {
-                log::info!("{} (a child holds more: re-planning)", error_chain(error));
-            }
+        self.metrics.narrowings_blocked += refused_empty.len() as u64;
+    }
+
+    /// A write the kernel refused, counted and said once; `blocks`: the parent whose narrowing
+    /// waits for it.
+    fn say_refused(&mut self, write: &Step, error: &CgroupError, blocks: Option<&CgroupPath>) {
+        let errno = error.errno().unwrap_or(0);
+        *self.metrics.write_errors.entry(errno).or_default() += 1;
+        if !self.metrics.first_failure(&write.path, write.file, errno) {
+            return;
+        }
+        log::warn!("{}", error_chain(error));
+        if let Some(parent) = blocks {
+            log::warn!(
+                "cg={parent} cannot be narrowed while its child {} holds more and cannot be \
+                 written: make {} writable by root without capabilities (chown it to \
+                 root) or remove it if it is empty; retried at each reconcile",
+                write.path,
+                write.path
+            );
+        }
+    }
+
+    /// A write refused to an empty cgroup (v1) that its `parent` is narrowed past: counted,
+    /// and said once per cgroup (its cpus and mems fail alike).
+    fn say_refused_empty(&mut self, write: &Step, error: &CgroupError, parent: &CgroupPath) {
+        let errno = error.errno().unwrap_or(0);
+        *self.metrics.write_errors.entry(errno).or_default() += 1;
+        if self
+            .metrics
+            .first_failure(&write.path, InterfaceFile::CpusetCpus, errno)
+        {
+            log::warn!(
+                "{}: cg={} is empty, so no task runs in it and its parent {parent} is \
+                 narrowed past it; make it writable by root without capabilities \
+                 (chown it to root) or remove it; retried at each reconcile",
+                error_chain(error),
+                write.path,
+            );
         }
     }
 
@@ -335,7 +318,7 @@ impl Controller {
         written_at: Instant,
         scan: &Scan,
         planned: &Plan,
-        report: &WriteReport,
+        executed: &Executed,
         mode: &Mode,
     ) -> bool {
         let mut desired = planned.desired.iter();
@@ -345,11 +328,10 @@ impl Controller {
                 entry.desired.clone_from(wanted);
             }
         });
-        if !report.applied_writes.is_empty() {
+        if executed.written().next().is_some() {
             self.bump();
         }
-        for &index in &report.applied_writes {
-            let write = &planned.writes[index];
+        for write in executed.written() {
             if let Some(entry) = self.model.get_mut(&write.path) {
                 entry.cgroup.assume_written(write.file, &write.value);
                 entry.updated = written_at;
@@ -363,8 +345,8 @@ impl Controller {
             }
         }
         let mut vanished = false;
-        for &index in &report.gone_cgroups {
-            vanished |= self.remove_subtree(&scan.cgroups[index].path);
+        for gone in executed.with(|o| matches!(o, Outcome::Gone)) {
+            vanished |= self.remove_subtree(&gone.path);
         }
         vanished
     }
@@ -404,19 +386,20 @@ impl Controller {
     fn record_pass(
         &mut self,
         planned: Plan,
-        report: &WriteReport,
+        executed: &Executed,
         classes: &[Class],
         mode: &Mode,
     ) -> PassOutcome {
-        self.forget_restored_quotas(&planned, report);
+        self.forget_restored_quotas(executed);
         let changed = planned.assignments != self.parts.assignments
-            || planned
-                .writes
+            || executed
+                .done
                 .iter()
-                .any(|w| matches!(w.step, WriteStep::LiftQuota | WriteStep::RestoreQuota));
+                .any(|d| matches!(d.step.step, WriteStep::LiftQuota | WriteStep::RestoreQuota));
+        let report: Tally = executed.tally();
         let reserved = self.parts.policy.as_ref().map(|p| p.reserved());
         self.metrics
-            .record_pass(&planned, report, &self.parts.topology, reserved, classes);
+            .record_pass(&planned, &report, &self.parts.topology, reserved, classes);
         let unmet = planned.events.iter().any(|e| {
             matches!(
                 e,
@@ -460,15 +443,14 @@ impl Controller {
         self.last_pass.planned = true;
         PassOutcome {
             assignments_changed: changed,
-            writes: report.applied,
-            failed_writes: report.failed.len(),
+            writes: report.written,
+            failed_writes: report.failed,
         }
     }
 
     /// A quota put back has nothing left to restore.
-    fn forget_restored_quotas(&mut self, planned: &Plan, report: &WriteReport) {
-        for &i in &report.applied_writes {
-            let write = &planned.writes[i];
+    fn forget_restored_quotas(&mut self, executed: &Executed) {
+        for write in executed.written() {
             if write.step == WriteStep::RestoreQuota {
                 self.parts.quota_lifted.remove(&write.path);
             }
@@ -493,12 +475,18 @@ impl Controller {
             };
             !quota_set
         });
-        for w in planned
+        let lifts = planned
             .writes
             .iter()
-            .filter(|w| w.step == WriteStep::LiftQuota)
-        {
-            let original = match &scan.cgroups[w.cgroup].cpu {
+            .filter(|w| w.step == WriteStep::LiftQuota);
+        let mut scanned: Option<HashMap<&CgroupPath, &ScannedCgroup>> = None;
+        for w in lifts {
+            let scanned =
+                scanned.get_or_insert_with(|| scan.cgroups.iter().map(|c| (&c.path, c)).collect());
+            let Some(cgroup) = scanned.get(&w.path) else {
+                continue;
+            };
+            let original = match &cgroup.cpu {
                 CpuSettings::V1 {
                     cfs_quota: FileValue::Value(Quota::Micros(us)),
                     ..
