@@ -432,6 +432,42 @@ impl Scanner {
         })
     }
 
+    /// The CPU settings of the cgroup at `path` as a group (v1 shares, quota and period; v2
+    /// `cpu.max` and `cpu.weight`), each file's problem noted as for a full read.
+    fn read_cpu_settings(&mut self, path: &CgroupPath) -> CpuSettings {
+        let cpu_fs = self.hierarchy.cpu.clone();
+        match self.hierarchy.version {
+            CgroupVersion::V1 => {
+                let shares = cpu_fs.read(path, InterfaceFile::CpuShares);
+                let quota = cpu_fs.read(path, InterfaceFile::CpuCfsQuotaUs);
+                let period = cpu_fs.read(path, InterfaceFile::CpuCfsPeriodUs);
+                CpuSettings::V1 {
+                    shares: self.value(path, InterfaceFile::CpuShares, shares, parse_shares),
+                    cfs_quota: self.value(
+                        path,
+                        InterfaceFile::CpuCfsQuotaUs,
+                        quota,
+                        parse_cfs_quota,
+                    ),
+                    cfs_period_us: self.value(
+                        path,
+                        InterfaceFile::CpuCfsPeriodUs,
+                        period,
+                        parse_cfs_period,
+                    ),
+                }
+            }
+            CgroupVersion::V2 => {
+                let max = cpu_fs.read(path, InterfaceFile::CpuMax);
+                let weight = cpu_fs.read(path, InterfaceFile::CpuWeight);
+                CpuSettings::V2 {
+                    max: self.value(path, InterfaceFile::CpuMax, max, parse_cpu_max),
+                    weight: self.value(path, InterfaceFile::CpuWeight, weight, parse_weight),
+                }
+            }
+        }
+    }
+
     /// Re-reads, in place, what a modification of `file` can have changed: `cpuset.cpus` or
     /// `cpuset.mems` alone (one `openat2` of the file; the effective cpus, which nothing is
     /// planned from, keep the value of the last full read), or the CPU settings as a group
@@ -441,9 +477,7 @@ impl Scanner {
     /// as [`Self::read_cgroup`] does.
     pub fn refresh(&mut self, cgroup: &mut ScannedCgroup, file: InterfaceFile) -> bool {
         let path = cgroup.path.clone();
-        let version = self.hierarchy.version;
         let cpuset = self.hierarchy.cpuset.clone();
-        let cpu_fs = self.hierarchy.cpu.clone();
         match file {
             InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems => {
                 let read = cpuset.read_file(&path, file);
@@ -468,46 +502,7 @@ impl Scanner {
                     log::debug!("cg={path} vanished during the scan");
                     return false;
                 }
-                cgroup.cpu = match version {
-                    CgroupVersion::V1 => {
-                        let shares = cpu_fs.read(&path, InterfaceFile::CpuShares);
-                        let quota = cpu_fs.read(&path, InterfaceFile::CpuCfsQuotaUs);
-                        let period = cpu_fs.read(&path, InterfaceFile::CpuCfsPeriodUs);
-                        CpuSettings::V1 {
-                            shares: self.value(
-                                &path,
-                                InterfaceFile::CpuShares,
-                                shares,
-                                parse_shares,
-                            ),
-                            cfs_quota: self.value(
-                                &path,
-                                InterfaceFile::CpuCfsQuotaUs,
-                                quota,
-                                parse_cfs_quota,
-                            ),
-                            cfs_period_us: self.value(
-                                &path,
-                                InterfaceFile::CpuCfsPeriodUs,
-                                period,
-                                parse_cfs_period,
-                            ),
-                        }
-                    }
-                    CgroupVersion::V2 => {
-                        let max = cpu_fs.read(&path, InterfaceFile::CpuMax);
-                        let weight = cpu_fs.read(&path, InterfaceFile::CpuWeight);
-                        CpuSettings::V2 {
-                            max: self.value(&path, InterfaceFile::CpuMax, max, parse_cpu_max),
-                            weight: self.value(
-                                &path,
-                                InterfaceFile::CpuWeight,
-                                weight,
-                                parse_weight,
-                            ),
-                        }
-                    }
-                };
+                cgroup.cpu = self.read_cpu_settings(&path);
                 true
             }
             _ => match self.read_cgroup(&path) {
