@@ -7,12 +7,12 @@
 
 pub mod agent;
 pub mod allocator;
-pub mod bounded;
+pub(crate) mod bounded;
 pub mod cgroupfs;
 pub mod checkpoint;
 pub mod classify;
 pub mod cli;
-pub mod cpu_power;
+pub(crate) mod cpu_power;
 pub mod cpuset;
 pub mod devices;
 pub(crate) mod effects;
@@ -25,10 +25,10 @@ pub mod logging;
 pub mod planner;
 pub mod podresources;
 pub(crate) mod projection;
-pub mod report;
+pub(crate) mod report;
 pub mod runtime;
 pub mod sched_balance;
 pub mod state;
 pub mod topology;
 pub mod watcher;
-pub mod writer;
+pub(crate) mod writer;

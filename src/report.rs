@@ -1,6 +1,9 @@
 //! What `plan`, `status` and `demo` show of the tree: one row per container, sandbox or other
 //! non-structural cgroup, with its class, request, current and desired sets, as a table or JSON.
 
+// The crate's 60-line function limit (clippy.toml), tests aside.
+#![deny(clippy::too_many_lines)]
+
 use std::fmt::Write;
 
 use serde::Serialize;
@@ -10,7 +13,7 @@ use crate::classify::{CgroupKind, Classification, Exclusivity};
 use crate::cpuset::CpuSet;
 use crate::devices::{describe_all, ContainerDevice};
 use crate::planner::{AssignEvent, Plan};
-use crate::state::Refusals;
+use crate::state::{AssignmentKey, ExclusiveAssignment, Refusals};
 
 /// One cgroup as an operator sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -186,6 +189,167 @@ fn is_a_no(entry: &str) -> bool {
         .any(|no| entry.starts_with(no))
 }
 
+/// Why the container's exclusive cpus were refused: the plan's own decision (`plan`), else the
+/// agent's, as its checkpoint keeps it; with the number of cpus asked for.
+fn failure_of(key: &AssignmentKey, plan: &Plan, in_force: &InForce<'_>) -> Option<(usize, String)> {
+    plan.events
+        .iter()
+        .find_map(|e| match e {
+            AssignEvent::Failed {
+                key: fk,
+                requested,
+                error,
+            } if fk == key => Some((*requested, error.to_string())),
+            AssignEvent::Short {
+                key: fk,
+                wanted,
+                error,
+                ..
+            } if fk == key => Some((*wanted, error.to_string())),
+            _ => None,
+        })
+        .or_else(|| {
+            in_force
+                .refused
+                .get(key)
+                .map(|r| (r.requested, r.reason.clone()))
+        })
+}
+
+/// What a row says of its exclusive cpus: held, refused (and why), or why it is shared.
+fn assignment_note(class: &Classification, plan: &Plan, in_force: &InForce<'_>) -> String {
+    let key = class.assignment_key();
+    let assigned = key.as_ref().and_then(|k| plan.assignments.get(k));
+    let failure = key.as_ref().and_then(|k| failure_of(k, plan, in_force));
+    // kubelet would reject the pod: said on each of its rows that would be exclusive.
+    let rejection = class
+        .pod_uid
+        .as_deref()
+        .and_then(|uid| plan.assignments.rejection(uid));
+    match (&class.kind, assigned, failure, &class.exclusivity) {
+        _ if plan.pools.is_none() => "not managed (policy none)".to_string(),
+        (_, None, _, Exclusivity::Exclusive { .. }) if rejection.is_some() => {
+            let r = rejection.expect("checked");
+            format!(
+                "shared: pod rejected {} ({}, container {}): {}",
+                r.reason.rejected_as(),
+                r.reason,
+                r.container,
+                r.message
+            )
+        }
+        (_, Some(held), failure, _) if held.wanted.is_some() => format!(
+            "exclusive, {} of {} cpus (the others went offline or out of reach){}",
+            held.cpus.len(),
+            held.entitled(),
+            failure.map(|(_, e)| format!(": {e}")).unwrap_or_default()
+        ),
+        (_, Some(held), _, _) => match held.adopted {
+            Some(how) => format!("exclusive, {how}"),
+            None => "exclusive".to_string(),
+        },
+        (_, None, Some((requested, error)), _) => {
+            format!("shared: {requested} exclusive cpus refused: {error}")
+        }
+        (CgroupKind::Unknown { reason }, ..) => format!("unknown: {reason}"),
+        (CgroupKind::ContainerChild, ..) => "inside its container's set".to_string(),
+        (_, None, None, Exclusivity::Shared { reason }) => format!("shared: {reason}"),
+        (_, None, None, Exclusivity::Exclusive { cpus }) => {
+            format!("shared: {cpus} exclusive cpus not given yet")
+        }
+        _ => "shared".to_string(),
+    }
+}
+
+/// The cpus interrupts are to be kept off (all but the first core with housekeeping).
+fn irq_banned(
+    held: &ExclusiveAssignment,
+    class: &Classification,
+    in_force: &InForce<'_>,
+) -> CpuSet {
+    match in_force.topology {
+        Some(topo) if class.isolation.irq_housekeeping => {
+            held.cpus.difference(&topo.housekeeping_cpus(&held.cpus))
+        }
+        None if class.isolation.irq_housekeeping => held.cpus.iter().skip(1).collect::<CpuSet>(),
+        _ => held.cpus.clone(),
+    }
+}
+
+/// The isolations in force for a container holding exclusive cpus, as `status` names them.
+fn isolation_in_force(
+    class: &Classification,
+    assigned: Option<&ExclusiveAssignment>,
+    in_force: &InForce<'_>,
+) -> Vec<&'static str> {
+    let mut isolation = Vec::new();
+    if let Some(held) = assigned {
+        if class.isolation.no_cpu_quota {
+            isolation.push("cpu-quota");
+        }
+        if class.isolation.no_load_balancing && held.cpus.is_subset(in_force.sched) {
+            isolation.push("cpu-load-balancing");
+        }
+        let irq_banned = irq_banned(held, class, in_force);
+        if class.isolation.no_irqs && irq_banned.is_subset(in_force.irq) {
+            isolation.push(if class.isolation.irq_housekeeping {
+                "irq-load-balancing (housekeeping)"
+            } else {
+                "irq-load-balancing"
+            });
+        }
+    }
+    isolation
+}
+
+/// `note` with what of the pod's requests is not in force (load balancing, interrupts), the
+/// shared pool beside its own cpus (`cpu-shared.crio.io`) and its devices.
+fn effect_notes(
+    note: String,
+    class: &Classification,
+    assigned: Option<&ExclusiveAssignment>,
+    now: Option<&CpuSet>,
+    in_force: &InForce<'_>,
+) -> String {
+    let note = match assigned {
+        Some(held) if class.isolation.no_load_balancing && !held.cpus.is_subset(in_force.sched) => {
+            format!(
+                "{note}; cpu-load-balancing.crio.io not in force: {}",
+                in_force.sched_not_in_force.unwrap_or("not applied yet")
+            )
+        }
+        Some(held)
+            if class.isolation.no_irqs
+                && !irq_banned(held, class, in_force).is_subset(in_force.irq) =>
+        {
+            format!(
+                "{note}; irq-load-balancing.crio.io not in force: an interrupt affinity \
+                 read back still has its cpus, or none was read back yet (see the agent log)"
+            )
+        }
+        _ => note,
+    };
+    let note = match (assigned, now) {
+        // In force as read back: the cgroup holds more than its own cpus.
+        (Some(held), Some(now)) if class.cpu_shared && held.cpus.is_subset(now) => {
+            if now.len() > held.cpus.len() {
+                format!(
+                    "{note}; cpu-shared.crio.io: {} own + shared pool",
+                    held.cpus
+                )
+            } else {
+                format!("{note}; cpu-shared.crio.io: not in force yet")
+            }
+        }
+        _ => note,
+    };
+    if assigned.is_some() && !class.devices.is_empty() {
+        format!("{note}; devices {}", describe_all(&class.devices))
+    } else {
+        note
+    }
+}
+
 /// Rows for every cgroup that is not the root, a QoS directory or a pod.
 pub fn rows(
     scan: &Scan,
@@ -203,95 +367,9 @@ pub fn rows(
         }
         let key = class.assignment_key();
         let assigned = key.as_ref().and_then(|k| plan.assignments.get(k));
-        // The plan's own decision (`plan`), else the agent's, as its checkpoint keeps it.
-        let failure = key.as_ref().and_then(|k| {
-            plan.events
-                .iter()
-                .find_map(|e| match e {
-                    AssignEvent::Failed {
-                        key: fk,
-                        requested,
-                        error,
-                    } if fk == k => Some((*requested, error.to_string())),
-                    AssignEvent::Short {
-                        key: fk,
-                        wanted,
-                        error,
-                        ..
-                    } if fk == k => Some((*wanted, error.to_string())),
-                    _ => None,
-                })
-                .or_else(|| {
-                    in_force
-                        .refused
-                        .get(k)
-                        .map(|r| (r.requested, r.reason.clone()))
-                })
-        });
-        // kubelet would reject the pod: said on each of its rows that would be exclusive.
-        let rejection = class
-            .pod_uid
-            .as_deref()
-            .and_then(|uid| plan.assignments.rejection(uid));
-        let note = match (&class.kind, assigned, failure, &class.exclusivity) {
-            _ if plan.pools.is_none() => "not managed (policy none)".to_string(),
-            (_, None, _, Exclusivity::Exclusive { .. }) if rejection.is_some() => {
-                let r = rejection.expect("checked");
-                format!(
-                    "shared: pod rejected {} ({}, container {}): {}",
-                    r.reason.rejected_as(),
-                    r.reason,
-                    r.container,
-                    r.message
-                )
-            }
-            (_, Some(held), failure, _) if held.wanted.is_some() => format!(
-                "exclusive, {} of {} cpus (the others went offline or out of reach){}",
-                held.cpus.len(),
-                held.entitled(),
-                failure.map(|(_, e)| format!(": {e}")).unwrap_or_default()
-            ),
-            (_, Some(held), _, _) => match held.adopted {
-                Some(how) => format!("exclusive, {how}"),
-                None => "exclusive".to_string(),
-            },
-            (_, None, Some((requested, error)), _) => {
-                format!("shared: {requested} exclusive cpus refused: {error}")
-            }
-            (CgroupKind::Unknown { reason }, ..) => format!("unknown: {reason}"),
-            (CgroupKind::ContainerChild, ..) => "inside its container's set".to_string(),
-            (_, None, None, Exclusivity::Shared { reason }) => format!("shared: {reason}"),
-            (_, None, None, Exclusivity::Exclusive { cpus }) => {
-                format!("shared: {cpus} exclusive cpus not given yet")
-            }
-            _ => "shared".to_string(),
-        };
-        let mut isolation = Vec::new();
-        // The cpus interrupts are to be kept off (all but the first core with housekeeping).
-        let irq_banned = assigned.map(|held| match in_force.topology {
-            Some(topo) if class.isolation.irq_housekeeping => {
-                held.cpus.difference(&topo.housekeeping_cpus(&held.cpus))
-            }
-            None if class.isolation.irq_housekeeping => {
-                held.cpus.iter().skip(1).collect::<CpuSet>()
-            }
-            _ => held.cpus.clone(),
-        });
+        let note = assignment_note(class, plan, in_force);
+        let mut isolation = isolation_in_force(class, assigned, in_force);
         if let Some(held) = assigned {
-            if class.isolation.no_cpu_quota {
-                isolation.push("cpu-quota");
-            }
-            if class.isolation.no_load_balancing && held.cpus.is_subset(in_force.sched) {
-                isolation.push("cpu-load-balancing");
-            }
-            let irq_banned = irq_banned.as_ref().expect("assigned");
-            if class.isolation.no_irqs && irq_banned.is_subset(in_force.irq) {
-                isolation.push(if class.isolation.irq_housekeeping {
-                    "irq-load-balancing (housekeeping)"
-                } else {
-                    "irq-load-balancing"
-                });
-            }
             isolation.extend(also_in_force(
                 class,
                 &held.cpus,
@@ -300,47 +378,7 @@ pub fn rows(
             ));
         }
         let note = power_note(note, class, assigned.map(|h| &h.cpus), in_force);
-        let note = match assigned {
-            Some(held)
-                if class.isolation.no_load_balancing && !held.cpus.is_subset(in_force.sched) =>
-            {
-                format!(
-                    "{note}; cpu-load-balancing.crio.io not in force: {}",
-                    in_force.sched_not_in_force.unwrap_or("not applied yet")
-                )
-            }
-            Some(_)
-                if class.isolation.no_irqs
-                    && !irq_banned
-                        .as_ref()
-                        .is_some_and(|b| b.is_subset(in_force.irq)) =>
-            {
-                format!(
-                    "{note}; irq-load-balancing.crio.io not in force: an interrupt affinity \
-                     read back still has its cpus, or none was read back yet (see the agent log)"
-                )
-            }
-            _ => note,
-        };
-        let note = match (assigned, cgroup.cpus.value()) {
-            // In force as read back: the cgroup holds more than its own cpus.
-            (Some(held), Some(now)) if class.cpu_shared && held.cpus.is_subset(now) => {
-                if now.len() > held.cpus.len() {
-                    format!(
-                        "{note}; cpu-shared.crio.io: {} own + shared pool",
-                        held.cpus
-                    )
-                } else {
-                    format!("{note}; cpu-shared.crio.io: not in force yet")
-                }
-            }
-            _ => note,
-        };
-        let note = if assigned.is_some() && !class.devices.is_empty() {
-            format!("{note}; devices {}", describe_all(&class.devices))
-        } else {
-            note
-        };
+        let note = effect_notes(note, class, assigned, cgroup.cpus.value(), in_force);
         rows.push(CgroupRow {
             path: cgroup.relative.to_string(),
             kind: class.kind.to_string(),

@@ -13,7 +13,7 @@ mod fs;
 mod layout;
 mod path;
 mod scan;
-pub mod values;
+pub(crate) mod values;
 
 pub use fs::{CgroupError, CgroupFs, DirEntry, FileKind, InterfaceFile, Refusal, MAX_READ_BYTES};
 pub use layout::{

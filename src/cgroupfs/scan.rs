@@ -432,6 +432,42 @@ impl Scanner {
         })
     }
 
+    /// The CPU settings of the cgroup at `path` as a group (v1 shares, quota and period; v2
+    /// `cpu.max` and `cpu.weight`), each file's problem noted as for a full read.
+    fn read_cpu_settings(&mut self, path: &CgroupPath) -> CpuSettings {
+        let cpu_fs = self.hierarchy.cpu.clone();
+        match self.hierarchy.version {
+            CgroupVersion::V1 => {
+                let shares = cpu_fs.read(path, InterfaceFile::CpuShares);
+                let quota = cpu_fs.read(path, InterfaceFile::CpuCfsQuotaUs);
+                let period = cpu_fs.read(path, InterfaceFile::CpuCfsPeriodUs);
+                CpuSettings::V1 {
+                    shares: self.value(path, InterfaceFile::CpuShares, shares, parse_shares),
+                    cfs_quota: self.value(
+                        path,
+                        InterfaceFile::CpuCfsQuotaUs,
+                        quota,
+                        parse_cfs_quota,
+                    ),
+                    cfs_period_us: self.value(
+                        path,
+                        InterfaceFile::CpuCfsPeriodUs,
+                        period,
+                        parse_cfs_period,
+                    ),
+                }
+            }
+            CgroupVersion::V2 => {
+                let max = cpu_fs.read(path, InterfaceFile::CpuMax);
+                let weight = cpu_fs.read(path, InterfaceFile::CpuWeight);
+                CpuSettings::V2 {
+                    max: self.value(path, InterfaceFile::CpuMax, max, parse_cpu_max),
+                    weight: self.value(path, InterfaceFile::CpuWeight, weight, parse_weight),
+                }
+            }
+        }
+    }
+
     /// Re-reads, in place, what a modification of `file` can have changed: `cpuset.cpus` or
     /// `cpuset.mems` alone (one `openat2` of the file; the effective cpus, which nothing is
     /// planned from, keep the value of the last full read), or the CPU settings as a group
@@ -441,9 +477,7 @@ impl Scanner {
     /// as [`Self::read_cgroup`] does.
     pub fn refresh(&mut self, cgroup: &mut ScannedCgroup, file: InterfaceFile) -> bool {
         let path = cgroup.path.clone();
-        let version = self.hierarchy.version;
         let cpuset = self.hierarchy.cpuset.clone();
-        let cpu_fs = self.hierarchy.cpu.clone();
         match file {
             InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems => {
                 let read = cpuset.read_file(&path, file);
@@ -468,46 +502,7 @@ impl Scanner {
                     log::debug!("cg={path} vanished during the scan");
                     return false;
                 }
-                cgroup.cpu = match version {
-                    CgroupVersion::V1 => {
-                        let shares = cpu_fs.read(&path, InterfaceFile::CpuShares);
-                        let quota = cpu_fs.read(&path, InterfaceFile::CpuCfsQuotaUs);
-                        let period = cpu_fs.read(&path, InterfaceFile::CpuCfsPeriodUs);
-                        CpuSettings::V1 {
-                            shares: self.value(
-                                &path,
-                                InterfaceFile::CpuShares,
-                                shares,
-                                parse_shares,
-                            ),
-                            cfs_quota: self.value(
-                                &path,
-                                InterfaceFile::CpuCfsQuotaUs,
-                                quota,
-                                parse_cfs_quota,
-                            ),
-                            cfs_period_us: self.value(
-                                &path,
-                                InterfaceFile::CpuCfsPeriodUs,
-                                period,
-                                parse_cfs_period,
-                            ),
-                        }
-                    }
-                    CgroupVersion::V2 => {
-                        let max = cpu_fs.read(&path, InterfaceFile::CpuMax);
-                        let weight = cpu_fs.read(&path, InterfaceFile::CpuWeight);
-                        CpuSettings::V2 {
-                            max: self.value(&path, InterfaceFile::CpuMax, max, parse_cpu_max),
-                            weight: self.value(
-                                &path,
-                                InterfaceFile::CpuWeight,
-                                weight,
-                                parse_weight,
-                            ),
-                        }
-                    }
-                };
+                cgroup.cpu = self.read_cpu_settings(&path);
                 true
             }
             _ => match self.read_cgroup(&path) {
@@ -668,6 +663,56 @@ impl Scanner {
         }
     }
 
+    /// The v1 cpu controller's settings of the cgroup at `path`, read through one open of its
+    /// directory (through `parent`'s when that is open and the cgroup has no children, as
+    /// `listing` says), which is returned for the children.
+    fn read_cpu_v1(
+        &mut self,
+        path: &CgroupPath,
+        parent: Option<&OpenDirs>,
+        listing: &ListResult,
+    ) -> (CpuSettings, Option<OwnedFd>) {
+        let cpu_fs = self.hierarchy.cpu.clone();
+        let parent_cpu = parent.and_then(|p| p.cpu.as_ref());
+        // A cgroup without children needs no open cpu directory of its own: its files
+        // are opened through its parent's.
+        let leaf = listing.as_ref().is_ok_and(|l| {
+            l.others
+                .iter()
+                .all(|(_, kind)| *kind != FileKind::Directory)
+        });
+        let cpu_dir = match parent_cpu {
+            Some(_) if leaf => Ok(None),
+            Some(parent) => cpu_fs.open_child_dir(parent, path).map(Some),
+            None => cpu_fs.open_dir(path).map(Some),
+        };
+        let read = |file| match (&cpu_dir, parent_cpu) {
+            (Ok(Some(cpu_dir)), _) => cpu_fs.read_beneath(FileAt::Dir(cpu_dir), path, file, false),
+            (Ok(None), Some(parent)) => {
+                cpu_fs.read_beneath(FileAt::Parent(parent), path, file, false)
+            }
+            (Err(err), _) if err.is_gone() => Err(CgroupError::Read {
+                path: cpu_fs.file_path(path, file),
+                source: std::io::Error::from_raw_os_error(nix::errno::Errno::ENOENT as i32),
+            }),
+            _ => cpu_fs.read(path, file),
+        };
+        let shares = read(InterfaceFile::CpuShares);
+        let quota = read(InterfaceFile::CpuCfsQuotaUs);
+        let period = read(InterfaceFile::CpuCfsPeriodUs);
+        let cpu = CpuSettings::V1 {
+            shares: self.value(path, InterfaceFile::CpuShares, shares, parse_shares),
+            cfs_quota: self.value(path, InterfaceFile::CpuCfsQuotaUs, quota, parse_cfs_quota),
+            cfs_period_us: self.value(
+                path,
+                InterfaceFile::CpuCfsPeriodUs,
+                period,
+                parse_cfs_period,
+            ),
+        };
+        (cpu, cpu_dir.ok().flatten())
+    }
+
     /// Reads the values of one cgroup whose cpuset directory is open as `dir` and listed as
     /// `listing`; `None` when it vanished. On v1 the cpu controller's files are read through
     /// one open of its directory (through `parent`'s when that is open), which is returned for
@@ -696,54 +741,7 @@ impl Scanner {
         let read = self.read_cpuset_file(path, dir, listing, effective_file);
         let effective_cpus = self.value(path, effective_file, read, parse_cpuset);
         let (cpu, cpu_dir) = match self.hierarchy.version {
-            CgroupVersion::V1 => {
-                let cpu_fs = self.hierarchy.cpu.clone();
-                let parent_cpu = parent.and_then(|p| p.cpu.as_ref());
-                // A cgroup without children needs no open cpu directory of its own: its files
-                // are opened through its parent's.
-                let leaf = listing.as_ref().is_ok_and(|l| {
-                    l.others
-                        .iter()
-                        .all(|(_, kind)| *kind != FileKind::Directory)
-                });
-                let cpu_dir = match parent_cpu {
-                    Some(_) if leaf => Ok(None),
-                    Some(parent) => cpu_fs.open_child_dir(parent, path).map(Some),
-                    None => cpu_fs.open_dir(path).map(Some),
-                };
-                let read = |file| match (&cpu_dir, parent_cpu) {
-                    (Ok(Some(cpu_dir)), _) => {
-                        cpu_fs.read_beneath(FileAt::Dir(cpu_dir), path, file, false)
-                    }
-                    (Ok(None), Some(parent)) => {
-                        cpu_fs.read_beneath(FileAt::Parent(parent), path, file, false)
-                    }
-                    (Err(err), _) if err.is_gone() => Err(CgroupError::Read {
-                        path: cpu_fs.file_path(path, file),
-                        source: std::io::Error::from_raw_os_error(nix::errno::Errno::ENOENT as i32),
-                    }),
-                    _ => cpu_fs.read(path, file),
-                };
-                let shares = read(InterfaceFile::CpuShares);
-                let quota = read(InterfaceFile::CpuCfsQuotaUs);
-                let period = read(InterfaceFile::CpuCfsPeriodUs);
-                let cpu = CpuSettings::V1 {
-                    shares: self.value(path, InterfaceFile::CpuShares, shares, parse_shares),
-                    cfs_quota: self.value(
-                        path,
-                        InterfaceFile::CpuCfsQuotaUs,
-                        quota,
-                        parse_cfs_quota,
-                    ),
-                    cfs_period_us: self.value(
-                        path,
-                        InterfaceFile::CpuCfsPeriodUs,
-                        period,
-                        parse_cfs_period,
-                    ),
-                };
-                (cpu, cpu_dir.ok().flatten())
-            }
+            CgroupVersion::V1 => self.read_cpu_v1(path, parent, listing),
             CgroupVersion::V2 => {
                 let max = self.read_cpuset_file(path, dir, listing, InterfaceFile::CpuMax);
                 let weight = self.read_cpuset_file(path, dir, listing, InterfaceFile::CpuWeight);

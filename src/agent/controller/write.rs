@@ -260,6 +260,12 @@ impl Controller {
                         log::info!("{} (a child holds more: re-planning)", error_chain(error));
                     }
                 }
+                Outcome::ChildInTheWay {
+                    child: Some(child), ..
+                } => log::debug!(
+                    "cg={} not narrowed yet: {child}, which this pass did not plan, holds more",
+                    write.path
+                ),
                 _ => {}
             }
         }
