@@ -49,10 +49,25 @@ fn run(args: &[String]) -> std::process::Output {
     cpusetd(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
+/// `cpusetd plan --json` with the fake kernel's rules on, as the agents of these tests run: on
+/// v2 it keeps the effective sets a kernel keeps, so cgroups are left to inherit as on a real
+/// cgroup2 mount.
 fn plan_json(root: &Path, extra: &[&str]) -> serde_json::Value {
+    plan_json_env(root, extra, Some("1"))
+}
+
+/// `cpusetd plan --json`, the fake kernel's rules set to `rules` (`None`: a plain tmpfs tree,
+/// which no kernel keeps).
+fn plan_json_env(root: &Path, extra: &[&str], rules: Option<&str>) -> serde_json::Value {
     let mut e = vec!["--json"];
     e.extend_from_slice(extra);
-    let out = run(&plan_args(root, &e));
+    let mut command = cpusetd_command();
+    command.args(plan_args(root, &e));
+    match rules {
+        Some(v) => command.env("CPUSETD_FAKE_KERNEL_RULES", v),
+        None => command.env_remove("CPUSETD_FAKE_KERNEL_RULES"),
+    };
+    let out = command.output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     serde_json::from_str(&stdout(&out)).unwrap()
 }
@@ -676,5 +691,32 @@ fn v2_shared_containers_follow_their_qos_cgroup_and_are_not_written() {
             assert_eq!(is_written, name.starts_with("v1"), "{name}: {path}");
             assert_eq!(row["desired"], pool, "{name}: {path}");
         }
+    }
+}
+
+/// A v2 tree no kernel keeps (tmpfs, as `cpusetd demo` in a release build): nothing there
+/// makes an empty cpuset follow its parent, so every shared container is written, as on v1.
+#[test]
+fn v2_shared_containers_are_written_where_no_kernel_keeps_effective_sets() {
+    let name = "v2-cgroupfs";
+    let dir = fake_tree(name);
+    let doc = plan_json_env(&dir.path().join(name), &[], None);
+    let written: Vec<&str> = doc["writes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["file"] == "cpuset.cpus")
+        .map(|w| w["path"].as_str().unwrap())
+        .collect();
+    let shared: Vec<String> = doc["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["qos"] == "BestEffort" || c["qos"] == "Burstable")
+        .map(|c| format!("kubepods/{}", c["path"].as_str().unwrap()))
+        .collect();
+    assert!(!shared.is_empty());
+    for path in &shared {
+        assert!(written.contains(&path.as_str()), "{path} in {written:?}");
     }
 }

@@ -713,6 +713,7 @@ fn scan_of(
         });
     }
     Scan {
+        inherits: false,
         version: CgroupVersion::V1,
         kubepods: CgroupPath::new("kubepods").unwrap(),
         cgroups,

@@ -60,6 +60,12 @@ pub(crate) fn enable_for_test(root: &std::path::Path) {
     TEST_ROOTS.lock().unwrap().push(root.to_path_buf());
 }
 
+/// The rules are on for `fs`: its v2 effective sets are kept as the kernel keeps them
+/// ([`after_write`]).
+pub(crate) fn models_effective_sets(fs: &CgroupFs) -> bool {
+    enabled_for(fs)
+}
+
 fn enabled_for(fs: &CgroupFs) -> bool {
     #[cfg(test)]
     if TEST_ROOTS.lock().unwrap().iter().any(|r| r == fs.root()) {

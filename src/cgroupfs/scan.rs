@@ -140,6 +140,10 @@ pub struct Scan {
     pub version: CgroupVersion,
     pub kubepods: CgroupPath,
     pub cgroups: Vec<ScannedCgroup>,
+    /// cgroup v2 under a kernel that keeps `cpuset.cpus.effective` (see
+    /// [`keeps_effective_sets`]): a child whose `cpuset.cpus` is empty follows its parent, and
+    /// the planner leaves such a child empty where that gives it what it should have.
+    pub inherits: bool,
     pub skipped: Vec<SkippedEntry>,
     /// False when [`MAX_SCAN_CGROUPS`] was reached and the rest of the tree was not scanned
     /// (or when the scan is an incremental pass's part of the model).
@@ -293,11 +297,30 @@ pub struct Scanner {
     kubepods: CgroupPath,
     problems: LogOnce,
     max_cgroups: usize,
+    /// See [`Scan::inherits`].
+    inherits: bool,
+}
+
+/// Whether a kernel keeps the cpuset hierarchy's effective sets: a real cgroup v2 mount, or
+/// (debug builds) a fake tree under the fake kernel's rules, which model them. A plain tmpfs
+/// tree (`cpusetd demo` in a release build, benches) has no kernel to make an empty cpuset
+/// follow its parent, so every cgroup there is written as on v1.
+pub fn keeps_effective_sets(hierarchy: &Hierarchy) -> bool {
+    use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC};
+    if hierarchy.version != CgroupVersion::V2 {
+        return false;
+    }
+    #[cfg(debug_assertions)]
+    if super::fake_kernel::models_effective_sets(&hierarchy.cpuset) {
+        return true;
+    }
+    statfs(hierarchy.cpuset.root()).is_ok_and(|st| st.filesystem_type() == CGROUP2_SUPER_MAGIC)
 }
 
 impl Scanner {
     pub fn new(hierarchy: Hierarchy, kubepods: CgroupPath) -> Scanner {
         Scanner {
+            inherits: keeps_effective_sets(&hierarchy),
             hierarchy,
             kubepods,
             problems: LogOnce::new(),
@@ -307,6 +330,11 @@ impl Scanner {
 
     /// The same scanner stopping after `max` cgroups instead of [`MAX_SCAN_CGROUPS`] (tests
     /// of what an incomplete scan may and may not do, without 65,536 directories).
+    /// See [`Scan::inherits`].
+    pub fn inherits(&self) -> bool {
+        self.inherits
+    }
+
     pub fn with_max_cgroups(mut self, max: usize) -> Scanner {
         self.max_cgroups = max;
         self
@@ -520,6 +548,7 @@ impl Scanner {
             version: self.hierarchy.version,
             kubepods: self.kubepods.clone(),
             cgroups: Vec::new(),
+            inherits: self.inherits,
             skipped: Vec::new(),
             complete: true,
             truncated: false,

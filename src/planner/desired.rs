@@ -26,7 +26,7 @@
 use std::borrow::Borrow;
 use std::collections::HashMap;
 
-use crate::cgroupfs::{CgroupVersion, FileValue, Scan};
+use crate::cgroupfs::{FileValue, Scan};
 use crate::classify::{CgroupKind, Classification, UnknownReason};
 use crate::cpuset::CpuSet;
 use crate::state::Assignments;
@@ -135,7 +135,7 @@ pub fn desired_tree<C: Borrow<Classification>>(
             mems_inherited: false,
         })
         .collect();
-    if scan.version == CgroupVersion::V2 {
+    if scan.inherits {
         mark_inherited(scan, classes, parents, &mut desired);
     }
     desired

@@ -112,6 +112,7 @@ impl Controller {
         let scan = Scan {
             version: self.parts.hierarchy.version,
             kubepods: self.parts.scanner.kubepods().clone(),
+            inherits: self.parts.scanner.inherits(),
             cgroups: paths
                 .iter()
                 .filter_map(|p| self.model.get(p).map(|e| e.cgroup.clone()))

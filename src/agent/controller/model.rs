@@ -486,6 +486,7 @@ impl Controller {
         Scan {
             version: self.parts.hierarchy.version,
             kubepods: self.parts.scanner.kubepods().clone(),
+            inherits: self.parts.scanner.inherits(),
             cgroups: self.model.values().map(|e| e.cgroup.clone()).collect(),
             skipped: Vec::new(),
             complete: self.model.complete,
