@@ -1093,6 +1093,7 @@ fn balanced_cpus(tree: &BTreeMap<CgroupPath, Node>) -> (CpuSet, Vec<(CgroupPath,
     (balanced, by)
 }
 
+#[allow(clippy::too_many_lines)]
 #[cfg(test)]
 mod tests {
     use super::*;

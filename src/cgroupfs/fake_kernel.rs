@@ -459,6 +459,7 @@ pub(crate) fn settle_partitions(fs: &CgroupFs) {
     }
 }
 
+#[allow(clippy::too_many_lines)]
 #[cfg(test)]
 mod tests {
     use super::*;
