@@ -28,9 +28,6 @@
 //! only affects the label, since such a container never has a whole CPU. Malformed names
 //! classify as unknown with a reason; nothing here panics on input.
 
-// The crate's 60-line function limit (clippy.toml), tests aside.
-#![deny(clippy::too_many_lines)]
-
 use std::fmt;
 
 use crate::cgroupfs::{

@@ -164,6 +164,60 @@ impl Irqbalance {
         }
     }
 
+    /// The daemon to talk to: the one told before while its socket is there, else the one
+    /// running with a socket. Without one, what to report (a daemon without a socket is
+    /// reported as lasting only when seen so twice in a row).
+    fn daemon_to_tell(
+        &mut self,
+        saved: Option<&IrqbalanceSaved>,
+    ) -> Result<Daemon, IrqbalanceOutcome> {
+        let daemon = match saved {
+            Some(told) => {
+                let socket = self.socket_dir.join(format!("{DAEMON}{}.sock", told.pid));
+                fs::symlink_metadata(&socket).is_ok().then_some(Daemon {
+                    pid: told.pid,
+                    started: told
+                        .started
+                        .or_else(|| start_time(&self.proc_root, told.pid)),
+                    socket,
+                })
+            }
+            None => find_daemon(&self.proc_root, &self.socket_dir),
+        };
+        let Some(daemon) = daemon else {
+            let running = running_pid(&self.proc_root);
+            let seen_before = running.is_some() && self.without_socket == running;
+            self.without_socket = running;
+            return Err(match running {
+                Some(pid) if seen_before => IrqbalanceOutcome::NoSocket { pid },
+                Some(pid) => IrqbalanceOutcome::NoSocketYet { pid },
+                None => IrqbalanceOutcome::NotRunning,
+            });
+        };
+        self.without_socket = None;
+        Ok(daemon)
+    }
+
+    /// Nothing to keep free any more: the daemon gets back the ban it had before.
+    fn restore_original(
+        &mut self,
+        daemon: &Daemon,
+        saved: &mut Option<IrqbalanceSaved>,
+    ) -> IrqbalanceOutcome {
+        let pid = daemon.pid;
+        let original = saved
+            .as_ref()
+            .map(|s| s.original.clone())
+            .unwrap_or_default();
+        match self.exchange(&daemon.socket, ban_command(&original)) {
+            Ok(_) => {
+                *saved = None;
+                IrqbalanceOutcome::Restored { pid, original }
+            }
+            Err(error) => IrqbalanceOutcome::Failed { pid, error },
+        }
+    }
+
     /// Makes the daemon ban its own CPUs plus `keep_free` (empty: only its own, and only if
     /// the agent told it something). `saved` is what was told before; updated.
     pub fn apply(
@@ -185,43 +239,13 @@ impl Irqbalance {
                 }
             }
         }
-        let daemon = match saved.as_ref() {
-            Some(told) => {
-                let socket = self.socket_dir.join(format!("{DAEMON}{}.sock", told.pid));
-                fs::symlink_metadata(&socket).is_ok().then_some(Daemon {
-                    pid: told.pid,
-                    started: told
-                        .started
-                        .or_else(|| start_time(&self.proc_root, told.pid)),
-                    socket,
-                })
-            }
-            None => find_daemon(&self.proc_root, &self.socket_dir),
+        let daemon = match self.daemon_to_tell(saved.as_ref()) {
+            Ok(daemon) => daemon,
+            Err(outcome) => return outcome,
         };
-        let Some(daemon) = daemon else {
-            let running = running_pid(&self.proc_root);
-            let seen_before = running.is_some() && self.without_socket == running;
-            self.without_socket = running;
-            return match running {
-                Some(pid) if seen_before => IrqbalanceOutcome::NoSocket { pid },
-                Some(pid) => IrqbalanceOutcome::NoSocketYet { pid },
-                None => IrqbalanceOutcome::NotRunning,
-            };
-        };
-        self.without_socket = None;
         let pid = daemon.pid;
         if keep_free.is_empty() {
-            let original = saved
-                .as_ref()
-                .map(|s| s.original.clone())
-                .unwrap_or_default();
-            return match self.exchange(&daemon.socket, ban_command(&original)) {
-                Ok(_) => {
-                    *saved = None;
-                    IrqbalanceOutcome::Restored { pid, original }
-                }
-                Err(error) => IrqbalanceOutcome::Failed { pid, error },
-            };
+            return self.restore_original(&daemon, saved);
         }
         let original = match saved.as_ref() {
             Some(told) => told.original.clone(),

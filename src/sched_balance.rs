@@ -562,15 +562,11 @@ impl SchedBalance {
 
     fn apply_v2_once(&mut self, wanted: &[(CgroupPath, CpuSet)]) -> SchedOutcome {
         let mut outcome = SchedOutcome::default();
-        let exclusive = InterfaceFile::CpusetCpusExclusive;
         let partition = InterfaceFile::CpusetCpusPartition;
-        let read = |path: &CgroupPath, file: InterfaceFile| {
-            self.fs.read(path, file).ok().map(|t| t.trim().to_string())
-        };
         // A container whose cgroup is gone asks for nothing (see `apply`).
         let wanted: Vec<(CgroupPath, CpuSet)> = wanted
             .iter()
-            .filter(|(path, _)| read(path, partition).is_some())
+            .filter(|(path, _)| self.read_trimmed(path, partition).is_some())
             .cloned()
             .collect();
         let wanted = wanted.as_slice();
@@ -582,100 +578,13 @@ impl SchedBalance {
                 target.entry(at).or_default().extend_from(cpus);
             }
         }
-        let wanted_paths: BTreeSet<&CgroupPath> = wanted.iter().map(|(p, _)| p).collect();
-        // Partitions no longer wanted go back first: a partition root holds its exclusive CPUs.
-        for (key, original) in self.saved.partitions.clone() {
-            let Ok(path) = CgroupPath::new(&key) else {
-                self.saved.partitions.remove(&key);
-                continue;
-            };
-            if wanted_paths.contains(&path) {
-                continue;
-            }
-            if read(&path, partition).is_none() {
-                self.saved.partitions.remove(&key);
-                continue;
-            }
-            match self.write(&path, partition, &original) {
-                Ok(()) => {
-                    outcome.written += 1;
-                    self.saved.partitions.remove(&key);
-                }
-                Err(e) => note(&mut outcome, e),
-            }
-        }
-        // Exclusive CPUs: what is wanted, else what was there before.
-        let mut paths: BTreeSet<CgroupPath> = target.keys().cloned().collect();
-        paths.extend(
-            self.saved
-                .exclusive
-                .keys()
-                .filter_map(|k| CgroupPath::new(k).ok()),
-        );
-        let mut plan: Vec<(CgroupPath, String, CpuSet, CpuSet)> = Vec::new();
-        for path in paths {
-            let key = key(&path);
-            let Some(text) = read(&path, exclusive) else {
-                self.saved.exclusive.remove(&key);
-                if target.contains_key(&path) {
-                    note(
-                        &mut outcome,
-                        format!("{}: no {exclusive}", self.fs.host_path(&path).display()),
-                    );
-                }
-                continue;
-            };
-            let current = CpuSet::parse(&text).unwrap_or_default();
-            let desired = match target.get(&path) {
-                Some(cpus) => cpus.clone(),
-                None => CpuSet::parse(self.saved.exclusive.get(&key).map_or("", |s| s))
-                    .unwrap_or_default(),
-            };
-            plan.push((path, text, current, desired));
-        }
-        // Narrowing children first, then widening parents first (each within its parent's).
-        plan.sort_by_key(|(p, ..)| std::cmp::Reverse(p.depth()));
-        for (path, text, current, desired) in &mut plan {
-            let narrowed = current.intersection(desired);
-            if narrowed != *current {
-                match self.write_exclusive(path, &narrowed) {
-                    Ok(()) => {
-                        outcome.written += 1;
-                        self.saved
-                            .exclusive
-                            .entry(key(path))
-                            .or_insert(text.clone());
-                        *current = narrowed;
-                    }
-                    Err(e) => note(&mut outcome, e),
-                }
-            }
-        }
-        plan.reverse();
-        for (path, text, current, desired) in &plan {
-            if current != desired {
-                match self.write_exclusive(path, desired) {
-                    Ok(()) => {
-                        outcome.written += 1;
-                        self.saved
-                            .exclusive
-                            .entry(key(path))
-                            .or_insert(text.clone());
-                    }
-                    Err(e) => {
-                        note(&mut outcome, e);
-                        continue;
-                    }
-                }
-            }
-            if !target.contains_key(path) {
-                self.saved.exclusive.remove(&key(path));
-            }
-        }
+        self.release_unwanted_partitions(wanted, &mut outcome);
+        let mut plan = self.plan_exclusive(&target, &mut outcome);
+        self.write_exclusive_plan(&mut plan, &target, &mut outcome);
         // Then the partitions. One the kernel shows as isolated, valid or not, is not written
         // again (an invalid one is undone by `apply_v2`).
         for (path, _) in wanted {
-            let Some(current) = read(path, partition) else {
+            let Some(current) = self.read_trimmed(path, partition) else {
                 continue;
             };
             if current.starts_with("isolated") {
@@ -692,6 +601,127 @@ impl SchedBalance {
         outcome
     }
 
+    /// One interface file's text, trimmed; `None` where it cannot be read (gone).
+    fn read_trimmed(&self, path: &CgroupPath, file: InterfaceFile) -> Option<String> {
+        self.fs.read(path, file).ok().map(|t| t.trim().to_string())
+    }
+
+    /// Partitions no longer wanted go back first: a partition root holds its exclusive CPUs.
+    fn release_unwanted_partitions(
+        &mut self,
+        wanted: &[(CgroupPath, CpuSet)],
+        outcome: &mut SchedOutcome,
+    ) {
+        let partition = InterfaceFile::CpusetCpusPartition;
+        let wanted_paths: BTreeSet<&CgroupPath> = wanted.iter().map(|(p, _)| p).collect();
+        for (key, original) in self.saved.partitions.clone() {
+            let Ok(path) = CgroupPath::new(&key) else {
+                self.saved.partitions.remove(&key);
+                continue;
+            };
+            if wanted_paths.contains(&path) {
+                continue;
+            }
+            if self.read_trimmed(&path, partition).is_none() {
+                self.saved.partitions.remove(&key);
+                continue;
+            }
+            match self.write(&path, partition, &original) {
+                Ok(()) => {
+                    outcome.written += 1;
+                    self.saved.partitions.remove(&key);
+                }
+                Err(e) => note(outcome, e),
+            }
+        }
+    }
+
+    /// Exclusive CPUs: what is wanted, else what was there before. Each cgroup concerned as
+    /// (cgroup, its text now, its cpus now, its cpus wanted).
+    fn plan_exclusive(
+        &mut self,
+        target: &BTreeMap<CgroupPath, CpuSet>,
+        outcome: &mut SchedOutcome,
+    ) -> Vec<(CgroupPath, String, CpuSet, CpuSet)> {
+        let exclusive = InterfaceFile::CpusetCpusExclusive;
+        let mut paths: BTreeSet<CgroupPath> = target.keys().cloned().collect();
+        paths.extend(
+            self.saved
+                .exclusive
+                .keys()
+                .filter_map(|k| CgroupPath::new(k).ok()),
+        );
+        let mut plan: Vec<(CgroupPath, String, CpuSet, CpuSet)> = Vec::new();
+        for path in paths {
+            let key = key(&path);
+            let Some(text) = self.read_trimmed(&path, exclusive) else {
+                self.saved.exclusive.remove(&key);
+                if target.contains_key(&path) {
+                    note(
+                        outcome,
+                        format!("{}: no {exclusive}", self.fs.host_path(&path).display()),
+                    );
+                }
+                continue;
+            };
+            let current = CpuSet::parse(&text).unwrap_or_default();
+            let desired = match target.get(&path) {
+                Some(cpus) => cpus.clone(),
+                None => CpuSet::parse(self.saved.exclusive.get(&key).map_or("", |s| s))
+                    .unwrap_or_default(),
+            };
+            plan.push((path, text, current, desired));
+        }
+        plan
+    }
+
+    /// Narrowing children first, then widening parents first (each within its parent's).
+    fn write_exclusive_plan(
+        &mut self,
+        plan: &mut [(CgroupPath, String, CpuSet, CpuSet)],
+        target: &BTreeMap<CgroupPath, CpuSet>,
+        outcome: &mut SchedOutcome,
+    ) {
+        plan.sort_by_key(|(p, ..)| std::cmp::Reverse(p.depth()));
+        for (path, text, current, desired) in plan.iter_mut() {
+            let narrowed = current.intersection(desired);
+            if narrowed != *current {
+                match self.write_exclusive(path, &narrowed) {
+                    Ok(()) => {
+                        outcome.written += 1;
+                        self.saved
+                            .exclusive
+                            .entry(key(path))
+                            .or_insert(text.clone());
+                        *current = narrowed;
+                    }
+                    Err(e) => note(outcome, e),
+                }
+            }
+        }
+        plan.reverse();
+        for (path, text, current, desired) in plan.iter() {
+            if current != desired {
+                match self.write_exclusive(path, desired) {
+                    Ok(()) => {
+                        outcome.written += 1;
+                        self.saved
+                            .exclusive
+                            .entry(key(path))
+                            .or_insert(text.clone());
+                    }
+                    Err(e) => {
+                        note(outcome, e);
+                        continue;
+                    }
+                }
+            }
+            if !target.contains_key(path) {
+                self.saved.exclusive.remove(&key(path));
+            }
+        }
+    }
+
     /// Every host cpuset (outside kubepods and its ancestors) that has CPUs gets the reserved
     /// ones it had (all of them where it had none): children first, each one's cpus recorded
     /// first (write-ahead).
@@ -701,9 +731,46 @@ impl SchedBalance {
         reserved: &CpuSet,
         outcome: &mut SchedOutcome,
     ) {
+        let planned = self.plan_host_confinement(tree, reserved, outcome);
+        if planned.is_empty() {
+            return;
+        }
+        if let Err(e) = self.write_ahead() {
+            note(outcome, e);
+            for (_, key, _, _) in planned.iter().filter(|p| p.3) {
+                self.saved.host.remove(key);
+            }
+            return;
+        }
+        for (path, key, confined, new) in planned {
+            match self.write(&path, InterfaceFile::CpusetCpus, &confined.to_string()) {
+                Ok(()) => {
+                    outcome.written += 1;
+                    if let Some(n) = tree.get_mut(&path) {
+                        n.cpus_text = Some(confined.to_string());
+                        n.cpus = confined;
+                    }
+                }
+                Err(e) => {
+                    note(outcome, e);
+                    if new {
+                        self.saved.host.remove(&key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The host cpusets to confine, children first: (cgroup, its key, the confined cpus,
+    /// whether its original is recorded only now). Each one's original is recorded here.
+    fn plan_host_confinement(
+        &mut self,
+        tree: &BTreeMap<CgroupPath, Node>,
+        reserved: &CpuSet,
+        outcome: &mut SchedOutcome,
+    ) -> Vec<(CgroupPath, String, CpuSet, bool)> {
         let mut host: Vec<CgroupPath> = tree.keys().filter(|p| self.is_host(p)).cloned().collect();
         host.sort_by_key(|p| std::cmp::Reverse(p.depth()));
-        // (cgroup, its key, the confined cpus, whether its original is recorded only now)
         let mut planned: Vec<(CgroupPath, String, CpuSet, bool)> = Vec::new();
         for path in host {
             let node = &tree[&path];
@@ -736,33 +803,7 @@ impl SchedBalance {
             self.saved.host.entry(key.clone()).or_insert(original_text);
             planned.push((path, key, confined, new));
         }
-        if planned.is_empty() {
-            return;
-        }
-        if let Err(e) = self.write_ahead() {
-            note(outcome, e);
-            for (_, key, _, _) in planned.iter().filter(|p| p.3) {
-                self.saved.host.remove(key);
-            }
-            return;
-        }
-        for (path, key, confined, new) in planned {
-            match self.write(&path, InterfaceFile::CpusetCpus, &confined.to_string()) {
-                Ok(()) => {
-                    outcome.written += 1;
-                    if let Some(n) = tree.get_mut(&path) {
-                        n.cpus_text = Some(confined.to_string());
-                        n.cpus = confined;
-                    }
-                }
-                Err(e) => {
-                    note(outcome, e);
-                    if new {
-                        self.saved.host.remove(&key);
-                    }
-                }
-            }
-        }
+        planned
     }
 
     /// The host cpusets get back what they had, parents first, without the cpus that are not
@@ -775,10 +816,6 @@ impl SchedBalance {
             .get(&CgroupPath::root())
             .map(|root| root.cpus.clone())
             .filter(|cpus| !cpus.is_empty());
-        let reachable = |cpus: &CpuSet| match &online {
-            Some(online) => cpus.intersection(online),
-            None => cpus.clone(),
-        };
         // The confined cgroups and everything below them (`reset` does not know kubepods).
         let confined_or_below = |path: &CgroupPath| {
             chain(path)
@@ -799,39 +836,8 @@ impl SchedBalance {
         let mut given: BTreeMap<CgroupPath, CpuSet> = BTreeMap::new();
         for path in host {
             let key = key(&path);
-            let current = before[&path].clone();
-            let target = match self.saved.host.get(&key) {
-                Some(original) => {
-                    let Ok(original) = CpuSet::parse(original) else {
-                        self.saved.host.remove(&key);
-                        continue;
-                    };
-                    let target = reachable(&original);
-                    if target == original {
-                        if target == current {
-                            self.saved.host.remove(&key);
-                            continue;
-                        }
-                    } else if target.is_empty() || target == current {
-                        // Nothing of it online yet, or its online part already back.
-                        continue;
-                    }
-                    target
-                }
-                None => {
-                    let parent = path.parent();
-                    let widened = parent
-                        .as_ref()
-                        .and_then(|p| Some((before.get(p)?, given.get(p)?)));
-                    match widened {
-                        Some((parent_before, parent_now))
-                            if !current.is_empty() && current == *parent_before =>
-                        {
-                            parent_now.clone()
-                        }
-                        _ => continue,
-                    }
-                }
+            let Some(target) = self.restore_target(&path, online.as_ref(), &before, &given) else {
+                continue;
             };
             match self.write(&path, InterfaceFile::CpusetCpus, &target.to_string()) {
                 Ok(()) => {
@@ -853,6 +859,43 @@ impl SchedBalance {
         // Records of cgroups that are gone have nothing left to restore.
         let known: HashSet<String> = tree.keys().map(key).collect();
         self.saved.host.retain(|k, _| known.contains(k));
+    }
+
+    /// What one host cgroup gets back this round, if anything: its recorded cpus that are
+    /// online (dropping a record that is unreadable or already all back), or, where it has no
+    /// record and still holds its parent's narrowed cpus, what its parent was given.
+    fn restore_target(
+        &mut self,
+        path: &CgroupPath,
+        online: Option<&CpuSet>,
+        before: &BTreeMap<CgroupPath, CpuSet>,
+        given: &BTreeMap<CgroupPath, CpuSet>,
+    ) -> Option<CpuSet> {
+        let key = key(path);
+        let current = &before[path];
+        if let Some(original) = self.saved.host.get(&key) {
+            let Ok(original) = CpuSet::parse(original) else {
+                self.saved.host.remove(&key);
+                return None;
+            };
+            let target = match online {
+                Some(online) => original.intersection(online),
+                None => original.clone(),
+            };
+            if target == original {
+                if target == *current {
+                    self.saved.host.remove(&key);
+                    return None;
+                }
+            } else if target.is_empty() || target == *current {
+                // Nothing of it online yet, or its online part already back.
+                return None;
+            }
+            return Some(target);
+        }
+        let parent = path.parent()?;
+        let (parent_before, parent_now) = (before.get(&parent)?, given.get(&parent)?);
+        (!current.is_empty() && current == parent_before).then(|| parent_now.clone())
     }
 
     /// The kernel's rule on the tree as it is now: which of `wanted`'s CPUs no load-balanced
@@ -1050,6 +1093,7 @@ fn balanced_cpus(tree: &BTreeMap<CgroupPath, Node>) -> (CpuSet, Vec<(CgroupPath,
     (balanced, by)
 }
 
+#[allow(clippy::too_many_lines)]
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -617,6 +617,58 @@ impl fmt::Debug for Watcher {
     }
 }
 
+/// The roots to watch, each resolved (its controller root canonicalised) and opened, once
+/// each. Two roots of which one holds the other, or more than `u16::MAX` of them, are errors.
+fn root_states(roots: Vec<WatchRoot>) -> Result<Vec<RootState>, WatchError> {
+    let mut states: Vec<RootState> = Vec::new();
+    for root in roots {
+        let controller_root =
+            std::fs::canonicalize(&root.controller_root).map_err(|source| WatchError::Root {
+                path: root.controller_root.clone(),
+                source,
+            })?;
+        let spec = WatchRoot {
+            controller_root,
+            kubepods: root.kubepods,
+        };
+        if states.iter().any(|s| s.spec == spec) {
+            continue;
+        }
+        for other in &states {
+            if other.spec.controller_root != spec.controller_root {
+                continue;
+            }
+            let (a, b) = (&spec.kubepods, &other.spec.kubepods);
+            if a.strip_prefix(b).is_some() || b.strip_prefix(a).is_some() {
+                let (inner, outer) = if a.depth() >= b.depth() {
+                    (a, b)
+                } else {
+                    (b, a)
+                };
+                return Err(WatchError::Overlap {
+                    inner: inner.under(&spec.controller_root),
+                    outer: outer.under(&spec.controller_root),
+                });
+            }
+        }
+        let fs = CgroupFs::open(&spec.controller_root)?;
+        states.push(RootState {
+            spec,
+            fs,
+            wd: None,
+            anchor: None,
+            dirs: 0,
+        });
+    }
+    if states.len() > usize::from(u16::MAX) {
+        return Err(WatchError::TooManyRoots {
+            count: states.len(),
+            max: usize::from(u16::MAX),
+        });
+    }
+    Ok(states)
+}
+
 impl Watcher {
     /// Watches every directory of the roots (silently: nothing is reported about what exists).
     /// When this returns, a full scan plus the events of [`Watcher::start`] miss nothing.
@@ -626,54 +678,7 @@ impl Watcher {
     pub fn new(roots: Vec<WatchRoot>) -> Result<Watcher, WatchError> {
         let inotify = Inotify::init().map_err(|source| WatchError::Init { source })?;
         let watches = inotify.watches();
-        let mut states: Vec<RootState> = Vec::new();
-        for root in roots {
-            let controller_root =
-                std::fs::canonicalize(&root.controller_root).map_err(|source| {
-                    WatchError::Root {
-                        path: root.controller_root.clone(),
-                        source,
-                    }
-                })?;
-            let spec = WatchRoot {
-                controller_root,
-                kubepods: root.kubepods,
-            };
-            if states.iter().any(|s| s.spec == spec) {
-                continue;
-            }
-            for other in &states {
-                if other.spec.controller_root != spec.controller_root {
-                    continue;
-                }
-                let (a, b) = (&spec.kubepods, &other.spec.kubepods);
-                if a.strip_prefix(b).is_some() || b.strip_prefix(a).is_some() {
-                    let (inner, outer) = if a.depth() >= b.depth() {
-                        (a, b)
-                    } else {
-                        (b, a)
-                    };
-                    return Err(WatchError::Overlap {
-                        inner: inner.under(&spec.controller_root),
-                        outer: outer.under(&spec.controller_root),
-                    });
-                }
-            }
-            let fs = CgroupFs::open(&spec.controller_root)?;
-            states.push(RootState {
-                spec,
-                fs,
-                wd: None,
-                anchor: None,
-                dirs: 0,
-            });
-        }
-        if states.len() > usize::from(u16::MAX) {
-            return Err(WatchError::TooManyRoots {
-                count: states.len(),
-                max: usize::from(u16::MAX),
-            });
-        }
+        let states = root_states(roots)?;
         let kubepods = states.iter().map(|s| s.spec.kubepods.clone()).collect();
         let mut watcher = Watcher {
             inotify,
@@ -919,39 +924,8 @@ impl Watcher {
                 continue;
             }
             let host = state.host_path(&path);
-            #[cfg(debug_assertions)]
-            let injected = match report {
-                Report::Created => crate::faults::add_watch(),
-                Report::Silent => None,
-            };
-            #[cfg(debug_assertions)]
-            let added = match injected {
-                Some(injected) => Err(injected),
-                None => self.watches.add(&host, DIR_MASK),
-            };
-            #[cfg(not(debug_assertions))]
-            let added = self.watches.add(&host, DIR_MASK);
-            let handle = match added {
-                Ok(handle) => handle,
-                // Removed again, or replaced by a file or a symlink: nothing to watch.
-                Err(err) if is_gone(&err) => continue,
-                Err(err) => {
-                    if self.throttle.allow("watch-failed") {
-                        log::warn!(
-                            "cg={path} not watched, changes below it are seen by scans only: inotify_add_watch: {err}{}",
-                            if err.raw_os_error() == Some(Errno::ENOSPC as i32) {
-                                " (raise fs.inotify.max_user_watches)"
-                            } else {
-                                ""
-                            }
-                        );
-                    } else {
-                        log::debug!("cg={path} not watched: {err}");
-                    }
-                    self.report_created(report, path);
-                    self.request_rescan(RescanReason::WatchFailed);
-                    continue;
-                }
+            let Some(handle) = self.add_dir_watch(report, &path, &host) else {
+                continue;
             };
             let id = handle.get_watch_descriptor_id();
             let Some(id_nz) = NonZeroI32::new(id) else {
@@ -977,6 +951,50 @@ impl Watcher {
             );
             self.report_created(report, path.clone());
             self.push_children(root, id_nz, &path, &mut pending);
+        }
+    }
+
+    /// Adds the watch of one directory (`host`, cgroup `path`). `None` where there is nothing
+    /// to watch (gone) or the watch failed (logged, reported as created, a rescan asked for).
+    fn add_dir_watch(
+        &mut self,
+        report: Report,
+        path: &CgroupPath,
+        host: &std::path::Path,
+    ) -> Option<WatchDescriptor> {
+        #[cfg(debug_assertions)]
+        let injected = match report {
+            Report::Created => crate::faults::add_watch(),
+            Report::Silent => None,
+        };
+        #[cfg(debug_assertions)]
+        let added = match injected {
+            Some(injected) => Err(injected),
+            None => self.watches.add(host, DIR_MASK),
+        };
+        #[cfg(not(debug_assertions))]
+        let added = self.watches.add(host, DIR_MASK);
+        match added {
+            Ok(handle) => Some(handle),
+            // Removed again, or replaced by a file or a symlink: nothing to watch.
+            Err(err) if is_gone(&err) => None,
+            Err(err) => {
+                if self.throttle.allow("watch-failed") {
+                    log::warn!(
+                        "cg={path} not watched, changes below it are seen by scans only: inotify_add_watch: {err}{}",
+                        if err.raw_os_error() == Some(Errno::ENOSPC as i32) {
+                            " (raise fs.inotify.max_user_watches)"
+                        } else {
+                            ""
+                        }
+                    );
+                } else {
+                    log::debug!("cg={path} not watched: {err}");
+                }
+                self.report_created(report, path.clone());
+                self.request_rescan(RescanReason::WatchFailed);
+                None
+            }
         }
     }
 

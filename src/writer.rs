@@ -544,6 +544,7 @@ fn child_in_the_way(
         })
 }
 
+#[allow(clippy::too_many_lines)]
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,8 +17,6 @@
 //! before T; entries updated after T (by events that raced the scan) are newer and kept. A
 //! reconcile that changes nothing runs no pass (see [`Controller::reconcile`]).
 
-#![deny(clippy::too_many_lines)]
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

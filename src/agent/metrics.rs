@@ -311,14 +311,22 @@ impl Metrics {
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, lines: &[(String, String)]| {
+        self.render_series(&mut |name: &str,
+                                 kind: &str,
+                                 help: &str,
+                                 lines: &[(String, String)]| {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} {kind}");
             for (labels, value) in lines {
                 let _ = writeln!(out, "{name}{labels} {value}");
             }
-        };
-        let plain = |v: u64| vec![(String::new(), v.to_string())];
+        });
+        self.render_event_to_pin(&mut out);
+        out
+    }
+
+    /// Every series but the event-to-pin summary, in their order of the exposition.
+    fn render_series(&self, metric: &mut impl FnMut(&str, &str, &str, &[(String, String)])) {
         metric(
             "cpusetd_pinning_requests_total",
             "counter",
@@ -343,7 +351,17 @@ impl Metrics {
                 })
                 .collect::<Vec<_>>(),
         );
-        self.render_operator_series(&mut metric);
+        self.render_operator_series(metric);
+        self.render_pool_series(metric);
+        self.render_health_series(metric);
+        self.render_effect_series(metric);
+        self.render_side_file_series(metric);
+        self.render_pass_series(metric);
+        self.render_write_error_series(metric);
+    }
+
+    /// The shared pool, the exclusive CPUs, the online CPUs and hotplug, the containers.
+    fn render_pool_series(&self, metric: &mut impl FnMut(&str, &str, &str, &[(String, String)])) {
         metric(
             "cpusetd_shared_pool_size_millicores",
             "gauge",
@@ -389,6 +407,10 @@ impl Metrics {
             "Containers under the kubepods cgroup.",
             &plain(self.containers),
         );
+    }
+
+    /// What limits the agent's view (no inotify, an incomplete scan) and its repairs.
+    fn render_health_series(&self, metric: &mut impl FnMut(&str, &str, &str, &[(String, String)])) {
         metric(
             "cpusetd_watching_without_inotify",
             "gauge",
@@ -413,6 +435,10 @@ impl Metrics {
             "Narrowings of a cgroup left for the next reconcile because the write of a child below it failed, and empty children the agent cannot write (their parent is narrowed past them).",
             &plain(self.narrowings_blocked),
         );
+    }
+
+    /// The per-pod CPU effects: interrupts kept off, C-states, governors, load balancing.
+    fn render_effect_series(&self, metric: &mut impl FnMut(&str, &str, &str, &[(String, String)])) {
         metric(
             "cpusetd_irq_isolated_cpus",
             "gauge",
@@ -461,6 +487,13 @@ impl Metrics {
             "Writes of cpuset.sched_load_balance, and of host cpusets confined by --isolate-host.",
             &plain(self.sched_balance_writes),
         );
+    }
+
+    /// Writes outside the cgroup tree: projection files, /proc/irq, irqbalance.
+    fn render_side_file_series(
+        &self,
+        metric: &mut impl FnMut(&str, &str, &str, &[(String, String)]),
+    ) {
         metric(
             "cpusetd_projection_writes_total",
             "counter",
@@ -491,6 +524,10 @@ impl Metrics {
             "CPUs irqbalance was told to keep interrupts off (its own banned CPUs included); 0 when it was told nothing.",
             &plain(self.irqbalance_banned_cpus),
         );
+    }
+
+    /// The controller's passes and cgroup writes.
+    fn render_pass_series(&self, metric: &mut impl FnMut(&str, &str, &str, &[(String, String)])) {
         metric(
             "cpusetd_drift_fights_total",
             "counter",
@@ -533,6 +570,13 @@ impl Metrics {
             "Cgroup interface file writes issued (accepted or not).",
             &plain(self.writes_issued),
         );
+    }
+
+    /// Failed and retried cgroup writes by errno, and when the last reconcile ran and how long.
+    fn render_write_error_series(
+        &self,
+        metric: &mut impl FnMut(&str, &str, &str, &[(String, String)]),
+    ) {
         metric(
             "cpusetd_rescans_total",
             "counter",
@@ -573,6 +617,10 @@ impl Metrics {
                 &[(String::new(), format!("{secs:.3}"))],
             );
         }
+    }
+
+    /// The event-to-pin summary (quantiles over the recent window, sum and count).
+    fn render_event_to_pin(&self, out: &mut String) {
         let mut lines = Vec::new();
         let qs = [0.5, 0.9, 0.99];
         for (q, v) in qs.iter().zip(self.event_to_pin.quantiles(&qs)) {
@@ -595,11 +643,8 @@ impl Metrics {
         }
         let _ = writeln!(out, "{name}_sum {:.6}", summary.sum.as_secs_f64());
         let _ = writeln!(out, "{name}_count {}", summary.count);
-        out
     }
 
-    /// The per-container, per-pod and per-NUMA series and kubelet's alignment counters
-    /// (issue 26), through `render`'s `metric`.
     fn render_operator_series(
         &self,
         metric: &mut impl FnMut(&str, &str, &str, &[(String, String)]),
@@ -785,6 +830,11 @@ pub fn metrics_file_problem(path: &Path, state_dir: &Path) -> Option<String> {
         ));
     }
     None
+}
+
+/// One series without labels.
+fn plain(v: u64) -> Vec<(String, String)> {
+    vec![(String::new(), v.to_string())]
 }
 
 #[cfg(test)]

@@ -479,18 +479,15 @@ impl BestFit {
         }
     }
 
-    /// `count` CPUs of `domain_free` (the free CPUs of the chosen domain): an odd remainder from
-    /// half-used cores, then whole cores, then anything, each in "fullest block first" order.
-    fn pick(
+    /// The cores with free CPUs in `domain_free`, those in the fullest socket, NUMA node, die
+    /// and cache first (die and cache in the order they nest).
+    fn cores_fullest_first(
         &self,
         index: &TopologyIndex,
         map: &FreeMap,
         domain_free: &CpuSet,
-        count: usize,
-        whole_cores_only: bool,
-    ) -> Option<CpuSet> {
-        // (fullness key, core): cores in the fullest socket, NUMA node, die and cache first
-        // (die and cache in the order they nest).
+    ) -> Vec<usize> {
+        // (fullness key, core)
         let mut cores: Vec<(Fullness, usize)> = Vec::new();
         let mut seen = vec![false; index.cores.len()];
         for cpu in domain_free {
@@ -526,9 +523,22 @@ impl BestFit {
             cores.push((key, core));
         }
         cores.sort_unstable();
-        let (whole, mut partial): (Vec<usize>, Vec<usize>) = cores
+        cores.into_iter().map(|(_, core)| core).collect()
+    }
+
+    /// `count` CPUs of `domain_free` (the free CPUs of the chosen domain): an odd remainder from
+    /// half-used cores, then whole cores, then anything, each in "fullest block first" order.
+    fn pick(
+        &self,
+        index: &TopologyIndex,
+        map: &FreeMap,
+        domain_free: &CpuSet,
+        count: usize,
+        whole_cores_only: bool,
+    ) -> Option<CpuSet> {
+        let (whole, mut partial): (Vec<usize>, Vec<usize>) = self
+            .cores_fullest_first(index, map, domain_free)
             .into_iter()
-            .map(|(_, core)| core)
             .partition(|&core| Self::is_whole(index, map, core));
         // Half-used cores with the fewest free threads first: they are used up first.
         partial.sort_by_key(|&core| map.core_threads[core]);

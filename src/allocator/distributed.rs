@@ -191,128 +191,168 @@ pub fn take_by_topology_distributed(
     let group = group_size as i64;
 
     for k in min_numas..=max_numas {
-        let mut best_balance = f64::MAX;
-        let mut best: Option<Choice> = None;
-        for_each_combination(&positions, k, &mut |combo_slice| {
-            if best_balance == 0.0 {
-                return ControlFlow::Break(());
-            }
-            let combo = &combo_slice.to_vec();
-            let combo_free: i64 = combo.iter().map(|&m| free_per_numa[m]).sum();
-            if combo_free < request {
-                return ControlFlow::Continue(());
-            }
-            let groups: i64 = combo.iter().map(|&m| free_per_numa[m] / group).sum();
-            if groups * group < request {
-                return ControlFlow::Continue(());
-            }
-            let distribution = (request / combo.len() as i64 / group) * group;
-            if combo.iter().any(|&m| free_per_numa[m] < distribution) {
-                return ControlFlow::Continue(());
-            }
-            let mut free_after = free_per_numa.clone();
-            for &member in combo {
-                free_after[member] -= distribution;
-            }
-            let remainder = request - distribution * combo.len() as i64;
-            let remainder_candidates: Vec<usize> = combo
-                .iter()
-                .copied()
-                .filter(|&m| free_after[m] >= group)
-                .collect();
-
-            let mut best_local_balance = f64::MAX;
-            let mut best_local_remainder: Option<GoSlice> = None;
-            if remainder == 0 {
-                best_local_balance = standard_deviation(&free_after);
-            }
-            let mut size = remainder_candidates.len();
-            while remainder > 0 && size >= 1 {
-                for_each_combination(&remainder_candidates, size, &mut |subset_slice| {
-                    let subset = &subset_slice.to_vec();
-                    let subset_free: i64 = subset.iter().map(|&m| free_after[m]).sum();
-                    if subset_free < remainder {
-                        return ControlFlow::Continue(());
-                    }
-                    let mut after_remainder = free_after.clone();
-                    if !hand_out_remainder(&mut after_remainder, subset, remainder, group) {
-                        return ControlFlow::Continue(());
-                    }
-                    let balance = standard_deviation(&after_remainder);
-                    if balance < best_local_balance {
-                        best_local_balance = balance;
-                        best_local_remainder = Some(subset_slice.clone());
-                    }
-                    ControlFlow::Continue(())
-                });
-                size -= 1;
-            }
-
-            if best_local_balance < best_balance {
-                best_balance = best_local_balance;
-                best = Some(Choice {
-                    members: combo_slice.clone(),
-                    remainder_members: best_local_remainder.clone(),
-                });
-            }
-            ControlFlow::Continue(())
-        });
-
-        let Some(choice) = best else {
+        let Some(choice) = best_choice(&positions, k, &free_per_numa, request, group) else {
             continue;
         };
-        let members = choice.members.to_vec();
-        let remainder_members = choice
-            .remainder_members
-            .map(|slice| slice.to_vec())
-            .unwrap_or_default();
-        let distribution = (request / members.len() as i64 / group) * group;
-        for &member in &members {
-            let share = numa_cpus[member].intersection(acc.free());
-            let picked = take_by_topology_packed(
-                index,
-                &share,
-                usize::try_from(distribution).unwrap_or(0),
-                strategy,
-                false,
-            )
-            .unwrap_or_default();
-            acc.take(&picked);
-        }
-        let mut remainder = request - distribution * members.len() as i64;
-        while remainder > 0 {
-            let before = remainder;
-            for &member in &remainder_members {
-                if remainder == 0 {
-                    break;
-                }
-                let share = numa_cpus[member].intersection(acc.free());
-                if (share.len() as i64) < group {
-                    continue;
-                }
-                let picked = take_by_topology_packed(index, &share, group_size, strategy, false)
-                    .unwrap_or_default();
-                acc.take(&picked);
-                remainder -= group;
-            }
-            if remainder == before {
-                break;
-            }
-        }
-        if acc.needed() > 0 {
-            return Err(TakeError::TooFewAllocated {
-                remaining: acc.needed(),
-            });
-        }
-        if acc.needed() < 0 {
-            return Err(TakeError::TooManyAllocated {
-                remaining: acc.needed(),
-            });
-        }
-        return Ok(acc.result().clone());
+        return take_choice(
+            index, &mut acc, &numa_cpus, choice, count, group_size, strategy,
+        );
     }
 
     take_by_topology_packed(index, available, count, strategy, false)
+}
+
+/// The best `k` of the NUMA nodes (`positions` into `free_per_numa`) for `request` CPUs in
+/// groups of `group`: the one whose free CPUs are most balanced afterwards, with the members
+/// its remainder goes to.
+fn best_choice(
+    positions: &[usize],
+    k: usize,
+    free_per_numa: &[i64],
+    request: i64,
+    group: i64,
+) -> Option<Choice> {
+    let mut best_balance = f64::MAX;
+    let mut best: Option<Choice> = None;
+    for_each_combination(positions, k, &mut |combo_slice| {
+        if best_balance == 0.0 {
+            return ControlFlow::Break(());
+        }
+        let combo = &combo_slice.to_vec();
+        let combo_free: i64 = combo.iter().map(|&m| free_per_numa[m]).sum();
+        if combo_free < request {
+            return ControlFlow::Continue(());
+        }
+        let groups: i64 = combo.iter().map(|&m| free_per_numa[m] / group).sum();
+        if groups * group < request {
+            return ControlFlow::Continue(());
+        }
+        let distribution = (request / combo.len() as i64 / group) * group;
+        if combo.iter().any(|&m| free_per_numa[m] < distribution) {
+            return ControlFlow::Continue(());
+        }
+        let mut free_after = free_per_numa.to_vec();
+        for &member in combo {
+            free_after[member] -= distribution;
+        }
+        let remainder = request - distribution * combo.len() as i64;
+        let (best_local_balance, best_local_remainder) =
+            best_remainder(combo, &free_after, remainder, group);
+        if best_local_balance < best_balance {
+            best_balance = best_local_balance;
+            best = Some(Choice {
+                members: combo_slice.clone(),
+                remainder_members: best_local_remainder,
+            });
+        }
+        ControlFlow::Continue(())
+    });
+    best
+}
+
+/// Where the remainder of one combination goes: the subset of its members (largest first)
+/// that leaves the free CPUs most balanced, and that balance.
+fn best_remainder(
+    combo: &[usize],
+    free_after: &[i64],
+    remainder: i64,
+    group: i64,
+) -> (f64, Option<GoSlice>) {
+    let remainder_candidates: Vec<usize> = combo
+        .iter()
+        .copied()
+        .filter(|&m| free_after[m] >= group)
+        .collect();
+    let mut best_local_balance = f64::MAX;
+    let mut best_local_remainder: Option<GoSlice> = None;
+    if remainder == 0 {
+        best_local_balance = standard_deviation(free_after);
+    }
+    let mut size = remainder_candidates.len();
+    while remainder > 0 && size >= 1 {
+        for_each_combination(&remainder_candidates, size, &mut |subset_slice| {
+            let subset = &subset_slice.to_vec();
+            let subset_free: i64 = subset.iter().map(|&m| free_after[m]).sum();
+            if subset_free < remainder {
+                return ControlFlow::Continue(());
+            }
+            let mut after_remainder = free_after.to_vec();
+            if !hand_out_remainder(&mut after_remainder, subset, remainder, group) {
+                return ControlFlow::Continue(());
+            }
+            let balance = standard_deviation(&after_remainder);
+            if balance < best_local_balance {
+                best_local_balance = balance;
+                best_local_remainder = Some(subset_slice.clone());
+            }
+            ControlFlow::Continue(())
+        });
+        size -= 1;
+    }
+    (best_local_balance, best_local_remainder)
+}
+
+/// Takes the CPUs of a choice: an even share of each member's, then the remainder group by
+/// group from the remainder members.
+fn take_choice(
+    index: &TopologyIndex,
+    acc: &mut CpuAccumulator<'_>,
+    numa_cpus: &[&CpuSet],
+    choice: Choice,
+    count: usize,
+    group_size: usize,
+    strategy: CpuSortingStrategy,
+) -> Result<CpuSet, TakeError> {
+    let (request, group) = (count as i64, group_size as i64);
+    let members = choice.members.to_vec();
+    let remainder_members = choice
+        .remainder_members
+        .map(|slice| slice.to_vec())
+        .unwrap_or_default();
+    let distribution = (request / members.len() as i64 / group) * group;
+    for &member in &members {
+        let share = numa_cpus[member].intersection(acc.free());
+        let picked = take_by_topology_packed(
+            index,
+            &share,
+            usize::try_from(distribution).unwrap_or(0),
+            strategy,
+            false,
+        )
+        .unwrap_or_default();
+        acc.take(&picked);
+    }
+    let mut remainder = request - distribution * members.len() as i64;
+    while remainder > 0 {
+        let before = remainder;
+        for &member in &remainder_members {
+            if remainder == 0 {
+                break;
+            }
+            let share = numa_cpus[member].intersection(acc.free());
+            if (share.len() as i64) < group {
+                continue;
+            }
+            let picked = take_by_topology_packed(index, &share, group_size, strategy, false)
+                .unwrap_or_default();
+            acc.take(&picked);
+            remainder -= group;
+        }
+        if remainder == before {
+            break;
+        }
+    }
+    if acc.needed() > 0 {
+        return Err(TakeError::TooFewAllocated {
+            remaining: acc.needed(),
+        });
+    }
+    if acc.needed() < 0 {
+        return Err(TakeError::TooManyAllocated {
+            remaining: acc.needed(),
+        });
+    }
+    Ok(acc.result().clone())
 }
 
 /// kubelet's `rangeNUMANodesNeededToSatisfy`: the fewest and most NUMA nodes worth trying.

@@ -18,6 +18,7 @@ mod distributed;
 mod index;
 mod options;
 mod policy;
+#[allow(clippy::too_many_lines)]
 #[cfg(test)]
 mod tests;
 

@@ -155,57 +155,77 @@ fn rules(
             "the root cpuset's sets are the kernel's".into(),
         );
     }
-    if file == InterfaceFile::CpusetCpusExclusive {
-        let Ok(new) = CpuSet::parse(value.trim()) else {
-            return refuse(Errno::EINVAL, "not a cpu list".into());
-        };
-        let read = |path: &CgroupPath| {
-            fs.read(path, file)
-                .ok()
-                .and_then(|text| CpuSet::parse(text.trim()).ok())
-        };
-        let children = |of: &CgroupPath| -> Vec<CgroupPath> {
-            fs.list(of)
-                .map(|entries| {
-                    entries
-                        .iter()
-                        .filter(|e| e.kind == FileKind::Directory)
-                        .filter_map(|e| of.join(&e.name).ok())
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        if let Some(parent) = cgroup.parent().filter(|p| !p.is_root()) {
-            if let Some(held) = read(&parent) {
-                if !new.is_subset(&held) {
-                    return refuse(Errno::EINVAL, format!("not within the parent's {held}"));
-                }
-            }
-            for sibling in children(&parent).iter().filter(|s| *s != cgroup) {
-                if let Some(theirs) = read(sibling) {
-                    if !theirs.intersection(&new).is_empty() {
-                        return refuse(
-                            Errno::EINVAL,
-                            format!("sibling {sibling} holds {theirs} exclusively"),
-                        );
-                    }
-                }
-            }
-        }
-        for child in children(cgroup) {
-            if let Some(held) = read(&child) {
-                if !held.is_subset(&new) {
-                    return refuse(Errno::EBUSY, format!("child {child} holds {held}"));
-                }
-            }
-        }
-        return Ok(());
+    let verdict = if file == InterfaceFile::CpusetCpusExclusive {
+        exclusive_rules(fs, cgroup, value)
+    } else {
+        cpus_rules(fs, cgroup, file, value)
+    };
+    match verdict {
+        Ok(()) => Ok(()),
+        Err((errno, why)) => refuse(errno, why),
     }
+}
+
+/// A rule's verdict on a write; refused: the errno the kernel returns, and why (for the log).
+type Verdict = Result<(), (Errno, String)>;
+
+/// `cpuset.cpus.exclusive` (v2): within the parent's, no sibling's, and all of each child's.
+fn exclusive_rules(fs: &CgroupFs, cgroup: &CgroupPath, value: &str) -> Verdict {
+    let file = InterfaceFile::CpusetCpusExclusive;
+    let Ok(new) = CpuSet::parse(value.trim()) else {
+        return Err((Errno::EINVAL, "not a cpu list".into()));
+    };
+    let read = |path: &CgroupPath| {
+        fs.read(path, file)
+            .ok()
+            .and_then(|text| CpuSet::parse(text.trim()).ok())
+    };
+    let children = |of: &CgroupPath| -> Vec<CgroupPath> {
+        fs.list(of)
+            .map(|entries| {
+                entries
+                    .iter()
+                    .filter(|e| e.kind == FileKind::Directory)
+                    .filter_map(|e| of.join(&e.name).ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    if let Some(parent) = cgroup.parent().filter(|p| !p.is_root()) {
+        if let Some(held) = read(&parent) {
+            if !new.is_subset(&held) {
+                return Err((Errno::EINVAL, format!("not within the parent's {held}")));
+            }
+        }
+        for sibling in children(&parent).iter().filter(|s| *s != cgroup) {
+            if let Some(theirs) = read(sibling) {
+                if !theirs.intersection(&new).is_empty() {
+                    return Err((
+                        Errno::EINVAL,
+                        format!("sibling {sibling} holds {theirs} exclusively"),
+                    ));
+                }
+            }
+        }
+    }
+    for child in children(cgroup) {
+        if let Some(held) = read(&child) {
+            if !held.is_subset(&new) {
+                return Err((Errno::EBUSY, format!("child {child} holds {held}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `cpuset.cpus` and `cpuset.mems` (v1 rules): a non-empty list, online, within the parent's,
+/// and holding each child's.
+fn cpus_rules(fs: &CgroupFs, cgroup: &CgroupPath, file: InterfaceFile, value: &str) -> Verdict {
     let Ok(new) = CpuSet::parse(value) else {
-        return refuse(Errno::EINVAL, "not a cpu list".into());
+        return Err((Errno::EINVAL, "not a cpu list".into()));
     };
     if new.is_empty() {
-        return refuse(Errno::EINVAL, "empty value".into());
+        return Err((Errno::EINVAL, "empty value".into()));
     }
     let read = |path: &CgroupPath| {
         fs.read(path, file)
@@ -216,13 +236,13 @@ fn rules(
     // The root's sets are what is online (v1 keeps them so): anything else is EINVAL.
     if let Some(online) = read(&CgroupPath::root()) {
         if !new.is_subset(&online) {
-            return refuse(Errno::EINVAL, format!("not online (online: {online})"));
+            return Err((Errno::EINVAL, format!("not online (online: {online})")));
         }
     }
     if let Some(parent) = cgroup.parent().filter(|p| !p.is_root()) {
         if let Some(held) = read(&parent) {
             if !new.is_subset(&held) {
-                return refuse(Errno::EACCES, format!("not within the parent's {held}"));
+                return Err((Errno::EACCES, format!("not within the parent's {held}")));
             }
         }
     }
@@ -233,7 +253,7 @@ fn rules(
             };
             if let Some(held) = read(&child) {
                 if !held.is_subset(&new) {
-                    return refuse(Errno::EBUSY, format!("child {child} holds {held}"));
+                    return Err((Errno::EBUSY, format!("child {child} holds {held}")));
                 }
             }
         }
@@ -445,6 +465,7 @@ pub(crate) fn settle_partitions(fs: &CgroupFs) {
     }
 }
 
+#[allow(clippy::too_many_lines)]
 #[cfg(test)]
 mod tests {
     use super::*;

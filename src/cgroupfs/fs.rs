@@ -429,32 +429,9 @@ impl CgroupFs {
         #[cfg(debug_assertions)]
         let _cgroup_mutex = super::fake_kernel::lock(self, file);
         #[cfg(debug_assertions)]
-        super::fake_kernel::check(self, cgroup, file, value).map_err(|source| {
-            CgroupError::Write {
-                path: path.clone(),
-                value: value.to_string(),
-                source,
-            }
-        })?;
-        // The kernel takes a write of no bytes and changes nothing (Linux 6.12's
-        // `cpuset.cpus.exclusive` kept its cpus so): the fake kernel too.
-        #[cfg(debug_assertions)]
-        if value.is_empty() && super::fake_kernel::fake_tree(self) {
-            return Ok(());
+        if let Some(done) = self.fake_kernel_write(cgroup, file, value, &path) {
+            return done;
         }
-        #[cfg(debug_assertions)]
-        if let Some(source) = crate::faults::cgroup_write(file.name()) {
-            return Err(CgroupError::Write {
-                path,
-                value: value.to_string(),
-                source,
-            });
-        }
-        let refused = |path: PathBuf, reason| CgroupError::Refused {
-            path,
-            value: Some(value.to_string()),
-            reason,
-        };
         // A fake tree's files are plain files that O_TRUNC empties: an agent killed between the
         // truncation and the write would leave a value no kernel ever shows. With the fake
         // kernel's rules on a fake tree (not a real cgroupfs), the value overwrites in place,
@@ -473,6 +450,51 @@ impl CgroupFs {
         if let Some(fd) = fast {
             return write_value(fd, &path, value);
         }
+        self.write_walked(cgroup, file, value, path, in_place)
+    }
+
+    /// Debug builds: the fake kernel's verdict on a write before it is made (its refusals,
+    /// its no-op for an empty value on a fake tree) and injected faults. `None`: go on.
+    #[cfg(debug_assertions)]
+    fn fake_kernel_write(
+        &self,
+        cgroup: &CgroupPath,
+        file: InterfaceFile,
+        value: &str,
+        path: &Path,
+    ) -> Option<Result<(), CgroupError>> {
+        let write_error = |source| CgroupError::Write {
+            path: path.to_path_buf(),
+            value: value.to_string(),
+            source,
+        };
+        if let Err(source) = super::fake_kernel::check(self, cgroup, file, value) {
+            return Some(Err(write_error(source)));
+        }
+        // The kernel takes a write of no bytes and changes nothing (Linux 6.12's
+        // `cpuset.cpus.exclusive` kept its cpus so): the fake kernel too.
+        if value.is_empty() && super::fake_kernel::fake_tree(self) {
+            return Some(Ok(()));
+        }
+        crate::faults::cgroup_write(file.name()).map(|source| Err(write_error(source)))
+    }
+
+    /// The write by walking to the cgroup's directory one component at a time, which says
+    /// what went wrong where the one-call open did not succeed. `in_place`: overwrite without
+    /// truncating, padded with newlines to the old length (the fake kernel's trees).
+    fn write_walked(
+        &self,
+        cgroup: &CgroupPath,
+        file: InterfaceFile,
+        value: &str,
+        path: PathBuf,
+        in_place: bool,
+    ) -> Result<(), CgroupError> {
+        let refused = |path: PathBuf, reason| CgroupError::Refused {
+            path,
+            value: Some(value.to_string()),
+            reason,
+        };
         let dir = self.walk(cgroup).map_err(|e| match e {
             WalkError::Io(source) => CgroupError::Write {
                 path: self.host_path(cgroup),

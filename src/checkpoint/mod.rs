@@ -459,5 +459,6 @@ pub fn state_path(dir: &Path) -> PathBuf {
     dir.join(STATE_FILE)
 }
 
+#[allow(clippy::too_many_lines)]
 #[cfg(test)]
 mod tests;

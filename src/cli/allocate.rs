@@ -1,9 +1,6 @@
 //! `cpusetd allocate`: what the static policy would hand a container, without touching any
 //! cgroup. For operators checking a placement, and for tests of the allocator through the CLI.
 
-// The crate's 60-line function limit (clippy.toml), tests aside.
-#![deny(clippy::too_many_lines)]
-
 use std::path::PathBuf;
 
 use clap::{ArgGroup, Args};

@@ -110,6 +110,76 @@ pub fn run(args: &DemoArgs) -> Result<(), CommandError> {
     // The demo prints its own story; the agent's log goes to a file.
     log::set_max_level(log::LevelFilter::Error);
     let started = Instant::now();
+    let mut ws = open_workspace()?;
+    let dir = ws.dir.clone();
+    let topo = demo_topology();
+    let (sysfs, proc) = (dir.join("sys"), dir.join("proc"));
+    let node = fake_node(&dir, &topo, args.cgroup_v2)?;
+    let state_dir = dir.join("state");
+    let log_path = dir.join("agent.log");
+    print_intro(&dir, &topo, args.cgroup_v2, ws.mounted);
+    let tree_flags: Vec<String> = vec![
+        "--cgroup-root".into(),
+        node.cgroup_root().display().to_string(),
+        "--sysfs-root".into(),
+        sysfs.display().to_string(),
+        "--proc-root".into(),
+        proc.display().to_string(),
+        "--runtime-config-path".into(),
+        node.runtime_template(),
+    ];
+    let exe = start_agent(&mut ws, &tree_flags, &state_dir, &log_path)?;
+    let mut show = Show {
+        tree: TreeArgs {
+            cgroup_root: Some(node.cgroup_root().to_path_buf()),
+            kubepods_path: None,
+            cgroup_driver: None,
+            sysfs_root: sysfs.clone(),
+            proc_root: proc.clone(),
+            runtime_config_path: vec![node.runtime_template()],
+        },
+        state_dir: state_dir.clone(),
+        log_path,
+        log_offset: 0,
+        step: 0,
+    };
+    show.wait(&mut ws, "the agent's first pass", |_| true)?;
+    let (db, db_cpus) = pods_arrive(&node, &mut show, &mut ws)?;
+    if args.keep {
+        wait_for_ctrl_c(&exe, &tree_flags, &state_dir, &node, &show.log_path)?;
+    }
+    db_leaves(&node, &mut show, &mut ws, &db, &db_cpus)?;
+    println!(
+        "demo finished in {:.1} s; stopping the agent and removing {}",
+        started.elapsed().as_secs_f64(),
+        dir.display()
+    );
+    drop(ws);
+    Ok(())
+}
+
+/// The fake node in `dir`: its sysfs and /proc (`sys`, `proc`), its cgroup tree and runtime
+/// configs.
+fn fake_node(dir: &Path, topo: &Topology, cgroup_v2: bool) -> Result<FakeNode, CommandError> {
+    let (sysfs, proc) = (dir.join("sys"), dir.join("proc"));
+    write_fake_sysfs(topo, &sysfs, &proc).map_err(io_failure("cannot write the fake sysfs"))?;
+    let version = if cgroup_v2 {
+        CgroupVersion::V2
+    } else {
+        CgroupVersion::V1
+    };
+    FakeNode::create(
+        &dir.join("cgroup"),
+        version,
+        topo.all_cpus().clone(),
+        topo.memory_nodes().clone(),
+        &dir.join("runtime"),
+    )
+    .map_err(io_failure("cannot create the fake cgroup tree"))
+}
+
+/// The demo's private directory, on its own tmpfs where it runs as root.
+fn open_workspace() -> Result<Workspace, CommandError> {
     let mut ws = Workspace {
         dir: private_workspace(&std::env::temp_dir())
             .map_err(io_failure("cannot create the demo directory"))?,
@@ -126,27 +196,11 @@ pub fn run(args: &DemoArgs) -> Result<(), CommandError> {
         )
         .is_ok();
     }
-    let dir = ws.dir.clone();
-    let topo = demo_topology();
-    let (sysfs, proc) = (dir.join("sys"), dir.join("proc"));
-    write_fake_sysfs(&topo, &sysfs, &proc).map_err(io_failure("cannot write the fake sysfs"))?;
-    let version = if args.cgroup_v2 {
-        CgroupVersion::V2
-    } else {
-        CgroupVersion::V1
-    };
-    let node = FakeNode::create(
-        &dir.join("cgroup"),
-        version,
-        topo.all_cpus().clone(),
-        topo.memory_nodes().clone(),
-        &dir.join("runtime"),
-    )
-    .map_err(io_failure("cannot create the fake cgroup tree"))?;
-    let state_dir = dir.join("state");
-    let log_path = dir.join("agent.log");
-    let template = node.runtime_template();
+    Ok(ws)
+}
 
+/// What the fake node is.
+fn print_intro(dir: &Path, topo: &Topology, cgroup_v2: bool, mounted: bool) {
     println!("cpusetd demo: a fake node in {}", dir.display());
     println!(
         "  {} CPUs: 2 sockets × 4 cores × 2 threads, NUMA node 0 = cpus {}, node 1 = cpus {}",
@@ -156,27 +210,25 @@ pub fn run(args: &DemoArgs) -> Result<(), CommandError> {
     );
     println!(
         "  cgroup {} tree on {} (kubelet cgroupfs driver), CPUs 0,8 (core 0) reserved for the system\n",
-        if args.cgroup_v2 { "v2" } else { "v1" },
-        if ws.mounted { "tmpfs" } else { "a temporary directory" }
+        if cgroup_v2 { "v2" } else { "v1" },
+        if mounted { "tmpfs" } else { "a temporary directory" }
     );
+}
 
-    let tree_flags: Vec<String> = vec![
-        "--cgroup-root".into(),
-        node.cgroup_root().display().to_string(),
-        "--sysfs-root".into(),
-        sysfs.display().to_string(),
-        "--proc-root".into(),
-        proc.display().to_string(),
-        "--runtime-config-path".into(),
-        template.clone(),
-    ];
+/// Starts the agent on the fake node (its log to `log_path`), kept in `ws` to be stopped;
+/// returns the binary's path.
+fn start_agent(
+    ws: &mut Workspace,
+    tree_flags: &[String],
+    state_dir: &Path,
+    log_path: &Path,
+) -> Result<PathBuf, CommandError> {
     let exe = std::env::current_exe().map_err(io_failure("cannot find the cpusetd binary"))?;
-    let log_file =
-        fs::File::create(&log_path).map_err(io_failure("cannot create the agent log"))?;
+    let log_file = fs::File::create(log_path).map_err(io_failure("cannot create the agent log"))?;
     let mut command = Command::new(&exe);
     command
         .arg("run")
-        .args(&tree_flags)
+        .args(tree_flags)
         .args([
             "--reserved-cpus",
             "0,8",
@@ -187,9 +239,9 @@ pub fn run(args: &DemoArgs) -> Result<(), CommandError> {
             "none",
         ])
         .arg("--state-dir")
-        .arg(&state_dir)
+        .arg(state_dir)
         .arg("--metrics-file")
-        .arg(dir.join("metrics.prom"))
+        .arg(ws.dir.join("metrics.prom"))
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -206,24 +258,17 @@ pub fn run(args: &DemoArgs) -> Result<(), CommandError> {
         agent.id()
     );
     ws.agent = Some(agent);
+    Ok(exe)
+}
 
-    let tree = TreeArgs {
-        cgroup_root: Some(node.cgroup_root().to_path_buf()),
-        kubepods_path: None,
-        cgroup_driver: None,
-        sysfs_root: sysfs.clone(),
-        proc_root: proc.clone(),
-        runtime_config_path: vec![template.clone()],
-    };
-    let mut show = Show {
-        tree,
-        state_dir: state_dir.clone(),
-        log_path,
-        log_offset: 0,
-        step: 0,
-    };
-    show.wait(&mut ws, "the agent's first pass", |_| true)?;
-
+/// Pods arrive one by one (BestEffort, Burstable, Guaranteed with an exclusive container,
+/// Guaranteed with a fractional request), then a foreign write to `db`'s cpuset is repaired.
+/// Returns the pod `db` and its exclusive cpus.
+fn pods_arrive(
+    node: &FakeNode,
+    show: &mut Show,
+    ws: &mut Workspace,
+) -> Result<(PodSpec, String), CommandError> {
     let pod = |name: &str, qos, containers| PodSpec {
         uid: new_pod_uid(),
         name: name.into(),
@@ -257,75 +302,102 @@ pub fn run(args: &DemoArgs) -> Result<(), CommandError> {
 
     start(&web)?;
     show.step(
-        &mut ws,
+        ws,
         "A BestEffort pod `web` arrives: it runs on the shared pool.",
         |rows| settled(rows, "web"),
     )?;
     start(&api)?;
     show.step(
-        &mut ws,
+        ws,
         "A Burstable pod `api` (500m request, 1 CPU limit) arrives: shared pool too.",
         |rows| settled(rows, "api"),
     )?;
     let db_ids = start(&db)?;
     let db_view = show.step(
-        &mut ws,
+        ws,
         "A Guaranteed pod `db` arrives: container `db` asks for 2 whole CPUs and gets a full \
          core to itself; its 500m sidecar `log-shipper` stays on the shared pool, which shrinks.",
         |rows| settled(rows, "db") && exclusive(rows, "db") && settled(rows, "log-shipper"),
     )?;
     start(&cache)?;
     show.step(
-        &mut ws,
+        ws,
         "A Guaranteed pod `cache` asks for 1.5 CPUs: not a whole number, so it shares (kubelet's rule).",
         |rows| settled(rows, "cache"),
     )?;
-
     let db_cpus = row(db_view.rows(), "db")
         .and_then(|r| r.desired.clone())
         .unwrap_or_default();
-    let db_file = node.file(
-        &format!("{}/{}", node.pod_dir(&db), db_ids[0]),
-        "cpuset.cpus",
-    );
+    foreign_write_repaired(node, show, ws, &db, &db_ids[0], &db_cpus)?;
+    Ok((db, db_cpus))
+}
+
+/// Someone else writes `db`'s cpuset.cpus: the agent repairs it to `db_cpus`.
+fn foreign_write_repaired(
+    node: &FakeNode,
+    show: &mut Show,
+    ws: &mut Workspace,
+    db: &PodSpec,
+    db_id: &str,
+    db_cpus: &str,
+) -> Result<(), CommandError> {
+    let db_file = node.file(&format!("{}/{}", node.pod_dir(db), db_id), "cpuset.cpus");
     fs::write(&db_file, "0-15\n").map_err(io_failure("foreign write"))?;
     let foreign = Instant::now();
     show.step(
-        &mut ws,
+        ws,
         &format!(
             "Someone writes 0-15 into `db`'s cpuset.cpus behind the agent's back: repaired to {db_cpus}."
         ),
-        |rows| row(rows, "db").is_some_and(|r| r.current.as_deref() == Some(db_cpus.as_str())),
+        |rows| row(rows, "db").is_some_and(|r| r.current.as_deref() == Some(db_cpus)),
     )?;
     println!(
         "   (repaired {} ms after the foreign write)\n",
         foreign.elapsed().as_millis()
     );
+    Ok(())
+}
 
-    if args.keep {
-        println!(
-            "--keep: the agent keeps running. Poke at it from another terminal:\n  \
-             {} status {} --state-dir {}\n  the tree: {}\n  the agent's log: {}\nCtrl-C here stops it and cleans up.",
-            exe.display(),
-            tree_flags.join(" "),
-            state_dir.display(),
-            node.cgroup_root().display(),
-            show.log_path.display()
-        );
-        let mut signals = SigSet::empty();
-        signals.add(Signal::SIGINT);
-        signals.add(Signal::SIGTERM);
-        signals
-            .thread_block()
-            .map_err(|e| failure(format!("cannot wait for Ctrl-C: {e}")))?;
-        let _ = signals.wait();
-        println!();
-    }
+/// --keep: the agent runs until Ctrl-C (or SIGTERM), with how to look at it.
+fn wait_for_ctrl_c(
+    exe: &Path,
+    tree_flags: &[String],
+    state_dir: &Path,
+    node: &FakeNode,
+    log_path: &Path,
+) -> Result<(), CommandError> {
+    println!(
+        "--keep: the agent keeps running. Poke at it from another terminal:\n  \
+         {} status {} --state-dir {}\n  the tree: {}\n  the agent's log: {}\nCtrl-C here stops it and cleans up.",
+        exe.display(),
+        tree_flags.join(" "),
+        state_dir.display(),
+        node.cgroup_root().display(),
+        log_path.display()
+    );
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGINT);
+    signals.add(Signal::SIGTERM);
+    signals
+        .thread_block()
+        .map_err(|e| failure(format!("cannot wait for Ctrl-C: {e}")))?;
+    let _ = signals.wait();
+    println!();
+    Ok(())
+}
 
-    node.remove_pod(&db)
+/// Pod `db` is deleted: its cpus go back to the shared pool.
+fn db_leaves(
+    node: &FakeNode,
+    show: &mut Show,
+    ws: &mut Workspace,
+    db: &PodSpec,
+    db_cpus: &str,
+) -> Result<(), CommandError> {
+    node.remove_pod(db)
         .map_err(io_failure("kubelet simulator"))?;
     show.step(
-        &mut ws,
+        ws,
         "Pod `db` is deleted: its CPUs go back to the shared pool.",
         |rows| {
             row(rows, "db").is_none()
@@ -333,16 +405,10 @@ pub fn run(args: &DemoArgs) -> Result<(), CommandError> {
                     .and_then(|r| r.current.as_deref().map(CpuSet::parse))
                     .and_then(Result::ok)
                     .is_some_and(|shared| {
-                        CpuSet::parse(&db_cpus).is_ok_and(|d| d.is_subset(&shared))
+                        CpuSet::parse(db_cpus).is_ok_and(|d| d.is_subset(&shared))
                     })
         },
     )?;
-    println!(
-        "demo finished in {:.1} s; stopping the agent and removing {}",
-        started.elapsed().as_secs_f64(),
-        dir.display()
-    );
-    drop(ws);
     Ok(())
 }
 

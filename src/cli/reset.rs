@@ -26,45 +26,13 @@ pub struct ResetArgs {
 pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     let args = &args.agent;
     args.validate()?;
-    let _lock = StateLock::acquire(&args.state_dir).map_err(|e| match e {
-        // Not a state directory at all: the flag's fault, not a running agent's.
-        checkpoint::LockError::CreateDir { .. } | checkpoint::LockError::Open { .. } => {
-            CommandError::usage(format!(
-                "--state-dir {}: {}; pass the state directory the agent runs with",
-                args.state_dir.display(),
-                error_chain(&e)
-            ))
-        }
-        e => CommandError::usage(format!("{}: stop cpusetd before reset", error_chain(&e))),
-    })?;
+    let _lock = lock_state(args)?;
     remove_projections(args);
     // No kubepods cgroup (kubelet never ran pods here, or it is gone): no cgroup to reset,
     // but what the agent changed elsewhere is still put back and its checkpoint removed, so
     // uninstalling works on such a node too.
     if let Some((kubepods, _)) = args.tree.missing_kubepods() {
-        let (cpuset, open_failed) = match args.tree.cpuset_hierarchy() {
-            Some((root, version)) => match CgroupFs::open(root) {
-                Ok(fs) => (Some((fs, version)), false),
-                Err(e) => {
-                    eprintln!("cpusetd: {}", error_chain(&e));
-                    (None, true)
-                }
-            },
-            None => (None, false),
-        };
-        let irq_failed = restore_effects(args, cpuset) | open_failed;
-        println!("no kubepods cgroup {kubepods}: no cgroup to reset");
-        remove_state(&args.state_dir, !irq_failed);
-        return if irq_failed {
-            Err(CommandError {
-                status: EXIT_FAILURE,
-                message: "some interrupt affinities or cpusets were not restored; run reset again"
-                    .into(),
-                bare: false,
-            })
-        } else {
-            Ok(())
-        };
+        return reset_without_kubepods(args, &kubepods);
     }
     let mut node = args.tree.open()?;
     let scan = node
@@ -82,72 +50,16 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     let all_cpus = limited(node.topology.all_cpus(), &limits.cpus);
     let all_mems = limited(node.topology.memory_nodes(), &limits.mems);
 
-    let mut writes = Vec::new();
-    for (file, wanted) in [
-        (InterfaceFile::CpusetCpus, &all_cpus),
-        (InterfaceFile::CpusetMems, &all_mems),
-    ] {
-        let nodes: Vec<SetNode> = scan
-            .cgroups
-            .iter()
-            .zip(&parents)
-            .map(|(c, p)| {
-                let current = match file {
-                    InterfaceFile::CpusetCpus => &c.cpus,
-                    _ => &c.mems,
-                };
-                SetNode {
-                    parent: *p,
-                    current: current.value().cloned().unwrap_or_default(),
-                    desired: if current.is_missing() {
-                        Default::default()
-                    } else {
-                        wanted.clone()
-                    },
-                }
-            })
-            .collect();
-        writes.extend(order_writes(&nodes).into_iter().map(|w| {
-            let path = scan.cgroups[w.node].path.clone();
-            Step::new(path, file, w.value.to_string(), WriteStep::Widen)
-        }));
-    }
+    let mut writes = widen_steps(&scan, &parents, &all_cpus, &all_mems);
     // Quotas the agent lifted, back to what they were; interrupt affinities too.
-    let mut restored = 0;
     let irq_failed = restore_effects(
         args,
         Some((node.hierarchy.cpuset.clone(), node.layout.version)),
     );
-    if let LoadOutcome::Loaded(cp) = checkpoint::load(&args.state_dir) {
-        for lifted in &cp.quota_lifted {
-            let Ok(path) = CgroupPath::new(&lifted.cgroup) else {
-                continue;
-            };
-            if !scan.cgroups.iter().any(|c| c.path == path) {
-                continue;
-            }
-            let file = match node.layout.version {
-                CgroupVersion::V1 => InterfaceFile::CpuCfsQuotaUs,
-                CgroupVersion::V2 => InterfaceFile::CpuMax,
-            };
-            let original = lifted.original.clone();
-            writes.push(Step::new(path, file, original, WriteStep::LiftQuota));
-            restored += 1;
-        }
-    }
+    let mut restored = quotas_from_checkpoint(args, &scan, node.layout.version, &mut writes);
     restored += quotas_from_runtime_configs(&mut node, &scan, &parents, &mut writes);
-    // The kernel's default back: new cgroups start with empty cpusets again (the agent sets
-    // `cgroup.clone_children` on v1; runtimes copy the parent's cpuset themselves).
     if node.layout.version == CgroupVersion::V1 {
-        for cgroup in &scan.cgroups {
-            if cgroup.relative.depth() <= 2 {
-                let _ = node.hierarchy.cpuset.write(
-                    &cgroup.path,
-                    InterfaceFile::CgroupCloneChildren,
-                    "0",
-                );
-            }
-        }
+        unset_clone_children(&node.hierarchy.cpuset, &scan);
     }
     let known = crate::planner::Known::new(&scan, &parents, &[]);
     let executed = apply(&node.hierarchy, writes.into(), &known);
@@ -174,6 +86,130 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     }
     remove_state(&args.state_dir, true);
     Ok(())
+}
+
+/// The state lock, which a running agent holds: reset refuses to run beside it.
+fn lock_state(args: &AgentArgs) -> Result<StateLock, CommandError> {
+    StateLock::acquire(&args.state_dir).map_err(|e| match e {
+        // Not a state directory at all: the flag's fault, not a running agent's.
+        checkpoint::LockError::CreateDir { .. } | checkpoint::LockError::Open { .. } => {
+            CommandError::usage(format!(
+                "--state-dir {}: {}; pass the state directory the agent runs with",
+                args.state_dir.display(),
+                error_chain(&e)
+            ))
+        }
+        e => CommandError::usage(format!("{}: stop cpusetd before reset", error_chain(&e))),
+    })
+}
+
+/// Reset on a node without the kubepods cgroup: what the agent changed elsewhere is put back
+/// and its checkpoint removed.
+fn reset_without_kubepods(args: &AgentArgs, kubepods: &str) -> Result<(), CommandError> {
+    let (cpuset, open_failed) = match args.tree.cpuset_hierarchy() {
+        Some((root, version)) => match CgroupFs::open(root) {
+            Ok(fs) => (Some((fs, version)), false),
+            Err(e) => {
+                eprintln!("cpusetd: {}", error_chain(&e));
+                (None, true)
+            }
+        },
+        None => (None, false),
+    };
+    let irq_failed = restore_effects(args, cpuset) | open_failed;
+    println!("no kubepods cgroup {kubepods}: no cgroup to reset");
+    remove_state(&args.state_dir, !irq_failed);
+    if irq_failed {
+        Err(CommandError {
+            status: EXIT_FAILURE,
+            message: "some interrupt affinities or cpusets were not restored; run reset again"
+                .into(),
+            bare: false,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// The writes that widen every cpuset under kubepods to `all_cpus` and `all_mems`, in an
+/// order the kernel accepts (a cgroup whose file is missing is left as it is).
+fn widen_steps(
+    scan: &crate::cgroupfs::Scan,
+    parents: &[Option<usize>],
+    all_cpus: &CpuSet,
+    all_mems: &CpuSet,
+) -> Vec<Step> {
+    let mut writes = Vec::new();
+    for (file, wanted) in [
+        (InterfaceFile::CpusetCpus, all_cpus),
+        (InterfaceFile::CpusetMems, all_mems),
+    ] {
+        let nodes: Vec<SetNode> = scan
+            .cgroups
+            .iter()
+            .zip(parents)
+            .map(|(c, p)| {
+                let current = match file {
+                    InterfaceFile::CpusetCpus => &c.cpus,
+                    _ => &c.mems,
+                };
+                SetNode {
+                    parent: *p,
+                    current: current.value().cloned().unwrap_or_default(),
+                    desired: if current.is_missing() {
+                        Default::default()
+                    } else {
+                        wanted.clone()
+                    },
+                }
+            })
+            .collect();
+        writes.extend(order_writes(&nodes).into_iter().map(|w| {
+            let path = scan.cgroups[w.node].path.clone();
+            Step::new(path, file, w.value.to_string(), WriteStep::Widen)
+        }));
+    }
+    writes
+}
+
+/// The quotas the agent lifted, recorded in its checkpoint, back to what they were (for the
+/// cgroups still there). Returns how many were planned.
+fn quotas_from_checkpoint(
+    args: &AgentArgs,
+    scan: &crate::cgroupfs::Scan,
+    version: CgroupVersion,
+    writes: &mut Vec<Step>,
+) -> usize {
+    let LoadOutcome::Loaded(cp) = checkpoint::load(&args.state_dir) else {
+        return 0;
+    };
+    let file = match version {
+        CgroupVersion::V1 => InterfaceFile::CpuCfsQuotaUs,
+        CgroupVersion::V2 => InterfaceFile::CpuMax,
+    };
+    let mut restored = 0;
+    for lifted in &cp.quota_lifted {
+        let Ok(path) = CgroupPath::new(&lifted.cgroup) else {
+            continue;
+        };
+        if !scan.cgroups.iter().any(|c| c.path == path) {
+            continue;
+        }
+        let original = lifted.original.clone();
+        writes.push(Step::new(path, file, original, WriteStep::LiftQuota));
+        restored += 1;
+    }
+    restored
+}
+
+/// The kernel's default back on v1: new cgroups start with empty cpusets again (the agent
+/// sets `cgroup.clone_children`; runtimes copy the parent's cpuset themselves).
+fn unset_clone_children(cpuset: &CgroupFs, scan: &crate::cgroupfs::Scan) {
+    for cgroup in &scan.cgroups {
+        if cgroup.relative.depth() <= 2 {
+            let _ = cpuset.write(&cgroup.path, InterfaceFile::CgroupCloneChildren, "0");
+        }
+    }
 }
 
 /// Removes the pod directories of `--projection-dir` (with the agent stopped every one is
@@ -265,7 +301,6 @@ fn quotas_from_runtime_configs(
     parents: &[Option<usize>],
     writes: &mut Vec<Step>,
 ) -> usize {
-    use crate::cgroupfs::{CgroupVersion, CpuSettings, FileValue, Quota};
     use crate::classify::CgroupKind;
     let covered: std::collections::HashSet<CgroupPath> = writes
         .iter()
@@ -274,31 +309,10 @@ fn quotas_from_runtime_configs(
         .collect();
     let runtime = &mut node.runtime;
     let classes = crate::classify::classify_scan(&node.naming, scan, |id| runtime.lookup(id));
-    // (quota, period) of the cgroup now, when it is unlimited: its period.
-    let unlimited_period = |i: usize| match &scan.cgroups[i].cpu {
-        CpuSettings::V1 {
-            cfs_quota: FileValue::Value(Quota::Unlimited),
-            cfs_period_us,
-            ..
-        } => Some(cfs_period_us.value().copied().unwrap_or(100_000)),
-        CpuSettings::V2 {
-            max: FileValue::Value(max),
-            ..
-        } if max.quota == Quota::Unlimited => Some(max.period_us),
-        _ => None,
-    };
-    let value = |quota: u64, period: u64| match node.layout.version {
-        CgroupVersion::V1 => quota.to_string(),
-        CgroupVersion::V2 => format!("{quota} {period}"),
-    };
-    let file = match node.layout.version {
-        CgroupVersion::V1 => InterfaceFile::CpuCfsQuotaUs,
-        CgroupVersion::V2 => InterfaceFile::CpuMax,
-    };
+    let version = node.layout.version;
     // Each container's limit as cpu-microseconds per second (period-independent).
     let mut limit_per_second: Vec<Option<f64>> = vec![None; scan.cgroups.len()];
     let mut planned = 0;
-    let mut pod_writes = Vec::new();
     for (i, class) in classes.iter().enumerate() {
         if class.kind != CgroupKind::Container {
             continue;
@@ -317,19 +331,43 @@ fn quotas_from_runtime_configs(
         if covered.contains(&scan.cgroups[i].path) {
             continue;
         }
-        if let Some(period) = unlimited_period(i) {
+        if let Some(period) = unlimited_period(&scan.cgroups[i].cpu) {
             let scaled = (quota as u128 * u128::from(period) / u128::from(config_period)) as u64;
             let path = scan.cgroups[i].path.clone();
-            let value = value(scaled.max(1000), period);
-            writes.push(Step::new(path, file, value, WriteStep::LiftQuota));
+            writes.push(quota_step(version, path, scaled, period));
             planned += 1;
         }
     }
+    let pod_writes = pod_quotas(
+        scan,
+        parents,
+        &classes,
+        &covered,
+        &limit_per_second,
+        version,
+    );
+    planned += pod_writes.len();
+    writes.extend(pod_writes);
+    planned
+}
+
+/// The pods' quotas, where unlimited now and not covered by a checkpoint: the sum of their
+/// containers' limits (`limit_per_second`), none where one container has no limit.
+fn pod_quotas(
+    scan: &crate::cgroupfs::Scan,
+    parents: &[Option<usize>],
+    classes: &[crate::classify::Classification],
+    covered: &std::collections::HashSet<CgroupPath>,
+    limit_per_second: &[Option<f64>],
+    version: CgroupVersion,
+) -> Vec<Step> {
+    use crate::classify::CgroupKind;
+    let mut pod_writes = Vec::new();
     for (p, class) in classes.iter().enumerate() {
         if class.kind != CgroupKind::Pod || covered.contains(&scan.cgroups[p].path) {
             continue;
         }
-        let Some(period) = unlimited_period(p) else {
+        let Some(period) = unlimited_period(&scan.cgroups[p].cpu) else {
             continue;
         };
         let containers: Vec<usize> = (0..scan.cgroups.len())
@@ -341,14 +379,35 @@ fn quotas_from_runtime_configs(
         };
         let quota = (limits.iter().sum::<f64>() * period as f64 / 1e6).round() as u64;
         let path = scan.cgroups[p].path.clone();
-        pod_writes.push(Step::new(
-            path,
-            file,
-            value(quota.max(1000), period),
-            WriteStep::LiftQuota,
-        ));
-        planned += 1;
+        pod_writes.push(quota_step(version, path, quota, period));
     }
-    writes.extend(pod_writes);
-    planned
+    pod_writes
+}
+
+/// A cgroup's CFS period when its quota is unlimited now; `None` when it has a quota (or it
+/// cannot be read).
+fn unlimited_period(cpu: &crate::cgroupfs::CpuSettings) -> Option<u64> {
+    use crate::cgroupfs::{CpuSettings, FileValue, Quota};
+    match cpu {
+        CpuSettings::V1 {
+            cfs_quota: FileValue::Value(Quota::Unlimited),
+            cfs_period_us,
+            ..
+        } => Some(cfs_period_us.value().copied().unwrap_or(100_000)),
+        CpuSettings::V2 {
+            max: FileValue::Value(max),
+            ..
+        } if max.quota == Quota::Unlimited => Some(max.period_us),
+        _ => None,
+    }
+}
+
+/// The write that puts back a quota (at least 1000 us) in the hierarchy's own file and form.
+fn quota_step(version: CgroupVersion, path: CgroupPath, quota: u64, period: u64) -> Step {
+    let quota = quota.max(1000);
+    let (file, value) = match version {
+        CgroupVersion::V1 => (InterfaceFile::CpuCfsQuotaUs, quota.to_string()),
+        CgroupVersion::V2 => (InterfaceFile::CpuMax, format!("{quota} {period}")),
+    };
+    Step::new(path, file, value, WriteStep::LiftQuota)
 }

@@ -1,9 +1,6 @@
 //! `cpusetd run`: the agent. Configuration errors exit 78 (so systemd's
 //! `RestartPreventExitStatus=78` stops restarting), runtime failures 1.
 
-// The crate's 60-line function limit (clippy.toml), tests aside.
-#![deny(clippy::too_many_lines)]
-
 use clap::{Args, Parser};
 
 use super::node::{AgentArgs, NodeView};

@@ -210,11 +210,9 @@ impl StatusView {
     }
 }
 
-/// Reads the agent's checkpoint and the live tree. A container that should hold exclusive cpus
-/// but does not says why as the agent decided it (kubelet's text, kept in the checkpoint), not
-/// as a recomputation here would.
-pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, CommandError> {
-    let agent = match checkpoint::lock_holder(state_dir) {
+/// Whether the agent runs (it holds the state lock), and why not where it does not.
+fn agent_doc(state_dir: &Path) -> AgentDoc {
+    match checkpoint::lock_holder(state_dir) {
         LockHolder::Agent(pid) => AgentDoc {
             running: true,
             pid,
@@ -225,49 +223,59 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
             pid: None,
             not_running: Some(why),
         },
-    };
-    let cp = match checkpoint::load(state_dir) {
-        LoadOutcome::Loaded(cp) => cp,
-        LoadOutcome::Missing => {
-            return Err(match &agent.not_running {
-                Some(why) => CommandError {
-                    status: EXIT_NOT_RUNNING,
-                    message: format!(
-                        "cpusetd is not running on {}: {why}; no checkpoint there either",
-                        state_dir.display()
-                    ),
-                    bare: false,
-                },
-                None => CommandError::failure(&std::io::Error::other(format!(
-                    "the agent on {} has not written its first checkpoint yet (starting, or \
-                     waiting for the kubepods cgroup)",
+    }
+}
+
+/// The agent's checkpoint; without one, an error that says whether the agent runs.
+fn load_checkpoint(
+    state_dir: &Path,
+    agent: &AgentDoc,
+) -> Result<checkpoint::Checkpoint, CommandError> {
+    match checkpoint::load(state_dir) {
+        LoadOutcome::Loaded(cp) => Ok(cp),
+        LoadOutcome::Missing => Err(match &agent.not_running {
+            Some(why) => CommandError {
+                status: EXIT_NOT_RUNNING,
+                message: format!(
+                    "cpusetd is not running on {}: {why}; no checkpoint there either",
                     state_dir.display()
-                ))),
-            })
-        }
-        LoadOutcome::Unusable { path, reason } => {
-            return Err(CommandError::failure(&std::io::Error::other(
-                reason.describe(&path),
-            )))
-        }
-    };
-    let (scan, mut classes) = node.scan_and_classify()?;
-    with_live_requests(node, &scan, &mut classes);
-    names_from_assignments(&mut classes, &cp.assignments);
+                ),
+                bare: false,
+            },
+            None => CommandError::failure(&std::io::Error::other(format!(
+                "the agent on {} has not written its first checkpoint yet (starting, or \
+                     waiting for the kubepods cgroup)",
+                state_dir.display()
+            ))),
+        }),
+        LoadOutcome::Unusable { path, reason } => Err(CommandError::failure(
+            &std::io::Error::other(reason.describe(&path)),
+        )),
+    }
+}
+
+/// The plan as the checkpoint has it: its pools and assignments over the live tree (nothing
+/// desired where the agent manages no cgroup), without writes.
+fn checkpoint_view(
+    node: &NodeView,
+    scan: &Scan,
+    classes: &[Classification],
+    cp: &checkpoint::Checkpoint,
+) -> Plan {
     let exclusive = cp.assignments.exclusive_cpus();
     let pools = Pools {
         pod_cpus: cp.shared_pool.union(&exclusive),
         shared: cp.shared_pool.clone(),
         memory_nodes: node.topology.memory_nodes().clone(),
     };
-    let parents = parent_indexes(&scan);
+    let parents = parent_indexes(scan);
     // Under `none` the agent leaves every cgroup alone (nothing is desired) unless
     // `--respect-isolcpus` keeps them off the isolated cpus: then its pool is in the checkpoint.
     let managed = cp.policy == checkpoint::Policy::Static || !cp.shared_pool.is_empty();
     let desired = if managed {
         desired_tree(
-            &scan,
-            &classes,
+            scan,
+            classes,
             &parents,
             &cp.assignments,
             &pools,
@@ -277,14 +285,27 @@ pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, Comm
     } else {
         vec![Default::default(); scan.cgroups.len()]
     };
-    let view = Plan {
+    Plan {
         pools: managed.then_some(pools),
         desired,
         parents,
         assignments: cp.assignments.clone(),
         events: Vec::new(),
         writes: Default::default(),
-    };
+    }
+}
+
+/// Reads the agent's checkpoint and the live tree. A container that should hold exclusive cpus
+/// but does not says why as the agent decided it (kubelet's text, kept in the checkpoint), not
+/// as a recomputation here would.
+pub fn collect(node: &mut NodeView, state_dir: &Path) -> Result<StatusView, CommandError> {
+    let agent = agent_doc(state_dir);
+    let cp = load_checkpoint(state_dir, &agent)?;
+    let (scan, mut classes) = node.scan_and_classify()?;
+    with_live_requests(node, &scan, &mut classes);
+    names_from_assignments(&mut classes, &cp.assignments);
+    let exclusive = cp.assignments.exclusive_cpus();
+    let view = checkpoint_view(node, &scan, &classes, &cp);
     let effects = recorded_effects(node, &cp.effects);
     let effects_in_force = crate::effects::in_force(&effects);
     let in_force = crate::report::InForce {

@@ -197,6 +197,73 @@ fn plan_named<C: Borrow<Classification>>(
         return plan_without_policy(scan, classes, parents, config);
     };
 
+    let mut pod_cpus = pod_cpus(policy, config);
+    let (demands, live_pods) = container_demands(scan, classes, previous);
+    // Past the scan's limit nothing unseen is handed out: no new exclusive cpus, and the shared
+    // pool does not grow.
+    let new_cpus = if scan.truncated {
+        NewCpus::Withheld
+    } else {
+        NewCpus::Given
+    };
+    // The isolated pool's cpus kubepods' parent lets pods have.
+    let mut isolated_cpus = policy.isolated_pool().clone();
+    if let Some(cpus) = config.limits.and_then(|l| l.cpus.as_ref()) {
+        isolated_cpus = isolated_cpus.intersection(cpus);
+    }
+    let (assignments, events) = assign_with(
+        policy,
+        &pod_cpus,
+        &demands,
+        &live_pods,
+        previous,
+        (&isolated_cpus, new_cpus),
+    );
+    let mut shared = pod_cpus.difference(&assignments.exclusive_cpus());
+    // The kubepods root holds the isolated cpus pinned there (only those: no other pod runs on
+    // an isolated cpu).
+    pod_cpus.extend_from(&assignments.exclusive_cpus().intersection(&isolated_cpus));
+    if scan.truncated {
+        shared = shared_pool_not_grown(scan, classes, shared);
+    }
+
+    let pools = Pools {
+        shared,
+        pod_cpus,
+        memory_nodes: pod_memory_nodes(config),
+    };
+    let desired = desired_tree(
+        scan,
+        classes,
+        &parents,
+        &assignments,
+        &pools,
+        config.topology,
+        config.align_memory,
+    );
+
+    let reachable = reachable_cpus(config);
+    let mut writes = cpuset_writes(scan, &parents, &desired, &reachable);
+    writes.extend(quota_lifts(
+        scan,
+        classes,
+        &parents,
+        &assignments,
+        config.keep_cfs_quota,
+    ));
+    Plan {
+        pools: Some(pools),
+        desired,
+        parents,
+        assignments,
+        events,
+        writes,
+    }
+}
+
+/// The cpus pods may use: the policy's initial shared pool without what it excludes, within
+/// what kubepods' parent gives (unless that leaves nothing).
+fn pod_cpus(policy: &StaticPolicy, config: &PlanConfig<'_>) -> CpuSet {
     let mut pod_cpus = policy.initial_shared_pool();
     pod_cpus.remove_all(policy.excluded());
     if let Some(cpus) = config.limits.and_then(|l| l.cpus.as_ref()) {
@@ -206,7 +273,27 @@ fn plan_named<C: Borrow<Classification>>(
             pod_cpus = limited;
         }
     }
+    pod_cpus
+}
 
+/// The cpus that exist for pods now: a cgroup's current set may still name cpus that went
+/// offline (v1 took them out of every cpuset already; the model has not read that yet), and
+/// a widening must not write them back.
+fn reachable_cpus(config: &PlanConfig<'_>) -> CpuSet {
+    let mut reachable = config.topology.all_cpus().clone();
+    if let Some(cpus) = config.limits.and_then(|l| l.cpus.as_ref()) {
+        reachable = reachable.intersection(cpus);
+    }
+    reachable
+}
+
+/// One demand per container that can hold exclusive CPUs (one per key: see below), and the
+/// pods that live (those seen, and where the scan is incomplete, those it may not have seen).
+fn container_demands<C: Borrow<Classification>>(
+    scan: &Scan,
+    classes: &[C],
+    previous: &Assignments,
+) -> (Vec<ContainerDemand>, BTreeSet<String>) {
     let mut demands: Vec<ContainerDemand> = Vec::new();
     let mut demand_of: HashMap<AssignmentKey, usize> = HashMap::new();
     let mut live_pods: BTreeSet<String> = BTreeSet::new();
@@ -264,76 +351,17 @@ fn plan_named<C: Borrow<Classification>>(
                 .map(str::to_string),
         );
     }
-    // Past the scan's limit nothing unseen is handed out: no new exclusive cpus, and the shared
-    // pool does not grow.
-    let new_cpus = if scan.truncated {
-        NewCpus::Withheld
-    } else {
-        NewCpus::Given
-    };
-    // The isolated pool's cpus kubepods' parent lets pods have.
-    let mut isolated_cpus = policy.isolated_pool().clone();
-    if let Some(cpus) = config.limits.and_then(|l| l.cpus.as_ref()) {
-        isolated_cpus = isolated_cpus.intersection(cpus);
-    }
-    let (assignments, events) = assign_with(
-        policy,
-        &pod_cpus,
-        &demands,
-        &live_pods,
-        previous,
-        (&isolated_cpus, new_cpus),
-    );
-    let mut shared = pod_cpus.difference(&assignments.exclusive_cpus());
-    // The kubepods root holds the isolated cpus pinned there (only those: no other pod runs on
-    // an isolated cpu).
-    pod_cpus.extend_from(&assignments.exclusive_cpus().intersection(&isolated_cpus));
-    if scan.truncated {
-        shared = shared_pool_not_grown(scan, classes, shared);
-    }
+    (demands, live_pods)
+}
 
-    let pools = Pools {
-        shared,
-        pod_cpus,
-        memory_nodes: match config.limits.and_then(|l| l.mems.as_ref()) {
-            Some(mems) if !mems.intersection(config.topology.memory_nodes()).is_empty() => {
-                mems.intersection(config.topology.memory_nodes())
-            }
-            _ => config.topology.memory_nodes().clone(),
-        },
-    };
-    let desired = desired_tree(
-        scan,
-        classes,
-        &parents,
-        &assignments,
-        &pools,
-        config.topology,
-        config.align_memory,
-    );
-
-    // The cpus that exist for pods now: a cgroup's current set may still name cpus that went
-    // offline (v1 took them out of every cpuset already; the model has not read that yet), and
-    // a widening must not write them back.
-    let mut reachable = config.topology.all_cpus().clone();
-    if let Some(cpus) = config.limits.and_then(|l| l.cpus.as_ref()) {
-        reachable = reachable.intersection(cpus);
-    }
-    let mut writes = cpuset_writes(scan, &parents, &desired, &reachable);
-    writes.extend(quota_lifts(
-        scan,
-        classes,
-        &parents,
-        &assignments,
-        config.keep_cfs_quota,
-    ));
-    Plan {
-        pools: Some(pools),
-        desired,
-        parents,
-        assignments,
-        events,
-        writes,
+/// The memory nodes pods may use: those kubepods' parent gives, all of them where it gives
+/// none of the node's.
+fn pod_memory_nodes(config: &PlanConfig<'_>) -> CpuSet {
+    match config.limits.and_then(|l| l.mems.as_ref()) {
+        Some(mems) if !mems.intersection(config.topology.memory_nodes()).is_empty() => {
+            mems.intersection(config.topology.memory_nodes())
+        }
+        _ => config.topology.memory_nodes().clone(),
     }
 }
 
