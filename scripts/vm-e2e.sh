@@ -193,9 +193,17 @@ for scenario in "${scenarios[@]}"; do
         v1 | sched | hotplug-v1 | sched-v2-6.1) image=$kernel_6_1 ;;
         *) image=$kernel ;;
     esac
+    # Multi-threaded TCG has hung 6.12 guests while cpuset partitions rebuild the scheduler
+    # domains (init and kthreadd blocked for minutes right after the agent's first writes, once
+    # in three CI runs; the same binary passed at once on a rerun): sched-v2 runs on one TCG
+    # thread (50 s instead of 42 s here). KVM is left as it is.
+    scenario_accel=("${accel[@]}")
+    if [ "$scenario" = sched-v2 ] && [ "${accel[1]}" = tcg,thread=multi ]; then
+        scenario_accel=(-accel tcg,thread=single)
+    fi
     # ttyS0: the console (kernel and /init output); ttyS1: what check.py reads.
     # sched_verbose: 6.12 fills debugfs' sched/domains/cpuN only with it (6.1 always does).
-    timeout -k 10 "$timeout_s" qemu-system-x86_64 "${accel[@]}" "${qemu_common[@]}" \
+    timeout -k 10 "$timeout_s" qemu-system-x86_64 "${scenario_accel[@]}" "${qemu_common[@]}" \
         -kernel "$image" -initrd "$work/initramfs.gz" \
         -serial "file:$console" -serial "file:$results" \
         -append "console=ttyS0 panic=-1 quiet sched_verbose isolcpus=7 cpusetd_e2e=$scenario" \
