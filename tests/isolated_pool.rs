@@ -293,11 +293,15 @@ fn incremental_and_full_passes_keep_the_pools_apart() {
     ];
     // Asking pods seen pinned in the pool and seen refused, over every case.
     let totals = std::cell::Cell::new((0u32, 0u32));
-    let mut runner = TestRunner::new(Config {
+    // A fixed seed: the assertion at the end is about the sequences drawn (both outcomes
+    // made), which a random seed left to chance (once "43 served, 0 refused" in CI).
+    let config = Config {
         cases: 16,
         failure_persistence: None,
         ..Config::default()
-    });
+    };
+    let rng = proptest::test_runner::TestRng::deterministic_rng(config.rng_algorithm);
+    let mut runner = TestRunner::new_with_rng(config, rng);
     runner
         .run(
             &(any::<bool>(), proptest::collection::vec(step, 1..24)),
