@@ -71,6 +71,10 @@ impl PodResourcesServer {
         published: Arc<Published>,
     ) -> Result<PodResourcesServer, ServeError> {
         let listener = bind(socket)?;
+        // What was bound, seen here and not by the server thread when it gets to run: the
+        // path may be gone by then (the state directory removed), and a thread that first
+        // looked at an empty path would take the emptiness for its own and never bind again.
+        let bound = inode(socket);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .enable_time()
@@ -80,7 +84,16 @@ impl PodResourcesServer {
         let path = socket.to_path_buf();
         let thread = thread::Builder::new()
             .name("cpusetd-podres".into())
-            .spawn(move || serve(runtime, listener, kubelet, published, stop_rx, &path))
+            .spawn(move || {
+                serve(
+                    runtime,
+                    (listener, bound),
+                    kubelet,
+                    published,
+                    stop_rx,
+                    &path,
+                )
+            })
             .map_err(ServeError::Runtime)?;
         log::info!("serving kubelet's PodResources API on {}", socket.display());
         Ok(PodResourcesServer {
@@ -152,7 +165,7 @@ fn remove_socket(path: &Path) -> io::Result<()> {
 /// connection's task with it).
 fn serve(
     runtime: tokio::runtime::Runtime,
-    listener: std::os::unix::net::UnixListener,
+    (listener, mut bound): (std::os::unix::net::UnixListener, Option<u64>),
     kubelet: Option<PathBuf>,
     published: Arc<Published>,
     stop: tokio::sync::oneshot::Receiver<()>,
@@ -174,7 +187,6 @@ fn serve(
         let mut listener = listener;
         let mut stop = stop;
         loop {
-            let bound = inode(path);
             let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
             let server = Server::builder().serve_with_incoming(service.clone(), incoming);
             tokio::select! {
@@ -186,7 +198,11 @@ fn serve(
                 },
                 _ = &mut stop => return,
                 // Connections already open stay (they are tasks of their own).
-                fresh = bound_again_when_gone(path, bound) => listener = fresh,
+                fresh = bound_again_when_gone(path, bound) => {
+                    // Bound by this thread just now: its inode is the new socket's.
+                    bound = inode(path);
+                    listener = fresh;
+                }
             }
         }
     });
