@@ -180,24 +180,13 @@ fn exclusive_rules(fs: &CgroupFs, cgroup: &CgroupPath, value: &str) -> Verdict {
             .ok()
             .and_then(|text| CpuSet::parse(text.trim()).ok())
     };
-    let children = |of: &CgroupPath| -> Vec<CgroupPath> {
-        fs.list(of)
-            .map(|entries| {
-                entries
-                    .iter()
-                    .filter(|e| e.kind == FileKind::Directory)
-                    .filter_map(|e| of.join(&e.name).ok())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     if let Some(parent) = cgroup.parent().filter(|p| !p.is_root()) {
         if let Some(held) = read(&parent) {
             if !new.is_subset(&held) {
                 return Err((Errno::EINVAL, format!("not within the parent's {held}")));
             }
         }
-        for sibling in children(&parent).iter().filter(|s| *s != cgroup) {
+        for sibling in children(fs, &parent).iter().filter(|s| *s != cgroup) {
             if let Some(theirs) = read(sibling) {
                 if !theirs.intersection(&new).is_empty() {
                     return Err((
@@ -208,7 +197,7 @@ fn exclusive_rules(fs: &CgroupFs, cgroup: &CgroupPath, value: &str) -> Verdict {
             }
         }
     }
-    for child in children(cgroup) {
+    for child in children(fs, cgroup) {
         if let Some(held) = read(&child) {
             if !held.is_subset(&new) {
                 return Err((Errno::EBUSY, format!("child {child} holds {held}")));
