@@ -43,6 +43,7 @@ pub fn cpus(text: &str) -> CpuSet {
 /// `cpusetd status --json` as the tests read it.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Status {
+    pub agent: AgentState,
     pub policy: String,
     pub shared_pool: String,
     pub exclusive_cpus: String,
@@ -50,6 +51,12 @@ pub struct Status {
     pub last_reconcile_unix_ms: Option<u64>,
     pub containers: Vec<Row>,
     pub differing: usize,
+}
+
+/// Whether an agent runs on the state dir, as `status --json` says (exit 3 when not).
+#[derive(Debug, Clone, Deserialize)]
+pub struct AgentState {
+    pub running: bool,
 }
 
 /// One container (or sandbox) row of `status --json`.
@@ -98,6 +105,16 @@ impl Status {
     /// Every row has what the agent wants.
     pub fn converged(&self) -> bool {
         self.differing == 0
+    }
+
+    /// Rows whose current set differs from the desired one, leaving out those whose cpuset
+    /// cannot be read at all (a FIFO planted in its place: nothing the agent can repair), which
+    /// [`Status::differing`] counts.
+    pub fn differing_readable(&self) -> usize {
+        self.containers
+            .iter()
+            .filter(|r| r.current.is_some() && r.desired.is_some() && r.current != r.desired)
+            .count()
     }
 }
 
@@ -301,6 +318,11 @@ fn remove_cpu_below(dir: &Path, cpu: u32) {
 /// `cpusetd status --json` with `tree_args` (a node's tree and state dir), or `None` while it
 /// fails (no checkpoint yet). With no agent running (exit 3) the document is still read.
 pub fn status_of(tree_args: &[String]) -> Option<Status> {
+    try_status_of(tree_args).ok()
+}
+
+/// [`status_of`], with what `status` said on stderr when it fails.
+pub fn try_status_of(tree_args: &[String]) -> Result<Status, String> {
     let out = cpusetd_command()
         .arg("status")
         .args(tree_args)
@@ -312,9 +334,9 @@ pub fn status_of(tree_args: &[String]) -> Option<Status> {
         .output()
         .expect("run cpusetd");
     if !out.status.success() && out.status.code() != Some(3) {
-        return None;
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }
-    Some(serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+    Ok(serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "status --json: {e}: {}",
             String::from_utf8_lossy(&out.stdout)

@@ -15,7 +15,7 @@ use cpusetd::kubesim::{new_pod_uid, ContainerSpec, PodSpec, Qos};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::harness::{now_ms, rows, Node};
+use crate::harness_legacy::{now_ms, rows, Node};
 use crate::util::repo;
 
 /// Every file of `src/` (outside its unit tests) that can create, write, rename or remove a

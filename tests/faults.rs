@@ -14,7 +14,7 @@ use cpusetd::kubesim::{new_pod_uid, ContainerSpec, PodSpec, Qos};
 use serde_json::Value;
 
 use crate::agent_process::{cpusetd_command, AgentProcess};
-use crate::harness::{is_root, now_ms, rows, tail, Node, SETTLE};
+use crate::harness_legacy::{is_root, now_ms, rows, tail, Node, SETTLE};
 
 fn guaranteed_pod(cpus: u64) -> PodSpec {
     PodSpec {

@@ -14,7 +14,7 @@ use cpusetd::cpuset::CpuSet;
 use cpusetd::kubesim::{new_container_id, new_pod_uid, ContainerSpec, PodSpec, Qos};
 use serde_json::Value;
 
-use crate::harness::{now_ms, rows, Node};
+use crate::harness_legacy::{now_ms, rows, Node};
 
 fn pod(qos: Qos, containers: Vec<ContainerSpec>) -> PodSpec {
     PodSpec {
