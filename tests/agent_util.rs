@@ -43,7 +43,6 @@ pub fn cpus(text: &str) -> CpuSet {
 /// `cpusetd status --json` as the tests read it.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Status {
-    pub agent: AgentState,
     pub policy: String,
     pub shared_pool: String,
     pub exclusive_cpus: String,
@@ -51,12 +50,6 @@ pub struct Status {
     pub last_reconcile_unix_ms: Option<u64>,
     pub containers: Vec<Row>,
     pub differing: usize,
-}
-
-/// Whether an agent runs on the state dir, as `status --json` says (exit 3 when not).
-#[derive(Debug, Clone, Deserialize)]
-pub struct AgentState {
-    pub running: bool,
 }
 
 /// One container (or sandbox) row of `status --json`.
@@ -318,12 +311,25 @@ fn remove_cpu_below(dir: &Path, cpu: u32) {
 /// `cpusetd status --json` with `tree_args` (a node's tree and state dir), or `None` while it
 /// fails (no checkpoint yet). With no agent running (exit 3) the document is still read.
 pub fn status_of(tree_args: &[String]) -> Option<Status> {
-    try_status_of(tree_args).ok()
+    let out = status_output(tree_args);
+    if !out.status.success() && out.status.code() != Some(3) {
+        return None;
+    }
+    Some(parse_status(&out.stdout))
 }
 
-/// [`status_of`], with what `status` said on stderr when it fails.
-pub fn try_status_of(tree_args: &[String]) -> Result<Status, String> {
-    let out = cpusetd_command()
+/// `cpusetd status --json` with `tree_args` while an agent runs on the state dir (exit 0),
+/// or what `status` said on stderr.
+pub fn running_status_of(tree_args: &[String]) -> Result<Status, String> {
+    let out = status_output(tree_args);
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(parse_status(&out.stdout))
+}
+
+fn status_output(tree_args: &[String]) -> std::process::Output {
+    cpusetd_command()
         .arg("status")
         .args(tree_args)
         .arg("--json")
@@ -332,16 +338,12 @@ pub fn try_status_of(tree_args: &[String]) -> Result<Status, String> {
         // (here the fake one) makes follow its parent.
         .env("CPUSETD_FAKE_KERNEL_RULES", "1")
         .output()
-        .expect("run cpusetd");
-    if !out.status.success() && out.status.code() != Some(3) {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-    }
-    Ok(serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "status --json: {e}: {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    }))
+        .expect("run cpusetd")
+}
+
+fn parse_status(stdout: &[u8]) -> Status {
+    serde_json::from_slice(stdout)
+        .unwrap_or_else(|e| panic!("status --json: {e}: {}", String::from_utf8_lossy(stdout)))
 }
 
 /// Polls [`status_of`] until `condition` holds; panics after [`DEADLINE`] with the last status

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use cpusetd::topology::{RegularShape, Topology};
 
 use crate::agent_process::{cpusetd_command, lines_with, AgentProcess, TestNode};
-use crate::agent_util::{try_status_of, Status};
+use crate::agent_util::{running_status_of, Status};
 
 /// How long the agent may take to settle after a change.
 pub const SETTLE: Duration = Duration::from_secs(20);
@@ -146,18 +146,17 @@ impl TestNode {
 }
 
 impl TestNode {
-    /// Waits until the checkpoint says a pass ended at or after `since_unix_ms`, an agent runs
-    /// on the state dir, `status` shows no differing readable row ([`Status::differing_readable`])
+    /// Waits until the checkpoint says a pass ended at or after `since_unix_ms` and `status`
+    /// (exiting 0: an agent runs on the state dir) shows no differing readable row ([`Status::differing_readable`])
     /// and `done` holds; returns that status. Panics with the agent's log at the deadline.
     pub fn settled(&mut self, since_unix_ms: u64, done: impl Fn(&Status) -> bool) -> Status {
         let deadline = Instant::now() + SETTLE;
         let mut last;
         loop {
             self.assert_running();
-            match try_status_of(&self.tree_flags()) {
+            match running_status_of(&self.tree_flags()) {
                 Ok(status)
-                    if status.agent.running
-                        && status.differing_readable() == 0
+                    if status.differing_readable() == 0
                         && status
                             .last_reconcile_unix_ms
                             .is_some_and(|t| t >= since_unix_ms)
