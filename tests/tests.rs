@@ -22,7 +22,6 @@ mod devices;
 mod faults;
 mod fuzz_replay;
 mod harness;
-mod harness_legacy;
 mod hostile;
 mod hostile_agent;
 mod hotplug;
