@@ -366,11 +366,11 @@ impl TestNode {
             .expect("run cpusetd")
     }
 
-    /// A controller built from `run`'s flags on this node, as `cpusetd run` builds it (CPU 0
-    /// reserved unless `extra` reserves others), before its first scan: for driving it in
-    /// process.
+    /// The controller `cpusetd run` builds from its flags on this node (its state dir, CPU 0
+    /// reserved unless `extra` reserves others), host effects, hotplug and projections on the
+    /// node's sysfs and procfs, before its first scan: for driving it in process.
     pub fn controller(&self, extra: &[&str]) -> cpusetd::agent::Controller {
-        let mut flags = self.node_args();
+        let mut flags = self.tree_args();
         if !extra.contains(&"--reserved-cpu-count") && !extra.contains(&"--reserved-cpus") {
             flags.extend(["--reserved-cpus", "0"].map(String::from));
         }

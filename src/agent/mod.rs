@@ -449,6 +449,32 @@ fn open_watcher(layout: &CgroupLayout, period: Duration) -> Result<Option<Watche
     }
 }
 
+/// The controller `run` builds from `config`, with what the checkpoint and the host record
+/// restored, its host effects, hotplug and projections ([`build_controller`]), before its first
+/// scan and without the lock, threads or watcher: how tests and benchmarks drive it in
+/// process, on `config`'s roots (a test's fake sysfs and procfs). With no watcher there are no
+/// arrivals, as in `run` without inotify ([`Controller::watch_arrivals`] takes a test's own);
+/// irqbalance's thread tells a channel nobody reads.
+pub fn in_process(config: AgentConfig) -> Controller {
+    let host = HostConfig {
+        proc_root: config.proc_root,
+        sysfs_root: config.sysfs_root,
+        isolate_host: config.isolate_host,
+        projection_dir: config.projection_dir,
+        project_all: config.project_all,
+        hotplug: config.hotplug,
+    };
+    let restored = restore(&config.state_dir, &config.parts, &config.options);
+    let (irqbalance_told, _) = bounded::<()>(1);
+    build_controller(
+        config.parts,
+        restored,
+        &config.state_dir,
+        host,
+        irqbalance_told,
+    )
+}
+
 /// The controller, with what the checkpoint and the host record restored, and its host
 /// effects: interrupts, scheduler load balancing, power, hotplug, projections.
 fn build_controller(
