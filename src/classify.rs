@@ -28,6 +28,7 @@
 //! only affects the label, since such a container never has a whole CPU. Malformed names
 //! classify as unknown with a reason; nothing here panics on input.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::cgroupfs::{
@@ -574,7 +575,14 @@ pub enum Notice {
     /// An `"enable"`/`"disable"` annotation (`cpu-shared.crio.io/…`, `cpusetd.io/projection`)
     /// with another value.
     NotEnableOrDisable { key: String, value: String },
+    /// A pod whose CPU is set at pod level ([`pod_level_pods`]): said once of the pod cgroup.
+    PodLevelPod { limit: Option<Millicores> },
 }
+
+/// What cpusetd does with pods whose CPU is set at pod level, said alike wherever it comes up
+/// (a pod found by [`pod_level_pods`], kubelet's v3 `podEntries` not adopted).
+pub const POD_LEVEL_POLICY: &str = "cpusetd keeps pods with pod-level resources in the shared \
+     pool, as kubelet 1.34-1.36 does without its pod-level resource managers";
 
 impl fmt::Display for Notice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -637,6 +645,13 @@ impl fmt::Display for Notice {
                 value,
                 ": \"enable\" turns it on, \"disable\" leaves it off",
             ),
+            Notice::PodLevelPod { limit } => {
+                f.write_str("pod-level resources (spec.resources")?;
+                if let Some(limit) = limit {
+                    write!(f, ", cpu limit {limit}")?;
+                }
+                write!(f, "): its containers get no exclusive cpus: {POD_LEVEL_POLICY}")
+            }
         }
     }
 }
@@ -1554,10 +1569,18 @@ pub fn classify_scan(
     scan: &Scan,
     mut runtime: impl FnMut(&str) -> Option<RuntimeInfo>,
 ) -> Vec<Classification> {
-    scan.cgroups
+    let mut classes: Vec<Classification> = scan
+        .cgroups
         .iter()
         .map(|cgroup| classify_scan_one(naming, cgroup, &mut runtime))
-        .collect()
+        .collect();
+    let pods = pod_level_pods(scan.cgroups.iter().zip(&classes));
+    for class in &mut classes {
+        if let Some(changed) = in_pod_level_pod(class, &pods) {
+            *class = changed;
+        }
+    }
+    classes
 }
 
 /// Classifies one scanned cgroup; `runtime` is called only for containers.
@@ -1572,6 +1595,145 @@ pub fn classify_scan_one(
         _ => None,
     };
     classify(naming, &cgroup.relative, &cgroup.cpu, info.as_ref())
+}
+
+/// A Guaranteed pod whose CPU is set at pod level (`spec.resources`, KEP-2837), found from the
+/// whole pod by [`pod_level_pods`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodLevelPod {
+    /// The pod cgroup (scan path), whose model entry says it once.
+    pub pod: CgroupPath,
+    /// The pod-level limit (the pod cgroup's `cpu.max`, or a container's where the pod's was
+    /// lifted).
+    pub limit: Option<Millicores>,
+}
+
+/// What one pod's cgroups add up to, for [`pod_level_pods`].
+#[derive(Debug, Default)]
+struct PodTotals {
+    pod: Option<(CgroupPath, CpuResources)>,
+    /// A container of the pod is pod-level on its own ([`pod_level_resources`]).
+    own: Option<Option<Millicores>>,
+    containers: usize,
+    request_min: u64,
+    limit_min: u64,
+    all_limited: bool,
+    limit: Option<Millicores>,
+}
+
+impl PodTotals {
+    fn add_container(&mut self, class: &Classification) {
+        if let Exclusivity::Shared {
+            reason: SharedReason::PodLevelResources { limit },
+        } = &class.exclusivity
+        {
+            self.own = Some(*limit);
+        }
+        let Some(resources) = class.resources else {
+            return;
+        };
+        if self.containers == 0 {
+            self.all_limited = true;
+        }
+        self.containers += 1;
+        self.request_min += bounds(resources.request).0;
+        match resources.limit {
+            Some(limit) => {
+                self.limit_min += bounds(limit).0;
+                self.limit = self.limit.or(Some(limit));
+            }
+            None => self.all_limited = false,
+        }
+    }
+
+    /// kubelet sets a Guaranteed pod's cgroup from the sum of its containers' requests and
+    /// limits (plus any overhead), so no container-level pod has containers that add up to
+    /// more than it. A pod-level pod does: kubelet gives each container that sets no CPU the
+    /// pod-level limit as its limit and (its request defaulting to its limit) as its shares.
+    fn pod_level(&self) -> Option<PodLevelPod> {
+        let (path, pod) = self.pod.as_ref()?;
+        let over_requests = self.request_min > bounds(pod.request).1;
+        let over_limits = self.all_limited
+            && pod
+                .limit
+                .is_some_and(|limit| self.limit_min > bounds(limit).1);
+        let limit = pod.limit.or(self.limit);
+        match self.own {
+            Some(own) => Some(PodLevelPod {
+                pod: path.clone(),
+                limit: limit.or(own),
+            }),
+            None if over_requests || over_limits => Some(PodLevelPod {
+                pod: path.clone(),
+                limit,
+            }),
+            None => None,
+        }
+    }
+}
+
+/// The pods whose CPU is set at pod level, by pod UID, from the whole pod: kubelet 1.34–1.36's
+/// static policy skips every container of such a pod (`IsPodLevelResourcesSet`), whatever a
+/// container asks. cgroup v2 only (kubelet refuses such pods on v1). A pod is one when a
+/// container of it is one on its own ([`pod_level_resources`]), or when its containers'
+/// requests or limits (what classification read: the runtime config's where found) add up to
+/// more than its pod cgroup's (`cpu.weight`, `cpu.max`). Containers whose settings are not
+/// known yet count for nothing. A pod with one container that sets no CPU is not found: its
+/// cgroups and runtime config are those of a container-level pod (DECISIONS, "Pod-level
+/// resources").
+pub fn pod_level_pods<'a>(
+    cgroups: impl IntoIterator<Item = (&'a ScannedCgroup, &'a Classification)>,
+) -> BTreeMap<String, PodLevelPod> {
+    let mut pods: BTreeMap<String, PodTotals> = BTreeMap::new();
+    for (cgroup, class) in cgroups {
+        if class.qos != Some(QosClass::Guaranteed) || !matches!(cgroup.cpu, CpuSettings::V2 { .. })
+        {
+            continue;
+        }
+        let Some(uid) = class.pod_uid.as_ref() else {
+            continue;
+        };
+        match class.kind {
+            CgroupKind::Pod => {
+                if let Some((resources, _)) = resources_from_cgroup(&cgroup.cpu) {
+                    pods.entry(uid.clone()).or_default().pod =
+                        Some((cgroup.path.clone(), resources));
+                }
+            }
+            CgroupKind::Container => pods.entry(uid.clone()).or_default().add_container(class),
+            _ => {}
+        }
+    }
+    pods.into_iter()
+        .filter_map(|(uid, totals)| totals.pod_level().map(|pod| (uid, pod)))
+        .collect()
+}
+
+/// `class` as it stands in a pod found by [`pod_level_pods`]: a container of such a pod that is
+/// not already shared for that reason gets [`SharedReason::PodLevelResources`]; `None` when
+/// nothing changes (not such a container, or already so).
+pub fn in_pod_level_pod(
+    class: &Classification,
+    pods: &BTreeMap<String, PodLevelPod>,
+) -> Option<Classification> {
+    if class.kind != CgroupKind::Container {
+        return None;
+    }
+    let pod = pods.get(class.pod_uid.as_ref()?)?;
+    if matches!(
+        class.exclusivity,
+        Exclusivity::Shared {
+            reason: SharedReason::PodLevelResources { .. }
+        }
+    ) {
+        return None;
+    }
+    Some(Classification {
+        exclusivity: Exclusivity::Shared {
+            reason: SharedReason::PodLevelResources { limit: pod.limit },
+        },
+        ..class.clone()
+    })
 }
 
 #[allow(clippy::too_many_lines)]

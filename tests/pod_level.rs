@@ -1,10 +1,13 @@
 //! Pod-level resources (KEP-2837, issue 25 item 5): a Guaranteed pod whose CPU is set in
 //! `spec.resources` and whose containers set none. kubelet 1.34–1.36's static policy gives such
 //! containers no exclusive CPUs (they run in the shared pool); the agent does the same and
-//! `status` says why. On a fake cgroup v2 node with the real agent binary: the pod cgroup holds
-//! the pod-level values, each container kubelet's minimum shares (weight 1) and the pod's
-//! limit, and the runtime config says so too (`testdata/runtime/pod-level-resources-containerd.json`
-//! is the same shape as a runtime writes it).
+//! `status` says why. On a fake cgroup v2 node with the real agent binary, laid out as kubelet
+//! and runc leave it: the pod cgroup holds the pod-level values, and each container the pod's
+//! limit as its `cpu.max` and, its missing request defaulting to that limit, the same shares
+//! (`cpu.weight`) — each container alone looks like a container-level Guaranteed one; only the
+//! pod shows that its containers add up to more than it. The runtime config says so too
+//! (`testdata/runtime/pod-level-resources-containerd.json` is the same shape as a runtime
+//! writes it).
 
 use cpusetd::cgroupfs::CgroupVersion;
 use cpusetd::kubesim::{weight, ContainerSpec, Qos};
@@ -37,7 +40,10 @@ fn pod_level_cpu_leaves_its_containers_in_the_shared_pool() {
         weight(2048).to_string()
     );
     for id in &ids {
-        assert_eq!(node.read(&batch, id, "cpu.weight"), "1");
+        assert_eq!(
+            node.read(&batch, id, "cpu.weight"),
+            weight(2048).to_string()
+        );
         assert_eq!(node.read(&batch, id, "cpu.max"), "200000 100000");
     }
     let status = node.wait_status("db pinned, batch seen", |s| {
@@ -68,5 +74,19 @@ fn pod_level_cpu_leaves_its_containers_in_the_shared_pool() {
         .filter(|l| l.contains("shared: pod-level resources (spec.resources, cpu limit 2000m)"))
         .count();
     assert_eq!(noted, 2, "{table}");
+    // The log says it once, of the pod, whatever the passes since.
+    let web = guaranteed("web", 1000);
+    let web_id = node.fake.start_pod(&web).unwrap().remove(0);
+    node.wait_status("web pinned later", |s| {
+        s.converged() && s.by_id(&web_id).is_some_and(|r| r.exclusive)
+    });
+    let said =
+        agent.log_lines("pod-level resources (spec.resources, cpu limit 2000m): its containers");
+    assert_eq!(said.len(), 1, "{}", agent.log());
+    assert!(
+        said[0].contains("cpusetd keeps pods with pod-level resources in the shared pool"),
+        "{}",
+        said[0]
+    );
     assert!(agent.stop().success(), "{}", agent.log());
 }
