@@ -1622,7 +1622,9 @@ struct PodTotals {
 }
 
 impl PodTotals {
-    fn add_container(&mut self, class: &Classification) {
+    /// Counts a container; one read from a cgroup that still holds the kernel's default (the
+    /// runtime has not written it yet) counts for nothing.
+    fn add_container(&mut self, cgroup: &ScannedCgroup, class: &Classification) {
         if let Exclusivity::Shared {
             reason: SharedReason::PodLevelResources { limit },
         } = &class.exclusivity
@@ -1632,6 +1634,9 @@ impl PodTotals {
         let Some(resources) = class.resources else {
             return;
         };
+        if resources.source != CpuSource::OciConfig && holds_kernel_default(&cgroup.cpu) {
+            return;
+        }
         if self.containers == 0 {
             self.all_limited = true;
         }
@@ -1694,13 +1699,16 @@ pub fn pod_level_pods<'a>(
             continue;
         };
         match class.kind {
-            CgroupKind::Pod => {
+            CgroupKind::Pod if !holds_kernel_default(&cgroup.cpu) => {
                 if let Some((resources, _)) = resources_from_cgroup(&cgroup.cpu) {
                     pods.entry(uid.clone()).or_default().pod =
                         Some((cgroup.path.clone(), resources));
                 }
             }
-            CgroupKind::Container => pods.entry(uid.clone()).or_default().add_container(class),
+            CgroupKind::Container => pods
+                .entry(uid.clone())
+                .or_default()
+                .add_container(cgroup, class),
             _ => {}
         }
     }
@@ -2284,9 +2292,11 @@ mod tests {
     }
 
     /// Issue 25 item 5: a pod whose CPU is set in `spec.resources` (KEP-2837) and whose
-    /// containers set none. kubelet puts the pod-level limit on each such container's cgroup
-    /// and the minimum shares (2, weight 1) for its missing request; its static policy
-    /// (1.34–1.36) gives no container of such a pod exclusive CPUs.
+    /// containers set none. kubelet puts the pod-level limit on each such container
+    /// (`getCPULimit`) and, its missing request defaulting to that limit, the same shares
+    /// (`calculateLinuxResources`): alone, such a container is a container-level Guaranteed
+    /// one. Its static policy (1.34–1.36) gives no container of such a pod exclusive CPUs; the
+    /// pod shows it ([`pod_level_pods`]).
     #[test]
     fn pod_level_resources_keep_containers_shared_as_kubelet_does() {
         let n = systemd();
@@ -2295,23 +2305,30 @@ mod tests {
         let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("testdata/runtime/pod-level-resources-containerd.json");
         let rt = crate::runtime::load_config(&fixture).unwrap().unwrap();
-        // What runc wrote from that config: weight 1 (either conversion), the pod's limit.
-        let cgroup = v2(weight_quadratic(2), Some(200_000));
-        assert_eq!(weight_linear(2), weight_quadratic(2));
+        assert_eq!(
+            rt.cpu.shares,
+            Some(2048),
+            "kubelet's shares of the pod's limit"
+        );
+        // What runc wrote from that config: the weight of 2048 shares, the pod's limit.
+        let cgroup = v2(weight_quadratic(2048), Some(200_000));
         let pod_level = Exclusivity::Shared {
             reason: SharedReason::PodLevelResources {
                 limit: Some(Millicores::Exact(2000)),
             },
         };
         for rt in [Some(&rt), None] {
+            // Alone it cannot tell: a container-level container of 2 CPUs.
             let c = exclusivity(&n, &container, &cgroup, rt);
             assert_eq!(c.kind, CgroupKind::Container, "{c:?}");
-            assert_eq!(c.qos, Some(QosClass::Guaranteed));
-            assert_eq!(c.exclusivity, pod_level, "runtime config {}", rt.is_some());
-            assert!(c.notices.is_empty(), "{:?}", c.notices);
+            assert_eq!(c.exclusive_cpus(), 2, "runtime config {}", rt.is_some());
         }
-        let c = exclusivity(&n, &container, &cgroup, Some(&rt));
-        assert_eq!(c.container_name.as_deref(), Some("worker"));
+        let c = exclusivity(
+            &n,
+            &container,
+            &v2(weight_quadratic(2), Some(200_000)),
+            None,
+        );
         let Exclusivity::Shared { reason } = &c.exclusivity else {
             panic!("{c:?}")
         };
@@ -2410,6 +2427,213 @@ mod tests {
                 }
             ),
             "{c:?}"
+        );
+    }
+
+    fn scanned(relative: &str, cpu: CpuSettings) -> ScannedCgroup {
+        ScannedCgroup {
+            path: path(&format!("kubepods.slice/{relative}")),
+            relative: path(relative),
+            cpus: FileValue::Missing,
+            mems: FileValue::Missing,
+            effective_cpus: FileValue::Missing,
+            cpu,
+        }
+    }
+
+    fn scan_of(version: crate::cgroupfs::CgroupVersion, cgroups: Vec<ScannedCgroup>) -> Scan {
+        Scan {
+            version,
+            kubepods: path("kubepods.slice"),
+            cgroups,
+            inherits: false,
+            skipped: Vec::new(),
+            complete: true,
+            truncated: false,
+            gone_pods: std::collections::BTreeSet::new(),
+        }
+    }
+
+    fn id(n: u64) -> String {
+        format!("{n:064x}")
+    }
+
+    fn config(shares: u64, quota: Option<i64>) -> RuntimeInfo {
+        runtime(
+            &[("io.kubernetes.cri.container-type", "container")],
+            OciCpu {
+                shares: Some(shares),
+                quota,
+                period: Some(100_000),
+            },
+        )
+    }
+
+    /// A pod of `containers` (id, cgroup settings, runtime config) under a pod cgroup of
+    /// `pod` settings (systemd driver, Guaranteed), classified as a whole.
+    fn classify_pod(
+        uid_: &str,
+        pod: CpuSettings,
+        containers: &[(String, CpuSettings, Option<RuntimeInfo>)],
+    ) -> Vec<Classification> {
+        let slice = format!("kubepods-pod{uid_}.slice");
+        let mut cgroups = vec![scanned(&slice, pod)];
+        for (id, cpu, _) in containers {
+            cgroups.push(scanned(
+                &format!("{slice}/cri-containerd-{id}.scope"),
+                cpu.clone(),
+            ));
+        }
+        let version = match cgroups[0].cpu {
+            CpuSettings::V1 { .. } => crate::cgroupfs::CgroupVersion::V1,
+            CpuSettings::V2 { .. } => crate::cgroupfs::CgroupVersion::V2,
+        };
+        let scan = scan_of(version, cgroups);
+        let configs: BTreeMap<&str, Option<&RuntimeInfo>> = containers
+            .iter()
+            .map(|(id, _, rt)| (id.as_str(), rt.as_ref()))
+            .collect();
+        let mut classes = classify_scan(&systemd(), &scan, |id| configs[id].cloned());
+        classes.remove(0);
+        classes
+    }
+
+    /// The task's case on a real node: a pod with `spec.resources` cpu 2 and two containers
+    /// that set none. Each container, laid out by kubelet and runc, is a 2-CPU one on its own
+    /// (the fixture config.json, shares 2048 and quota 200000); together they are twice the
+    /// pod cgroup. Both stay shared, with the reason; an ordinary Guaranteed pod beside it is
+    /// pinned. From the cgroups alone (no runtime config) the limits tell, and with the pod's
+    /// quota lifted the requests do. A pod-level pod of one such container is not found.
+    #[test]
+    fn pod_level_pod_is_found_from_the_whole_pod() {
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/runtime/pod-level-resources-containerd.json");
+        let rt = crate::runtime::load_config(&fixture).unwrap().unwrap();
+        let batch = "5a1e7c3d_2b4f_4e6a_9c8d_0f1e2d3c4b5a";
+        let pod_cgroup = v2(weight_linear(2048), Some(200_000));
+        let member = v2(weight_linear(2048), Some(200_000));
+        let pod_level = Exclusivity::Shared {
+            reason: SharedReason::PodLevelResources {
+                limit: Some(Millicores::Exact(2000)),
+            },
+        };
+        for rt in [Some(rt.clone()), None] {
+            let containers = [
+                (id(1), member.clone(), rt.clone()),
+                (id(2), member.clone(), rt.clone()),
+            ];
+            let classes = classify_pod(batch, pod_cgroup.clone(), &containers);
+            for c in &classes {
+                assert_eq!(c.exclusivity, pod_level, "config {}: {c:?}", rt.is_some());
+                assert_eq!(c.kind, CgroupKind::Container);
+            }
+            let db = classify_pod(UID_, pod_cgroup.clone(), &[(id(3), member.clone(), None)]);
+            assert_eq!(db[0].exclusive_cpus(), 2, "{:?}", db[0]);
+            // One such container alone is a container-level pod's (documented).
+            let alone = classify_pod(batch, pod_cgroup.clone(), &containers[..1]);
+            assert_eq!(alone[0].exclusive_cpus(), 2);
+        }
+        // The pod's and a member's quota lifted (as for exclusive containers): the configs'
+        // requests, 4 CPUs under a pod of 2, still tell.
+        let lifted = v2(weight_linear(2048), None);
+        let containers = [
+            (id(1), lifted.clone(), Some(rt.clone())),
+            (id(2), member.clone(), Some(rt.clone())),
+        ];
+        let classes = classify_pod(batch, lifted.clone(), &containers);
+        assert!(
+            classes.iter().all(|c| c.exclusive_cpus() == 0),
+            "{classes:?}"
+        );
+        assert!(matches!(
+            classes[0].exclusivity,
+            Exclusivity::Shared {
+                reason: SharedReason::PodLevelResources { limit: Some(_) }
+            }
+        ));
+        // What the agent logs of the pod, once.
+        let notice = Notice::PodLevelPod {
+            limit: Some(Millicores::Exact(2000)),
+        };
+        assert_eq!(
+            notice.to_string(),
+            format!(
+                "pod-level resources (spec.resources, cpu limit 2000m): its containers get no \
+                 exclusive cpus: {POD_LEVEL_POLICY}"
+            )
+        );
+    }
+
+    /// kubelet skips every container of a pod-level pod, whatever it asks: one container that
+    /// shows the pod-level limit (a request under it) takes its whole-CPU sibling with it, even
+    /// with the pod's quota lifted.
+    #[test]
+    fn one_pod_level_container_keeps_its_siblings_shared() {
+        let under = (
+            id(1),
+            v2(weight_linear(1024), Some(300_000)),
+            Some(config(1024, Some(300_000))),
+        );
+        let whole = (
+            id(2),
+            v2(weight_linear(2048), Some(200_000)),
+            Some(config(2048, Some(200_000))),
+        );
+        let pod = v2(weight_linear(3072), None);
+        let classes = classify_pod(UID_, pod.clone(), &[under.clone(), whole.clone()]);
+        for c in &classes {
+            assert_eq!(
+                c.exclusivity,
+                Exclusivity::Shared {
+                    reason: SharedReason::PodLevelResources {
+                        limit: Some(Millicores::Exact(3000))
+                    }
+                },
+                "{c:?}"
+            );
+        }
+        // Without the pod-level one, the whole-CPU container is pinned.
+        let classes = classify_pod(UID_, v2(weight_linear(2048), Some(200_000)), &[whole]);
+        assert_eq!(classes[0].exclusive_cpus(), 2);
+    }
+
+    /// Container-level Guaranteed pods never add up past their pod cgroup: a 1m container at
+    /// kubelet's minimum quota beside a 2-CPU one, a pod with overhead, one container still
+    /// waiting for its settings, and cgroup v1 (where kubelet refuses pod-level resources).
+    #[test]
+    fn container_level_pods_never_add_up_past_their_pod() {
+        let tiny = (id(1), v2(1, Some(1_000)), Some(config(2, Some(1_000))));
+        let whole = (
+            id(2),
+            v2(weight_linear(2048), Some(200_000)),
+            Some(config(2048, Some(200_000))),
+        );
+        // kubelet's pod cgroup: the sum, 2001m (shares 2049, quota 200100).
+        let pod = v2(weight_linear(milli_to_shares(2001)), Some(200_100));
+        let classes = classify_pod(UID_, pod, &[tiny.clone(), whole.clone()]);
+        assert_eq!(classes[1].exclusive_cpus(), 2, "{:?}", classes[1]);
+        assert!(matches!(
+            classes[0].exclusivity,
+            Exclusivity::Shared {
+                reason: SharedReason::NotWholeCpus { .. }
+            }
+        ));
+        // With 250m of overhead on the pod cgroup.
+        let overhead = v2(weight_linear(milli_to_shares(2251)), Some(225_100));
+        let classes = classify_pod(UID_, overhead, &[tiny, whole.clone()]);
+        assert_eq!(classes[1].exclusive_cpus(), 2);
+        // A second member still at the kernel's defaults, no config yet: counts for nothing.
+        let waiting = (id(3), v2(100, None), None);
+        let pod = v2(weight_linear(2048), Some(200_000));
+        let classes = classify_pod(UID_, pod, &[whole, waiting]);
+        assert_eq!(classes[0].exclusive_cpus(), 2, "{classes:?}");
+        // cgroup v1: two 2-CPU containers under a pod cgroup of 2 are not read as pod-level.
+        let v1_member = (id(4), v1(2048, Some(200_000)), None);
+        let v1_other = (id(5), v1(2048, Some(200_000)), None);
+        let classes = classify_pod(UID_, v1(2048, Some(200_000)), &[v1_member, v1_other]);
+        assert!(
+            classes.iter().all(|c| c.exclusive_cpus() == 2),
+            "{classes:?}"
         );
     }
 

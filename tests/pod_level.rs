@@ -33,7 +33,13 @@ fn pod_level_cpu_leaves_its_containers_in_the_shared_pool() {
         .fake
         .start_pod_with_pod_level_cpu(&batch, 2000)
         .unwrap();
-    // The cgroups as kubelet and runc leave them.
+    let status = node.wait_status("db pinned, batch seen", |s| {
+        s.converged()
+            && s.by_id(&db_id).is_some_and(|r| r.exclusive)
+            && ids.iter().all(|id| s.by_id(id).is_some())
+    });
+    // The cgroups as kubelet and runc leave them (and as the agent leaves them: it lifted no
+    // quota of the pod, or put back any it lifted while it saw only its first container).
     assert_eq!(node.read(&batch, "", "cpu.max"), "200000 100000");
     assert_eq!(
         node.read(&batch, "", "cpu.weight"),
@@ -46,11 +52,6 @@ fn pod_level_cpu_leaves_its_containers_in_the_shared_pool() {
         );
         assert_eq!(node.read(&batch, id, "cpu.max"), "200000 100000");
     }
-    let status = node.wait_status("db pinned, batch seen", |s| {
-        s.converged()
-            && s.by_id(&db_id).is_some_and(|r| r.exclusive)
-            && ids.iter().all(|id| s.by_id(id).is_some())
-    });
     let shared = status.shared_pool.clone();
     for id in &ids {
         let row = status.by_id(id).unwrap();
