@@ -91,3 +91,54 @@ fn pod_level_cpu_leaves_its_containers_in_the_shared_pool() {
     );
     assert!(agent.stop().success(), "{}", agent.log());
 }
+
+/// Containers come one at a time. The first alone looks like a container-level Guaranteed
+/// container of 2 CPUs (kubelet's values for it are exactly those): the agent pins it, as
+/// DECISIONS says it must. When the second comes, the pod's containers add up to twice its
+/// cgroup: both are shared with the reason, the first's cpus go back to the pool and the CFS
+/// quotas lifted for it (its own and the pod's) are put back as kubelet set them.
+#[test]
+fn a_pod_level_pod_is_found_when_its_second_container_comes() {
+    let node = TestNode::new(CgroupVersion::V2);
+    let mut agent = node.start_agent(&[]);
+    let batch = pod(
+        "batch",
+        Qos::Guaranteed,
+        vec![ContainerSpec::best_effort("worker")],
+    );
+    let first = node
+        .fake
+        .start_pod_with_pod_level_cpu(&batch, 2000)
+        .unwrap()
+        .remove(0);
+    node.wait_status("the first container pinned", |s| {
+        s.converged() && s.by_id(&first).is_some_and(|r| r.exclusive)
+    });
+    assert_eq!(node.read(&batch, &first, "cpu.max"), "max 100000", "lifted");
+    assert_eq!(node.read(&batch, "", "cpu.max"), "max 100000", "lifted");
+    // The second sets no CPU either: kubelet gives it the pod's limit and its shares.
+    let helper = ContainerSpec::guaranteed("helper", 2000);
+    let second = node.fake.add_container(&batch, &helper).unwrap();
+    let status = node.wait_status("both shared", |s| {
+        s.converged()
+            && [&first, &second]
+                .iter()
+                .all(|id| s.by_id(id).is_some_and(|r| !r.exclusive))
+    });
+    for id in [&first, &second] {
+        let row = status.by_id(id).unwrap();
+        assert!(
+            row.note
+                .starts_with("shared: pod-level resources (spec.resources"),
+            "{row:?}"
+        );
+        assert_eq!(node.cpus_of(&batch, id), status.shared_pool);
+    }
+    assert_eq!(status.exclusive_cpu_count, 0, "{status:?}");
+    assert_eq!(node.read(&batch, "", "cpu.max"), "200000 100000");
+    assert_eq!(node.read(&batch, &first, "cpu.max"), "200000 100000");
+    let said =
+        agent.log_lines("pod-level resources (spec.resources, cpu limit 2000m): its containers");
+    assert_eq!(said.len(), 1, "{}", agent.log());
+    assert!(agent.stop().success(), "{}", agent.log());
+}
