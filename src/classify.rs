@@ -1614,16 +1614,16 @@ struct PodTotals {
     pod: Option<(CgroupPath, CpuResources)>,
     /// A container of the pod is pod-level on its own ([`pod_level_resources`]).
     own: Option<Option<Millicores>>,
-    containers: usize,
-    request_min: u64,
-    limit_min: u64,
-    all_limited: bool,
+    /// By container name: the lowest request and limit it may have (`None`: no limit).
+    members: BTreeMap<String, (u64, Option<u64>)>,
     limit: Option<Millicores>,
 }
 
 impl PodTotals {
-    /// Counts a container; one read from a cgroup that still holds the kernel's default (the
-    /// runtime has not written it yet) counts for nothing.
+    /// Counts a container by its name (a restarted container's new cgroup may come before its
+    /// old one goes: one name counts once, at its largest). One without a name (no runtime
+    /// config), or read from a cgroup that still holds the kernel's default, counts for
+    /// nothing.
     fn add_container(&mut self, cgroup: &ScannedCgroup, class: &Classification) {
         if let Exclusivity::Shared {
             reason: SharedReason::PodLevelResources { limit },
@@ -1631,24 +1631,23 @@ impl PodTotals {
         {
             self.own = Some(*limit);
         }
-        let Some(resources) = class.resources else {
+        let (Some(resources), Some(name)) = (class.resources, class.container_name.as_ref()) else {
             return;
         };
         if resources.source != CpuSource::OciConfig && holds_kernel_default(&cgroup.cpu) {
             return;
         }
-        if self.containers == 0 {
-            self.all_limited = true;
-        }
-        self.containers += 1;
-        self.request_min += bounds(resources.request).0;
-        match resources.limit {
-            Some(limit) => {
-                self.limit_min += bounds(limit).0;
-                self.limit = self.limit.or(Some(limit));
-            }
-            None => self.all_limited = false,
-        }
+        self.limit = self.limit.or(resources.limit);
+        let now = (
+            bounds(resources.request).0,
+            resources.limit.map(|l| bounds(l).0),
+        );
+        let member = self.members.entry(name.clone()).or_insert(now);
+        member.0 = member.0.max(now.0);
+        member.1 = match (member.1, now.1) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            _ => None,
+        };
     }
 
     /// kubelet sets a Guaranteed pod's cgroup from the sum of its containers' requests and
@@ -1657,11 +1656,13 @@ impl PodTotals {
     /// pod-level limit as its limit and (its request defaulting to its limit) as its shares.
     fn pod_level(&self) -> Option<PodLevelPod> {
         let (path, pod) = self.pod.as_ref()?;
-        let over_requests = self.request_min > bounds(pod.request).1;
-        let over_limits = self.all_limited
-            && pod
-                .limit
-                .is_some_and(|limit| self.limit_min > bounds(limit).1);
+        let requests: u64 = self.members.values().map(|m| m.0).sum();
+        let limits: Option<u64> = self.members.values().map(|m| m.1).sum();
+        let over_requests = requests > bounds(pod.request).1;
+        let over_limits = match (limits, pod.limit) {
+            (Some(sum), Some(limit)) => sum > bounds(limit).1,
+            _ => false,
+        };
         let limit = pod.limit.or(self.limit);
         match self.own {
             Some(own) => Some(PodLevelPod {
@@ -1682,8 +1683,9 @@ impl PodTotals {
 /// container asks. cgroup v2 only (kubelet refuses such pods on v1). A pod is one when a
 /// container of it is one on its own ([`pod_level_resources`]), or when its containers'
 /// requests or limits (what classification read: the runtime config's where found) add up to
-/// more than its pod cgroup's (`cpu.weight`, `cpu.max`). Containers whose settings are not
-/// known yet count for nothing. A pod with one container that sets no CPU is not found: its
+/// more than its pod cgroup's (`cpu.weight`, `cpu.max`). Containers count by name (known from
+/// the runtime config): one without, or whose settings are not known yet, counts for nothing.
+/// A pod with one container that sets no CPU is not found: its
 /// cgroups and runtime config are those of a container-level pod (DECISIONS, "Pod-level
 /// resources").
 pub fn pod_level_pods<'a>(
@@ -2458,9 +2460,12 @@ mod tests {
         format!("{n:064x}")
     }
 
-    fn config(shares: u64, quota: Option<i64>) -> RuntimeInfo {
+    fn config(name: &str, shares: u64, quota: Option<i64>) -> RuntimeInfo {
         runtime(
-            &[("io.kubernetes.cri.container-type", "container")],
+            &[
+                ("io.kubernetes.cri.container-type", "container"),
+                ("io.kubernetes.cri.container-name", name),
+            ],
             OciCpu {
                 shares: Some(shares),
                 quota,
@@ -2502,13 +2507,18 @@ mod tests {
     /// that set none. Each container, laid out by kubelet and runc, is a 2-CPU one on its own
     /// (the fixture config.json, shares 2048 and quota 200000); together they are twice the
     /// pod cgroup. Both stay shared, with the reason; an ordinary Guaranteed pod beside it is
-    /// pinned. From the cgroups alone (no runtime config) the limits tell, and with the pod's
-    /// quota lifted the requests do. A pod-level pod of one such container is not found.
+    /// pinned. Containers count by the name their runtime config gives (without configs the
+    /// pod is not found), and with the pod's quota lifted the requests still tell. A pod-level
+    /// pod of one such container is not found.
     #[test]
     fn pod_level_pod_is_found_from_the_whole_pod() {
         let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("testdata/runtime/pod-level-resources-containerd.json");
         let rt = crate::runtime::load_config(&fixture).unwrap().unwrap();
+        let mut helper = rt.clone();
+        helper
+            .annotations
+            .insert(keys::CRI_CONTAINER_NAME.into(), "helper".into());
         let batch = "5a1e7c3d_2b4f_4e6a_9c8d_0f1e2d3c4b5a";
         let pod_cgroup = v2(weight_linear(2048), Some(200_000));
         let member = v2(weight_linear(2048), Some(200_000));
@@ -2517,28 +2527,33 @@ mod tests {
                 limit: Some(Millicores::Exact(2000)),
             },
         };
-        for rt in [Some(rt.clone()), None] {
-            let containers = [
-                (id(1), member.clone(), rt.clone()),
-                (id(2), member.clone(), rt.clone()),
-            ];
-            let classes = classify_pod(batch, pod_cgroup.clone(), &containers);
-            for c in &classes {
-                assert_eq!(c.exclusivity, pod_level, "config {}: {c:?}", rt.is_some());
-                assert_eq!(c.kind, CgroupKind::Container);
-            }
-            let db = classify_pod(UID_, pod_cgroup.clone(), &[(id(3), member.clone(), None)]);
-            assert_eq!(db[0].exclusive_cpus(), 2, "{:?}", db[0]);
-            // One such container alone is a container-level pod's (documented).
-            let alone = classify_pod(batch, pod_cgroup.clone(), &containers[..1]);
-            assert_eq!(alone[0].exclusive_cpus(), 2);
+        let containers = [
+            (id(1), member.clone(), Some(rt.clone())),
+            (id(2), member.clone(), Some(helper.clone())),
+        ];
+        let classes = classify_pod(batch, pod_cgroup.clone(), &containers);
+        for c in &classes {
+            assert_eq!(c.exclusivity, pod_level, "{c:?}");
+            assert_eq!(c.kind, CgroupKind::Container);
         }
+        let db = classify_pod(UID_, pod_cgroup.clone(), &[(id(3), member.clone(), None)]);
+        assert_eq!(db[0].exclusive_cpus(), 2, "{:?}", db[0]);
+        // One such container alone is a container-level pod's (documented).
+        let alone = classify_pod(batch, pod_cgroup.clone(), &containers[..1]);
+        assert_eq!(alone[0].exclusive_cpus(), 2);
+        // Without runtime configs, no names: not found.
+        let unnamed = [(id(1), member.clone(), None), (id(2), member.clone(), None)];
+        let classes = classify_pod(batch, pod_cgroup.clone(), &unnamed);
+        assert!(
+            classes.iter().all(|c| c.exclusive_cpus() == 2),
+            "{classes:?}"
+        );
         // The pod's and a member's quota lifted (as for exclusive containers): the configs'
         // requests, 4 CPUs under a pod of 2, still tell.
         let lifted = v2(weight_linear(2048), None);
         let containers = [
             (id(1), lifted.clone(), Some(rt.clone())),
-            (id(2), member.clone(), Some(rt.clone())),
+            (id(2), member.clone(), Some(helper)),
         ];
         let classes = classify_pod(batch, lifted.clone(), &containers);
         assert!(
@@ -2572,12 +2587,12 @@ mod tests {
         let under = (
             id(1),
             v2(weight_linear(1024), Some(300_000)),
-            Some(config(1024, Some(300_000))),
+            Some(config("under", 1024, Some(300_000))),
         );
         let whole = (
             id(2),
             v2(weight_linear(2048), Some(200_000)),
-            Some(config(2048, Some(200_000))),
+            Some(config("whole", 2048, Some(200_000))),
         );
         let pod = v2(weight_linear(3072), None);
         let classes = classify_pod(UID_, pod.clone(), &[under.clone(), whole.clone()]);
@@ -2602,11 +2617,15 @@ mod tests {
     /// waiting for its settings, and cgroup v1 (where kubelet refuses pod-level resources).
     #[test]
     fn container_level_pods_never_add_up_past_their_pod() {
-        let tiny = (id(1), v2(1, Some(1_000)), Some(config(2, Some(1_000))));
+        let tiny = (
+            id(1),
+            v2(1, Some(1_000)),
+            Some(config("tiny", 2, Some(1_000))),
+        );
         let whole = (
             id(2),
             v2(weight_linear(2048), Some(200_000)),
-            Some(config(2048, Some(200_000))),
+            Some(config("whole", 2048, Some(200_000))),
         );
         // kubelet's pod cgroup: the sum, 2001m (shares 2049, quota 200100).
         let pod = v2(weight_linear(milli_to_shares(2001)), Some(200_100));
@@ -2622,11 +2641,21 @@ mod tests {
         let overhead = v2(weight_linear(milli_to_shares(2251)), Some(225_100));
         let classes = classify_pod(UID_, overhead, &[tiny, whole.clone()]);
         assert_eq!(classes[1].exclusive_cpus(), 2);
-        // A second member still at the kernel's defaults, no config yet: counts for nothing.
-        let waiting = (id(3), v2(100, None), None);
+        // A second member still at the kernel's defaults, its config without CPU values:
+        // counts for nothing.
+        let mut no_cpu = config("waiting", 0, None);
+        no_cpu.cpu = OciCpu::default();
+        let waiting = (id(3), v2(100, None), Some(no_cpu));
         let pod = v2(weight_linear(2048), Some(200_000));
-        let classes = classify_pod(UID_, pod, &[whole, waiting]);
+        let classes = classify_pod(UID_, pod.clone(), &[whole.clone(), waiting]);
         assert_eq!(classes[0].exclusive_cpus(), 2, "{classes:?}");
+        // A restart: the new cgroup of "whole" before its old one goes. One name, once.
+        let again = (id(6), whole.1.clone(), whole.2.clone());
+        let classes = classify_pod(UID_, pod, &[whole, again]);
+        assert!(
+            classes.iter().all(|c| c.exclusive_cpus() == 2),
+            "{classes:?}"
+        );
         // cgroup v1: two 2-CPU containers under a pod cgroup of 2 are not read as pod-level.
         let v1_member = (id(4), v1(2048, Some(200_000)), None);
         let v1_other = (id(5), v1(2048, Some(200_000)), None);
