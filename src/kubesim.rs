@@ -423,8 +423,9 @@ impl FakeNode {
     /// Creates a pod whose CPU is set at pod level (`spec.resources`, KEP-2837, request = limit
     /// = `pod_milli`; `pod.qos` must be the class that gives, Guaranteed) and every container,
     /// as kubelet 1.34+ does: the pod cgroup from the pod-level values, and a container that
-    /// sets no CPU limit gets the pod's limit in its config and cgroup (a missing request is
-    /// the minimum shares, as ever). Returns the app containers' ids.
+    /// sets no CPU limit gets the pod's limit in its config and cgroup (`getCPULimit`), and one
+    /// that sets no request the shares of that limit (`calculateLinuxResources` defaults a
+    /// missing request to the limit). Returns the app containers' ids.
     pub fn start_pod_with_pod_level_cpu(
         &self,
         pod: &PodSpec,
@@ -434,8 +435,10 @@ impl FakeNode {
         pod.containers
             .iter()
             .map(|c| {
+                let limit = c.limit_milli.or(Some(pod_milli));
                 let implied = ContainerSpec {
-                    limit_milli: c.limit_milli.or(Some(pod_milli)),
+                    request_milli: c.request_milli.or(limit),
+                    limit_milli: limit,
                     ..c.clone()
                 };
                 self.add_container(pod, &implied)

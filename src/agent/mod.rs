@@ -605,11 +605,10 @@ fn adopt_from_kubelet(controller: &mut Controller, path: &std::path::Path) {
                     .map(|(uid, cpus)| format!("pod{uid} cpus {cpus}"))
                     .collect();
                 log::info!(
-                    "{}: kubelet's pod-level cpu sets not adopted ({}): cpusetd keeps pods with \
-                     pod-level resources in the shared pool, as kubelet does without its \
-                     pod-level resource managers",
+                    "{}: kubelet's pod-level cpu sets not adopted ({}): {}",
                     path.display(),
-                    pods.join(", ")
+                    pods.join(", "),
+                    crate::classify::POD_LEVEL_POLICY
                 );
             }
             let adopted = controller.adopt_kubelet_pins(&state);

@@ -36,11 +36,34 @@ impl Controller {
         for_each_entry(&mut self.model, scan, |_, entry| {
             cached.push(entry.and_then(|e| e.class.clone()));
         });
-        scan.cgroups
+        let classes = scan
+            .cgroups
             .iter()
             .zip(cached)
             .map(|(cgroup, class)| class.unwrap_or_else(|| self.class_of(cgroup)))
-            .collect()
+            .collect();
+        self.pod_level(scan, classes)
+    }
+
+    /// The containers of pods whose CPU is set at pod level (found from the whole pod,
+    /// [`crate::classify::pod_level_pods`]; `scan` holds whole pods) are shared, as kubelet
+    /// leaves them; each such pod is said once, of its pod cgroup.
+    pub(super) fn pod_level(&mut self, scan: &Scan, mut classes: Vec<Class>) -> Vec<Class> {
+        use crate::classify::{in_pod_level_pod, pod_level_pods, Notice};
+        let pods = pod_level_pods(scan.cgroups.iter().zip(classes.iter().map(|c| &**c)));
+        for class in &mut classes {
+            if let Some(changed) = in_pod_level_pod(class, &pods) {
+                *class = Arc::new(changed);
+            }
+        }
+        for pod in pods.values() {
+            let notice = Notice::PodLevelPod { limit: pod.limit };
+            let entry = self.model.get_mut(&pod.pod);
+            if entry.is_some_and(|e| e.said.first(notice.clone())) {
+                log::info!("cg={}: {notice}", pod.pod);
+            }
+        }
+        classes
     }
 
     /// The classification of `cgroup`: the cached one of its model entry, or a new one

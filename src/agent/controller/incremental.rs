@@ -124,6 +124,7 @@ impl Controller {
             gone_pods: std::mem::take(&mut self.since_pass.gone_pods),
         };
         let classes: Vec<_> = scan.cgroups.iter().map(|c| self.class_of(c)).collect();
+        let classes = self.pod_level(&scan, classes);
         let undecided = classes.iter().any(|c| {
             c.kind == CgroupKind::Container && matches!(entitlement(c), Entitlement::Unknown { .. })
         });
