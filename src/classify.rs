@@ -20,7 +20,9 @@
 //! matched the config, [`config_matches_cgroup`]) classifies without the config's CPU values.
 //!
 //! A container gets N exclusive CPUs when its pod is Guaranteed, it is not a sandbox, and its
-//! request is a whole N ≥ 1 CPUs — kubelet's static policy rule. Annotations can only narrow
+//! request is a whole N ≥ 1 CPUs — kubelet's static policy rule — unless its pod's CPU is set
+//! at pod level (KEP-2837), which only the whole pod shows ([`pod_level_pods`], applied by
+//! [`classify_scan`] and the agent's passes). Annotations can only narrow
 //! this: `cpusetd.io/exclusive: "false"` (pod) or `cpusetd.io/exclusive.<container-name>:
 //! "false"` keeps a container shared. Sandboxes are known from the runtime's container-type
 //! annotation; without a runtime config, a container of a Guaranteed pod with kubelet's minimum
@@ -519,14 +521,20 @@ impl fmt::Display for SharedReason {
             }
             SharedReason::OptedOut { annotation } => write!(f, "{annotation}: \"false\""),
             SharedReason::PodLevelResources { limit } => {
-                f.write_str("pod-level resources (spec.resources")?;
-                if let Some(limit) = limit {
-                    write!(f, ", cpu limit {limit}")?;
-                }
-                f.write_str("): kubelet's static policy gives its containers no exclusive cpus")
+                pod_level_prefix(f, *limit)?;
+                f.write_str(": kubelet's static policy gives its containers no exclusive cpus")
             }
         }
     }
+}
+
+/// `pod-level resources (spec.resources, cpu limit …)`, as the NOTE and the log begin.
+fn pod_level_prefix(f: &mut fmt::Formatter<'_>, limit: Option<Millicores>) -> fmt::Result {
+    f.write_str("pod-level resources (spec.resources")?;
+    if let Some(limit) = limit {
+        write!(f, ", cpu limit {limit}")?;
+    }
+    f.write_str(")")
 }
 
 /// What a container is entitled to.
@@ -639,6 +647,15 @@ impl fmt::Display for Notice {
                 value,
                 ": \"performance\" or \"efficient\" (placing on performance cores first)",
             ),
+            other => other.fmt_more(f),
+        }
+    }
+}
+
+impl Notice {
+    /// The text of the notices [`fmt::Display`] leaves to this (its 60 lines are full).
+    fn fmt_more(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             Notice::NotEnableOrDisable { key, value } => ignored(
                 f,
                 key,
@@ -646,12 +663,14 @@ impl fmt::Display for Notice {
                 ": \"enable\" turns it on, \"disable\" leaves it off",
             ),
             Notice::PodLevelPod { limit } => {
-                f.write_str("pod-level resources (spec.resources")?;
-                if let Some(limit) = limit {
-                    write!(f, ", cpu limit {limit}")?;
-                }
-                write!(f, "): its containers get no exclusive cpus: {POD_LEVEL_POLICY}")
+                pod_level_prefix(f, *limit)?;
+                write!(
+                    f,
+                    ": its containers get no exclusive cpus: {POD_LEVEL_POLICY}"
+                )
             }
+            // Said by `fmt` itself.
+            other => write!(f, "{other:?}"),
         }
     }
 }
@@ -1312,13 +1331,14 @@ fn bounds(m: Millicores) -> (u64, u64) {
     }
 }
 
-/// Whether a container of a Guaranteed pod shows that the pod's CPU is set at pod level
-/// (`spec.resources`, KEP-2837; cgroup v2 only, kubelet refuses such pods on v1). A Guaranteed
-/// pod without pod-level resources gives each container a request equal to its limit, at least
-/// 1m; so, with `request` already settled by the limit where the weight allows:
-/// * no container request (kubelet's minimum shares 2, weight 1) and either no limit or a limit
-///   no such request can equal (kubelet puts the pod-level limit on a container that sets
-///   none): pod-level resources;
+/// Whether a container of a Guaranteed pod shows on its own that the pod's CPU is set at pod
+/// level (`spec.resources`, KEP-2837; cgroup v2 only, kubelet refuses such pods on v1). A
+/// Guaranteed pod without pod-level resources gives each container a request equal to its
+/// limit, at least 1m; so, with `request` already settled by the limit where the weight allows:
+/// * a request of 0 (kubelet's minimum shares 2, weight 1) and either no limit or a limit no
+///   such request can equal (kubelet puts the pod-level limit on a container that sets none;
+///   one that sets no request at all gets the shares of that limit and looks like any
+///   Guaranteed container: only its pod tells, [`pod_level_pods`]): pod-level resources;
 /// * the runtime config (written once, at creation: no resize in between) with a request its
 ///   limit cannot equal: pod-level resources too (a container request under a pod-level limit).
 fn pod_level_resources(
