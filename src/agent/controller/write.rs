@@ -42,6 +42,7 @@ impl Controller {
             Vec::new()
         };
         let executed = self.write(now, &scan, &mut planned, &mode);
+        let executed = self.narrow_unseen(executed);
         let written_at = Instant::now();
         self.count_repairs(&drifted, &executed);
         self.say_write_failures(&executed);
@@ -66,7 +67,12 @@ impl Controller {
             executed.with(pick).map(|s| s.path.clone()).collect()
         };
         let follow_up = FollowUp {
-            stale: paths(|o| matches!(o, Outcome::ChildInTheWay { .. })),
+            stale: paths(|o| {
+                matches!(
+                    o,
+                    Outcome::ChildInTheWay { .. } | Outcome::UnseenInTheWay { .. }
+                )
+            }),
             settling: paths(|o| matches!(o, Outcome::Settling)),
             vanished,
         };
@@ -202,6 +208,28 @@ impl Controller {
         let plan = std::mem::take(&mut planned.writes);
         let executed = execute(&self.parts.hierarchy, plan, &known, new_children, budget);
         self.owe_held_back(now, executed.tally().held_back, mode);
+        executed
+    }
+
+    /// Narrowings that cgroups below the scan's depth limit held up: the planner's steps for
+    /// those cgroups are made at once (with any budget: they are a held-up narrowing's), their
+    /// outcomes join the pass's, and the narrowings themselves are planned again (stale).
+    fn narrow_unseen(&mut self, mut executed: Executed) -> Executed {
+        let unseen = executed.unseen_steps();
+        if unseen.is_empty() {
+            return executed;
+        }
+        for held_up in executed.with(|o| matches!(o, Outcome::UnseenInTheWay { .. })) {
+            log::info!(
+                "cg={}: narrowing the cgroups below the scan's depth limit to {} first",
+                held_up.path,
+                held_up.value
+            );
+        }
+        let (known, budget) = (Known::nothing(), Budget::All);
+        let hierarchy = &self.parts.hierarchy;
+        let done = execute(hierarchy, unseen, &known, NewChildren::NarrowNow, budget).done;
+        executed.done.extend(done);
         executed
     }
 
