@@ -110,6 +110,11 @@ impl Tally {
     pub fn is_clean(&self) -> bool {
         self.failed == 0 && self.stale == 0 && self.settling == 0
     }
+
+    /// Every step was written: none failed, waits, was held back, skipped or found gone.
+    pub fn all_written(&self) -> bool {
+        self.is_clean() && self.held_back == 0 && self.skipped == 0 && self.gone == 0
+    }
 }
 
 impl Executed {
@@ -141,18 +146,6 @@ impl Executed {
             Outcome::Refused { error, .. } | Outcome::RefusedEmpty { error, .. } => Some(error),
             _ => None,
         })
-    }
-
-    /// The planner's steps for the narrowings cgroups below the scan's depth limit held up
-    /// ([`Outcome::UnseenInTheWay`]; disjoint subtrees, each in its own order).
-    pub fn unseen_steps(&self) -> WritePlan {
-        let mut plan = WritePlan::default();
-        for done in &self.done {
-            if let Outcome::UnseenInTheWay { found } = &done.outcome {
-                plan.extend(crate::planner::order::narrow_unseen(&done.step, found));
-            }
-        }
-        plan
     }
 
     /// The steps whose outcome `pick` selects, in order.
@@ -229,31 +222,61 @@ impl std::fmt::Debug for Budget<'_> {
 }
 
 /// Executes all of `plan` (the one-shot commands); where cgroups below the scan's depth limit
-/// held a narrowing up, then the planner's steps for them ([`Executed::unseen_steps`]), and the
-/// narrowings they held up once more (the steps' outcomes replace the first ones).
+/// held a narrowing up, the planner's steps for them ([`narrow_unseen`]), then the narrowings
+/// they held up once more (whose outcomes replace the first ones).
 pub fn apply(hierarchy: &Hierarchy, plan: WritePlan, known: &Known<'_>) -> Executed {
-    let all = |plan, known: &Known<'_>| {
-        execute(hierarchy, plan, known, NewChildren::NarrowNow, Budget::All)
-    };
-    let mut executed = all(plan, known);
-    let unseen = executed.unseen_steps();
-    if unseen.is_empty() {
-        return executed;
-    }
+    let mut executed = execute(hierarchy, plan, known, NewChildren::NarrowNow, Budget::All);
     // The narrowings held up, and those above them that waited for them.
     let mut held_up = PathFiles::default();
     for root in executed.with(|o| matches!(o, Outcome::UnseenInTheWay { .. })) {
         ancestors(&root.path).for_each(|p| held_up.insert(p, root.file));
     }
-    let (again, mut done): (Vec<Done>, Vec<Done>) = executed.done.into_iter().partition(|d| {
+    if !narrow_unseen(hierarchy, &mut executed) {
+        return executed;
+    }
+    let (again, done): (Vec<Done>, Vec<Done>) = executed.done.into_iter().partition(|d| {
         matches!(d.outcome, Outcome::UnseenInTheWay { .. } | Outcome::Skipped)
             && held_up.contains(d.step.path.as_bytes(), d.step.file)
     });
-    done.extend(all(unseen, &Known::nothing()).done);
     let again: Vec<Step> = again.into_iter().map(|d| d.step).collect();
-    done.extend(all(again.into(), known).done);
+    let again = execute(
+        hierarchy,
+        again.into(),
+        known,
+        NewChildren::NarrowNow,
+        Budget::All,
+    );
     executed.done = done;
+    executed.done.extend(again.done);
     executed
+}
+
+/// Makes the planner's steps (`planner::order::narrow_unseen`) for the narrowings that cgroups
+/// below the scan's depth limit held up ([`Outcome::UnseenInTheWay`]; disjoint subtrees), all
+/// of them whatever the budget was (they are a held-up narrowing's); their outcomes join
+/// `executed`'s. The narrowings themselves are the caller's to make again. Whether there were
+/// any.
+pub fn narrow_unseen(hierarchy: &Hierarchy, executed: &mut Executed) -> bool {
+    let mut plan = WritePlan::default();
+    for Done { step, outcome } in &executed.done {
+        if let Outcome::UnseenInTheWay { found } = outcome {
+            let (path, n) = (&step.path, found.len().saturating_sub(1));
+            log::info!("cg={path}: narrowing {n} cgroup(s) below the scan's depth limit first");
+            plan.extend(crate::planner::order::narrow_unseen(step, found));
+        }
+    }
+    let more = execute(
+        hierarchy,
+        plan,
+        &Known::nothing(),
+        NewChildren::NarrowNow,
+        Budget::All,
+    );
+    executed.done.extend(more.done);
+    executed
+        .done
+        .iter()
+        .any(|d| matches!(d.outcome, Outcome::UnseenInTheWay { .. }))
 }
 
 /// Executes a prefix of `plan`, made from the tree `known` describes, within `budget`.
@@ -391,37 +414,22 @@ impl Run<'_, '_> {
     fn child_in_the_way(&self, step: &Step) -> Option<Outcome> {
         let (path, file) = (&step.path, step.file);
         let fs = fs_of(self.hierarchy, file);
-        let settled = self.known.settled_children(path, file);
-        let child = child_in_the_way(
-            fs,
-            path,
-            file,
-            &step.value,
-            (&settled.0, settled.1),
-            self.settle,
-        );
+        let (settled, planned) = self.known.settled_children(path, file);
+        let settle = self.settle;
+        let outcome = child_in_the_way(fs, path, file, &step.value, (&settled, planned), settle)?;
         // Below the scan's depth limit the plan cannot know the children: what is there,
         // however deep, is read for the planner to narrow (`order::narrow_unseen`), instead of
-        // holding the whole chain wide (and re-planning for ever).
-        let unseen_below = || self.known.unseen_below(path);
-        let child = match child {
-            Some(ChildState::Holds { .. }) if unseen_below() => {
+        // holding the whole chain wide (and re-planning for ever). No runtime sets up a
+        // cgroup down there: an empty one is not a start in progress, and the kernel narrows
+        // its parent past it.
+        if self.known.unseen_below(path) {
+            return matches!(outcome, Outcome::ChildInTheWay { .. }).then(|| {
                 let found = unseen_below_limit(fs, path, file);
-                return Some(Outcome::UnseenInTheWay { found });
-            }
-            // No runtime sets up a cgroup down there: an empty one is not a start in
-            // progress, and the kernel narrows its parent past it.
-            Some(ChildState::Uninitialised) if unseen_below() => None,
-            other => other,
-        }?;
-        log::debug!("cg={path} not narrowed to {} now: {child}", step.value);
-        Some(match child {
-            ChildState::Holds { child, .. } => Outcome::ChildInTheWay {
-                child: Some(child),
-                refused: None,
-            },
-            ChildState::Uninitialised => Outcome::Settling,
-        })
+                Outcome::UnseenInTheWay { found }
+            });
+        }
+        log::debug!("cg={path} not narrowed to {} now: {outcome:?}", step.value);
+        Some(outcome)
     }
 
     /// What a refused write means.
@@ -501,28 +509,9 @@ fn unseen_below_limit(fs: &CgroupFs, root: &CgroupPath, file: InterfaceFile) -> 
     found
 }
 
-/// Why a cgroup is not narrowed now.
-#[derive(Debug)]
-enum ChildState {
-    /// A child the plan did not know holds more than the new value.
-    Holds { child: CgroupPath, held: CpuSet },
-    /// A child is not initialised yet: its runtime is about to copy the parent's set into it.
-    Uninitialised,
-}
-
-impl std::fmt::Display for ChildState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ChildState::Holds { child, held } => {
-                write!(f, "child {child} holds {held} (re-planning)")
-            }
-            ChildState::Uninitialised => write!(f, "a new child is being set up (later)"),
-        }
-    }
-}
-
 /// A child of `cgroup` not among `known` whose `file` holds CPUs (or memory nodes) outside
-/// `value`, as the tree says now; with `settle`, also one that is not initialised yet.
+/// `value`, as the tree says now ([`Outcome::ChildInTheWay`]); with `settle`, also one that is
+/// not initialised yet ([`Outcome::Settling`]).
 /// Unreadable children do not count, nor (without `settle`) uninitialised ones: the kernel lets
 /// a parent narrow over them. `known` comes with how many children the plan knows of: a
 /// cgroup the plan knows no child of, and whose link count says it has no subdirectory (a
@@ -535,7 +524,7 @@ fn child_in_the_way(
     value: &str,
     (known, planned_children): (&HashSet<&OsStr>, usize),
     settle: bool,
-) -> Option<ChildState> {
+) -> Option<Outcome> {
     if !matches!(file, InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems) {
         return None;
     }
@@ -551,9 +540,13 @@ fn child_in_the_way(
         .find_map(|child| {
             let held = CpuSet::parse(&fs.read(&child, file).ok()?).ok()?;
             if held.is_empty() {
-                settle.then_some(ChildState::Uninitialised)
+                settle.then_some(Outcome::Settling)
             } else {
-                (!held.is_subset(&new)).then_some(ChildState::Holds { child, held })
+                let refused = None;
+                (!held.is_subset(&new)).then_some(Outcome::ChildInTheWay {
+                    child: Some(child),
+                    refused,
+                })
             }
         })
 }
@@ -798,10 +791,11 @@ mod tests {
             "nothing written"
         );
 
-        let unseen = executed.unseen_steps();
-        let values: Vec<String> = unseen
+        let mut unseen = executed;
+        assert!(narrow_unseen(&hierarchy, &mut unseen));
+        let values: Vec<String> = unseen.done[plan.len()..]
             .iter()
-            .map(|s| format!("{}:{}", s.path.depth() - limit, s.value))
+            .map(|d| format!("{}:{}", d.step.path.depth() - limit, d.step.value))
             .collect();
         let order = ["2:0,2-3", "3:0,2-3", "3:2-3", "2:2-3", "1:2-3", "0:2-3"];
         assert_eq!(values, order, "widened top-down, then narrowed bottom-up");
