@@ -544,20 +544,7 @@ fn a_new_pods_pin_goes_before_every_owed_shared_write_even_when_a_pass_did_not_d
     let created = |p: &PodSpec| TreeEvent::Created {
         cgroup: CgroupPath::new(&node.pod_dir(p)).unwrap(),
     };
-    let mut shared = Vec::new();
-    for n in 0..6 {
-        let pod = PodSpec::one(
-            &format!("web{n}"),
-            Qos::Burstable,
-            ContainerSpec::burstable("web", 250, Some(1000)),
-        );
-        let id = node.start_pod(&pod).unwrap().remove(0);
-        controller
-            .apply_event(created(&pod), Instant::now())
-            .unwrap();
-        shared.push(CgroupPath::new(&format!("{}/{id}", node.pod_dir(&pod))).unwrap());
-    }
-    controller.pass(Instant::now());
+    let shared = shared_pods(&node, &mut controller, 6);
     let (token, arrivals) = Arrivals::channel();
     controller.watch_arrivals(arrivals.clone());
     let sets = |node: &FakeNode| -> Vec<String> { shared.iter().map(|c| cpus(node, c)).collect() };
@@ -606,6 +593,37 @@ fn a_new_pods_pin_goes_before_every_owed_shared_write_even_when_a_pass_did_not_d
     assert_eq!(pin.len(), 1, "the new pod is pinned");
     assert_eq!(sets(&node), before, "the pin went first");
     // And the owed writes are made once things are quiet.
+    pay_what_is_owed(&mut controller);
+    for set in sets(&node) {
+        assert!(
+            CpuSet::parse(&set).unwrap().is_disjoint(&pin),
+            "{set} overlaps {pin}"
+        );
+    }
+}
+
+/// `n` Burstable pods of one container each, started and planned; their containers.
+fn shared_pods(node: &FakeNode, controller: &mut Controller, n: usize) -> Vec<CgroupPath> {
+    let mut shared = Vec::new();
+    for n in 0..n {
+        let pod = PodSpec::one(
+            &format!("web{n}"),
+            Qos::Burstable,
+            ContainerSpec::burstable("web", 250, Some(1000)),
+        );
+        let id = node.start_pod(&pod).unwrap().remove(0);
+        let created = TreeEvent::Created {
+            cgroup: CgroupPath::new(&node.pod_dir(&pod)).unwrap(),
+        };
+        controller.apply_event(created, Instant::now()).unwrap();
+        shared.push(CgroupPath::new(&format!("{}/{id}", node.pod_dir(&pod))).unwrap());
+    }
+    controller.pass(Instant::now());
+    shared
+}
+
+/// Runs the passes the deadlines call for until nothing is owed.
+fn pay_what_is_owed(controller: &mut Controller) {
     for _ in 0..8 {
         let Some(at) = controller.next_deadline() else {
             break;
@@ -615,10 +633,4 @@ fn a_new_pods_pin_goes_before_every_owed_shared_write_even_when_a_pass_did_not_d
         }
     }
     assert!(controller.next_deadline().is_none(), "nothing is left owed");
-    for set in sets(&node) {
-        assert!(
-            CpuSet::parse(&set).unwrap().is_disjoint(&pin),
-            "{set} overlaps {pin}"
-        );
-    }
 }
