@@ -47,7 +47,7 @@ use crate::allocator::PolicyOptions;
 use crate::cgroupfs::{CgroupLayout, Scanner};
 use crate::checkpoint::{self, LoadOutcome, Policy, StateLock};
 use crate::logging::error_chain;
-use crate::watcher::{TreeEvent, WatchRoot, Watcher, WatcherHandle};
+use crate::watcher::{Arrivals, TreeEvent, WatchRoot, Watcher, WatcherHandle};
 use persist::{PersistTargets, Persister};
 use reconciler::{ReconcileTick, Reconciler};
 
@@ -157,6 +157,9 @@ struct Agent {
     persist: Persister,
     reconciler: Reconciler,
     control: Receiver<Control>,
+    /// The watcher's arrival tokens, forgotten each time the event channel is drained (see
+    /// [`forget`]): a token left means an event waits, and a pass's long rewrite stops for it.
+    arrivals: Option<Arrivals>,
     /// irqbalance is told by a thread of its own (nothing on the way to a pin waits for it),
     /// which says here when what it was told changed, for the checkpoint.
     irqbalance_told: Receiver<()>,
@@ -217,8 +220,9 @@ impl Agent {
             irqbalance_tx.clone(),
         );
         controller.metrics.without_inotify = watcher.is_none();
-        if let Some(watcher) = &mut watcher {
-            controller.watch_arrivals(watcher.arrivals());
+        let arrivals = watcher.as_mut().map(Watcher::arrivals);
+        if let Some(arrivals) = &arrivals {
+            controller.watch_arrivals(arrivals.clone());
         }
         first_pass(&mut controller, kubelet_state.as_deref())?;
         let every_tick_full = watcher.is_none();
@@ -241,6 +245,7 @@ impl Agent {
             persist,
             reconciler: Reconciler::spawn(scanner, config.reconcile_period, every_tick_full),
             control,
+            arrivals,
             irqbalance_told,
             notifier: config.notifier,
             watchdog: None,
@@ -322,6 +327,8 @@ impl Agent {
     /// A watcher event and every one queued behind it: one pass.
     fn on_events(&mut self, event: TreeEvent) {
         let now = Instant::now();
+        // The arrivals first: a token sent from now on is for an event not taken here.
+        forget(self.arrivals.as_ref());
         let mut changed = apply(&mut self.controller, event, now);
         // Coalesce whatever else is queued into the same pass.
         changed |= apply_queued(&mut self.controller, &self.events, now);
@@ -387,6 +394,7 @@ impl Agent {
         if self.controller.next_deadline().is_some_and(|t| t <= now) {
             // Whatever is queued goes into the model first (echoes of the last pass's writes
             // among it), so the pass plans from the tree as it is.
+            forget(self.arrivals.as_ref());
             let mut changed = apply_queued(&mut self.controller, &self.events, now);
             changed |= self.controller.on_deadlines(now);
             if changed {
@@ -575,6 +583,15 @@ fn apply(controller: &mut Controller, event: TreeEvent, now: Instant) -> bool {
             false
         }
     }
+}
+
+/// Forgets the arrival tokens: called just before the event channel is drained, so that a
+/// token left at a pass's writes is an event still queued (one taken and then told of is a
+/// spurious token at worst: that pass's rewrite stops early and the held-back writes are owed,
+/// made by the next pass, which drains and forgets first). A pass that did not drain the
+/// channel (a reconcile's, SIGHUP's) keeps the tokens: its rewrite stops for what waits.
+fn forget(arrivals: Option<&Arrivals>) {
+    arrivals.iter().for_each(|a| a.forget());
 }
 
 /// Applies every event already queued; whether the model changed.

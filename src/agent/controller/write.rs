@@ -156,9 +156,10 @@ impl Controller {
     fn write(&mut self, now: Instant, scan: &Scan, planned: &mut Plan, mode: &Mode) -> Executed {
         let bursting = self.deadlines.burst.bursting(now);
         let overdue = self.deadlines.held_back.overdue(now);
-        // What arrived before now is planned from already, or waits for the next pass.
+        // Whoever drains the event channel forgets the arrivals first (the agent's loop): a token
+        // still here means an event waits in the channel, even one that came while this pass
+        // was planned, or before a pass no event started (a deadline's, a reconcile's).
         let arrivals = self.arrivals.clone();
-        arrivals.iter().for_each(Arrivals::forget);
         let arrived = move || arrivals.as_ref().is_some_and(Arrivals::arrived);
         let budget = match (
             self.arrivals.is_some() && mode.is_full(),
