@@ -38,6 +38,8 @@ fn converged() -> (tempfile::TempDir, FakeNode, CgroupPath, Controller) {
         &sysfs.join("proc").display().to_string(),
         "--reserved-cpus",
         "0",
+        "--state-dir",
+        &dir.path().join("state").display().to_string(),
     ]
     .map(String::from);
     let mut controller = crate::cli::controller(&flags).unwrap();
@@ -79,6 +81,12 @@ fn a_scan_stopped_at_its_limit_releases_nothing_it_did_not_see() {
 /// it, with no checkpoint: it knows only what it reads.
 fn fresh_controller(node: &FakeNode) -> Controller {
     let sysfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/sysfs/1s-4c-ht");
+    // A state directory of its own: a fresh controller restores no checkpoint.
+    let state = tempfile::Builder::new()
+        .prefix("fresh-state")
+        .tempdir_in(node.cgroup_root().parent().unwrap())
+        .unwrap()
+        .keep();
     let flags = [
         "--cgroup-root",
         &node.cgroup_root().display().to_string(),
@@ -90,6 +98,8 @@ fn fresh_controller(node: &FakeNode) -> Controller {
         &sysfs.join("proc").display().to_string(),
         "--reserved-cpus",
         "0",
+        "--state-dir",
+        &state.display().to_string(),
     ]
     .map(String::from);
     crate::cli::controller(&flags).unwrap()
