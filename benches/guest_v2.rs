@@ -154,9 +154,14 @@ impl Figures {
 }
 
 fn measure(root: &Path, node: &FakeNode, samples: usize, background: usize) -> Figures {
+    let started = Instant::now();
     for pod in large_node_pods(background, 0) {
         node.start_pod(&pod).expect("start a background pod");
     }
+    eprintln!(
+        "guest_v2: {background} pods started in {:?}",
+        started.elapsed()
+    );
     let kubepods = root.join("kubepods");
     let floor = Floor::new(root);
     let args: Vec<String> = [
@@ -173,13 +178,20 @@ fn measure(root: &Path, node: &FakeNode, samples: usize, background: usize) -> F
     .to_vec();
     let agent = Agent::start(&args);
     agent.wait_quiet(QUIET, Duration::from_secs(300));
+    eprintln!("guest_v2: the agent is quiet after {:?}", started.elapsed());
     let mut others = Others::new(&kubepods);
     let mut figures = Figures {
         cgroups: others.dirs.len(),
         ..Figures::default()
     };
     let mut waiter = FileWaiter::default();
-    for _ in 0..samples {
+    for n in 0..samples {
+        if n % 10 == 0 {
+            eprintln!(
+                "guest_v2: sample {n} of {samples} after {:?}",
+                started.elapsed()
+            );
+        }
         figures.record(0, floor.sample());
         others.remember();
         one_pod(node, &mut others, &mut waiter, &mut figures);
