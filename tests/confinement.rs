@@ -66,7 +66,7 @@ const WRITE_SITES: &[(&str, &str)] = &[
     ),
     (
         "src/kubesim.rs",
-        "the scripted kubelet's fake tree (demo and tests)",
+        "the scripted kubelet's fake tree (demo and tests); in the benchmarks a unique real cgroup v1 subtree and, in the vm-e2e guest, kubepods on its real cgroup v2 mount",
     ),
     ("src/topology/fake_sysfs.rs", "the demo's fake sysfs tree"),
     (
