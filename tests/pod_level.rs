@@ -119,11 +119,14 @@ fn a_pod_level_pod_is_found_when_its_second_container_comes() {
     // The second sets no CPU either: kubelet gives it the pod's limit and its shares.
     let helper = ContainerSpec::guaranteed("helper", 2000);
     let second = node.fake.add_container(&batch, &helper).unwrap();
-    let status = node.wait_status("both shared", |s| {
+    // The quotas are put back by a pass of their own after the release: wait for them too.
+    let status = node.wait_status("both shared, their quotas back", |s| {
         s.converged()
             && [&first, &second]
                 .iter()
                 .all(|id| s.by_id(id).is_some_and(|r| !r.exclusive))
+            && node.read(&batch, "", "cpu.max") == "200000 100000"
+            && node.read(&batch, &first, "cpu.max") == "200000 100000"
     });
     for id in [&first, &second] {
         let row = status.by_id(id).unwrap();
