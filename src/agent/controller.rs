@@ -43,22 +43,20 @@ use crate::topology::Topology;
 use crate::watcher::{Arrivals, TreeEvent};
 use crate::writer::NewChildren;
 
+use super::deadlines::{Burst, Deadlines};
 use super::hotplug::Hotplug;
 use super::metrics::Metrics;
-use deadlines::{Burst, Deadlines};
 use events::Said;
 use incremental::{Mode, SincePass};
 use model::{Model, Setup};
 
 mod adopt;
 mod classes;
-mod deadlines;
 mod drift;
 mod events;
 mod incremental;
 mod isolation;
 mod model;
-mod podres;
 mod projection;
 mod write;
 
@@ -329,6 +327,21 @@ impl Controller {
         self.last_pass.pools.as_ref().map(|p| &p.pod_cpus)
     }
 
+    /// What the PodResources server answers from (see [`crate::podresources::snapshot`]): the
+    /// model's containers, the assignments and the allocatable cpus (online minus reserved;
+    /// none under the `none` policy, as kubelet).
+    pub fn pod_resources(&self) -> crate::podresources::PodResourcesSnapshot {
+        let allocatable = self.parts.policy.as_ref().map(|p| {
+            let all = self.parts.topology.all_cpus();
+            all.difference(p.reserved())
+        });
+        crate::podresources::snapshot(
+            self.model.values().filter_map(|e| e.class.as_deref()),
+            &self.parts.assignments,
+            allocatable.unwrap_or_default(),
+        )
+    }
+
     /// (containers, exclusive containers) after the last pass.
     pub fn counts(&self) -> (usize, usize) {
         (
@@ -350,6 +363,37 @@ impl Controller {
         let outcome = self.pass(now);
         self.arrivals = arrivals;
         Some(outcome)
+    }
+
+    /// When the controller wants to run again without an event (see [`Deadlines`]).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.next()
+    }
+
+    /// Does what is due: re-reads the containers still waiting for their CPU settings, the
+    /// cgroups whose narrowing waited for new children and the fought-over cgroups whose
+    /// backoff ended; owes a pass for the held-back writes or the owed full pass. Returns
+    /// whether a pass is needed.
+    pub fn on_deadlines(&mut self, now: Instant) -> bool {
+        self.deadlines.settings = None;
+        let mut changed = false;
+        if self.deadlines.held_back.is_due(now) || self.deadlines.full_pass.is_due(now) {
+            // Held-back writes, or the shared pool's members after incremental passes: a
+            // full pass (after the pins of pods that arrived meanwhile, see `pass`), which
+            // pays them or owes them again.
+            changed = true;
+        }
+        if let Some(roots) = self.deadlines.settling.take_due(now) {
+            for root in roots {
+                self.rescan_subtree(&root, now);
+            }
+            changed = true;
+        }
+        changed |= self.resume_fights(now);
+        for path in self.model.waiting() {
+            changed |= self.reread(&path, now);
+        }
+        changed
     }
 
     /// Reads the whole tree into the model (at start, and after a watcher overflow).
@@ -410,14 +454,12 @@ impl Controller {
             TreeEvent::Removed { cgroup } => Ok(self.removed(&cgroup)),
             // Only the named file's group is re-read (see `Scanner::refresh`).
             TreeEvent::Modified { cgroup, file } => {
-                let known = self.model.get(&cgroup).map(|e| e.cgroup.clone());
-                let read = match known {
-                    Some(mut c) => self.parts.scanner.refresh(&mut c, file).then_some(c),
-                    None => self.parts.scanner.read_cgroup(&cgroup),
+                let Some(mut known) = self.model.get(&cgroup).map(|e| e.cgroup.clone()) else {
+                    return Ok(self.reread(&cgroup, now));
                 };
-                match read {
-                    Some(c) => Ok(self.upsert(c, now)),
-                    None => Ok(self.remove_if_gone(&cgroup)),
+                match self.parts.scanner.refresh(&mut known, file) {
+                    true => Ok(self.upsert(known, now)),
+                    false => Ok(self.remove_if_gone(&cgroup)),
                 }
             }
             TreeEvent::Rescan { reason } => {

@@ -166,10 +166,7 @@ impl Controller {
         self.deadlines.fight = next;
         let mut changed = false;
         for path in due {
-            match self.parts.scanner.read_cgroup(&path) {
-                Some(c) => changed |= self.upsert(c, now),
-                None => changed |= self.remove_if_gone(&path),
-            }
+            changed |= self.reread(&path, now);
         }
         changed
     }

@@ -398,6 +398,15 @@ impl Controller {
         false
     }
 
+    /// Reads `path` again into the model (or drops it when it is gone); whether the model
+    /// changed.
+    pub(super) fn reread(&mut self, path: &CgroupPath, now: Instant) -> bool {
+        match self.parts.scanner.read_cgroup(path) {
+            Some(c) => self.upsert(c, now),
+            None => self.remove_if_gone(path),
+        }
+    }
+
     /// Forgets `root` and its subtree; the next pass is a full one.
     pub(super) fn remove_subtree(&mut self, root: &CgroupPath) -> bool {
         let removed = self.forget_subtree(root);
