@@ -167,6 +167,30 @@ pub(crate) struct Projection {
     pub(crate) at: Option<Instant>,
 }
 
+impl Projection {
+    /// The shortest time between two updates of the projection files while passes keep coming.
+    pub(crate) const INTERVAL: Duration = Duration::from_millis(20);
+
+    /// When they are owed (a pass ran since, or the last update stopped early): at most every
+    /// [`Projection::INTERVAL`], so a stream of passes walks the model for them that often at
+    /// most.
+    pub(crate) fn due_at(&self, now: Instant) -> Option<Instant> {
+        self.due
+            .then(|| self.at.map_or(now, |at| at + Projection::INTERVAL))
+    }
+
+    /// An update starts at `now` if they are due by then (no longer owed: an update that stops
+    /// early owes them again); whether it does.
+    pub(crate) fn start(&mut self, now: Instant) -> bool {
+        if self.due_at(now).is_none_or(|at| at > now) {
+            return false;
+        }
+        self.due = false;
+        self.at = Some(now);
+        true
+    }
+}
+
 impl Deadlines {
     /// The earliest deadline.
     pub(crate) fn next(&self) -> Option<Instant> {
@@ -243,6 +267,24 @@ mod tests {
         }
         settling.wait_for(vec![root], true, t0);
         assert_eq!(settling.take_due(t0 + Duration::from_secs(10)), None);
+    }
+
+    #[test]
+    fn projections_are_brought_up_to_date_at_most_every_interval() {
+        let t0 = Instant::now();
+        let mut projection = Projection::default();
+        assert_eq!(projection.due_at(t0), None);
+        assert!(!projection.start(t0));
+        projection.due = true;
+        assert_eq!(projection.due_at(t0), Some(t0));
+        assert!(projection.start(t0));
+        assert!(!projection.start(t0), "not owed any more");
+        projection.due = true;
+        let next = t0 + Projection::INTERVAL;
+        assert_eq!(projection.due_at(t0), Some(next));
+        assert!(!projection.start(next - Duration::from_millis(1)));
+        assert!(projection.start(next));
+        assert_eq!(projection.at, Some(next));
     }
 
     #[test]

@@ -22,7 +22,7 @@
 //! checkpoint on this thread, exit 0. SIGHUP: reconcile now.
 
 mod controller;
-mod deadlines;
+pub(crate) mod deadlines;
 mod hotplug;
 pub(crate) mod http;
 pub mod metrics;

@@ -20,11 +20,6 @@ impl Controller {
         effects::saved(&self.effects)
     }
 
-    /// What the host effects have in force, as read back.
-    pub(crate) fn effects_in_force(&self) -> effects::InForce {
-        effects::in_force(&self.effects)
-    }
-
     /// Brings every host effect to what the pods ask for: after a pass when that changed,
     /// and on every full reconcile (`always`: IRQs registered since, flags set back by
     /// someone else). Never on the way to a pin: called after the pass's pin writes.
