@@ -26,19 +26,20 @@ use crate::cgroupfs::{
     CgroupError, CgroupPath, CgroupVersion, Hierarchy, InterfaceFile, Scan, ScannedCgroup, Scanner,
     SkipReason,
 };
+use crate::checkpoint::adopt::KubeletPins;
 use crate::checkpoint::kubelet_state::KubeletState;
 use crate::classify::{
     classify, classify_scan_one, config_matches_cgroup, CgroupKind, CgroupNaming, Classification,
     Isolation, Notice,
 };
 use crate::cpuset::CpuSet;
-use crate::logging::{error_chain, SaidEvery, SaidOnce};
+use crate::logging::{error_chain, SaidOnce};
 use crate::planner::{
     entitlement, plan, AssignEvent, Entitlement, NodeLimits, Plan, PlanConfig, Pools,
     ReleaseReason, WriteStep,
 };
 use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
-use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment};
+use crate::state::{AssignmentKey, Assignments};
 use crate::topology::Topology;
 use crate::watcher::{Arrivals, TreeEvent};
 use crate::writer::NewChildren;
@@ -46,11 +47,10 @@ use crate::writer::NewChildren;
 use super::deadlines::{Burst, Deadlines};
 use super::hotplug::Hotplug;
 use super::metrics::Metrics;
-use events::Said;
+use super::said::Said;
 use incremental::{Mode, SincePass};
 use model::{Model, Setup};
 
-mod adopt;
 mod classes;
 mod drift;
 mod events;
@@ -396,6 +396,20 @@ impl Controller {
         changed
     }
 
+    /// Adopts the pins kubelet's checkpoint names where the live tree agrees and the
+    /// container is entitled to exclusive cpus (see [`KubeletPins`]); every other entry is said,
+    /// with why. Returns the pins adopted, each as `<label> cpus <set>` (the caller counts and
+    /// names them).
+    pub fn adopt_kubelet_pins(&mut self, kubelet: &KubeletState) -> Vec<String> {
+        let scan = self.model_scan();
+        let classes = self.classify_model(&scan);
+        let cpus = scan.cgroups.iter().map(|c| c.cpus.value());
+        let pins = KubeletPins::new(kubelet, classes.iter().map(|c| &**c).zip(cpus));
+        self.said.learn_pod_names(pins.keys(), &classes);
+        let said = &self.said;
+        pins.adopt(&mut self.parts.assignments, |key| said.label(key))
+    }
+
     /// Reads the whole tree into the model (at start, and after a watcher overflow).
     pub fn full_scan(&mut self) -> Result<(), CgroupError> {
         let started = Instant::now();
@@ -463,20 +477,7 @@ impl Controller {
                 }
             }
             TreeEvent::Rescan { reason } => {
-                // Said at most once a minute, with how many were not said.
-                match self.said.rescan.due(now, Duration::from_secs(60)) {
-                    Some(more) => {
-                        let since = if more > 0 {
-                            format!(" ({more} more rescans since the last time this was said)")
-                        } else {
-                            String::new()
-                        };
-                        log::warn!(
-                            "watcher lost track ({reason}): rescanning the whole tree{since}"
-                        );
-                    }
-                    None => log::debug!("watcher lost track ({reason}): rescanning the whole tree"),
-                }
+                self.said.rescan(reason, now);
                 self.metrics.rescans += 1;
                 self.full_scan()?;
                 Ok(true)

@@ -29,6 +29,7 @@ pub mod metrics;
 mod notify;
 mod persist;
 mod reconciler;
+pub(crate) mod said;
 mod wait;
 
 pub use controller::{Controller, ControllerParts, PassOutcome, ReconcileScan};
