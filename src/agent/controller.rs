@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 use crate::allocator::StaticPolicy;
 use crate::cgroupfs::{
     CgroupError, CgroupPath, CgroupVersion, Hierarchy, InterfaceFile, Scan, ScannedCgroup, Scanner,
-    SkipReason,
 };
 use crate::checkpoint::adopt::KubeletPins;
 use crate::checkpoint::kubelet_state::KubeletState;
@@ -47,17 +46,17 @@ use crate::writer::NewChildren;
 use super::deadlines::{Burst, Deadlines};
 use super::hotplug::Hotplug;
 use super::metrics::Metrics;
+use super::model::{self, Model, Setup};
 use super::said::Said;
 use incremental::{Mode, SincePass};
-use model::{Model, Setup};
 
 mod classes;
 mod drift;
 mod events;
 mod incremental;
 mod isolation;
-mod model;
 mod projection;
+mod upkeep;
 mod write;
 
 /// A cgroup's classification, shared by its model entry (which caches it) and the passes that
@@ -84,10 +83,6 @@ struct FollowUp {
 
 /// Plans per pass when writing shows the model out of date (see [`Controller::pass`]).
 const MAX_REPLANS: usize = 4;
-
-/// How long a cgroup with an empty cpuset is left to its runtime (runc copies the parent's set
-/// within milliseconds) before the agent writes it itself.
-const RUNTIME_SETUP_LIMIT: Duration = Duration::from_secs(1);
 
 /// How long a new container is tracked for the event → pin latency figure.
 const PIN_TRACKING_LIMIT: Duration = Duration::from_secs(60);

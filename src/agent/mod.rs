@@ -26,6 +26,7 @@ pub(crate) mod deadlines;
 mod hotplug;
 pub(crate) mod http;
 pub mod metrics;
+pub(crate) mod model;
 mod notify;
 mod persist;
 mod reconciler;

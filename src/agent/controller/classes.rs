@@ -4,15 +4,6 @@
 use super::model::{for_each_entry, Phase};
 use super::*;
 
-/// How long a new container may wait for its CPU settings before the controller stops
-/// re-reading it on its own (events still wake it).
-pub(super) const SETTINGS_RETRY: [Duration; 4] = [
-    Duration::from_millis(5),
-    Duration::from_millis(25),
-    Duration::from_millis(100),
-    Duration::from_millis(500),
-];
-
 /// What classification noticed about a cgroup (an ignored annotation value, a pod uid in the
 /// runtime config that differs from the path, a limit that differs from the request …), said
 /// once: when its classification is cached, which is again only when its CPU settings change.
@@ -25,7 +16,7 @@ pub(super) fn say_notices(path: &CgroupPath, class: &Classification, said: &mut 
 
 impl Controller {
     /// Classifies the model, reusing each cgroup's cached classification (kept while its path
-    /// and CPU settings stay the same, see [`Controller::set_entry`]).
+    /// and CPU settings stay the same, see [`Model::store`]).
     ///
     /// The runtime's config gives a container's CPU request while its cgroup still holds the
     /// kernel's defaults; once the cgroup has held the config's request (or was there when the

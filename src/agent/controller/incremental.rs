@@ -107,7 +107,7 @@ impl Controller {
                 up = parent.parent();
                 paths.insert(parent);
             }
-            paths.extend(self.subtree(root));
+            paths.extend(self.model.subtree(root));
         }
         let scan = Scan {
             version: self.parts.hierarchy.version,
