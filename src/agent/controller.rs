@@ -232,46 +232,10 @@ impl Controller {
         let Some(change) = hotplug.check(&self.parts.topology, self.parts.policy.as_ref()) else {
             return false;
         };
-        let online = change.topology.all_cpus();
-        if !change.offline.is_empty() {
-            log::info!(
-                "cpus {} went offline (online now: {online}): topology read again; pins on them \
-                 get replacements, the shared pool goes without them",
-                change.offline
-            );
-        }
-        if !change.online.is_empty() {
-            log::info!(
-                "cpus {} came online (online now: {online}): topology read again; they join the \
-                 shared pool",
-                change.online
-            );
-        }
-        if let (Some(before), Some(after)) = (&self.parts.policy, &change.policy) {
-            let gone = before.reserved().difference(after.reserved());
-            let back = after.reserved().difference(before.reserved());
-            if !gone.is_empty() && after.reserved().is_empty() {
-                log::warn!(
-                    "reserved cpus {gone} went offline and no reserved cpu is online: nothing \
-                     keeps the shared pool from emptying but the agent, which refuses pins that \
-                     would empty it and releases the smallest if it must"
-                );
-            } else if !gone.is_empty() {
-                log::warn!(
-                    "reserved cpus {gone} went offline: reserved now {}",
-                    after.reserved()
-                );
-            }
-            if !back.is_empty() {
-                log::info!(
-                    "reserved cpus {back} are online again: reserved now {}",
-                    after.reserved()
-                );
-            }
-        }
+        change.say(self.parts.policy.as_ref());
         self.metrics.cpus_offlined += change.offline.len() as u64;
         self.metrics.cpus_onlined += change.online.len() as u64;
-        self.metrics.online_cpus = online.len() as u64;
+        self.metrics.online_cpus = change.topology.all_cpus().len() as u64;
         self.parts.topology = change.topology;
         if change.policy.is_some() {
             self.parts.policy = change.policy;

@@ -17,6 +17,9 @@ impl Controller {
             .filter(|e| matches!(e, AssignEvent::PodRejected { .. }))
             .map(|e| e.key().pod_uid().to_string())
             .collect();
+        let policy = self.parts.policy.as_ref();
+        let full_cores = policy.is_some_and(|p| p.options().full_pcpus_only);
+        let topology = &self.parts.topology;
         for event in events {
             let said_for_the_pod = matches!(event, AssignEvent::Failed { key, .. }
                 if rejected.contains(key.pod_uid()));
@@ -24,7 +27,7 @@ impl Controller {
             if !said_for_the_pod {
                 self.said.note_refusal(event);
             }
-            if !self.count_event(event) || said_for_the_pod {
+            if !self.metrics.count_assign_event(event, full_cores, topology) || said_for_the_pod {
                 continue;
             }
             let key = event.key();
@@ -47,60 +50,6 @@ impl Controller {
     /// The exclusive cpus refused, by container, with kubelet's reason as the log said it.
     pub fn refusals(&self) -> &crate::state::Refusals {
         &self.said.refused
-    }
-
-    /// Counts `event` in the metrics; whether the log says it: a failure is said once per
-    /// container (key) until it is met or goes, not once per pass (every pass asks again).
-    fn count_event(&mut self, event: &AssignEvent) -> bool {
-        match event {
-            AssignEvent::Allocated { key, cpus } => {
-                self.metrics.pinning_requests += 1;
-                self.count_alignment(Some(cpus));
-                self.metrics.pin_succeeded(key);
-                true
-            }
-            AssignEvent::Released { key, .. } | AssignEvent::Replaced { key, .. } => {
-                self.metrics.pin_succeeded(key);
-                true
-            }
-            AssignEvent::Adopted { .. }
-            | AssignEvent::Grown { .. }
-            | AssignEvent::Shrunk { .. }
-            | AssignEvent::Reused { .. } => true,
-            AssignEvent::Short { key, .. } => self.metrics.first_pin_failure(key),
-            AssignEvent::PodRejected { key, .. } => self.metrics.first_pod_rejection(key.pod_uid()),
-            AssignEvent::Failed { key, .. } => {
-                let first = self.metrics.first_pin_failure(key);
-                if first {
-                    self.metrics.pinning_requests += 1;
-                    self.metrics.pinning_errors += 1;
-                    self.count_alignment(None);
-                }
-                first
-            }
-        }
-    }
-
-    /// kubelet's `container_aligned_compute_resources_count` and `_failure_count` for an
-    /// allocation (`Some(cpus)`) or a refusal: physical_cpu under `full-pcpus-only`,
-    /// uncore_cache for an allocation within one uncore cache.
-    fn count_alignment(&mut self, allocated: Option<&CpuSet>) {
-        let full_cores = self
-            .parts
-            .policy
-            .as_ref()
-            .is_some_and(|p| p.options().full_pcpus_only);
-        let Some(cpus) = allocated else {
-            self.metrics.aligned_physical_cpu_failures += u64::from(full_cores);
-            return;
-        };
-        self.metrics.aligned_physical_cpu += u64::from(full_cores);
-        let topology = &self.parts.topology;
-        let mut caches = cpus.iter().map(|c| topology.cpu(c).map(|i| i.uncore));
-        let first = caches.next().flatten();
-        if first.is_some() && caches.all(|c| c == first) {
-            self.metrics.aligned_uncore_cache += 1;
-        }
     }
 
     /// Event → pin latency: a new container counts once, when its cpuset reads back as desired
