@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::allocator::StaticPolicy;
 use crate::cgroupfs::{
@@ -29,7 +29,7 @@ use crate::checkpoint::adopt::KubeletPins;
 use crate::checkpoint::kubelet_state::KubeletState;
 use crate::classify::{
     classify, classify_scan_one, config_matches_cgroup, CgroupKind, CgroupNaming, Classification,
-    Isolation, Notice,
+    Notice,
 };
 use crate::cpuset::CpuSet;
 use crate::logging::{error_chain, SaidOnce};
@@ -47,7 +47,7 @@ use super::deadlines::{Burst, Deadlines};
 use super::hotplug::Hotplug;
 use super::metrics::Metrics;
 use super::model::{self, Model, Setup};
-use super::said::Said;
+use super::said::{say_limits, Said};
 use incremental::{Mode, SincePass};
 
 mod classes;
@@ -83,9 +83,6 @@ struct FollowUp {
 
 /// Plans per pass when writing shows the model out of date (see [`Controller::pass`]).
 const MAX_REPLANS: usize = 4;
-
-/// How long a new container is tracked for the event → pin latency figure.
-const PIN_TRACKING_LIMIT: Duration = Duration::from_secs(60);
 
 /// What the controller needs to run, besides its channels.
 #[derive(Debug)]
@@ -561,26 +558,8 @@ impl Controller {
         let (cpus, mems) = self.parts.scanner.kubepods_parent_limits();
         let limits = NodeLimits { cpus, mems };
         if self.last_pass.limits.as_ref() != Some(&limits) {
-            if let Some(cpus) = &limits.cpus {
-                let all = self.parts.topology.all_cpus();
-                let missing = all.difference(cpus);
-                // Against today's topology: cpus the parent lost by going offline were not
-                // given back when the topology lost them too.
-                let missed = self
-                    .last_pass
-                    .limits
-                    .as_ref()
-                    .and_then(|l| l.cpus.as_ref())
-                    .is_some_and(|last| !all.is_subset(last));
-                if !missing.is_empty() {
-                    log::warn!(
-                        "the parent of the kubepods cgroup gives pods only cpus {cpus} now: cpus \
-                         {missing} (offline, or held back by the parent) are not planned"
-                    );
-                } else if missed {
-                    log::info!("the parent of the kubepods cgroup gives pods every cpu again");
-                }
-            }
+            let last = self.last_pass.limits.as_ref();
+            say_limits(last, &limits, self.parts.topology.all_cpus());
             self.last_pass.limits = Some(limits.clone());
         }
         limits

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cgroupfs::{CgroupPath, Scan, ScannedCgroup, SkipReason};
-use crate::classify::{Classification, Isolation, Notice};
+use crate::classify::{CgroupKind, Classification, Exclusivity, Isolation, Notice, SharedReason};
 use crate::cpuset::CpuSet;
 use crate::logging::SaidOnce;
 use crate::state::AssignmentKey;
@@ -28,6 +28,9 @@ pub(crate) const SETTINGS_RETRY: [Duration; 4] = [
     Duration::from_millis(100),
     Duration::from_millis(500),
 ];
+
+/// How long a new container is tracked for the event → pin latency figure.
+pub(crate) const PIN_TRACKING_LIMIT: Duration = Duration::from_secs(60);
 
 /// How long a cgroup with an empty cpuset is left to its runtime (runc copies the parent's set
 /// within milliseconds) before the agent writes it itself.
@@ -370,6 +373,55 @@ impl Model {
         }
         (due, next)
     }
+
+    /// Event → pin latency: a new container counts once (`record` is given its latency), when
+    /// its cpuset reads back as desired and its CPU settings were known (before, it waits in
+    /// the shared pool for them); it is no longer timed then, nor after [`PIN_TRACKING_LIMIT`].
+    /// `classes` are `scan`'s; `pinned_at(i)`: when scanned cgroup `i`'s writes were made.
+    pub(crate) fn time_pins(
+        &mut self,
+        scan: &Scan,
+        classes: &[Arc<Classification>],
+        pinned_at: impl Fn(usize) -> Instant,
+        mut record: impl FnMut(Duration),
+    ) {
+        if self.pins_pending == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let (mut index, mut timed) = (0, 0);
+        for_each_entry(&mut self.records, scan, |_, entry| {
+            let (i, class) = (index, &classes[index]);
+            index += 1;
+            let Some((entry, seen)) = entry.and_then(|e| e.pin_seen.map(|seen| (e, seen))) else {
+                return;
+            };
+            let current = entry.cgroup.cpus.configured();
+            let pinned = class.kind == CgroupKind::Container
+                && !waits_for_settings(class)
+                && current.is_some()
+                && current == entry.desired.as_ref();
+            if pinned {
+                record(pinned_at(i).saturating_duration_since(seen));
+            }
+            let done = class.kind != CgroupKind::Container || pinned;
+            if done || now.saturating_duration_since(seen) >= PIN_TRACKING_LIMIT {
+                entry.pin_seen = None;
+                timed += 1;
+            }
+        });
+        self.pins_pending -= timed;
+    }
+}
+
+/// A container whose CPU settings cannot be read yet (it waits in the shared pool for them).
+pub(crate) fn waits_for_settings(class: &Classification) -> bool {
+    matches!(
+        class.exclusivity,
+        Exclusivity::Shared {
+            reason: SharedReason::CpuSettingsUnavailable
+        }
+    )
 }
 
 /// Calls `f` with each scanned cgroup and its model entry (`None`: not in the model), in scan

@@ -11,7 +11,7 @@ use crate::cgroupfs::CgroupPath;
 use crate::classify::Classification;
 use crate::cpuset::CpuSet;
 use crate::logging::{excerpt, SaidEvery, SaidOnce};
-use crate::planner::{AssignEvent, ReleaseReason};
+use crate::planner::{AssignEvent, NodeLimits, ReleaseReason};
 use crate::state::AssignmentKey;
 
 /// What the log said, to say each thing once (see [`SaidOnce`]), and what it needs to name
@@ -131,6 +131,27 @@ pub(crate) fn devices_of(key: &AssignmentKey, classes: &[Arc<Classification>]) -
     match devices {
         Some(text) => format!(" devices=[{text}]"),
         None => String::new(),
+    }
+}
+
+/// Says what kubepods' parent gives pods when it changed from `last`: cpus of `all` (today's
+/// topology) held back, or every cpu again. (Against today's topology: cpus the parent lost by
+/// going offline were not given back when the topology lost them too.)
+pub(crate) fn say_limits(last: Option<&NodeLimits>, limits: &NodeLimits, all: &CpuSet) {
+    let Some(cpus) = &limits.cpus else {
+        return;
+    };
+    let missing = all.difference(cpus);
+    let missed = last
+        .and_then(|l| l.cpus.as_ref())
+        .is_some_and(|last| !all.is_subset(last));
+    if !missing.is_empty() {
+        log::warn!(
+            "the parent of the kubepods cgroup gives pods only cpus {cpus} now: cpus {missing} \
+             (offline, or held back by the parent) are not planned"
+        );
+    } else if missed {
+        log::info!("the parent of the kubepods cgroup gives pods every cpu again");
     }
 }
 

@@ -53,19 +53,13 @@ impl Controller {
     /// waits for its CPU settings without a runtime config (looked up again next pass; one
     /// classified from its cgroup is not).
     fn classify_entry(&mut self, cgroup: &ScannedCgroup) -> Class {
-        use crate::classify::{Exclusivity, SharedReason};
         let mut found: Option<RuntimeInfo> = None;
         let runtime = &mut self.parts.runtime;
         let mut class = classify_scan_one(&self.parts.naming, cgroup, |id| {
             found = runtime.lookup(id);
             found.clone()
         });
-        let waiting = matches!(
-            class.exclusivity,
-            Exclusivity::Shared {
-                reason: SharedReason::CpuSettingsUnavailable
-            }
-        );
+        let waiting = model::waits_for_settings(&class);
         let cache = match (found, class.container_id.clone()) {
             (Some(info), Some(_)) => {
                 if let Some(resized) = self.resized_class(cgroup, info) {
@@ -123,16 +117,9 @@ impl Controller {
     /// Containers whose CPU settings are not readable yet get a few bounded re-reads (a full
     /// pass's `scan` is the whole model): see [`Model::track_settings`].
     pub(super) fn track_settings_wait(&mut self, scan: &Scan, classes: &[Class], now: Instant) {
-        use crate::classify::{Exclusivity, SharedReason};
-        let waiting = classes.iter().map(|class| {
-            class.kind == CgroupKind::Container
-                && matches!(
-                    class.exclusivity,
-                    Exclusivity::Shared {
-                        reason: SharedReason::CpuSettingsUnavailable
-                    }
-                )
-        });
+        let waiting = classes
+            .iter()
+            .map(|class| class.kind == CgroupKind::Container && model::waits_for_settings(class));
         self.deadlines.settings = self.model.track_settings(scan, waiting, now);
     }
 }

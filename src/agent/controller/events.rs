@@ -1,7 +1,6 @@
 //! What a pass did, told: the log's lines for assignment events (worded by
 //! [`crate::agent::said`]), the metrics they count, and the event → pin latency.
 
-use super::model::for_each_entry;
 use super::*;
 use crate::agent::said::{describe, devices_of};
 
@@ -52,49 +51,16 @@ impl Controller {
         &self.said.refused
     }
 
-    /// Event → pin latency: a new container counts once, when its cpuset reads back as desired
-    /// and its CPU settings were known (before, it waits in the shared pool for them).
-    /// `pinned_at(i)`: when scanned cgroup `i`'s writes were made.
+    /// Event → pin latency: new containers' pins that landed are timed (see
+    /// [`Model::time_pins`]). `pinned_at(i)`: when scanned cgroup `i`'s writes were made.
     pub(super) fn track_pins(
         &mut self,
         scan: &Scan,
         classes: &[Class],
         pinned_at: impl Fn(usize) -> Instant,
     ) {
-        use crate::classify::{Exclusivity, SharedReason};
-        if self.model.pins_pending == 0 {
-            return;
-        }
-        let now = Instant::now();
-        let mut index = 0;
-        let (mut timed, metrics) = (0, &mut self.metrics);
-        for_each_entry(&mut self.model, scan, |_, entry| {
-            let (i, class) = (index, &classes[index]);
-            index += 1;
-            let Some((entry, seen)) = entry.and_then(|e| e.pin_seen.map(|seen| (e, seen))) else {
-                return;
-            };
-            let waiting = matches!(
-                class.exclusivity,
-                Exclusivity::Shared {
-                    reason: SharedReason::CpuSettingsUnavailable
-                }
-            );
-            let current = entry.cgroup.cpus.configured();
-            let pinned = class.kind == CgroupKind::Container
-                && !waiting
-                && current.is_some()
-                && current == entry.desired.as_ref();
-            if pinned {
-                let latency = pinned_at(i).saturating_duration_since(seen);
-                metrics.event_to_pin.record(latency);
-            }
-            let done = class.kind != CgroupKind::Container || pinned;
-            if done || now.saturating_duration_since(seen) >= PIN_TRACKING_LIMIT {
-                entry.pin_seen = None;
-                timed += 1;
-            }
-        });
-        self.model.pins_pending -= timed;
+        let metrics = &mut self.metrics;
+        let record = |latency| metrics.event_to_pin.record(latency);
+        self.model.time_pins(scan, classes, pinned_at, record);
     }
 }

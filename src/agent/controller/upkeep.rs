@@ -171,16 +171,29 @@ impl Controller {
         }
     }
 
+    /// The whole model as a scan (what a full pass plans).
     pub(super) fn model_scan(&self) -> Scan {
+        let cgroups = self.model.values().map(|e| e.cgroup.clone()).collect();
+        self.scan_of(cgroups, self.model.complete, Default::default())
+    }
+
+    /// `cgroups` of the model as a scan (`complete`: the planner may release what it does not
+    /// see).
+    pub(super) fn scan_of(
+        &self,
+        cgroups: Vec<ScannedCgroup>,
+        complete: bool,
+        gone_pods: std::collections::BTreeSet<String>,
+    ) -> Scan {
         Scan {
             version: self.parts.hierarchy.version,
             kubepods: self.parts.scanner.kubepods().clone(),
             inherits: self.parts.scanner.inherits(),
-            cgroups: self.model.values().map(|e| e.cgroup.clone()).collect(),
+            cgroups,
             skipped: Vec::new(),
-            complete: self.model.complete,
+            complete,
             truncated: !self.model.complete,
-            gone_pods: Default::default(),
+            gone_pods,
         }
     }
 }

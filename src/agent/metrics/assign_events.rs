@@ -97,7 +97,10 @@ mod tests {
         };
         let mut metrics = Metrics::default();
         assert!(metrics.count_assign_event(&failed, true, &topology));
-        assert!(!metrics.count_assign_event(&failed, true, &topology), "said once");
+        assert!(
+            !metrics.count_assign_event(&failed, true, &topology),
+            "said once"
+        );
         assert_eq!((metrics.pinning_requests, metrics.pinning_errors), (1, 1));
         assert_eq!(metrics.aligned_physical_cpu_failures, 1);
         // Cpus 0-1 share an uncore cache; 1-2 do not.
@@ -108,7 +111,10 @@ mod tests {
             };
             assert!(metrics.count_assign_event(&allocated, false, &topology));
         }
-        assert_eq!((metrics.pinning_requests, metrics.aligned_uncore_cache), (3, 1));
+        assert_eq!(
+            (metrics.pinning_requests, metrics.aligned_uncore_cache),
+            (3, 1)
+        );
         assert_eq!(metrics.aligned_physical_cpu, 0);
         // Pinned: a later failure is new again.
         assert!(metrics.count_assign_event(&failed, false, &topology));
