@@ -518,7 +518,7 @@ mod tests {
         let next = model.track_settings(&all, [true, false].into_iter(), now);
         assert_eq!(next, Some(now + SETTINGS_RETRY[0]));
         assert_eq!(model[&a].phase(), Phase::WaitingForSettings { tries: 1 });
-        assert_eq!(model.waiting(), [a.clone()]);
+        assert_eq!(model.waiting(), std::slice::from_ref(&a));
         // Out of re-reads: back to New; a settled one stays settled.
         model.set_phase(&b, Phase::Settled);
         for _ in 1..SETTINGS_RETRY.len() {
