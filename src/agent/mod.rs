@@ -22,12 +22,15 @@
 //! checkpoint on this thread, exit 0. SIGHUP: reconcile now.
 
 mod controller;
+pub(crate) mod deadlines;
 mod hotplug;
 pub(crate) mod http;
 pub mod metrics;
+pub(crate) mod model;
 mod notify;
 mod persist;
 mod reconciler;
+pub(crate) mod said;
 mod wait;
 
 pub use controller::{Controller, ControllerParts, PassOutcome, ReconcileScan};

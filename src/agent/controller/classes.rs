@@ -4,15 +4,6 @@
 use super::model::{for_each_entry, Phase};
 use super::*;
 
-/// How long a new container may wait for its CPU settings before the controller stops
-/// re-reading it on its own (events still wake it).
-pub(super) const SETTINGS_RETRY: [Duration; 4] = [
-    Duration::from_millis(5),
-    Duration::from_millis(25),
-    Duration::from_millis(100),
-    Duration::from_millis(500),
-];
-
 /// What classification noticed about a cgroup (an ignored annotation value, a pod uid in the
 /// runtime config that differs from the path, a limit that differs from the request …), said
 /// once: when its classification is cached, which is again only when its CPU settings change.
@@ -25,7 +16,7 @@ pub(super) fn say_notices(path: &CgroupPath, class: &Classification, said: &mut 
 
 impl Controller {
     /// Classifies the model, reusing each cgroup's cached classification (kept while its path
-    /// and CPU settings stay the same, see [`Controller::set_entry`]).
+    /// and CPU settings stay the same, see [`Model::store`]).
     ///
     /// The runtime's config gives a container's CPU request while its cgroup still holds the
     /// kernel's defaults; once the cgroup has held the config's request (or was there when the
@@ -85,19 +76,13 @@ impl Controller {
     /// waits for its CPU settings without a runtime config (looked up again next pass; one
     /// classified from its cgroup is not).
     fn classify_entry(&mut self, cgroup: &ScannedCgroup) -> Class {
-        use crate::classify::{Exclusivity, SharedReason};
         let mut found: Option<RuntimeInfo> = None;
         let runtime = &mut self.parts.runtime;
         let mut class = classify_scan_one(&self.parts.naming, cgroup, |id| {
             found = runtime.lookup(id);
             found.clone()
         });
-        let waiting = matches!(
-            class.exclusivity,
-            Exclusivity::Shared {
-                reason: SharedReason::CpuSettingsUnavailable
-            }
-        );
+        let waiting = model::waits_for_settings(&class);
         let cache = match (found, class.container_id.clone()) {
             (Some(info), Some(_)) => {
                 if let Some(resized) = self.resized_class(cgroup, info) {
@@ -155,16 +140,9 @@ impl Controller {
     /// Containers whose CPU settings are not readable yet get a few bounded re-reads (a full
     /// pass's `scan` is the whole model): see [`Model::track_settings`].
     pub(super) fn track_settings_wait(&mut self, scan: &Scan, classes: &[Class], now: Instant) {
-        use crate::classify::{Exclusivity, SharedReason};
-        let waiting = classes.iter().map(|class| {
-            class.kind == CgroupKind::Container
-                && matches!(
-                    class.exclusivity,
-                    Exclusivity::Shared {
-                        reason: SharedReason::CpuSettingsUnavailable
-                    }
-                )
-        });
+        let waiting = classes
+            .iter()
+            .map(|class| class.kind == CgroupKind::Container && model::waits_for_settings(class));
         self.deadlines.settings = self.model.track_settings(scan, waiting, now);
     }
 }

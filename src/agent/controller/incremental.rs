@@ -107,22 +107,13 @@ impl Controller {
                 up = parent.parent();
                 paths.insert(parent);
             }
-            paths.extend(self.subtree(root));
+            paths.extend(self.model.subtree(root));
         }
-        let scan = Scan {
-            version: self.parts.hierarchy.version,
-            kubepods: self.parts.scanner.kubepods().clone(),
-            inherits: self.parts.scanner.inherits(),
-            cgroups: paths
-                .iter()
-                .filter_map(|p| self.model.get(p).map(|e| e.cgroup.clone()))
-                .collect(),
-            skipped: Vec::new(),
-            // Nothing outside the chain is released but what went.
-            complete: false,
-            truncated: !self.model.complete,
-            gone_pods: std::mem::take(&mut self.since_pass.gone_pods),
-        };
+        let cgroups = paths.iter().filter_map(|p| self.model.get(p));
+        let cgroups = cgroups.map(|e| e.cgroup.clone()).collect();
+        // Nothing outside the chain is released but what went.
+        let gone_pods = std::mem::take(&mut self.since_pass.gone_pods);
+        let scan = self.scan_of(cgroups, false, gone_pods);
         let classes: Vec<_> = scan.cgroups.iter().map(|c| self.class_of(c)).collect();
         let classes = self.pod_level(&scan, classes);
         let undecided = classes.iter().any(|c| {

@@ -2,7 +2,7 @@ use std::fs;
 use std::path::Path;
 
 use super::*;
-use crate::cgroupfs::{CgroupVersion, InterfaceFile};
+use crate::cgroupfs::{CgroupVersion, InterfaceFile, SkipReason};
 use crate::kubesim::{ContainerSpec, FakeNode, PodSpec, Qos};
 
 /// A fake v1 node with the 8 cpus of `1s-4c-ht`, one Guaranteed 1-cpu pod, and a

@@ -173,7 +173,7 @@ impl Controller {
             },
         };
         self.remember_quotas(scan, planned);
-        let initialised = self.initialised(scan, now);
+        let initialised = self.model.initialised(scan, now);
         let (new_children, initialised) = match self.parts.hierarchy.version {
             CgroupVersion::V1 => (NewChildren::LetThemSettle, &initialised[..]),
             CgroupVersion::V2 => (NewChildren::NarrowNow, &[][..]),
