@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# End-to-end on a real node: a Debian bookworm guest under QEMU with systemd as PID 1, Debian's
-# containerd + runc with the systemd cgroup driver, cpusetd installed by scripts/install.sh as the
+# End-to-end on a real node: a Debian bookworm guest under QEMU with systemd as PID 1 (252),
+# Debian's containerd + runc with the systemd cgroup driver, cpusetd installed by scripts/install.sh as the
 # shipped unit (systemd/cpusetd.service, flags from /etc/default/cpusetd). Pods are made through
 # the CRI by crikubelet (the workspace's kubelet stand-in) when it is built.
 #
 # Scenarios (one boot each):
-#   systemd-v2  cgroup v2 (systemd.unified_cgroup_hierarchy=1)
-#   systemd-v1  cgroup v1 under systemd (systemd.unified_cgroup_hierarchy=0)
+#   systemd-v2  cgroup v2 (systemd.unified_cgroup_hierarchy=1), Linux 6.12
+#   systemd-v1  cgroup v1 under systemd (systemd.unified_cgroup_hierarchy=0), Linux 6.1: Debian's
+#               6.12 is built without CONFIG_CPUSETS_V1, so no v1 cpuset hierarchy can be mounted
+# The image holds both kernels: Debian's 6.12 (linux-image-6.12.*+deb12-amd64-unsigned, from
+# bookworm-security, installed into the image from the .deb the host's apt downloads) and its 6.1
+# (linux-image-amd64). Nothing node-e2e checks behaves differently on v2 between the two, so v2
+# boots 6.12 only (NODE_E2E_KERNEL=6.1 boots it on 6.1).
 # The guest's checks are scripts/node-e2e/guest-test.sh; each prints `PASS <check>` or
 # `FAIL <check>: <why>`. Prints one `PASS <scenario>` / `FAIL <scenario>: <why>` per scenario and
 # exits 1 if any failed. Step times go to stderr.
@@ -20,9 +25,12 @@
 #   NODE_E2E_MIRROR    Debian mirror for debootstrap (default http://deb.debian.org/debian)
 #   NODE_E2E_IDLE      seconds the watchdog check waits idle (default 120)
 #   NODE_E2E_IMAGE_ONLY=1  build (or find) the cached base image and stop
+#   NODE_E2E_KERNEL    6.12 | 6.1: the kernel every scenario boots (default: 6.12 for systemd-v2,
+#                      6.1 for systemd-v1)
 # As root with apt-get it installs what is missing on the host: debootstrap, qemu-system-x86,
-# e2fsprogs. The base image is cached in target/node-e2e/cache/<key>/ (key: the package list,
-# the image recipe in this script and scripts/node-e2e/runner.service); a fresh machine builds it.
+# e2fsprogs (and runs `apt-get update` when apt knows no 6.12 image yet). The base image is cached in target/node-e2e/cache/<key>/ (key: the package list,
+# the 6.12 package, the image recipe in this script and scripts/node-e2e/runner.service); a fresh
+# machine builds it.
 # shellcheck disable=SC2054 # qemu's options hold commas
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +48,13 @@ for s in "${scenarios[@]}"; do
     esac
 done
 
+case "${NODE_E2E_KERNEL:-}" in
+    "" | 6.12 | 6.1) ;;
+    *)
+        echo "node-e2e: NODE_E2E_KERNEL must be 6.12 or 6.1" >&2
+        exit 2
+        ;;
+esac
 work=$repo/target/node-e2e
 timeout_s=${NODE_E2E_TIMEOUT:-900}
 mirror=${NODE_E2E_MIRROR:-http://deb.debian.org/debian}
@@ -74,6 +89,17 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
+# shellcheck source=scripts/lib/kernel.sh
+. "$repo/scripts/lib/kernel.sh"
+k612=$(newest_6_12_package)
+if [ -z "$k612" ] && command -v apt-get >/dev/null; then
+    apt-get update -qq
+    k612=$(newest_6_12_package)
+fi
+[ -n "$k612" ] || {
+    echo "node-e2e: apt knows no linux-image-6.12.*+deb12-amd64-unsigned (is bookworm-security in the sources?)" >&2
+    exit 1
+}
 
 # --- the base image (cached) ---------------------------------------------------------------------
 build_image() {
@@ -89,6 +115,25 @@ build_image() {
         tail -n 20 "$tmp/debootstrap.log" >&2
         exit 1
     }
+    step "install $k612 into the image"
+    local deb
+    deb=$(find "$work/cache/debs" -maxdepth 1 -name "${k612}_*.deb" | sort -V | tail -n 1)
+    if [ -z "$deb" ]; then
+        (cd "$work/cache/debs" && apt-get download -qq "$k612") >&2 || {
+            echo "node-e2e: apt-get download $k612 failed" >&2
+            exit 1
+        }
+        deb=$(find "$work/cache/debs" -maxdepth 1 -name "${k612}_*.deb" | sort -V | tail -n 1)
+    fi
+    cp "$deb" "$root/tmp/linux-6.12.deb"
+    # Its postinst makes the initramfs (virtio_blk and ext4 are modules in Debian's kernels).
+    DEBIAN_FRONTEND=noninteractive chroot "$root" dpkg -i /tmp/linux-6.12.deb \
+        >"$tmp/kernel.log" 2>&1 || {
+        echo "node-e2e: installing $k612 in the image failed, last lines of $tmp/kernel.log:" >&2
+        tail -n 20 "$tmp/kernel.log" >&2
+        exit 1
+    }
+    rm -f "$root/tmp/linux-6.12.deb"
     step "configure the image"
     echo "cpusetd-node" >"$root/etc/hostname"
     printf '/dev/vda / ext4 rw,errors=remount-ro 0 1\n' >"$root/etc/fstab"
@@ -109,9 +154,17 @@ build_image() {
     ln -sf /dev/null "$root/etc/systemd/system/serial-getty@.service"
     ln -sf /dev/null "$root/etc/systemd/system/getty@.service"
     rm -rf "$root/var/cache/apt/archives/"*.deb "$root/var/lib/apt/lists/"*
-    cp -L "$root/vmlinuz" "$tmp/vmlinuz"
-    cp -L "$root/initrd.img" "$tmp/initrd.img"
-    chmod 0644 "$tmp/vmlinuz" "$tmp/initrd.img"
+    local series image
+    for series in 6.12 6.1; do
+        image=$(find "$root/boot" -maxdepth 1 -name "vmlinuz-$series.*" | sort -V | tail -n 1)
+        [ -n "$image" ] && [ -f "$root/boot/initrd.img-${image##*/vmlinuz-}" ] || {
+            echo "node-e2e: the image has no Linux $series kernel and initramfs in /boot" >&2
+            exit 1
+        }
+        cp -L "$image" "$tmp/vmlinuz-$series"
+        cp -L "$root/boot/initrd.img-${image##*/vmlinuz-}" "$tmp/initrd.img-$series"
+    done
+    chmod 0644 "$tmp"/vmlinuz-* "$tmp"/initrd.img-*
     step "make the ext4 image"
     mkfs.ext4 -q -F -L root -d "$root" "$tmp/base.raw" 4G >&2
     rm -rf "$root"
@@ -128,6 +181,7 @@ packages=$(grep -v '^#' "$repo/scripts/node-e2e/packages" | grep -v '^[[:space:]
 key=$( {
     echo "bookworm $mirror"
     echo "$packages"
+    echo "$k612"
     declare -f build_image
     cat "$repo/scripts/node-e2e/runner.service"
 } | sha256sum | cut -c1-16)
@@ -191,24 +245,27 @@ qemu_common=(
     -object memory-backend-ram,id=m0,size=1024M -object memory-backend-ram,id=m1,size=1024M
     -numa node,nodeid=0,cpus=0-3,memdev=m0 -numa node,nodeid=1,cpus=4-7,memdev=m1
     -display none -monitor none -no-reboot -nodefaults
-    -kernel "$cache/vmlinuz" -initrd "$cache/initrd.img"
 )
 
 # shellcheck source=scripts/lib/qemu-accel.sh
 . "$repo/scripts/lib/qemu-accel.sh"
 step "probe kvm"
 accel=()
+# The probe boots the default kernel; each scenario names its own below.
+qemu_boot=("${qemu_common[@]}")
+qemu_common+=(-kernel "$cache/vmlinuz-6.12" -initrd "$cache/initrd.img-6.12")
 choose_accel "${NODE_E2E_ACCEL:-auto}" "$work/kvm-probe.log" || {
     echo "node-e2e: NODE_E2E_ACCEL must be kvm, tcg or auto" >&2
     exit 2
 }
+qemu_common=("${qemu_boot[@]}")
 echo "node-e2e: image $cache, ${accel[1]}" >&2
 
 mapfile -t checks < <(grep -v '^#' "$repo/scripts/node-e2e/checks" | grep -v '^[[:space:]]*$')
 
-# judge RESULTS: prints why the scenario failed (first line: the summary), or nothing.
+# judge RESULTS SCENARIO: prints why the scenario failed (first line: the summary), or nothing.
 judge() {
-    local results=$1 check line problems=()
+    local results=$1 scenario=$2 check line only problems=()
     grep -qx '@@DONE' "$results" || problems+=("the guest did not finish")
     while IFS= read -r line; do
         problems+=("${line#FAIL }")
@@ -216,7 +273,9 @@ judge() {
     while IFS= read -r line; do
         problems+=("skipped ${line#SKIP }")
     done < <(grep '^SKIP ' "$results")
-    for check in "${checks[@]}"; do
+    for line in "${checks[@]}"; do
+        read -r check only <<<"$line"
+        [ -z "$only" ] || [[ " $only " == *" $scenario "* ]] || continue
         grep -qx "PASS $check" "$results" && continue
         grep -q "^\(FAIL\|SKIP\) $check:" "$results" && continue
         problems+=("no result for $check")
@@ -229,17 +288,19 @@ judge() {
 failed=0
 for scenario in "${scenarios[@]}"; do
     case "$scenario" in
-        systemd-v2) hierarchy=1 ;;
-        systemd-v1) hierarchy=0 ;;
+        systemd-v2) hierarchy=1 kernel=6.12 ;;
+        systemd-v1) hierarchy=0 kernel=6.1 ;;
     esac
+    kernel=${NODE_E2E_KERNEL:-$kernel}
     console=$work/$scenario.console.log
     results=$work/$scenario.results.log
     rm -f "$console" "$results"
-    step "boot and test $scenario"
+    step "boot and test $scenario (Linux $kernel)"
     qemu_status=0
     # ttyS0: the console (kernel, systemd, the test's diagnostics); ttyS1: the results.
     # The base image is opened read-only with a throw-away overlay (snapshot=on).
     timeout -k 10 "$timeout_s" qemu-system-x86_64 "${accel[@]}" "${qemu_common[@]}" \
+        -kernel "$cache/vmlinuz-$kernel" -initrd "$cache/initrd.img-$kernel" \
         -drive "file=$cache/base.raw,format=raw,if=virtio,snapshot=on" \
         -drive "file=$work/inject.raw,format=raw,if=virtio,readonly=on" \
         -serial "file:$console" -serial "file:$results" \
@@ -249,7 +310,7 @@ for scenario in "${scenarios[@]}"; do
     touch "$results" "$console"
     tr -d '\r' <"$results" >"$results.txt"
     grep -E '^(PASS|FAIL|SKIP) ' "$results.txt" | sed "s/^/    $scenario: /" >&2 || true
-    if reasons=$(judge "$results.txt"); then
+    if reasons=$(judge "$results.txt" "$scenario"); then
         echo "PASS $scenario (${elapsed}s)"
         continue
     fi
