@@ -19,9 +19,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::time::Instant;
 
-use super::{
-    entitlement, Burst, CgroupKind, CgroupPath, Controller, Entitlement, PassOutcome, Scan,
-};
+use super::{entitlement, Burst, CgroupKind, CgroupPath, Controller, Entitlement, PassOutcome};
 
 /// What a pass plans.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -255,7 +253,7 @@ impl Controller {
     pub(super) fn assert_chain_is_full_plan(
         &mut self,
         before: &crate::state::Assignments,
-        chain: &Scan,
+        chain: &super::Scan,
         planned: &crate::planner::Plan,
         limits: &crate::planner::NodeLimits,
         mode: &Mode,
