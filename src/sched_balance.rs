@@ -1095,7 +1095,6 @@ fn balanced_cpus(tree: &BTreeMap<CgroupPath, Node>) -> (CpuSet, Vec<(CgroupPath,
     (balanced, by)
 }
 
-#[allow(clippy::too_many_lines)]
 /// What to do about a kernel refusal whose reason the agent can name. Linux 6.7+ makes a
 /// remote partition only for a process with `CAP_SYS_ADMIN` (`remote_partition_enable`) and
 /// says "Enable partition not permitted" otherwise: seen in node-e2e's Linux 6.12 guest with
@@ -1110,6 +1109,7 @@ fn refusal_fix(why: &str) -> &'static str {
     }
 }
 
+#[allow(clippy::too_many_lines)]
 #[cfg(test)]
 mod tests {
     use super::*;
