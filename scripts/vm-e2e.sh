@@ -154,17 +154,21 @@ cp "$busybox" "$root/bin/busybox"
 "$busybox" --list-full | while read -r applet; do
     [ -e "$root/$applet" ] || ln -s /bin/busybox "$root/$applet"
 done
-# The release profile keeps debug info; the guest does not need it (and gzip + TCG are slow).
-if command -v strip >/dev/null; then
-    strip -o "$root/bin/cpusetd" "$bin"
-else
-    cp "$bin" "$root/bin/cpusetd"
-fi
-# Shared libraries and the dynamic loader, at the paths the binary names.
-ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | while read -r lib; do
-    mkdir -p "$root$(dirname "$lib")"
-    cp -L "$lib" "$root$lib"
-done
+# install_binary SRC NAME: SRC as /bin/NAME in the initramfs, with its shared libraries and the
+# dynamic loader at the paths it names. The release profile keeps debug info; the guest does not
+# need it (and gzip + TCG are slow).
+install_binary() {
+    if command -v strip >/dev/null; then
+        strip -o "$root/bin/$2" "$1"
+    else
+        cp "$1" "$root/bin/$2"
+    fi
+    ldd "$1" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | while read -r lib; do
+        mkdir -p "$root$(dirname "$lib")"
+        cp -L "$lib" "$root$lib"
+    done
+}
+install_binary "$bin" cpusetd
 # bench-v2: the guest_v2 bench binary (release profile; its libraries are the agent's).
 if "$want_bench"; then
     bench_bin=${GUEST_V2_BIN:-}
@@ -180,15 +184,7 @@ for line in sys.stdin:
         echo "vm-e2e: no guest_v2 bench binary at '$bench_bin'" >&2
         exit 1
     }
-    if command -v strip >/dev/null; then
-        strip -o "$root/bin/guest_v2" "$bench_bin"
-    else
-        cp "$bench_bin" "$root/bin/guest_v2"
-    fi
-    ldd "$bench_bin" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | while read -r lib; do
-        mkdir -p "$root$(dirname "$lib")"
-        cp -L "$lib" "$root$lib"
-    done
+    install_binary "$bench_bin" guest_v2
 fi
 install -m 0755 "$repo/scripts/vm-e2e/init" "$root/init"
 (cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc -R 0:0 --quiet) |
