@@ -108,8 +108,11 @@ impl<'a> Known<'a> {
     /// Names of the scanned children of `path` whose `file` the scan found set (the plan
     /// narrowed them first, if needed), missing (not cpuset cgroups), or empty past their
     /// runtime's set-up (the plan set them up first, and one it could not write is still empty,
-    /// which the kernel narrows a parent past); and how many children the scan has. The others,
-    /// uninitialised when scanned, may have had the parent's wide set copied into them since.
+    /// which the kernel narrows a parent past), or empty on v2 (a child that inherits: no
+    /// runtime copies a set into it, and the kernel narrows its effective set with its
+    /// parent's); and how many children the scan has. The others, uninitialised v1 cgroups
+    /// when scanned, may have had the parent's wide set copied into them since: the writer
+    /// reads those before it narrows `path`.
     pub fn settled_children(
         &self,
         path: &CgroupPath,
@@ -128,6 +131,7 @@ impl<'a> Known<'a> {
             index
         });
         let of_this = children.get(cgroup).map_or(&[][..], |c| &c[..]);
+        let inherits = self.version() == CgroupVersion::V2;
         let settled = of_this
             .iter()
             .filter_map(|&i| Some((i, self.cgroup(i)?)))
@@ -138,6 +142,7 @@ impl<'a> Known<'a> {
                 };
                 value.configured().is_some()
                     || value.is_missing()
+                    || inherits
                     || self.initialised.get(*i).copied().unwrap_or(false)
             })
             .filter_map(|(_, c)| c.path.name())
