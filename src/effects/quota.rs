@@ -83,19 +83,20 @@ enum Action {
 /// The effect on the hierarchy holding the quota files (none without one), with what earlier
 /// runs recorded (the host record's originals win).
 pub fn build(env: &Env<'_>, recorded: &Recorded<'_>) -> Option<Box<dyn Effect>> {
-    let (_, version, _) = env.cpuset.as_ref()?;
+    let (_, version, kubepods) = env.cpuset.as_ref()?;
     let fs = env.cpu.clone()?;
     let (saved, host) = recorded.typed::<Vec<Lift>>(NAME);
     let mut lifted = BTreeMap::new();
     for lift in host.unwrap_or(saved) {
-        match CgroupPath::new(&lift.cgroup) {
+        match checked(&lift, *version, kubepods) {
             Ok(path) => {
                 lifted.insert(path, lift.original);
             }
-            Err(e) => log::warn!(
-                "the record of lifted CFS quotas names {:?}, which is no cgroup path ({e}): its \
-                 quota is not restored; put it back by hand",
-                lift.cgroup
+            Err(why) => log::warn!(
+                "the record of lifted CFS quotas names cgroup {:?} with original {:?}: {why}; \
+                 that quota is not restored, put it back by hand",
+                lift.cgroup,
+                lift.original
             ),
         }
     }
@@ -108,6 +109,28 @@ pub fn build(env: &Env<'_>, recorded: &Recorded<'_>) -> Option<Box<dyn Effect>> 
         written: Vec::new(),
         said: HashSet::new(),
     }))
+}
+
+/// A recorded lift's cgroup, when it is one below `kubepods` and its original a quota limit
+/// of `version`'s file (what else a record says is never written).
+fn checked(
+    lift: &Lift,
+    version: CgroupVersion,
+    kubepods: &CgroupPath,
+) -> Result<CgroupPath, String> {
+    let path = CgroupPath::new(&lift.cgroup).map_err(|e| format!("no cgroup path ({e})"))?;
+    if path.strip_prefix(kubepods).is_none() {
+        return Err(format!("not below the kubepods cgroup {kubepods}"));
+    }
+    let limit = match version {
+        CgroupVersion::V1 => parse_cfs_quota(&lift.original).map(limit_v1),
+        CgroupVersion::V2 => parse_cpu_max(&lift.original).map(limit_v2),
+    };
+    match limit {
+        Ok(Some(_)) => Ok(path),
+        Ok(None) => Err("the original is no limit".to_string()),
+        Err(e) => Err(format!("the original is no quota of cgroup {version}: {e}")),
+    }
 }
 
 /// The cgroups to run without a quota: every container of `wanted` (each holds exclusive

@@ -264,3 +264,32 @@ fn reset_puts_back_every_recorded_quota_still_lifted() {
         ["250000", "200000", "70000"]
     );
 }
+
+/// A record that names no cgroup below kubepods, or whose original is no quota limit, is said
+/// and left out: nothing it names is written.
+#[test]
+fn a_record_naming_no_quota_below_kubepods_is_said_and_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cpu");
+    tree(&root, &[(POD, "-1"), (APP, "-1"), ("system.slice", "-1")]);
+    let host: EffectState = [(
+        NAME.to_string(),
+        serde_json::json!([
+            {"cgroup": "system.slice", "original": "100000"},
+            {"cgroup": "../etc", "original": "100000"},
+            {"cgroup": APP, "original": "-1"},
+            {"cgroup": POD, "original": "lots"},
+            {"cgroup": SIDE, "original": "50000"},
+        ]),
+    )]
+    .into();
+    let recorded = Recorded {
+        checkpoint: None,
+        host: Some(&host),
+    };
+    let quota_lift = effect(&env(&root, None), &recorded);
+    assert_eq!(
+        quota_lift.saved(),
+        serde_json::json!([{"cgroup": SIDE, "original": "50000"}])
+    );
+}
