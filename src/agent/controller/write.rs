@@ -58,7 +58,7 @@ impl Controller {
         if mode.is_full() {
             self.track_settings_wait(&scan, &classes, now);
         }
-        self.count_containers(&scan, &classes, &mode);
+        self.count_containers(&scan, &classes, &planned.assignments, &mode);
         let mut outcome = self.record_pass(planned, &executed, &classes, &mode);
         self.count_cpu_shared();
         // The checkpoint keeps the refusals `status` shows.
@@ -306,9 +306,15 @@ impl Controller {
     }
 
     /// The containers the metrics count, and the isolation annotations of those that ask
-    /// for some or may hold exclusive cpus, for the host effects (a full pass counts them all
-    /// again; a chain adds its new ones).
-    fn count_containers(&mut self, scan: &Scan, classes: &[Class], mode: &Mode) {
+    /// for some or hold exclusive cpus in `assignments`, for the host effects (a full pass
+    /// counts them all again; a chain adds its new ones).
+    fn count_containers(
+        &mut self,
+        scan: &Scan,
+        classes: &[Class],
+        assignments: &Assignments,
+        mode: &Mode,
+    ) {
         let containers = classes
             .iter()
             .zip(&scan.cgroups)
@@ -324,11 +330,15 @@ impl Controller {
             self.metrics.containers += containers;
         }
         for (class, cgroup) in classes.iter().zip(&scan.cgroups) {
-            let exclusive = !matches!(entitlement(class), Entitlement::Shared);
-            if class.kind != CgroupKind::Container || !(class.isolation.any() || exclusive) {
+            let asks = class.isolation.any();
+            let may_hold = asks || !matches!(entitlement(class), Entitlement::Shared);
+            if class.kind != CgroupKind::Container || !may_hold {
                 continue;
             }
-            if let Some(key) = class.assignment_key() {
+            let Some(key) = class.assignment_key() else {
+                continue;
+            };
+            if asks || assignments.get(&key).is_some() {
                 self.model
                     .isolated
                     .insert(key, (class.isolation, cgroup.path.clone()));
