@@ -293,3 +293,65 @@ fn a_record_naming_no_quota_below_kubepods_is_said_and_left_out() {
         serde_json::json!([{"cgroup": SIDE, "original": "50000"}])
     );
 }
+
+/// Removes the subtree it names from the real cgroup v1 `cpu` hierarchy, children first (an
+/// empty cgroup's directory goes with `rmdir`), even when the test fails.
+struct RealSubtree(std::path::PathBuf, Vec<&'static str>);
+
+impl Drop for RealSubtree {
+    fn drop(&mut self) {
+        for rel in self.1.iter().rev() {
+            let _ = fs::remove_dir(self.0.join(rel));
+        }
+        let _ = fs::remove_dir(&self.0);
+    }
+}
+
+/// On the real cgroup v1 `cpu` hierarchy (as root; skipped elsewhere): the kernel accepts the
+/// lifts (pod first) and the restores (containers first) of a pod whose containers' quotas add
+/// up to the pod's, and of a container whose quota is the pod's whole, and the originals come
+/// back exactly.
+#[test]
+fn the_real_v1_kernel_accepts_the_lifts_and_the_restores() {
+    let mount = Path::new("/sys/fs/cgroup/cpu");
+    if !nix::unistd::Uid::effective().is_root() || !mount.join("cpu.cfs_quota_us").exists() {
+        println!(
+            "skipped: no cgroup v1 cpu hierarchy at {} as root",
+            mount.display()
+        );
+        return;
+    }
+    let top = format!("cpusetd-quota-{}", std::process::id());
+    let root = mount.join(&top);
+    let subtree = RealSubtree(root.clone(), vec!["kubepods", POD, APP, SIDE]);
+    fs::create_dir(&root).unwrap();
+    for rel in &subtree.1 {
+        fs::create_dir(root.join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
+    }
+    for (cgroup, quota) in [(POD, "250000"), (APP, "200000"), (SIDE, "50000")] {
+        fs::write(root.join(cgroup).join("cpu.cfs_quota_us"), quota).unwrap();
+    }
+    let fs = CgroupFs::open(&root).unwrap();
+    let env = Env {
+        cpuset: Some((fs.clone(), CgroupVersion::V1, path("kubepods"))),
+        cpu: Some(fs),
+        ..env(&root, None)
+    };
+    let mut quota_lift = effect(&env, &Recorded::default());
+    let (app, side, none) = (path(APP), path(SIDE), Isolation::default());
+    update(
+        quota_lift.as_mut(),
+        &[(&app, &none), (&side, &none)],
+        false,
+        &root,
+    );
+    let all = || [quota(&root, POD), quota(&root, APP), quota(&root, SIDE)];
+    assert_eq!(all(), ["-1", "-1", "-1"]);
+    update(quota_lift.as_mut(), &[(&side, &none)], false, &root);
+    assert_eq!(all(), ["-1", "200000", "-1"]);
+    let restored = quota_lift.restore();
+    assert!(restored.errors.is_empty(), "{restored:?}");
+    assert_eq!(all(), ["250000", "200000", "50000"]);
+    drop(subtree);
+    assert!(!root.exists(), "{} left behind", root.display());
+}
