@@ -522,21 +522,13 @@ fn agent_stops_on_sigterm_with_a_fresh_checkpoint() {
     };
     assert_eq!(checkpoint.assignments.exclusive_cpus().to_string(), "1,9");
     assert_eq!(checkpoint.shared_pool.to_string(), "0,2-8,10-15");
-    // The container's quota and its pod's (kubelet's DisableCPUQuotaWithExclusiveCPUs).
-    assert_eq!(
-        checkpoint.quota_lifted.len(),
-        2,
-        "{:?}",
-        checkpoint.quota_lifted
-    );
-    assert!(checkpoint
-        .quota_lifted
-        .iter()
-        .any(|q| q.cgroup.ends_with(&ids[0])));
-    assert!(checkpoint
-        .quota_lifted
-        .iter()
-        .any(|q| q.cgroup.ends_with(&_db.uid)));
+    // The container's quota and its pod's (kubelet's DisableCPUQuotaWithExclusiveCPUs), in
+    // the quota effect's saved state.
+    let lifted = checkpoint.effects["quota"].as_array().unwrap();
+    assert_eq!(lifted.len(), 2, "{lifted:?}");
+    let cgroup = |q: &serde_json::Value| q["cgroup"].as_str().unwrap().to_string();
+    assert!(lifted.iter().any(|q| cgroup(q).ends_with(&ids[0])));
+    assert!(lifted.iter().any(|q| cgroup(q).ends_with(&_db.uid)));
     // `status` reads it: the pins are there.
     let status = node.status().expect("status after stop");
     assert!(status.has(&ids[0], "1,9"));

@@ -11,8 +11,8 @@ use std::process::Command;
 use cpusetd::allocator::PolicyOptions;
 use cpusetd::checkpoint::kubelet_state::{self, KubeletFormat, KubeletStateError};
 use cpusetd::checkpoint::{
-    load, load_on_node, quarantine, save, Checkpoint, LoadOutcome, LockError, Policy, QuotaLift,
-    StateLock, UnusableReason, MAX_FILE_SIZE, QUARANTINE_KEEP,
+    load, load_on_node, quarantine, save, Checkpoint, LoadOutcome, LockError, Policy, StateLock,
+    UnusableReason, MAX_FILE_SIZE, QUARANTINE_KEEP,
 };
 use cpusetd::cpuset::CpuSet;
 use cpusetd::logging::error_chain;
@@ -57,11 +57,11 @@ fn checkpoint(n: u32) -> Checkpoint {
         online: CpuSet::range(0, 7 + n.max(1)),
         shared_pool: set("0-1,4-7"),
         assignments,
-        quota_lifted: vec![QuotaLift {
-            cgroup: "kubepods/pod-a/abc".into(),
-            original: "max 100000".into(),
-        }],
-        effects: Default::default(),
+        effects: [(
+            "quota".to_string(),
+            json!([{"cgroup": "kubepods/pod-a/abc", "original": "max 100000"}]),
+        )]
+        .into(),
         refused: Default::default(),
         last_reconcile_unix_ms: Some(1_700_000_000_000),
     }

@@ -709,7 +709,7 @@ fn restarting_with_keep_cfs_quota_puts_back_the_quotas_lifted_before() {
     // Put back: nothing left to restore for it; the annotated pod's lifts stay recorded.
     let saved: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(node.checkpoint()).unwrap()).unwrap();
-    let lifted = saved["quota_lifted"].to_string();
+    let lifted = saved["effects"]["quota"].to_string();
     assert!(!lifted.contains(&plain.uid), "{lifted}");
     assert!(lifted.contains(&fast.uid), "{lifted}");
     node.assert_clean();

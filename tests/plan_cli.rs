@@ -277,7 +277,6 @@ fn every_planned_write_is_one_the_v1_kernel_accepts() {
                 topology: &topo,
                 policy: Some(&policy),
                 align_memory: false,
-                keep_cfs_quota: false,
                 limits: None,
                 respect_isolcpus: false,
             };

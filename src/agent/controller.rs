@@ -17,7 +17,7 @@
 //! before T; entries updated after T (by events that raced the scan) are newer and kept. A
 //! reconcile that changes nothing runs no pass (see [`Controller::reconcile`]).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -100,8 +100,6 @@ pub struct ControllerParts {
     pub respect_isolcpus: bool,
     /// Assignments from the checkpoint (names and intent; the live tree still wins).
     pub assignments: Assignments,
-    /// CFS quotas this agent lifted, with their original values (from the checkpoint).
-    pub quota_lifted: BTreeMap<CgroupPath, String>,
 }
 
 /// The outcome of one pass, for the caller's bookkeeping (checkpoint, notify).
@@ -253,11 +251,6 @@ impl Controller {
 
     pub fn assignments(&self) -> &Assignments {
         &self.parts.assignments
-    }
-
-    /// CFS quotas lifted by this agent and their original values, for `reset`.
-    pub fn quota_lifted(&self) -> &BTreeMap<CgroupPath, String> {
-        &self.parts.quota_lifted
     }
 
     /// How many containers' runtime configs are cached (those in the tree).

@@ -496,7 +496,6 @@ fn build_controller(
     irqbalance_told: Sender<()>,
 ) -> Controller {
     parts.assignments = restored.assignments;
-    parts.quota_lifted = restored.quota_lifted;
     let (hierarchy, kubepods) = (parts.hierarchy.clone(), parts.scanner.kubepods().clone());
     let host_record = match checkpoint::host::load_host_record(state_dir) {
         Ok(record) => record,
@@ -511,6 +510,7 @@ fn build_controller(
         proc_root: &host.proc_root,
         sysfs_root: &host.sysfs_root,
         cpuset: Some((hierarchy.cpuset.clone(), hierarchy.version, kubepods)),
+        cpu: Some(hierarchy.cpu.clone()),
         isolate_host: host.isolate_host,
         journal: Some(journal),
         irqbalance_told: Some(irqbalance_told),
@@ -659,7 +659,6 @@ fn adopt_from_kubelet(controller: &mut Controller, path: &std::path::Path) {
 #[derive(Debug, Default)]
 struct Restored {
     assignments: crate::state::Assignments,
-    quota_lifted: std::collections::BTreeMap<crate::cgroupfs::CgroupPath, String>,
     effects: checkpoint::EffectState,
     /// There was no checkpoint: a first start.
     first_start: bool,
@@ -728,18 +727,8 @@ fn restore(
         }
         LoadOutcome::Loaded(cp) => {
             say_what_changed(&cp, parts, options);
-            let quota_lifted = cp
-                .quota_lifted
-                .into_iter()
-                .filter_map(|q| {
-                    crate::cgroupfs::CgroupPath::new(&q.cgroup)
-                        .ok()
-                        .map(|p| (p, q.original))
-                })
-                .collect();
             Restored {
                 assignments: cp.assignments,
-                quota_lifted,
                 effects: cp.effects,
                 first_start: false,
             }

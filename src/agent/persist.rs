@@ -24,7 +24,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 
 use super::{http, metrics, Controller};
 use crate::allocator::PolicyOptions;
-use crate::checkpoint::{self, Checkpoint, Policy, QuotaLift, StateLock};
+use crate::checkpoint::{self, Checkpoint, Policy, StateLock};
 use crate::logging::error_chain;
 
 /// A burst that goes on this long (events keep coming) is saved anyway, then again after the
@@ -246,14 +246,6 @@ fn checkpoint_of(
         online: controller.topology().all_cpus().clone(),
         shared_pool: controller.shared_pool().cloned().unwrap_or_default(),
         assignments: controller.assignments().clone(),
-        quota_lifted: controller
-            .quota_lifted()
-            .iter()
-            .map(|(cgroup, original)| QuotaLift {
-                cgroup: cgroup.to_string(),
-                original: original.clone(),
-            })
-            .collect(),
         effects: controller.effects_saved(),
         refused: controller.refusals().clone(),
         last_reconcile_unix_ms: last_reconcile,
@@ -397,7 +389,6 @@ mod tests {
             online: Default::default(),
             shared_pool: Default::default(),
             assignments: Default::default(),
-            quota_lifted: Vec::new(),
             effects: Default::default(),
             refused: Default::default(),
             last_reconcile_unix_ms,

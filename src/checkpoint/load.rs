@@ -183,15 +183,18 @@ impl Checkpoint {
 }
 
 impl Document {
-    /// Version 2's members per effect (`irq`, `sched`, `power`), moved into `effects` under
-    /// the same names (a name the map has already keeps the map's).
+    /// Version 2's members per effect (`irq`, `sched`, `power`, and `quota_lifted`, which
+    /// version 3 kept until the quota lift was an effect), moved into `effects` under the
+    /// effects' names (a name the map has already keeps the map's).
     fn fold_legacy_effects(&mut self) {
         for (name, legacy) in [
+            (crate::effects::quota::NAME, self.quota_lifted.take()),
             ("irq", self.irq.take()),
             ("sched", self.sched.take()),
             ("power", self.power.take()),
         ] {
-            if let Some(value) = legacy.filter(|v| !v.is_null()) {
+            let empty = |v: &Value| v.is_null() || v.as_array().is_some_and(Vec::is_empty);
+            if let Some(value) = legacy.filter(|v| !empty(v)) {
                 self.effects.entry(name.to_string()).or_insert(value);
             }
         }
@@ -249,7 +252,6 @@ impl Document {
             online: list("online", &self.online)?,
             shared_pool: list("shared_pool", &self.shared_pool)?,
             assignments,
-            quota_lifted: self.quota_lifted,
             effects: self.effects,
             refused: self
                 .refused

@@ -27,8 +27,8 @@
 //!   "rejected_pods": [{"pod_uid": "…", "reason": "SMTAlignmentError", "container": "odd",
 //!                      "message": "SMT Alignment Error: requested 1 cpus not multiple cpus per core = 2",
 //!                      "permanent": true}],
-//!   "quota_lifted": [{"cgroup": "kubepods/pod…/…", "original": "200000 100000"}],
-//!   "effects": {"irq": {"banned": "2-3", "in_force": "2-3", "irqs": {"24": "0-7"}},
+//!   "effects": {"quota": [{"cgroup": "kubepods/pod…/…", "original": "200000 100000"}],
+//!               "irq": {"banned": "2-3", "in_force": "2-3", "irqs": {"24": "0-7"}},
 //!               "sched": {"isolated": "4", "flags": {"": "1"}}},
 //!   "refused": [{"named": {"pod_uid": "…", "container": "big"}, "requested": 8, "available": 5,
 //!                "reason": "not enough cpus available to satisfy request: requested=8, available=5"}],
@@ -48,9 +48,10 @@
 //! `last_reconcile_unix_ms` is left out until the first reconcile; `effects` (left out when
 //! empty) is each host effect's saved state by effect name ([`crate::effects`]: what it
 //! changed, with the originals, and what is in force), as that effect writes it. Unknown
-//! members are refused: a file of version 3 has exactly these. Version 2 had one member per
-//! effect instead of `effects` (`irq`, `sched`, `power`), read into the map under the same
-//! names; version 1 (before `grown`, `rejected_pods` and `refused`) is read as a version 2
+//! members are refused: a file of version 3 has exactly these (one written before the CFS
+//! quota lift was an effect has `quota_lifted` instead of `effects`' `quota`, read into the
+//! map under that name). Version 2 had one member per effect instead of `effects` (`irq`,
+//! `sched`, `power`, `quota_lifted`), read into the map under the effects' names; version 1 (before `grown`, `rejected_pods` and `refused`) is read as a version 2
 //! file without them.
 //!
 //! # Checksum
@@ -135,16 +136,6 @@ impl fmt::Display for Policy {
     }
 }
 
-/// A CFS quota cpusetd lifted from a cgroup, with the value to put back on `reset`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct QuotaLift {
-    /// The cgroup, relative to the cgroup root.
-    pub cgroup: String,
-    /// The interface file's content before cpusetd changed it (`cpu.max` or `cpu.cfs_quota_us`).
-    pub original: String,
-}
-
 /// What the agent remembers across restarts. The file's `version` and `checksum` are not fields:
 /// [`save`] writes the current version and the checksum of what it writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,7 +147,6 @@ pub struct Checkpoint {
     pub online: CpuSet,
     pub shared_pool: CpuSet,
     pub assignments: Assignments,
-    pub quota_lifted: Vec<QuotaLift>,
     /// What each host effect changed (with the originals, to restore) and has in force, by
     /// effect name.
     pub effects: EffectState,
@@ -197,7 +187,9 @@ struct Document {
     online: String,
     shared_pool: String,
     assignments: Vec<DocumentAssignment>,
-    quota_lifted: Vec<QuotaLift>,
+    /// The quota lift's originals before it was an effect, read into `effects` (never written).
+    #[serde(default, skip_serializing)]
+    quota_lifted: Option<Value>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     rejected_pods: Vec<DocumentRejection>,
     #[serde(default, skip_serializing_if = "EffectState::is_empty")]
@@ -285,7 +277,7 @@ impl From<&Checkpoint> for Document {
                     pod: c.assignments.pod_name(key.pod_uid()).map(str::to_string),
                 })
                 .collect(),
-            quota_lifted: c.quota_lifted.clone(),
+            quota_lifted: None,
             rejected_pods: c
                 .assignments
                 .rejected()

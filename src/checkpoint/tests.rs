@@ -64,11 +64,14 @@ fn sample() -> Checkpoint {
         online: set("0-7"),
         shared_pool: set("0-1,4-5,7"),
         assignments,
-        quota_lifted: vec![QuotaLift {
-            cgroup: "kubepods/pod11111111-2222-3333-4444-555555555555/abc".into(),
-            original: "200000 100000".into(),
-        }],
-        effects: Default::default(),
+        effects: [(
+            "quota".to_string(),
+            serde_json::json!([{
+                "cgroup": "kubepods/pod11111111-2222-3333-4444-555555555555/abc",
+                "original": "200000 100000"
+            }]),
+        )]
+        .into(),
         refused: [(
             AssignmentKey::Named {
                 pod_uid: "big".into(),
@@ -117,7 +120,6 @@ fn round_trip_keeps_every_field() {
         online: set("0-3"),
         shared_pool: set("0-3"),
         assignments: Assignments::new(),
-        quota_lifted: Vec::new(),
         effects: Default::default(),
         refused: Default::default(),
         last_reconcile_unix_ms: None,
@@ -182,16 +184,41 @@ fn a_version_2_checkpoint_with_a_member_per_effect_loads_into_the_effects_map() 
         "power".into(),
         serde_json::json!({"latency": {"3": "0"}, "latency_in_force": "3"}),
     );
+    document.insert(
+        "quota_lifted".into(),
+        serde_json::json!([{"cgroup": "kubepods/podu/c", "original": "200000"}]),
+    );
     let loaded = Checkpoint::from_json(&signed(old.clone())).unwrap();
     for name in ["irq", "sched", "power"] {
         assert_eq!(loaded.effects[name], old[name], "{name}");
     }
-    assert_eq!(loaded.effects.len(), 3);
+    assert_eq!(loaded.effects["quota"], old["quota_lifted"]);
+    assert_eq!(loaded.effects.len(), 4);
     let text = String::from_utf8(loaded.to_json().unwrap()).unwrap();
     assert!(text.contains("\"version\": 3"), "{text}");
     assert!(text.contains("\"effects\": {"), "{text}");
     assert!(!text.contains("\n  \"irq\""), "{text}");
     assert_eq!(Checkpoint::from_json(text.as_bytes()).unwrap(), loaded);
+}
+
+/// A version 3 checkpoint written before the CFS quota lift was an effect keeps its originals
+/// in `quota_lifted`: they load into the map under the effect's name (none lost), an empty
+/// list is nothing to restore, and the file written next has them in `effects` only.
+#[test]
+fn a_version_3_checkpoint_with_quota_lifted_loads_into_the_effects_map() {
+    let mut old = unsigned_sample();
+    let lifted = old["effects"]["quota"].clone();
+    let document = old.as_object_mut().unwrap();
+    document.remove("effects");
+    document.insert("quota_lifted".into(), lifted.clone());
+    let loaded = Checkpoint::from_json(&signed(old.clone())).unwrap();
+    assert_eq!(loaded, sample());
+    assert_eq!(loaded.effects[crate::effects::quota::NAME], lifted);
+    let text = String::from_utf8(loaded.to_json().unwrap()).unwrap();
+    assert!(!text.contains("quota_lifted"), "{text}");
+    old["quota_lifted"] = serde_json::json!([]);
+    let loaded = Checkpoint::from_json(&signed(old)).unwrap();
+    assert!(loaded.effects.is_empty(), "{:?}", loaded.effects);
 }
 
 #[test]

@@ -80,16 +80,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
             log::warn!("cg={} {notice}", cgroup.relative);
         }
     }
-    let limits = node.limits();
-    let config = PlanConfig {
-        topology: &node.topology,
-        policy: policy.as_ref(),
-        align_memory: args.policy.align_memory,
-        keep_cfs_quota: args.policy.keep_cfs_quota,
-        limits: Some(&limits),
-        respect_isolcpus: args.policy.respect_isolcpus,
-    };
-    let planned = plan(&scan, &classes, &previous, &config);
+    let planned = plan_with_quota_lifts(&node, args, policy.as_ref(), &previous, (&scan, &classes));
     log_events(&planned.events);
     let table = rows(&scan, &classes, &planned, &InForce::none());
     let report = apply_writes.then(|| {
@@ -125,6 +116,34 @@ pub fn run(args: &PlanArgs) -> Result<(), CommandError> {
         }
     }
     Ok(())
+}
+
+/// The plan of the node, with the quota lifts after its cpuset writes, as the agent makes
+/// them (its quota effect).
+fn plan_with_quota_lifts(
+    node: &super::node::NodeView,
+    args: &AgentArgs,
+    policy: Option<&crate::allocator::StaticPolicy>,
+    previous: &Assignments,
+    (scan, classes): (&crate::cgroupfs::Scan, &[crate::classify::Classification]),
+) -> crate::planner::Plan {
+    let limits = node.limits();
+    let config = PlanConfig {
+        topology: &node.topology,
+        policy,
+        align_memory: args.policy.align_memory,
+        limits: Some(&limits),
+        respect_isolcpus: args.policy.respect_isolcpus,
+    };
+    let mut planned = plan(scan, classes, previous, &config);
+    planned.writes.extend(crate::effects::quota::lift_steps(
+        scan,
+        classes,
+        &planned.parents,
+        &planned.assignments,
+        args.policy.keep_cfs_quota,
+    ));
+    planned
 }
 
 /// One writer: with --apply, a running agent's lock means "it applies this itself".
@@ -258,7 +277,7 @@ fn print_text(
             let step = match w.step {
                 WriteStep::Widen => "widen ",
                 WriteStep::Narrow => "narrow",
-                WriteStep::LiftQuota | WriteStep::RestoreQuota => "quota ",
+                WriteStep::LiftQuota => "quota ",
             };
             println!("  {step} {}/{} = {}", w.path, w.file.name(), w.value);
         }

@@ -1,8 +1,9 @@
-//! `cpusetd reset`: the way out. Widens every cgroup under the kubepods root back to every
-//! online CPU and memory node (top-down, so the kernel accepts every write), restores the CFS
-//! quotas the agent lifted (recorded in its checkpoint), puts back the interrupt affinities,
-//! scheduler load balancing flags and host cpusets it changed (recorded there and, written ahead
-//! of each change, in `host.json`), and removes both files. Refuses to
+//! `cpusetd reset`: the way out. Puts back what every host effect changed (the CFS quotas the
+//! agent lifted, the interrupt affinities, scheduler load balancing flags and host cpusets,
+//! recorded in its checkpoint and, written ahead of each change, in `host.json`), recovers
+//! lifted quotas no record speaks for from the runtime configs, widens every cgroup under the
+//! kubepods root back to every online CPU and memory node (top-down, so the kernel accepts
+//! every write), and removes both files. Refuses to
 //! run while the agent holds the state lock, since the agent would pin everything again.
 
 use clap::Args;
@@ -35,6 +36,15 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
         return reset_without_kubepods(args, &kubepods);
     }
     let mut node = args.tree.open()?;
+    // What the effects recorded first (the quotas among it), so the scan shows what is left.
+    let effects_failed = restore_effects(
+        args,
+        Some((
+            node.hierarchy.cpuset.clone(),
+            node.hierarchy.cpu.clone(),
+            node.layout.version,
+        )),
+    );
     let scan = node
         .scanner()
         .scan()
@@ -51,13 +61,7 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     let all_mems = limited(node.topology.memory_nodes(), &limits.mems);
 
     let mut writes = widen_steps(&scan, &parents, &all_cpus, &all_mems);
-    // Quotas the agent lifted, back to what they were; interrupt affinities too.
-    let irq_failed = restore_effects(
-        args,
-        Some((node.hierarchy.cpuset.clone(), node.layout.version)),
-    );
-    let mut restored = quotas_from_checkpoint(args, &scan, node.layout.version, &mut writes);
-    restored += quotas_from_runtime_configs(&mut node, &scan, &parents, &mut writes);
+    let restored = quotas_from_runtime_configs(&mut node, &scan, &parents, &mut writes);
     if node.layout.version == CgroupVersion::V1 {
         unset_clone_children(&node.hierarchy.cpuset, &scan);
     }
@@ -65,7 +69,7 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     let executed = apply(&node.hierarchy, writes.into(), &known);
     let report = executed.tally();
     println!(
-        "reset {} cgroup(s) under {} to cpus {} mems {}; {restored} quota(s) restored; {} write(s) applied, {} gone, {} failed",
+        "reset {} cgroup(s) under {} to cpus {} mems {}; {restored} quota(s) recovered from the runtime configs; {} write(s) applied, {} gone, {} failed",
         scan.cgroups.len(),
         node.layout.kubepods,
         all_cpus,
@@ -77,7 +81,7 @@ pub fn run(args: &ResetArgs) -> Result<(), CommandError> {
     for e in executed.refusals() {
         eprintln!("cpusetd: {}", error_chain(e));
     }
-    if !report.is_clean() || irq_failed {
+    if !report.is_clean() || effects_failed {
         return Err(CommandError {
             status: EXIT_FAILURE,
             message: "some writes failed; run reset again".into(),
@@ -107,8 +111,9 @@ fn lock_state(args: &AgentArgs) -> Result<StateLock, CommandError> {
 /// and its checkpoint removed.
 fn reset_without_kubepods(args: &AgentArgs, kubepods: &str) -> Result<(), CommandError> {
     let (cpuset, open_failed) = match args.tree.cpuset_hierarchy() {
+        // No kubepods: no quota of a pod to put back.
         Some((root, version)) => match CgroupFs::open(root) {
-            Ok(fs) => (Some((fs, version)), false),
+            Ok(fs) => (Some((fs.clone(), fs, version)), false),
             Err(e) => {
                 eprintln!("cpusetd: {}", error_chain(&e));
                 (None, true)
@@ -172,36 +177,6 @@ fn widen_steps(
     writes
 }
 
-/// The quotas the agent lifted, recorded in its checkpoint, back to what they were (for the
-/// cgroups still there). Returns how many were planned.
-fn quotas_from_checkpoint(
-    args: &AgentArgs,
-    scan: &crate::cgroupfs::Scan,
-    version: CgroupVersion,
-    writes: &mut Vec<Step>,
-) -> usize {
-    let LoadOutcome::Loaded(cp) = checkpoint::load(&args.state_dir) else {
-        return 0;
-    };
-    let file = match version {
-        CgroupVersion::V1 => InterfaceFile::CpuCfsQuotaUs,
-        CgroupVersion::V2 => InterfaceFile::CpuMax,
-    };
-    let mut restored = 0;
-    for lifted in &cp.quota_lifted {
-        let Ok(path) = CgroupPath::new(&lifted.cgroup) else {
-            continue;
-        };
-        if !scan.cgroups.iter().any(|c| c.path == path) {
-            continue;
-        }
-        let original = lifted.original.clone();
-        writes.push(Step::new(path, file, original, WriteStep::LiftQuota));
-        restored += 1;
-    }
-    restored
-}
-
 /// The kernel's default back on v1: new cgroups start with empty cpusets again (the agent
 /// sets `cgroup.clone_children`; runtimes copy the parent's cpuset themselves).
 fn unset_clone_children(cpuset: &CgroupFs, scan: &crate::cgroupfs::Scan) {
@@ -229,10 +204,14 @@ fn remove_projections(args: &AgentArgs) {
     }
 }
 
-/// Puts back what every host effect recorded ([`crate::effects::LIST`]: interrupt
-/// affinities and irqbalance, scheduler load balancing and host cpusets on `cpuset`, the
-/// cpuset hierarchy, per-cpu power settings). Returns whether some could not be.
-fn restore_effects(args: &AgentArgs, cpuset: Option<(CgroupFs, CgroupVersion)>) -> bool {
+/// Puts back what every host effect recorded ([`crate::effects::LIST`]: CFS quotas in the
+/// `cpu` hierarchy, interrupt affinities and irqbalance, scheduler load balancing and host
+/// cpusets on `cpuset`, the cpuset hierarchy, per-cpu power settings). Returns whether some
+/// could not be.
+fn restore_effects(
+    args: &AgentArgs,
+    hierarchies: Option<(CgroupFs, CgroupFs, CgroupVersion)>,
+) -> bool {
     let checkpoint = match checkpoint::load(&args.state_dir) {
         LoadOutcome::Loaded(cp) => Some(cp.effects),
         _ => None,
@@ -248,7 +227,10 @@ fn restore_effects(args: &AgentArgs, cpuset: Option<(CgroupFs, CgroupVersion)>) 
         proc_root: &args.tree.proc_root,
         sysfs_root: &args.tree.sysfs_root,
         // What kubepods is does not matter to a restore: only what was recorded is written.
-        cpuset: cpuset.map(|(fs, version)| (fs, version, CgroupPath::root())),
+        cpuset: hierarchies
+            .as_ref()
+            .map(|(fs, _, version)| (fs.clone(), *version, CgroupPath::root())),
+        cpu: hierarchies.map(|(_, cpu, _)| cpu),
         isolate_host: None,
         journal: None,
         irqbalance_told: None,
@@ -289,8 +271,8 @@ fn remove_checkpoint(state_dir: &std::path::Path) {
     }
 }
 
-/// Quotas that are unlimited now and that no checkpoint speaks for (the agent's checkpoint
-/// was lost, or `plan --apply` lifted them), recovered from what the runtime set: a container's
+/// Quotas that are unlimited now, after the quota effect put back those it recorded (the
+/// agent's checkpoint and host record were lost, or `plan --apply` lifted them), recovered from what the runtime set: a container's
 /// from its OCI `config.json` (`linux.resources.cpu.quota`/`period`), its pod's as kubelet
 /// computes it, the sum of its containers' limits (none when one container has no limit).
 /// Containers are written before their pods, so a pod's quota is never below a child's.
@@ -302,11 +284,6 @@ fn quotas_from_runtime_configs(
     writes: &mut Vec<Step>,
 ) -> usize {
     use crate::classify::CgroupKind;
-    let covered: std::collections::HashSet<CgroupPath> = writes
-        .iter()
-        .filter(|w| w.step == WriteStep::LiftQuota)
-        .map(|w| w.path.clone())
-        .collect();
     let runtime = &mut node.runtime;
     let classes = crate::classify::classify_scan(&node.naming, scan, |id| runtime.lookup(id));
     let version = node.layout.version;
@@ -328,9 +305,6 @@ fn quotas_from_runtime_configs(
         };
         let config_period = period.filter(|p| *p > 0).unwrap_or(100_000);
         limit_per_second[i] = Some(quota as f64 * 1e6 / config_period as f64);
-        if covered.contains(&scan.cgroups[i].path) {
-            continue;
-        }
         if let Some(period) = unlimited_period(&scan.cgroups[i].cpu) {
             let scaled = (quota as u128 * u128::from(period) / u128::from(config_period)) as u64;
             let path = scan.cgroups[i].path.clone();
@@ -338,33 +312,25 @@ fn quotas_from_runtime_configs(
             planned += 1;
         }
     }
-    let pod_writes = pod_quotas(
-        scan,
-        parents,
-        &classes,
-        &covered,
-        &limit_per_second,
-        version,
-    );
+    let pod_writes = pod_quotas(scan, parents, &classes, &limit_per_second, version);
     planned += pod_writes.len();
     writes.extend(pod_writes);
     planned
 }
 
-/// The pods' quotas, where unlimited now and not covered by a checkpoint: the sum of their
+/// The pods' quotas, where unlimited now: the sum of their
 /// containers' limits (`limit_per_second`), none where one container has no limit.
 fn pod_quotas(
     scan: &crate::cgroupfs::Scan,
     parents: &[Option<usize>],
     classes: &[crate::classify::Classification],
-    covered: &std::collections::HashSet<CgroupPath>,
     limit_per_second: &[Option<f64>],
     version: CgroupVersion,
 ) -> Vec<Step> {
     use crate::classify::CgroupKind;
     let mut pod_writes = Vec::new();
     for (p, class) in classes.iter().enumerate() {
-        if class.kind != CgroupKind::Pod || covered.contains(&scan.cgroups[p].path) {
+        if class.kind != CgroupKind::Pod {
             continue;
         }
         let Some(period) = unlimited_period(&scan.cgroups[p].cpu) else {

@@ -135,7 +135,6 @@ fn controller_parts(
         keep_cfs_quota: args.policy.keep_cfs_quota,
         respect_isolcpus: args.policy.respect_isolcpus,
         assignments: Assignments::new(),
-        quota_lifted: Default::default(),
     };
     Ok((node.layout, parts))
 }

@@ -369,6 +369,7 @@ fn recorded_effects(
             node.layout.version,
             node.layout.kubepods.clone(),
         )),
+        cpu: Some(node.hierarchy.cpu.clone()),
         isolate_host: None,
         journal: None,
         irqbalance_told: None,

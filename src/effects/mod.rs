@@ -1,6 +1,7 @@
-//! The host effects: what the agent changes outside the cgroups it pins, for the pods whose
-//! annotations ask for it (interrupt affinities and irqbalance, scheduler load balancing and
-//! the host cpusets of `--isolate-host`, per-cpu power settings). Each is one type behind
+//! The host effects: what the agent changes besides the cpusets it pins, for the pods holding
+//! exclusive cpus or whose annotations ask for it (the CFS quota lift, interrupt affinities and
+//! irqbalance, scheduler load balancing and the host cpusets of `--isolate-host`, per-cpu
+//! power settings). Each is one type behind
 //! [`Effect`]; [`LIST`] names them all, in the order they are applied. The controller,
 //! the checkpoint, `reset` and `status` loop over that list and know no effect by name.
 //!
@@ -19,6 +20,7 @@
 
 pub(crate) mod irq;
 pub(crate) mod power;
+pub(crate) mod quota;
 pub(crate) mod sched;
 
 use std::collections::HashMap;
@@ -28,7 +30,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::agent::metrics::Metrics;
-use crate::cgroupfs::{CgroupFs, CgroupPath, CgroupVersion};
+use crate::cgroupfs::{CgroupFs, CgroupPath, CgroupVersion, CpuSettings, InterfaceFile};
 use crate::checkpoint::host::HostJournal;
 pub use crate::checkpoint::EffectState;
 use crate::classify::Isolation;
@@ -41,7 +43,7 @@ use crate::topology::Topology;
 pub type Build = fn(&Env<'_>, &Recorded<'_>) -> Option<Box<dyn Effect>>;
 
 /// Every host effect, in the order a pass applies them. Adding one is one line here.
-pub const LIST: &[Build] = &[irq::build, sched::build, power::build];
+pub const LIST: &[Build] = &[quota::build, irq::build, sched::build, power::build];
 
 /// One host effect (see the module docs).
 pub trait Effect: std::fmt::Debug + Send {
@@ -62,6 +64,12 @@ pub trait Effect: std::fmt::Debug + Send {
     /// whether what is to be saved changed.
     fn sync(&mut self, _metrics: &mut Metrics) -> bool {
         false
+    }
+    /// The cgroup interface files it wrote since the last call, with the values written: the
+    /// agent's model takes them as it takes the plan's writes, so their echo from the watcher
+    /// changes nothing (no re-classification, no further pass).
+    fn take_written(&mut self) -> Vec<(CgroupPath, InterfaceFile, String)> {
+        Vec::new()
     }
     /// Says once, at the agent's start, what it cannot do on this node.
     fn say_support(&self) {}
@@ -87,6 +95,9 @@ pub struct Env<'a> {
     pub sysfs_root: &'a Path,
     /// The cpuset hierarchy, its version and the kubepods cgroup (`None`: none mounted).
     pub cpuset: Option<(CgroupFs, CgroupVersion, CgroupPath)>,
+    /// The hierarchy holding the CFS quota files (v1 `cpu`, v2 the unified one; `None`: none
+    /// to act on).
+    pub cpu: Option<CgroupFs>,
     /// `--isolate-host`: the CPUs host cgroups are confined to.
     pub isolate_host: Option<CpuSet>,
     /// Where each original is recorded before it is changed (`None`: only in memory, as for
@@ -162,7 +173,7 @@ pub fn in_force(effects: &[Box<dyn Effect>]) -> InForce {
     all
 }
 
-/// An exclusive container whose pod asks for isolation: what it asks, its cgroup, its cpus.
+/// A container holding exclusive cpus: what its pod asks for, its cgroup, its cpus.
 #[derive(Debug, Clone, Copy)]
 pub struct Assigned<'a> {
     pub isolation: &'a Isolation,
@@ -170,22 +181,40 @@ pub struct Assigned<'a> {
     pub cpus: &'a CpuSet,
 }
 
-/// What the effects are asked for: every such container, and the node's cores.
+/// What the agent last read of the cgroups (the controller's model, which the watcher keeps
+/// current): an effect that acts on cgroups plans from it and reads little itself.
+pub trait Cgroups: std::fmt::Debug {
+    /// `path`'s CPU bandwidth settings as last read; `None` when the agent knows no such
+    /// cgroup.
+    fn cpu(&self, path: &CgroupPath) -> Option<&CpuSettings>;
+    /// The pod cgroup of the container at `container`, when its parent is one.
+    fn pod_of(&self, container: &CgroupPath) -> Option<CgroupPath>;
+}
+
+/// What the effects are asked for: every container holding exclusive cpus, the node's cores,
+/// `--keep-cfs-quota`, and the cgroups as the agent knows them.
 #[derive(Debug, Clone)]
 pub struct Wanted<'a> {
     pub containers: Vec<Assigned<'a>>,
     pub topology: &'a Topology,
+    /// `--keep-cfs-quota`: only the pods that say `cpu-quota.crio.io: "disable"` run
+    /// without a CFS quota.
+    pub keep_cfs_quota: bool,
+    /// `None`: no cgroup is known (nothing is lifted nor put back).
+    pub cgroups: Option<&'a dyn Cgroups>,
 }
 
 impl<'a> Wanted<'a> {
-    /// The containers of `isolated` (what each asks for, and its cgroup) that hold exclusive
+    /// The containers of `known` (what each asks for, and its cgroup) that hold exclusive
     /// cpus in `assignments`.
     pub fn of(
-        isolated: &'a HashMap<AssignmentKey, (Isolation, CgroupPath)>,
+        known: &'a HashMap<AssignmentKey, (Isolation, CgroupPath)>,
         assignments: &'a Assignments,
         topology: &'a Topology,
+        keep_cfs_quota: bool,
+        cgroups: &'a dyn Cgroups,
     ) -> Wanted<'a> {
-        let containers = isolated
+        let containers = known
             .iter()
             .filter_map(|(key, (isolation, path))| {
                 let held = assignments.get(key)?;
@@ -200,6 +229,8 @@ impl<'a> Wanted<'a> {
         Wanted {
             containers,
             topology,
+            keep_cfs_quota,
+            cgroups: Some(cgroups),
         }
     }
 }
@@ -207,6 +238,8 @@ impl<'a> Wanted<'a> {
 /// What is in force node-wide, as the effects read it back.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InForce {
+    /// The cgroups whose CFS quota the agent lifted, as read back.
+    pub quota: std::collections::BTreeSet<CgroupPath>,
     /// The CPUs device interrupts are kept off.
     pub irq: CpuSet,
     /// The CPUs out of scheduler load balancing.

@@ -39,11 +39,30 @@ fn changed_node(root: &Path) {
     fs::write(cpu.join("pm_qos_resume_latency_us"), "n/a\n").unwrap();
 }
 
+/// The cgroups as a test knows them: their CPU settings by path; a container's pod is its
+/// parent when that is a `pod…` directory.
+#[derive(Debug, Default)]
+pub(super) struct Known(pub(super) std::collections::BTreeMap<CgroupPath, CpuSettings>);
+
+impl Cgroups for Known {
+    fn cpu(&self, path: &CgroupPath) -> Option<&CpuSettings> {
+        self.0.get(path)
+    }
+
+    fn pod_of(&self, container: &CgroupPath) -> Option<CgroupPath> {
+        let parent = container.parent()?;
+        let name = parent.to_string();
+        let last = name.rsplit('/').next()?;
+        last.starts_with("pod").then_some(parent)
+    }
+}
+
 fn env<'a>(proc_root: &'a Path, sysfs: &'a Path) -> Env<'a> {
     Env {
         proc_root,
         sysfs_root: sysfs,
         cpuset: None,
+        cpu: None,
         isolate_host: None,
         journal: None,
         irqbalance_told: None,
@@ -142,6 +161,8 @@ fn an_effect_records_its_originals_before_writing_and_drops_them_when_restored()
             cpus: &cpus,
         }],
         topology: &topology,
+        keep_cfs_quota: false,
+        cgroups: None,
     };
     let mut metrics = Metrics::default();
     for effect in &mut effects {
@@ -153,6 +174,8 @@ fn an_effect_records_its_originals_before_writing_and_drops_them_when_restored()
     let none = Wanted {
         containers: Vec::new(),
         topology: &topology,
+        keep_cfs_quota: false,
+        cgroups: None,
     };
     for effect in &mut effects {
         effect.update(&none, false, &mut metrics);
@@ -193,7 +216,8 @@ fn the_effects_are_asked_for_the_isolated_containers_that_hold_exclusive_cpus() 
         wanted: None,
     };
     assignments.insert(key("pinned"), held).unwrap();
-    let wanted = Wanted::of(&isolated, &assignments, &topology);
+    let known = Known::default();
+    let wanted = Wanted::of(&isolated, &assignments, &topology, false, &known);
     assert_eq!(wanted.containers.len(), 1);
     let only = wanted.containers[0];
     assert_eq!(

@@ -4,7 +4,8 @@
 //!
 //! Steps: [`assign`] decides who holds which exclusive CPUs; [`desired_tree`] derives every
 //! cgroup's value from that; [`order_writes`] orders the cpuset writes so the kernel's nesting
-//! rules hold after every single write; CFS quota lifts for exclusive containers come last.
+//! rules hold after every single write. The plan holds cpuset writes only: the CFS quota lift
+//! of exclusive containers is a host effect (`effects::quota`), made after a pass's writes.
 
 pub mod assign;
 pub mod desired;
@@ -24,7 +25,7 @@ pub use order::{
 };
 
 use crate::allocator::{CpuPool, StaticPolicy};
-use crate::cgroupfs::{CgroupPath, CpuSettings, FileValue, InterfaceFile, Quota, Scan};
+use crate::cgroupfs::{CgroupPath, FileValue, InterfaceFile, Scan};
 use crate::classify::{CgroupKind, Classification, Exclusivity, Millicores, SharedReason};
 use crate::cpuset::CpuSet;
 use crate::state::{AssignmentKey, Assignments};
@@ -37,7 +38,6 @@ pub struct PlanConfig<'a> {
     /// `None` is the `none` policy: nothing is managed, nothing written.
     pub policy: Option<&'a StaticPolicy>,
     pub align_memory: bool,
-    pub keep_cfs_quota: bool,
     /// What kubepods' parent lets pods have now (its effective cpus and memory nodes), when
     /// known: CPUs outside it (offline, or held back by the parent) are never planned.
     pub limits: Option<&'a NodeLimits>,
@@ -62,11 +62,10 @@ pub enum WriteStep {
     Widen,
     /// Bottom-up, `new`.
     Narrow,
-    /// Lift the CFS quota of an exclusive container.
+    /// A CFS quota written: never in a plan (the agent's lifts are the quota effect's); the
+    /// lifts `plan` shows and `plan --apply` makes after the plan, and the quotas `reset`
+    /// recovers from the runtime configs.
     LiftQuota,
-    /// Put back a quota lifted earlier that is no longer to be lifted (the agent adds these
-    /// from its record; the planner never does).
-    RestoreQuota,
 }
 
 /// One step of a plan: write `value` to `path`'s `file`. Keyed by path: nothing that crosses
@@ -243,14 +242,7 @@ fn plan_named<C: Borrow<Classification>>(
     );
 
     let reachable = reachable_cpus(config);
-    let mut writes = cpuset_writes(scan, &parents, &desired, &reachable);
-    writes.extend(quota_lifts(
-        scan,
-        classes,
-        &parents,
-        &assignments,
-        config.keep_cfs_quota,
-    ));
+    let writes = cpuset_writes(scan, &parents, &desired, &reachable);
     Plan {
         pools: Some(pools),
         desired,
@@ -509,83 +501,6 @@ fn cpuset_writes(
                 .filter(|w| w.phase == phase)
                 .map(|w| to_write(w, InterfaceFile::CpusetMems)),
         );
-    }
-    plan
-}
-
-/// kubelet's (and the kernel's) default CFS period.
-const DEFAULT_CFS_PERIOD_US: u64 = 100_000;
-
-/// The quota lifts of the plan: `cpu.cfs_quota_us = -1` (v1) or `cpu.max = max PERIOD` (v2)
-/// for each cgroup [`quota_lifted_cgroups`] names that is still throttled, in scan (pre-)order:
-/// a pod before its containers.
-fn quota_lifts<C: Borrow<Classification>>(
-    scan: &Scan,
-    classes: &[C],
-    parents: &[Option<usize>],
-    assignments: &Assignments,
-    keep_cfs_quota: bool,
-) -> WritePlan {
-    let lift = quota_lifted_cgroups(scan, classes, parents, assignments, keep_cfs_quota);
-    quota_lifts_of(scan, &lift)
-}
-
-/// Which cgroups of `scan` are to run without a CFS quota: every container holding exclusive
-/// cpus, and its pod (kubelet's `DisableCPUQuotaWithExclusiveCPUs` leaves the pod-level quota
-/// unenforced too, or the pod's quota would still throttle the container). With
-/// `--keep-cfs-quota` only the containers whose pod says `cpu-quota.crio.io: "disable"`, and
-/// their pods.
-pub fn quota_lifted_cgroups<C: Borrow<Classification>>(
-    scan: &Scan,
-    classes: &[C],
-    parents: &[Option<usize>],
-    assignments: &Assignments,
-    keep_cfs_quota: bool,
-) -> Vec<bool> {
-    let mut lift = vec![false; scan.cgroups.len()];
-    for (i, class) in classes.iter().map(Borrow::borrow).enumerate() {
-        let exclusive = class.kind == CgroupKind::Container
-            && class
-                .assignment_key()
-                .is_some_and(|k| assignments.get(&k).is_some());
-        if exclusive && (!keep_cfs_quota || class.isolation.no_cpu_quota) {
-            lift[i] = true;
-            if let Some(p) = parents[i].filter(|&p| classes[p].borrow().kind == CgroupKind::Pod) {
-                lift[p] = true;
-            }
-        }
-    }
-    lift
-}
-
-fn quota_lifts_of(scan: &Scan, lift: &[bool]) -> WritePlan {
-    let mut plan = WritePlan::default();
-    for (i, cgroup) in scan.cgroups.iter().enumerate() {
-        if !lift[i] {
-            continue;
-        }
-        let (file, value) = match &cgroup.cpu {
-            CpuSettings::V1 { cfs_quota, .. } => match cfs_quota {
-                FileValue::Value(Quota::Unlimited) | FileValue::Missing => continue,
-                _ => (InterfaceFile::CpuCfsQuotaUs, "-1".to_string()),
-            },
-            // The period is kept; written out so the file reads back as the kernel shows it.
-            CpuSettings::V2 { max, .. } => match max {
-                FileValue::Missing => continue,
-                FileValue::Value(m) if m.quota == Quota::Unlimited => continue,
-                FileValue::Value(m) => (InterfaceFile::CpuMax, format!("max {}", m.period_us)),
-                _ => (
-                    InterfaceFile::CpuMax,
-                    format!("max {DEFAULT_CFS_PERIOD_US}"),
-                ),
-            },
-        };
-        plan.push(Step::new(
-            cgroup.path.clone(),
-            file,
-            value,
-            WriteStep::LiftQuota,
-        ));
     }
     plan
 }

@@ -2,8 +2,6 @@
 //! cgroup's cpuset as last written or read, its classification), the assignments and what the
 //! host effects have in force: a pure function of them, reading nothing.
 
-use std::collections::BTreeMap;
-
 use super::{ProjectionBody, Wanted};
 use crate::cgroupfs::CgroupPath;
 use crate::classify::{self, CgroupKind, Classification};
@@ -21,8 +19,6 @@ pub(crate) type Known<'a> = (&'a CgroupPath, &'a Classification, Option<&'a CpuS
 pub(crate) struct Host<'a> {
     pub(crate) assignments: &'a Assignments,
     pub(crate) topology: &'a Topology,
-    /// The CFS quotas the agent lifted (by cgroup).
-    pub(crate) quota_lifted: &'a BTreeMap<CgroupPath, String>,
     /// What the host effects have in force, as read back.
     pub(crate) effects: &'a InForce,
 }
@@ -82,7 +78,7 @@ fn in_force(
         return Vec::new();
     }
     let wanted = &class.isolation;
-    if wanted.no_cpu_quota && host.quota_lifted.contains_key(path) {
+    if wanted.no_cpu_quota && host.effects.quota.contains(path) {
         in_force.push(classify::CPU_QUOTA_ANNOTATION);
     }
     let effects = host.effects;
@@ -192,14 +188,13 @@ mod tests {
         pin(&mut assignments, "pinned", "2-3");
         let effects = InForce {
             irq: "1-3".parse().unwrap(),
+            quota: [path.clone()].into(),
             ..InForce::default()
         };
-        let quota_lifted = BTreeMap::from([(path.clone(), "200000".to_string())]);
         let topology = topology();
         let host = Host {
             assignments: &assignments,
             topology: &topology,
-            quota_lifted: &quota_lifted,
             effects: &effects,
         };
         let (cpus, shared): (CpuSet, CpuSet) = ("0-3".parse().unwrap(), "0-1".parse().unwrap());

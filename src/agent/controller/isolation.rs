@@ -3,7 +3,8 @@
 //! pin writes of a pass.
 
 use super::*;
-use crate::effects::{self, Effect, EffectState, Wanted};
+use crate::cgroupfs::CpuSettings;
+use crate::effects::{self, Cgroups, Effect, EffectState, Wanted};
 
 impl Controller {
     /// Manages the host effects from now on (each with what an earlier run changed).
@@ -33,9 +34,27 @@ impl Controller {
             return;
         }
         let (assignments, topology) = (&self.parts.assignments, &self.parts.topology);
-        let wanted = Wanted::of(&self.model.isolated, assignments, topology);
+        let (keep_cfs_quota, model) = (self.parts.keep_cfs_quota, &self.model);
+        let wanted = Wanted::of(
+            &model.isolated,
+            assignments,
+            topology,
+            keep_cfs_quota,
+            model,
+        );
+        let mut written = Vec::new();
         for effect in self.effects.iter_mut().filter(|e| which(e.as_ref())) {
             effect.update(&wanted, always, &mut self.metrics);
+            written.extend(effect.take_written());
+        }
+        // The model takes what they wrote, as it takes a plan's writes.
+        let now = Instant::now();
+        for (path, file, value) in written {
+            if let Some(entry) = self.model.get_mut(&path) {
+                entry.cgroup.assume_written(file, &value);
+                entry.updated = now;
+                self.model_changed = true;
+            }
         }
     }
 
@@ -58,5 +77,18 @@ impl Controller {
         let before = self.effects_saved();
         self.update_effects_where(true, |e| e.on_quiet_ticks());
         self.effects_saved() != before
+    }
+}
+
+/// The effects plan from the model (the quota lift from its CPU settings).
+impl Cgroups for Model {
+    fn cpu(&self, path: &CgroupPath) -> Option<&CpuSettings> {
+        self.get(path).map(|record| &record.cgroup.cpu)
+    }
+
+    fn pod_of(&self, container: &CgroupPath) -> Option<CgroupPath> {
+        let parent = container.parent()?;
+        let class = self.get(&parent)?.class.as_ref()?;
+        (class.kind == CgroupKind::Pod).then_some(parent)
     }
 }

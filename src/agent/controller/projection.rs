@@ -33,7 +33,6 @@ impl Controller {
         let host = Host {
             assignments: &self.parts.assignments,
             topology: &self.parts.topology,
-            quota_lifted: &self.parts.quota_lifted,
             effects: &effects,
         };
         let known = self.model.iter().filter_map(|(path, entry)| {

@@ -644,3 +644,25 @@ fn pay_what_is_owed(controller: &mut Controller) {
     }
     assert!(controller.next_deadline().is_none(), "nothing is left owed");
 }
+
+/// Issue 24 item 2: the quota effect lifts the pinned container's quota and its pod's in the
+/// pass that pins it, and the model takes the lift as it takes the plan's writes: the echo of
+/// each write changes nothing (no re-classification, no further pass).
+#[test]
+fn the_quota_lift_is_made_in_the_pinning_pass_and_its_echo_changes_nothing() {
+    let (_dir, node, container, mut controller) = converged();
+    let pod = container.parent().unwrap();
+    for cgroup in [&pod, &container] {
+        let file = node.file(&cgroup.to_string(), "cpu.cfs_quota_us");
+        assert_eq!(fs::read_to_string(file).unwrap().trim(), "-1", "{cgroup}");
+        let echo = modified(cgroup, InterfaceFile::CpuCfsQuotaUs);
+        let changed = controller.apply_event(echo, Instant::now()).unwrap();
+        assert!(!changed, "the echo of {cgroup}'s lift changed the model");
+    }
+    let saved = controller.effects_saved();
+    assert_eq!(
+        saved["quota"].as_array().map(Vec::len),
+        Some(2),
+        "{saved:?}"
+    );
+}

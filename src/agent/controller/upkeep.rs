@@ -149,7 +149,6 @@ impl Controller {
         self.bump();
         self.since_pass.forget(path);
         self.said.unreadable.forget(path);
-        self.parts.quota_lifted.remove(path);
         let Some(record) = self.model.remove_record(path) else {
             return;
         };

@@ -2,7 +2,7 @@
 
 use super::model::for_each_entry;
 use super::*;
-use crate::cgroupfs::{CgroupError, CpuSettings, FileValue, Quota, ScannedCgroup};
+use crate::cgroupfs::CgroupError;
 use crate::planner::{Known, Step};
 use crate::writer::{execute, Budget, Done, Executed, Outcome, Tally};
 
@@ -13,7 +13,6 @@ impl Controller {
             topology: &self.parts.topology,
             policy: self.parts.policy.as_ref(),
             align_memory: self.parts.align_memory,
-            keep_cfs_quota: self.parts.keep_cfs_quota,
             limits: Some(limits),
             respect_isolcpus: self.parts.respect_isolcpus,
         }
@@ -59,7 +58,7 @@ impl Controller {
         if mode.is_full() {
             self.track_settings_wait(&scan, &classes, now);
         }
-        self.count_containers(&scan, &classes, &mode);
+        self.count_containers(&scan, &classes, &planned.assignments, &mode);
         let mut outcome = self.record_pass(planned, &executed, &classes, &mode);
         self.count_cpu_shared();
         // The checkpoint keeps the refusals `status` shows.
@@ -84,9 +83,7 @@ impl Controller {
             &self.parts.assignments,
             &self.plan_config(limits),
         );
-        if mode.is_full() {
-            self.plan_quota_restores(scan, classes, &mut planned);
-        } else {
+        if !mode.is_full() {
             let all = planned.writes.len();
             planned
                 .writes
@@ -99,32 +96,6 @@ impl Controller {
             }
         }
         planned
-    }
-
-    /// Quotas the agent lifted earlier (its record, from the checkpoint) that are not to be
-    /// lifted now (`--keep-cfs-quota` given since, the pin gone) and are still unlimited get
-    /// their originals back: containers before their pods, so a pod's is never below a child's.
-    fn plan_quota_restores(&self, scan: &Scan, classes: &[Class], planned: &mut Plan) {
-        if self.parts.quota_lifted.is_empty() {
-            return;
-        }
-        let lifted = crate::planner::quota_lifted_cgroups(
-            scan,
-            classes,
-            &planned.parents,
-            &planned.assignments,
-            self.parts.keep_cfs_quota,
-        );
-        for (i, cgroup) in scan.cgroups.iter().enumerate().rev() {
-            let Some(original) = self.parts.quota_lifted.get(&cgroup.path) else {
-                continue;
-            };
-            if let (false, Some((file, None))) = (lifted[i], quota(&cgroup.cpu)) {
-                let (path, value) = (cgroup.path.clone(), original.clone());
-                let step = Step::new(path, file, value, WriteStep::RestoreQuota);
-                planned.writes.push(step);
-            }
-        }
     }
 
     /// Forgets the pin failures of containers no longer asking: neither entitled to exclusive
@@ -172,7 +143,6 @@ impl Controller {
                 arrived: &arrived,
             },
         };
-        self.remember_quotas(scan, planned);
         let initialised = self.model.initialised(scan, now);
         let (new_children, initialised) = match self.parts.hierarchy.version {
             CgroupVersion::V1 => (NewChildren::LetThemSettle, &initialised[..]),
@@ -199,8 +169,7 @@ impl Controller {
     }
 
     /// What each step's outcome shows, in one table: a write is taken into the model (see
-    /// [`Controller::take_desired`]) and repairs drift where its cgroup drifted, a quota put
-    /// back has nothing left to restore; a cgroup gone leaves the model (what it held is
+    /// [`Controller::take_desired`]) and repairs drift where its cgroup drifted; a cgroup gone leaves the model (what it held is
     /// released by the next plan); a child in the way (known or below the scan's depth limit)
     /// has the cgroup re-read and planned again now, a new child a moment later; a refusal is
     /// counted and said once. Each write comes back from the watcher as an `IN_MODIFY` whose
@@ -226,9 +195,6 @@ impl Controller {
                         && matches!(step.step, WriteStep::Widen | WriteStep::Narrow)
                     {
                         repaired.insert(path);
-                    }
-                    if step.step == WriteStep::RestoreQuota {
-                        self.parts.quota_lifted.remove(path);
                     }
                     if let Some(entry) = self.model.get_mut(path) {
                         entry.cgroup.assume_written(step.file, &step.value);
@@ -340,8 +306,15 @@ impl Controller {
     }
 
     /// The containers the metrics count, and the isolation annotations of those that ask
-    /// for some (a full pass counts them all again; a chain adds its new ones).
-    fn count_containers(&mut self, scan: &Scan, classes: &[Class], mode: &Mode) {
+    /// for some or hold exclusive cpus in `assignments`, for the host effects (a full pass
+    /// counts them all again; a chain adds its new ones).
+    fn count_containers(
+        &mut self,
+        scan: &Scan,
+        classes: &[Class],
+        assignments: &Assignments,
+        mode: &Mode,
+    ) {
         let containers = classes
             .iter()
             .zip(&scan.cgroups)
@@ -357,10 +330,15 @@ impl Controller {
             self.metrics.containers += containers;
         }
         for (class, cgroup) in classes.iter().zip(&scan.cgroups) {
-            if class.kind != CgroupKind::Container || !class.isolation.any() {
+            let asks = class.isolation.any();
+            let may_hold = asks || !matches!(entitlement(class), Entitlement::Shared);
+            if class.kind != CgroupKind::Container || !may_hold {
                 continue;
             }
-            if let Some(key) = class.assignment_key() {
+            let Some(key) = class.assignment_key() else {
+                continue;
+            };
+            if asks || assignments.get(&key).is_some() {
                 self.model
                     .isolated
                     .insert(key, (class.isolation, cgroup.path.clone()));
@@ -378,11 +356,7 @@ impl Controller {
         classes: &[Class],
         mode: &Mode,
     ) -> PassOutcome {
-        let changed = planned.assignments != self.parts.assignments
-            || executed
-                .done
-                .iter()
-                .any(|d| matches!(d.step.step, WriteStep::LiftQuota | WriteStep::RestoreQuota));
+        let changed = planned.assignments != self.parts.assignments;
         let report: Tally = executed.tally();
         let reserved = self.parts.policy.as_ref().map(|p| p.reserved());
         self.metrics
@@ -429,53 +403,5 @@ impl Controller {
             writes: report.written,
             failed_writes: report.failed,
         }
-    }
-
-    /// Records the value each quota lift overwrites, so `reset` can put it back.
-    /// A quota someone set again after the lift (an in-place resize) is theirs: the value from
-    /// before the lift is forgotten, and a new lift records the new one.
-    pub(super) fn remember_quotas(&mut self, scan: &Scan, planned: &Plan) {
-        let model = &self.model;
-        self.parts.quota_lifted.retain(|path, _| {
-            let cpu = model.get(path).map(|e| &e.cgroup.cpu);
-            !matches!(cpu.and_then(quota), Some((_, Some(_))))
-        });
-        let lifts = planned
-            .writes
-            .iter()
-            .filter(|w| w.step == WriteStep::LiftQuota);
-        let mut scanned: Option<HashMap<&CgroupPath, &ScannedCgroup>> = None;
-        for w in lifts {
-            let scanned =
-                scanned.get_or_insert_with(|| scan.cgroups.iter().map(|c| (&c.path, c)).collect());
-            let original = scanned.get(&w.path).and_then(|c| quota(&c.cpu));
-            if let Some((_, Some(original))) = original {
-                self.parts.quota_lifted.insert(w.path.clone(), original);
-            }
-        }
-    }
-}
-
-/// A cgroup's CFS quota file, and the quota it holds (`None`: unlimited); `None` when unread.
-fn quota(cpu: &CpuSettings) -> Option<(InterfaceFile, Option<String>)> {
-    match cpu {
-        CpuSettings::V1 {
-            cfs_quota: FileValue::Value(quota),
-            ..
-        } => Some((
-            InterfaceFile::CpuCfsQuotaUs,
-            match quota {
-                Quota::Micros(us) => Some(us.to_string()),
-                Quota::Unlimited => None,
-            },
-        )),
-        CpuSettings::V2 {
-            max: FileValue::Value(max),
-            ..
-        } => Some((
-            InterfaceFile::CpuMax,
-            (max.quota != Quota::Unlimited).then(|| max.to_string()),
-        )),
-        _ => None,
     }
 }
