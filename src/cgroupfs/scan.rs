@@ -214,7 +214,7 @@ impl Scan {
 /// the tree with (see [`Scanner::cpusets_unchanged`]). The reconcile thread keeps one through
 /// its whole period, so it is compact: the paths front-coded in scan order in one buffer (per
 /// cgroup, the length it shares with the path before, then the length and bytes of the rest),
-/// not a path allocation each (at 10,000 containers 0.8 MiB instead of 2.4).
+/// not a path allocation each (at 10,000 containers about 1.3 MiB instead of 2.4).
 #[derive(Debug, Clone, Default)]
 pub struct CpusetSnapshot {
     paths: Vec<u8>,
