@@ -247,11 +247,20 @@ impl Model {
 
     /// Stores what was read of a cgroup at `now`; its cached classification survives when its
     /// CPU settings did not change (a cpuset write does not change how it is classified).
-    pub(crate) fn store(&mut self, cgroup: ScannedCgroup, now: Instant) -> &mut Record {
+    /// The record keeps its key's path bytes (and its relative path, when equal) instead of the
+    /// read's equal copies: else every event's re-read and every full reconcile would leave the
+    /// model holding a second copy of each path beside its key.
+    pub(crate) fn store(&mut self, mut cgroup: ScannedCgroup, now: Instant) -> &mut Record {
         match self.records.entry(cgroup.path.clone()) {
             Entry::Occupied(slot) => {
+                cgroup.path = slot.key().clone();
                 let entry = slot.into_mut();
-                if entry.cgroup.cpu != cgroup.cpu || entry.cgroup.relative != cgroup.relative {
+                if entry.cgroup.relative == cgroup.relative {
+                    cgroup.relative = entry.cgroup.relative.clone();
+                } else {
+                    entry.class = None;
+                }
+                if entry.cgroup.cpu != cgroup.cpu {
                     entry.class = None;
                 }
                 entry.cgroup = cgroup;
@@ -580,6 +589,32 @@ mod tests {
         model.store(cgroup("k/a", "1"), now);
         assert!(model[&path("k/a")].class.is_some());
         assert_eq!(model.desired(&path("k/a")), Some(&"2-3".parse().unwrap()));
+    }
+
+    /// A re-read (an event's, a scan's) brings equal paths in allocations of its own; the
+    /// record keeps the map key's bytes, so the model holds each path once, not once more per
+    /// cgroup after every full reconcile.
+    #[test]
+    fn a_re_read_record_shares_its_path_with_the_key() {
+        let kubepods = path("kubepods");
+        let read = || {
+            let whole = path("kubepods/pod1/c1");
+            ScannedCgroup {
+                relative: whole.strip_prefix(&kubepods).unwrap(),
+                path: whole,
+                ..cgroup("kubepods/pod1/c1", "0")
+            }
+        };
+        let mut model = Model::default();
+        let now = Instant::now();
+        model.store(read(), now);
+        model.store(read(), now);
+        let (key, record) = model.records.iter().next().unwrap();
+        let key = key.as_bytes().as_ptr();
+        assert_eq!(record.cgroup.path.as_bytes().as_ptr(), key);
+        let relative = record.cgroup.relative.as_bytes().as_ptr();
+        assert_eq!(relative, key.wrapping_add("kubepods/".len()));
+        assert_eq!(record.cgroup.relative, path("pod1/c1"));
     }
 
     #[test]

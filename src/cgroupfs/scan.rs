@@ -14,6 +14,7 @@ use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::fmt;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::rc::Rc;
 
 use crate::cpuset::CpuSet;
@@ -210,20 +211,36 @@ impl Scan {
 }
 
 /// Each cgroup's `cpuset.cpus` as a full scan saw it: what a quiet reconcile tick compares
-/// the tree with (see [`Scanner::cpusets_unchanged`]).
+/// the tree with (see [`Scanner::cpusets_unchanged`]). The reconcile thread keeps one through
+/// its whole period, so it is compact: the paths front-coded in scan order in one buffer (per
+/// cgroup, the length it shares with the path before, then the length and bytes of the rest),
+/// not a path allocation each (at 10,000 containers about 1.3 MiB instead of 2.4).
 #[derive(Debug, Clone, Default)]
 pub struct CpusetSnapshot {
-    cpus: Vec<(CgroupPath, FileValue<CpuSet>)>,
+    paths: Vec<u8>,
+    /// `None`: the scan read no value there (a tick then scans in full).
+    cpus: Vec<Option<CpuSet>>,
 }
 
 impl CpusetSnapshot {
     pub fn of(scan: &Scan) -> CpusetSnapshot {
+        let mut paths = Vec::new();
+        let mut last: &[u8] = &[];
+        for cgroup in &scan.cgroups {
+            let path = cgroup.path.as_bytes();
+            let shared = last.iter().zip(path).take_while(|(a, b)| a == b).count();
+            for len in [shared, path.len() - shared] {
+                // A path is far below 4 GiB (a scan's depth is 32 names).
+                paths.extend_from_slice(&(len as u32).to_le_bytes());
+            }
+            paths.extend_from_slice(&path[shared..]);
+            last = path;
+        }
+        paths.shrink_to_fit();
+        let cpus = scan.cgroups.iter().map(|c| c.cpus.value().cloned());
         CpusetSnapshot {
-            cpus: scan
-                .cgroups
-                .iter()
-                .map(|c| (c.path.clone(), c.cpus.clone()))
-                .collect(),
+            paths,
+            cpus: cpus.collect(),
         }
     }
 
@@ -233,6 +250,28 @@ impl CpusetSnapshot {
 
     pub fn is_empty(&self) -> bool {
         self.cpus.is_empty()
+    }
+
+    /// Each cgroup's path (`None` if it no longer parses, which a path taken from a scan always
+    /// does) and the set the scan read there, in scan order.
+    fn entries(&self) -> impl Iterator<Item = (Option<CgroupPath>, Option<&CpuSet>)> + '_ {
+        fn len(rest: &mut &[u8]) -> usize {
+            let (bytes, after) = rest.split_at(4);
+            *rest = after;
+            u32::from_le_bytes(bytes.try_into().expect("four bytes")) as usize
+        }
+        let mut rest = &self.paths[..];
+        let mut path = Vec::new();
+        self.cpus.iter().map(move |cpus| {
+            let shared = len(&mut rest);
+            let own = len(&mut rest);
+            let (own, after) = rest.split_at(own);
+            rest = after;
+            path.truncate(shared);
+            path.extend_from_slice(own);
+            let parsed = CgroupPath::from_os(std::ffi::OsStr::from_bytes(&path)).ok();
+            (parsed, cpus.as_ref())
+        })
     }
 }
 
@@ -449,11 +488,11 @@ impl Scanner {
     /// unreadable) or when the snapshot holds a value that was not a plain set.
     pub fn cpusets_unchanged(&mut self, snapshot: &CpusetSnapshot) -> bool {
         let cpuset = self.hierarchy.cpuset.clone();
-        snapshot.cpus.iter().all(|(path, seen)| {
-            let Some(seen) = seen.value() else {
+        snapshot.entries().all(|(path, seen)| {
+            let (Some(path), Some(seen)) = (path, seen) else {
                 return false;
             };
-            match cpuset.read_file(path, InterfaceFile::CpusetCpus) {
+            match cpuset.read_file(&path, InterfaceFile::CpusetCpus) {
                 Ok(text) => parse_cpuset(&text).is_ok_and(|now| &now == seen),
                 Err(_) => false,
             }
@@ -915,6 +954,63 @@ impl Scanner {
 mod tests {
     use super::*;
     use std::fs;
+
+    /// The snapshot gives back every path and set of its scan, in order, whatever prefixes
+    /// the paths share (the root, a name that extends the one before, a shorter one after).
+    #[test]
+    fn a_snapshot_keeps_each_path_and_set_of_its_scan() {
+        let paths = [
+            "",
+            "k",
+            "k/pod1",
+            "k/pod1/c",
+            "k/pod1/cc",
+            "k/pod10",
+            "k/p",
+            "x/y",
+        ];
+        let cgroup = |i: usize, text: &str| ScannedCgroup {
+            path: CgroupPath::new(text).unwrap(),
+            relative: CgroupPath::new(text).unwrap(),
+            cpus: match i {
+                3 => FileValue::Missing,
+                _ => FileValue::Value(CpuSet::from_iter([i as u32, 100 + i as u32])),
+            },
+            mems: FileValue::Missing,
+            effective_cpus: FileValue::Missing,
+            cpu: CpuSettings::V2 {
+                max: FileValue::Missing,
+                weight: FileValue::Missing,
+            },
+        };
+        let scan = Scan {
+            version: CgroupVersion::V2,
+            kubepods: CgroupPath::new("k").unwrap(),
+            cgroups: paths
+                .iter()
+                .enumerate()
+                .map(|(i, p)| cgroup(i, p))
+                .collect(),
+            inherits: false,
+            skipped: Vec::new(),
+            complete: true,
+            truncated: false,
+            gone_pods: BTreeSet::new(),
+        };
+        let snapshot = CpusetSnapshot::of(&scan);
+        assert_eq!(snapshot.len(), paths.len());
+        let entries: Vec<_> = snapshot
+            .entries()
+            .map(|(path, cpus)| (path.unwrap(), cpus.cloned()))
+            .collect();
+        let scanned: Vec<_> = scan
+            .cgroups
+            .iter()
+            .map(|c| (c.path.clone(), c.cpus.value().cloned()))
+            .collect();
+        assert_eq!(entries, scanned);
+        assert!(snapshot.paths.len() < paths.iter().map(|p| p.len() + 8).sum::<usize>());
+    }
 
     /// Linux 6.12: while cpus 2-3 are an isolated partition below kubepods, the root's
     /// effective set lacks them; they are still the pods' (issue 25: the agent took them for
