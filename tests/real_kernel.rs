@@ -533,3 +533,123 @@ fn real_new_cgroup_settles_without_a_disagreement() {
     assert!(!holds_kernel_default(&settings));
     assert!(class.notices.is_empty(), "{:?}", class.notices);
 }
+
+/// Unmounts a bind mount on drop, before the subtree under it is removed.
+struct BindMount(PathBuf);
+
+impl BindMount {
+    fn over(source: &Path, target: &Path) -> Option<BindMount> {
+        let mounted = std::process::Command::new("mount")
+            .arg("--bind")
+            .arg(source)
+            .arg(target)
+            .status()
+            .is_ok_and(|s| s.success());
+        mounted.then(|| BindMount(target.to_path_buf()))
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let unmounted = std::process::Command::new("umount")
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !unmounted {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+}
+
+/// On kernfs the one-call open of an interface file is not followed by an `fstat` (see
+/// `CgroupFs::open_file_at_once`, DECISIONS "Fewer system calls per cgroup write"): a file
+/// bind-mounted over a real cgroup's `cpuset.cpus` is still never read nor written, by any of
+/// the agent's reads (the scan's, the echo's, the walk's) or its write.
+#[test]
+fn real_a_bind_mount_over_an_interface_file_is_never_crossed() {
+    if let Some(reason) = skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let root = Path::new(CPUSET_MOUNT);
+    let tree = Subtree::new(&[root]);
+    tree.create("x");
+    let outside = tempfile::tempdir().unwrap();
+    let decoy = outside.path().join("cpuset.cpus");
+    fs::write(&decoy, "0\n").unwrap();
+    let target = root.join(&tree.name).join("x/cpuset.cpus");
+    let Some(_mount) = BindMount::over(&decoy, &target) else {
+        println!("skipped: cannot bind-mount over {}", target.display());
+        return;
+    };
+    let cpuset = CgroupFs::open(root).unwrap();
+    let x = path(&format!("{}/x", tree.name));
+    for read in [
+        cpuset.read(&x, InterfaceFile::CpusetCpus),
+        cpuset.read_file(&x, InterfaceFile::CpusetCpus),
+    ] {
+        let err = read.expect_err("read across a mount");
+        assert!(error_chain(&err).contains("mounted"), "{err:?}");
+    }
+    let err = cpuset
+        .write(&x, InterfaceFile::CpusetCpus, "0-1")
+        .expect_err("wrote across a mount");
+    assert!(!err.is_gone(), "{err:?}");
+    let hierarchy = cpusetd::cgroupfs::Hierarchy {
+        version: CgroupVersion::V1,
+        cpuset: cpuset.clone(),
+        cpu: cpuset.clone(),
+    };
+    let scan = cpusetd::cgroupfs::Scanner::new(hierarchy, path(&tree.name))
+        .scan()
+        .unwrap();
+    let scanned = scan.cgroups.iter().find(|c| c.path == x).unwrap();
+    assert!(
+        matches!(scanned.cpus, FileValue::Unreadable { .. }),
+        "{:?}",
+        scanned.cpus
+    );
+    assert_eq!(fs::read_to_string(&decoy).unwrap(), "0\n");
+}
+
+/// A child cgroup named like an interface file its hierarchy lacks (`cpu.max` in the v1
+/// cpuset hierarchy) is a directory where a file is expected: on kernfs, without an `fstat`,
+/// the one-call read and write still refuse it (EISDIR) and name it.
+#[test]
+fn real_a_cgroup_named_like_an_interface_file_is_refused() {
+    if let Some(reason) = skip_reason() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let root = Path::new(CPUSET_MOUNT);
+    let tree = Subtree::new(&[root]);
+    tree.create("x/cpu.max");
+    let cpuset = CgroupFs::open(root).unwrap();
+    let x = path(&format!("{}/x", tree.name));
+    let refused_directory = |err: &cpusetd::cgroupfs::CgroupError| {
+        matches!(
+            err,
+            cpusetd::cgroupfs::CgroupError::Refused {
+                reason: cpusetd::cgroupfs::Refusal::NotRegularFile {
+                    kind: cpusetd::cgroupfs::FileKind::Directory
+                },
+                ..
+            }
+        )
+    };
+    for read in [
+        cpuset.read(&x, InterfaceFile::CpuMax),
+        cpuset.read_file(&x, InterfaceFile::CpuMax),
+    ] {
+        let err = read.expect_err("read a directory");
+        assert!(refused_directory(&err), "{err:?}");
+    }
+    let err = cpuset
+        .write(&x, InterfaceFile::CpuMax, "max")
+        .expect_err("wrote a directory");
+    assert!(refused_directory(&err), "{err:?}");
+    assert!(root.join(&tree.name).join("x/cpu.max").is_dir());
+}

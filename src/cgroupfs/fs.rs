@@ -11,8 +11,9 @@
 //! one name at a time the same way beneath an open directory that was itself opened so, and
 //! leaves out the `fstat` where the answer is known already (kernfs, or the directory's
 //! listing): see `docs/DECISIONS.md`, "Reading a cgroup". Writes open without `O_CREAT` (a
-//! misspelt name is an error, not a new file), truncate, and issue one `write(2)` of the value,
-//! as the kernel expects. The root itself is configuration and is opened normally (on many
+//! misspelt name is an error, not a new file) and without `O_TRUNC`, and issue one `write(2)` of
+//! the value, as the kernel expects; a plain file (a fake tree) is emptied first only when it
+//! holds more than the value (see [`truncate_if_longer`]). The root itself is configuration and is opened normally (on many
 //! hosts `/sys/fs/cgroup/cpu` is a symlink to `cpu,cpuacct`).
 
 use std::ffi::OsString;
@@ -401,7 +402,8 @@ impl CgroupFs {
         self.read_in(&dir, cgroup, file)
     }
 
-    /// Writes `value` to an interface file: open without create, truncate, one `write(2)`.
+    /// Writes `value` to an interface file: open without create, one `write(2)` (see
+    /// [`truncate_if_longer`] for when a plain file is emptied first).
     pub fn write(
         &self,
         cgroup: &CgroupPath,
@@ -445,9 +447,10 @@ impl CgroupFs {
         let fast = if in_place {
             None
         } else {
-            self.open_file_at_once(cgroup, file, OFlag::O_WRONLY | OFlag::O_TRUNC)
+            self.open_file_at_once(cgroup, file, OFlag::O_WRONLY)
         };
-        if let Some(fd) = fast {
+        if let Some((fd, size)) = fast {
+            truncate_if_longer(&fd, size, &path, value)?;
             return write_value(fd, &path, value);
         }
         self.write_walked(cgroup, file, value, path, in_place)
@@ -580,25 +583,33 @@ impl CgroupFs {
         file: InterfaceFile,
     ) -> Result<String, CgroupError> {
         match self.open_file_at_once(cgroup, file, OFlag::O_RDONLY) {
-            Some(fd) => self.read_fd(fd, cgroup, file),
+            Some((fd, _)) => self.read_fd(fd, cgroup, file),
             None => self.read(cgroup, file),
         }
     }
 
     /// An interface file opened in one `openat2` (see [`open_beneath`]) when that plainly works
-    /// and it is a regular file; `None` otherwise, for the caller's component walk, which says
-    /// what went wrong.
+    /// and it is a regular file, with its size where it was checked; `None` otherwise, for the
+    /// caller's component walk, which says what went wrong. On kernfs without the `fstat` that
+    /// checks it elsewhere (size `None`): the `openat2` crossed no mount below a kernfs root, so
+    /// the name is a kernfs node, and a kernfs node is a directory, a regular file or a symlink
+    /// and nothing else (no `mknod`, no FIFO); the open refuses a symlink, `O_WRONLY` a directory
+    /// (EISDIR), and [`Self::read_fd`] a directory opened for reading (EISDIR). See
+    /// `docs/DECISIONS.md`, "Fewer system calls per cgroup write".
     fn open_file_at_once(
         &self,
         cgroup: &CgroupPath,
         file: InterfaceFile,
         mode: OFlag,
-    ) -> Option<OwnedFd> {
+    ) -> Option<(OwnedFd, Option<i64>)> {
         let flags = mode | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
         let path = cgroup.join(std::ffi::OsStr::new(file.name())).ok()?;
-        open_beneath(&self.root_fd, &path, flags)?
-            .ok()
-            .filter(|fd| fstat(fd).is_ok_and(|st| FileKind::of_stat(&st) == FileKind::RegularFile))
+        let fd = open_beneath(&self.root_fd, &path, flags)?.ok()?;
+        if self.kernfs {
+            return Some((fd, None));
+        }
+        let st = fstat(&fd).ok()?;
+        (FileKind::of_stat(&st) == FileKind::RegularFile).then_some((fd, Some(st.st_size)))
     }
 
     /// Reads an interface file of the directory `dir` (which is `cgroup`).
@@ -890,6 +901,27 @@ fn write_value(fd: OwnedFd, path: &Path, value: &str) -> Result<(), CgroupError>
     Ok(())
 }
 
+/// Empties an interface file opened for writing (at `size` bytes) when `value` is shorter than
+/// what it holds; a write of at least its length replaces all of it, so it is left as it is.
+/// The file is opened without `O_TRUNC`: on kernfs (size `None`) the kernel takes the value
+/// whole in one write whatever the file showed, and a truncation there does nothing but queue
+/// an `IN_MODIFY` of its own, which the watcher would read back as a second echo of the write.
+fn truncate_if_longer(
+    fd: &OwnedFd,
+    size: Option<i64>,
+    path: &Path,
+    value: &str,
+) -> Result<(), CgroupError> {
+    if size.is_none_or(|size| size <= value.len() as i64) {
+        return Ok(());
+    }
+    nix::unistd::ftruncate(fd, 0).map_err(|errno| CgroupError::Write {
+        path: path.to_path_buf(),
+        value: value.to_string(),
+        source: io::Error::from(errno),
+    })
+}
+
 /// Whether `openat2` is known to be missing (`ENOSYS`: a kernel older than 5.6, or a seccomp
 /// filter), so [`open_beneath`] stops trying.
 static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
@@ -947,10 +979,17 @@ fn openat2_beneath(
     }
 }
 
-/// Opens a regular file in `dir` without following symlinks and without blocking on a FIFO.
+/// Opens a regular file in `dir` without following symlinks, without crossing a mount (a file
+/// bind-mounted over the name: `openat2`'s `RESOLVE_NO_XDEV`, else an `st_dev` check against
+/// `dir`) and without blocking on a FIFO.
 fn open_regular(dir: &OwnedFd, name: &str, mode: OFlag) -> Result<OwnedFd, WalkError> {
     let flags = mode | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-    let fd = match openat(dir, name, flags, Mode::empty()) {
+    let (opened, beneath) = match open_name_beneath(dir, name.as_ref(), flags) {
+        Some(Err(Errno::EXDEV)) => return Err(WalkError::Refused(Refusal::MountPoint)),
+        Some(opened) => (opened, true),
+        None => (openat(dir, name, flags, Mode::empty()), false),
+    };
+    let fd = match opened {
         Ok(fd) => fd,
         // ELOOP: a symlink; ENXIO: a FIFO without a reader opened for writing.
         Err(errno @ (Errno::ELOOP | Errno::ENXIO | Errno::EISDIR)) => {
@@ -959,6 +998,14 @@ fn open_regular(dir: &OwnedFd, name: &str, mode: OFlag) -> Result<OwnedFd, WalkE
         Err(errno) => return Err(WalkError::Io(io::Error::from(errno))),
     };
     let stat = fstat(&fd).map_err(|errno| WalkError::Io(io::Error::from(errno)))?;
+    if !beneath {
+        let dir_dev = fstat(dir)
+            .map_err(|errno| WalkError::Io(io::Error::from(errno)))?
+            .st_dev;
+        if stat.st_dev != dir_dev {
+            return Err(WalkError::Refused(Refusal::MountPoint));
+        }
+    }
     match FileKind::of_stat(&stat) {
         FileKind::RegularFile => Ok(fd),
         kind => Err(WalkError::Refused(Refusal::NotRegularFile { kind })),
@@ -1169,6 +1216,86 @@ mod tests {
             ),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn a_write_leaves_a_plain_file_holding_exactly_the_value() {
+        // No O_TRUNC: a value at least as long overwrites all of it, a shorter one empties the
+        // file first.
+        let (dir, fs) = tree();
+        let file = dir.path().join("kubepods/cpuset.cpus");
+        for value in ["0-3,5-9", "0-3,5-8", "1", "", "2-255"] {
+            fs.write(&path("kubepods"), InterfaceFile::CpusetCpus, value)
+                .unwrap();
+            assert_eq!(fs::read_to_string(&file).unwrap(), value);
+        }
+    }
+
+    /// A file bind-mounted over an interface file is never read nor written, by the one-call
+    /// open, the walk (`read`, and the write's fallback) or the scan's open beneath a
+    /// directory. The walk's open of the file once crossed it (`openat` of the name).
+    #[test]
+    fn a_bind_mount_over_an_interface_file_is_never_crossed() {
+        if !nix::unistd::Uid::effective().is_root() {
+            println!("skipped: mounting needs root");
+            return;
+        }
+        let (dir, fs) = tree();
+        let outside = tempfile::tempdir().unwrap();
+        let decoy = outside.path().join("cpuset.cpus");
+        fs::write(&decoy, "7\n").unwrap();
+        let target = dir.path().join("kubepods/pod1/cpuset.cpus");
+        let mounted = std::process::Command::new("mount")
+            .arg("--bind")
+            .arg(&decoy)
+            .arg(&target)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            println!("skipped: cannot bind-mount here");
+            return;
+        }
+        struct Unmount(PathBuf);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount")
+                    .arg("-l")
+                    .arg(&self.0)
+                    .status();
+            }
+        }
+        let _unmount = Unmount(target);
+        let pod = path("kubepods/pod1");
+        let refused = |err: &CgroupError| {
+            matches!(
+                err,
+                CgroupError::Refused {
+                    reason: Refusal::MountPoint,
+                    ..
+                }
+            )
+        };
+        let dir_fd = fs.open_dir(&pod).unwrap();
+        let parent_fd = fs.open_dir(&path("kubepods")).unwrap();
+        for read in [
+            fs.read(&pod, InterfaceFile::CpusetCpus),
+            fs.read_file(&pod, InterfaceFile::CpusetCpus),
+            fs.read_beneath(FileAt::Dir(&dir_fd), &pod, InterfaceFile::CpusetCpus, true),
+            fs.read_beneath(
+                FileAt::Parent(&parent_fd),
+                &pod,
+                InterfaceFile::CpusetCpus,
+                false,
+            ),
+        ] {
+            let err = read.expect_err("read across a mount");
+            assert!(refused(&err), "{err:?}");
+        }
+        let err = fs
+            .write(&pod, InterfaceFile::CpusetCpus, "0")
+            .expect_err("wrote across a mount");
+        assert!(refused(&err), "{err:?}");
+        assert_eq!(fs::read_to_string(&decoy).unwrap(), "7\n");
     }
 
     #[test]

@@ -500,14 +500,16 @@ impl Scanner {
     }
 
     /// The CPU settings of the cgroup at `path` as a group (v1 shares, quota and period; v2
-    /// `cpu.max` and `cpu.weight`), each file's problem noted as for a full read.
+    /// `cpu.max` and `cpu.weight`), each file's problem noted as for a full read. Each file in
+    /// one `openat2` of its path ([`CgroupFs::read_file`], which falls back to the walk and
+    /// its messages), not a walk to the directory and an open beneath it.
     fn read_cpu_settings(&mut self, path: &CgroupPath) -> CpuSettings {
         let cpu_fs = self.hierarchy.cpu.clone();
         match self.hierarchy.version {
             CgroupVersion::V1 => {
-                let shares = cpu_fs.read(path, InterfaceFile::CpuShares);
-                let quota = cpu_fs.read(path, InterfaceFile::CpuCfsQuotaUs);
-                let period = cpu_fs.read(path, InterfaceFile::CpuCfsPeriodUs);
+                let shares = cpu_fs.read_file(path, InterfaceFile::CpuShares);
+                let quota = cpu_fs.read_file(path, InterfaceFile::CpuCfsQuotaUs);
+                let period = cpu_fs.read_file(path, InterfaceFile::CpuCfsPeriodUs);
                 CpuSettings::V1 {
                     shares: self.value(path, InterfaceFile::CpuShares, shares, parse_shares),
                     cfs_quota: self.value(
@@ -525,8 +527,8 @@ impl Scanner {
                 }
             }
             CgroupVersion::V2 => {
-                let max = cpu_fs.read(path, InterfaceFile::CpuMax);
-                let weight = cpu_fs.read(path, InterfaceFile::CpuWeight);
+                let max = cpu_fs.read_file(path, InterfaceFile::CpuMax);
+                let weight = cpu_fs.read_file(path, InterfaceFile::CpuWeight);
                 CpuSettings::V2 {
                     max: self.value(path, InterfaceFile::CpuMax, max, parse_cpu_max),
                     weight: self.value(path, InterfaceFile::CpuWeight, weight, parse_weight),
