@@ -1627,6 +1627,90 @@ mod tests {
         assert!(arrivals.arrived(), "new CPU settings are an arrival");
     }
 
+    /// Issue 24 (a): a cgroup created while thousands of echoes of the agent's own writes are
+    /// queued in the kernel (more than one read's worth) is reported, with its arrival token,
+    /// before those echoes are handed to the controller; and every echo still gets through.
+    #[test]
+    fn a_new_cgroup_is_reported_before_the_echoes_queued_ahead_of_it() {
+        let (tree, root) = kubepods_tree();
+        const ECHOES: usize = 3000;
+        for i in 0..ECHOES {
+            let dir = tree.path().join(format!("kubepods/c{i}"));
+            fs::create_dir(&dir).unwrap();
+            fs::write(dir.join("cpuset.cpus"), "0-3\n").unwrap();
+        }
+        let mut watcher = Watcher::new(vec![root]).unwrap();
+        let (tx, rx) = crossbeam_channel::bounded(2 * ECHOES);
+        watcher.out.sender = Some(tx);
+        let arrivals = watcher.arrivals();
+        // A rewrite of the shared pool: one echo per container, all queued in the kernel.
+        for i in 0..ECHOES {
+            let file = tree.path().join(format!("kubepods/c{i}/cpuset.cpus"));
+            fs::write(file, "4-7\n").unwrap();
+        }
+        fs::create_dir(tree.path().join("kubepods/new")).unwrap();
+        let mut buffer = vec![0u8; READ_BUFFER_BYTES];
+        let mut seen = Vec::new();
+        let mut token_with_first_event = None;
+        for _ in 0..ECHOES {
+            if seen.len() > ECHOES {
+                break;
+            }
+            watcher.drain(&mut buffer).unwrap();
+            for event in rx.try_iter() {
+                token_with_first_event.get_or_insert(arrivals.arrived());
+                seen.push(event);
+            }
+        }
+        let created = TreeEvent::Created {
+            cgroup: path("kubepods/new"),
+        };
+        let at = seen.iter().position(|e| *e == created);
+        assert_eq!(at, Some(0), "the new cgroup after {at:?} echoes");
+        assert_eq!(token_with_first_event, Some(true));
+        let echoes: std::collections::HashSet<String> =
+            seen[1..].iter().map(|e| format!("{e:?}")).collect();
+        assert_eq!(echoes.len(), ECHOES, "every echo once");
+        assert!(seen[1..].iter().all(|e| matches!(
+            e,
+            TreeEvent::Modified {
+                file: InterfaceFile::CpusetCpus,
+                ..
+            }
+        )));
+    }
+
+    /// Two writes of one file still waiting to be handed over are one event: the controller
+    /// re-reads the file once, after both (the kernel merges only back-to-back duplicates).
+    #[test]
+    fn writes_of_one_file_not_yet_handed_over_are_one_event() {
+        let (tree, root) = kubepods_tree();
+        for name in ["a", "b"] {
+            fs::create_dir(tree.path().join(format!("kubepods/{name}"))).unwrap();
+        }
+        let mut watcher = Watcher::new(vec![root]).unwrap();
+        let (tx, rx) = crossbeam_channel::bounded(64);
+        watcher.out.sender = Some(tx);
+        for (name, cpus) in [("a", "1"), ("b", "1"), ("a", "2"), ("b", "2"), ("a", "3")] {
+            let file = tree.path().join(format!("kubepods/{name}/cpuset.cpus"));
+            fs::write(file, cpus).unwrap();
+        }
+        fs::write(tree.path().join("kubepods/a/cpuset.mems"), "0").unwrap();
+        pump(&mut watcher);
+        let modified = |name: &str, file| TreeEvent::Modified {
+            cgroup: path(&format!("kubepods/{name}")),
+            file,
+        };
+        assert_eq!(
+            rx.try_iter().collect::<Vec<_>>(),
+            [
+                modified("a", InterfaceFile::CpusetCpus),
+                modified("b", InterfaceFile::CpusetCpus),
+                modified("a", InterfaceFile::CpusetMems),
+            ]
+        );
+    }
+
     /// Watches held by the watcher's inotify instance, as the kernel lists them.
     fn kernel_watches(watcher: &Watcher) -> usize {
         use std::os::fd::AsRawFd;
