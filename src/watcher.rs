@@ -25,7 +25,7 @@
 //! * **Structure before files.** Each time it looks, the watcher reads everything the kernel has
 //!   queued and handles the directories' comings and goings at once; the file modifications
 //!   (thousands of echoes of the agent's own writes in a rewrite of the shared pool) are set
-//!   aside, each (directory, file) once, and handed over [`FILE_EVENTS_PER_STEP`] at a time
+//!   aside, in order, and handed over [`FILE_EVENTS_PER_STEP`] at a time
 //!   with the kernel's queue read again in between. A cgroup created behind a batch of echoes
 //!   is therefore reported, and its arrival token sent, before those echoes, not after them
 //!   (inotify has one queue per instance, in order).
@@ -44,7 +44,7 @@
 //! also brings a re-created root back under watch.
 
 use std::collections::hash_map::{HashMap, RandomState};
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::hash::BuildHasher;
@@ -560,28 +560,23 @@ impl Outbox {
     }
 }
 
-/// File modifications read from the kernel and not yet handed over: in the order read, each
-/// (watch, file) once. A second write of a file whose event is still here adds nothing: the
-/// controller re-reads the file after the hand-over, so after both writes.
+/// File modifications read from the kernel and not yet handed over, in the order read, every
+/// one of them: the controller counts foreign changes by their events (a fight with another
+/// writer is "more than `FIGHT_DRIFTS` changes within a second"), so none is merged here.
 #[derive(Debug, Default)]
 struct PendingFiles {
     queue: VecDeque<(i32, InterfaceFile)>,
-    queued: HashSet<(i32, InterfaceFile)>,
 }
 
 impl PendingFiles {
     fn push(&mut self, wd: i32, file: InterfaceFile) {
-        if self.queued.insert((wd, file)) {
-            self.queue.push_back((wd, file));
-        }
+        self.queue.push_back((wd, file));
     }
 
     fn pop(&mut self) -> Option<(i32, InterfaceFile)> {
         let next = self.queue.pop_front()?;
-        self.queued.remove(&next);
         if self.queue.is_empty() {
             self.queue.shrink_to(PENDING_FILES_KEPT);
-            self.queued.shrink_to(PENDING_FILES_KEPT);
         }
         Some(next)
     }
@@ -596,9 +591,7 @@ impl PendingFiles {
 
     fn clear(&mut self) {
         self.queue.clear();
-        self.queued.clear();
         self.queue.shrink_to(PENDING_FILES_KEPT);
-        self.queued.shrink_to(PENDING_FILES_KEPT);
     }
 }
 
@@ -1786,7 +1779,8 @@ mod tests {
         let at = seen.iter().position(|e| *e == created);
         assert_eq!(at, Some(0), "the new cgroup after {at:?} echoes");
         assert_eq!(token_with_first_event, Some(true));
-        let echoes: HashSet<String> = seen[1..].iter().map(|e| format!("{e:?}")).collect();
+        let echoes: std::collections::HashSet<String> =
+            seen[1..].iter().map(|e| format!("{e:?}")).collect();
         assert_eq!(echoes.len(), ECHOES, "every echo once");
         assert!(seen[1..].iter().all(|e| matches!(
             e,
@@ -1795,37 +1789,6 @@ mod tests {
                 ..
             }
         )));
-    }
-
-    /// Two writes of one file still waiting to be handed over are one event: the controller
-    /// re-reads the file once, after both (the kernel merges only back-to-back duplicates).
-    #[test]
-    fn writes_of_one_file_not_yet_handed_over_are_one_event() {
-        let (tree, root) = kubepods_tree();
-        for name in ["a", "b"] {
-            fs::create_dir(tree.path().join(format!("kubepods/{name}"))).unwrap();
-        }
-        let mut watcher = Watcher::new(vec![root]).unwrap();
-        let (tx, rx) = crossbeam_channel::bounded(64);
-        watcher.out.sender = Some(tx);
-        for (name, cpus) in [("a", "1"), ("b", "1"), ("a", "2"), ("b", "2"), ("a", "3")] {
-            let file = tree.path().join(format!("kubepods/{name}/cpuset.cpus"));
-            fs::write(file, cpus).unwrap();
-        }
-        fs::write(tree.path().join("kubepods/a/cpuset.mems"), "0").unwrap();
-        pump(&mut watcher);
-        let modified = |name: &str, file| TreeEvent::Modified {
-            cgroup: path(&format!("kubepods/{name}")),
-            file,
-        };
-        assert_eq!(
-            rx.try_iter().collect::<Vec<_>>(),
-            [
-                modified("a", InterfaceFile::CpusetCpus),
-                modified("b", InterfaceFile::CpusetCpus),
-                modified("a", InterfaceFile::CpusetMems),
-            ]
-        );
     }
 
     /// A real `IN_Q_OVERFLOW` read behind set-aside file events: they are dropped (the rescan
