@@ -246,6 +246,18 @@ pub struct Hierarchy {
 }
 
 impl Hierarchy {
+    /// Where `file` lives: cpuset files in the cpuset hierarchy, cpu files in the cpu one.
+    pub fn fs_of(&self, file: InterfaceFile) -> &CgroupFs {
+        match file {
+            InterfaceFile::CpuCfsQuotaUs
+            | InterfaceFile::CpuCfsPeriodUs
+            | InterfaceFile::CpuMax
+            | InterfaceFile::CpuShares
+            | InterfaceFile::CpuWeight => &self.cpu,
+            _ => &self.cpuset,
+        }
+    }
+
     /// Opens the controller roots of a layout.
     pub fn open(layout: &CgroupLayout) -> Result<Hierarchy, CgroupError> {
         let cpuset = CgroupFs::open(&layout.cpuset_root)?;
