@@ -7,6 +7,7 @@
 //! rules hold after every single write; CFS quota lifts for exclusive containers come last.
 
 pub mod assign;
+pub mod chain;
 pub mod desired;
 pub mod known;
 pub mod order;

@@ -9,7 +9,7 @@
 //! marked incomplete, so the planner releases nothing it did not see), the allocator sees the
 //! same free CPUs, and every desired set is local (a container's set, its pod's union, a
 //! parent's clamp). Debug builds and tests check it after every incremental pass against a
-//! full plan of the same model ([`Controller::assert_chain_is_full_plan`]).
+//! full plan of the same model ([`crate::planner::chain::assert_chain_is_full_plan`]).
 //!
 //! What a chain leaves undone: the ancestors' and the other shared members' rewrites when the
 //! shared pool changed, and the kubepods root's narrowing when isolated cpus pinned there were
@@ -20,30 +20,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::Instant;
 
 use super::{entitlement, Burst, CgroupKind, CgroupPath, Controller, Entitlement, PassOutcome};
-
-/// What a pass plans.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Mode {
-    /// The whole model.
-    Full,
-    /// New pods: their subtrees (`roots`) and the roots' ancestors.
-    Chain { roots: Vec<CgroupPath> },
-}
-
-impl Mode {
-    pub(super) fn is_full(&self) -> bool {
-        matches!(self, Mode::Full)
-    }
-
-    /// Whether the pass plans `path`'s own values (and writes them): in a chain, only the
-    /// pods' subtrees, not their ancestors.
-    pub(super) fn owns(&self, path: &CgroupPath) -> bool {
-        match self {
-            Mode::Full => true,
-            Mode::Chain { roots } => roots.iter().any(|r| path.strip_prefix(r).is_some()),
-        }
-    }
-}
+pub(super) use crate::planner::chain::Mode;
 
 /// What changed in the model since the last pass: an index of paths over the records (a
 /// record forgotten leaves it, see [`SincePass::forget`]), which decides what the next pass
@@ -244,62 +221,5 @@ impl Controller {
             at = path.parent();
         }
         None
-    }
-
-    /// The reference an incremental pass is held to: a full plan of the same model, from the
-    /// same assignments (`before`), decides the same assignments, pools and events, and the
-    /// same desired sets and writes for every cgroup of the chain.
-    #[cfg(debug_assertions)]
-    pub(super) fn assert_chain_is_full_plan(
-        &mut self,
-        before: &crate::state::Assignments,
-        chain: &super::Scan,
-        planned: &crate::planner::Plan,
-        limits: &crate::planner::NodeLimits,
-        mode: &Mode,
-    ) {
-        use std::collections::HashMap;
-        let scan = self.model_scan();
-        let classes = self.classify_model(&scan);
-        let full = crate::planner::plan(&scan, &classes, before, &self.plan_config(limits));
-        assert_eq!(
-            planned.assignments, full.assignments,
-            "an incremental pass assigned what a full plan would not"
-        );
-        assert_eq!(planned.pools, full.pools, "an incremental pass's pools");
-        assert_eq!(planned.events, full.events, "an incremental pass's events");
-        let index: HashMap<&CgroupPath, usize> = scan
-            .cgroups
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (&c.path, i))
-            .collect();
-        for (cgroup, desired) in chain.cgroups.iter().zip(&planned.desired) {
-            assert_eq!(
-                Some(desired),
-                index.get(&cgroup.path).map(|&i| &full.desired[i]),
-                "an incremental pass's desired sets of {}",
-                cgroup.path
-            );
-        }
-        let chain_paths: HashSet<&CgroupPath> = chain.cgroups.iter().map(|c| &c.path).collect();
-        let in_chain = |w: &crate::planner::Step| {
-            mode.owns(&w.path)
-                || (w.step == crate::planner::WriteStep::Widen && chain_paths.contains(&w.path))
-        };
-        let key = |w: &crate::planner::Step| (w.path.clone(), w.file, w.value.clone(), w.step);
-        let mut mine: Vec<_> = planned.writes.iter().map(key).collect();
-        let mut theirs: Vec<_> = full
-            .writes
-            .iter()
-            .filter(|w| in_chain(w))
-            .map(key)
-            .collect();
-        mine.sort();
-        theirs.sort();
-        assert_eq!(
-            mine, theirs,
-            "an incremental pass's writes (in its pods, and its ancestors' widenings)"
-        );
     }
 }

@@ -88,14 +88,16 @@ impl Controller {
             self.plan_quota_restores(scan, classes, &mut planned);
         } else {
             let all = planned.writes.len();
-            planned
-                .writes
-                .retain(|w| w.step == WriteStep::Widen || mode.owns(&w.path));
+            planned.writes.retain(|w| mode.makes(w));
             self.metrics.writes_held_back += (all - planned.writes.len()) as u64;
             #[cfg(debug_assertions)]
             {
-                let before = self.parts.assignments.clone();
-                self.assert_chain_is_full_plan(&before, scan, &planned, limits, mode);
+                let whole = self.model_scan();
+                let classes = self.classify_model(&whole);
+                let (assignments, config) = (&self.parts.assignments, self.plan_config(limits));
+                let full = plan(&whole, &classes, assignments, &config);
+                let check = crate::planner::chain::assert_chain_is_full_plan;
+                check((scan, &planned), (&whole, &full), mode);
             }
         }
         planned
