@@ -2,7 +2,7 @@
 
 use super::model::for_each_entry;
 use super::*;
-use crate::cgroupfs::{CgroupError, CpuSettings, FileValue, Quota, ScannedCgroup};
+use crate::cgroupfs::{CpuSettings, FileValue, Quota, ScannedCgroup};
 use crate::planner::{Known, Step};
 use crate::writer::{execute, Budget, Done, Executed, Outcome, Tally};
 
@@ -239,20 +239,23 @@ impl Controller {
                 }
                 Outcome::Gone => follow_up.vanished |= self.remove_subtree(path),
                 Outcome::ChildInTheWay { child, refused } => {
-                    self.say_stale(step, child.as_ref(), refused.as_ref());
+                    self.metrics
+                        .count_stale(step, child.as_ref(), refused.as_ref());
                     follow_up.stale.push(path.clone());
                 }
                 Outcome::UnseenInTheWay { .. } => follow_up.stale.push(path.clone()),
                 Outcome::Settling => follow_up.settling.push(path.clone()),
                 Outcome::Refused { error, blocks } => {
                     self.metrics.narrowings_blocked += u64::from(blocks.is_some());
-                    self.say_refused(step, error, blocks.as_ref(), false);
+                    self.metrics
+                        .count_refused(step, error, blocks.as_ref(), false);
                 }
                 Outcome::RefusedEmpty { error, parent } => {
                     if parent.is_some() {
                         past_empty.insert(path);
                     }
-                    self.say_refused(step, error, parent.as_ref(), true);
+                    self.metrics
+                        .count_refused(step, error, parent.as_ref(), true);
                 }
                 Outcome::UnderGone
                 | Outcome::Skipped
@@ -263,64 +266,6 @@ impl Controller {
         self.metrics.drift_repairs += repaired.len() as u64;
         self.metrics.narrowings_blocked += past_empty.len() as u64;
         follow_up
-    }
-
-    /// A narrowing a child holds up: one the kernel refused (EBUSY) is a race with a runtime,
-    /// re-planned at once: counted as a retry and said once, not an error.
-    fn say_stale(
-        &mut self,
-        step: &Step,
-        child: Option<&CgroupPath>,
-        refused: Option<&CgroupError>,
-    ) {
-        if let Some(error) = refused {
-            let errno = error.errno().unwrap_or(0);
-            *self.metrics.write_retries.entry(errno).or_default() += 1;
-            if self.metrics.first_failure(&step.path, step.file, errno) {
-                log::info!("{} (a child holds more: re-planning)", error_chain(error));
-            }
-        } else if let Some(child) = child {
-            log::debug!(
-                "cg={} not narrowed yet: {child}, which this pass did not plan, holds more",
-                step.path
-            );
-        }
-    }
-
-    /// A write the kernel refused, counted and said once. `parent`: the parent whose narrowing
-    /// waits for it, or (`empty`: a v1 cgroup never set up, whose cpus and mems fail alike and
-    /// are said once) that is narrowed past it.
-    fn say_refused(
-        &mut self,
-        step: &Step,
-        error: &CgroupError,
-        parent: Option<&CgroupPath>,
-        empty: bool,
-    ) {
-        let errno = error.errno().unwrap_or(0);
-        *self.metrics.write_errors.entry(errno).or_default() += 1;
-        let (path, past) = (&step.path, parent.filter(|_| empty));
-        let file = past.map_or(step.file, |_| InterfaceFile::CpusetCpus);
-        if !self.metrics.first_failure(path, file, errno) {
-            return;
-        }
-        let fix = "writable by root without capabilities (chown it to root)";
-        match (parent, past) {
-            (_, Some(parent)) => log::warn!(
-                "{}: cg={path} is empty, so no task runs in it and its parent {parent} is \
-                 narrowed past it; make it {fix} or remove it; retried at each reconcile",
-                error_chain(error),
-            ),
-            (Some(parent), None) => {
-                log::warn!("{}", error_chain(error));
-                log::warn!(
-                    "cg={parent} cannot be narrowed while its child {path} holds more and \
-                     cannot be written: make {path} {fix} or remove it if it is empty; retried \
-                     at each reconcile"
-                );
-            }
-            (None, None) => log::warn!("{}", error_chain(error)),
-        }
     }
 
     /// Each cgroup keeps the cpus the plan wants there (for drift detection and pin latency);
