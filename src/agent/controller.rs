@@ -46,9 +46,9 @@ use crate::writer::NewChildren;
 use super::deadlines::{Burst, Deadlines};
 use super::hotplug::Hotplug;
 use super::metrics::Metrics;
-use super::model::{self, Model, Setup};
+use super::model::{self, Model, Setup, SincePass};
 use super::said::{say_limits, Said};
-use incremental::{Mode, SincePass};
+use incremental::Mode;
 
 mod classes;
 mod drift;

@@ -17,8 +17,10 @@ use crate::logging::SaidOnce;
 use crate::state::AssignmentKey;
 
 pub(crate) mod fight;
+pub(crate) mod since_pass;
 
 pub(crate) use fight::Fight;
+pub(crate) use since_pass::SincePass;
 
 /// How long a new container may wait for its CPU settings before the controller stops
 /// re-reading it on its own (events still wake it).

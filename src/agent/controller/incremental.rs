@@ -16,59 +16,11 @@
 //! released. A full pass makes them, coalesced: [`Burst::QUIET`] after the last
 //! incremental pass, at most [`Burst::LIMIT`] after the first.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::time::Instant;
 
 use super::{entitlement, Burst, CgroupKind, CgroupPath, Controller, Entitlement, PassOutcome};
 pub(super) use crate::planner::chain::Mode;
-
-/// What changed in the model since the last pass: an index of paths over the records (a
-/// record forgotten leaves it, see [`SincePass::forget`]), which decides what the next pass
-/// plans (a chain, a drift repair, the whole model).
-#[derive(Debug, Default)]
-pub(super) struct SincePass {
-    /// Cgroups new to the model.
-    pub(super) new: BTreeSet<CgroupPath>,
-    /// Pods that lost a container (its cgroup went).
-    pub(super) touched: BTreeSet<CgroupPath>,
-    /// Pods whose cgroup went (by uid).
-    pub(super) gone_pods: BTreeSet<String>,
-    /// Anything else: a cgroup gone, re-read with other values, drift. Only a full plan will do.
-    pub(super) other: bool,
-    /// Cgroups with a foreign change of their `cpuset.cpus` (drift), taken by the pass that
-    /// repairs them.
-    pub(super) drifted: HashSet<CgroupPath>,
-    /// The model changed in more than drifted `cpuset.cpus` values of cgroups the last pass
-    /// planned (which [`Controller::pass`] writes back without planning).
-    pub(super) structural: bool,
-}
-
-impl SincePass {
-    /// Before the first pass: everything is new.
-    pub(super) fn start() -> SincePass {
-        SincePass {
-            structural: true,
-            ..SincePass::default()
-        }
-    }
-
-    /// A full pass plans all that changed (drift is taken by the pass that repairs it).
-    pub(super) fn planned_all(&mut self) {
-        let drifted = std::mem::take(&mut self.drifted);
-        *self = SincePass {
-            drifted,
-            ..SincePass::default()
-        };
-    }
-
-    /// `path` left the model: the next pass plans without it.
-    pub(super) fn forget(&mut self, path: &CgroupPath) {
-        self.structural = true;
-        self.new.remove(path);
-        self.touched.remove(path);
-        self.drifted.remove(path);
-    }
-}
 
 impl Controller {
     /// Plans and writes only the chains of the pods that changed, when that is all that
@@ -105,9 +57,7 @@ impl Controller {
         let (outcome, follow_up) =
             self.plan_and_write(now, scan, classes, limits, Mode::Chain { roots });
         self.metrics.incremental_passes += 1;
-        self.since_pass.structural = false;
-        self.since_pass.new.clear();
-        self.since_pass.touched.clear();
+        self.since_pass.planned_chains();
         let clean = follow_up.stale.is_empty()
             && follow_up.settling.is_empty()
             && !follow_up.vanished
@@ -152,13 +102,10 @@ impl Controller {
     /// pod. Writes a full pass held back during a burst do not stop it: they are the shared
     /// pool's, which its flush makes, and the chain widens its own ancestors.
     fn chain(&mut self) -> Option<Vec<CgroupPath>> {
-        let changed = !self.since_pass.new.is_empty()
-            || !self.since_pass.touched.is_empty()
-            || !self.since_pass.gone_pods.is_empty();
         let eligible = self.last_pass.planned
             && self.last_pass.steady
             && !self.since_pass.other
-            && changed
+            && self.since_pass.pods_changed()
             && self.parts.policy.is_some()
             && self.deadlines.settling.is_empty()
             && self.since_pass.drifted.is_empty()
@@ -181,9 +128,7 @@ impl Controller {
         Some(roots.into_iter().collect())
     }
 
-    /// A cgroup the watcher saw go. A pod that went, or a container that went from a pod that
-    /// stays, leaves the next pass incremental (the pod's assignments released; the pod's
-    /// chain planned again); anything else makes it a full one. Returns whether the model
+    /// A cgroup the watcher saw go (see [`crate::agent::model::SincePass::removed`]). Returns whether the model
     /// changed.
     pub(super) fn removed(&mut self, root: &CgroupPath) -> bool {
         let kind = self
@@ -195,18 +140,7 @@ impl Controller {
         if !self.forget_subtree(root) {
             return false;
         }
-        match (kind, parent) {
-            (Some((CgroupKind::Pod, Some(uid))), _) => {
-                self.since_pass.gone_pods.insert(uid);
-            }
-            (
-                Some((CgroupKind::Container | CgroupKind::Sandbox | CgroupKind::ContainerChild, _)),
-                Some(parent),
-            ) => {
-                self.since_pass.touched.insert(parent);
-            }
-            _ => self.since_pass.other = true,
-        }
+        self.since_pass.removed(kind, parent);
         true
     }
 

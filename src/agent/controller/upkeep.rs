@@ -83,14 +83,7 @@ impl Controller {
         if self.model.drifts(&cgroup) {
             self.since_pass.drifted.insert(path.clone());
         }
-        if !self.model.contains_key(&path) {
-            self.since_pass.new.insert(path.clone());
-        } else if !self.since_pass.new.contains(&path) {
-            // Re-read with other values (a runtime writing a container's CPU settings after
-            // making its cgroup, a resize): its pod's chain is planned again (a cgroup outside
-            // any pod makes the pass a full one; drift is repaired on its own).
-            self.since_pass.touched.insert(path.clone());
-        }
+        self.since_pass.read(&path, !self.model.contains_key(&path));
         if track_pin {
             self.model.pins_pending += 1;
         }
