@@ -34,8 +34,7 @@ use crate::classify::{
 use crate::cpuset::CpuSet;
 use crate::logging::{error_chain, SaidOnce};
 use crate::planner::{
-    entitlement, plan, AssignEvent, Entitlement, NodeLimits, Plan, PlanConfig, Pools,
-    ReleaseReason, WriteStep,
+    entitlement, plan, AssignEvent, Entitlement, NodeLimits, Plan, PlanConfig, Pools, WriteStep,
 };
 use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
 use crate::state::{AssignmentKey, Assignments};

@@ -1,9 +1,9 @@
 //! What the log said, to say each thing once, and how it says things: a container's label
 //! (its pod's name, learnt from the runtime config and kept until its cpus are released), the
-//! assignment events, the refusals the checkpoint keeps. Nothing here reads the tree or knows
-//! the controller.
+//! assignment events (said and counted in the metrics), the refusals the checkpoint keeps.
+//! Nothing here reads the tree or knows the controller.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,9 @@ use crate::cpuset::CpuSet;
 use crate::logging::{excerpt, SaidEvery, SaidOnce};
 use crate::planner::{AssignEvent, NodeLimits, ReleaseReason};
 use crate::state::AssignmentKey;
+use crate::topology::Topology;
+
+use super::metrics::Metrics;
 
 /// What the log said, to say each thing once (see [`SaidOnce`]), and what it needs to name
 /// pods. What is said of one cgroup and lasts as long as it does is in its record.
@@ -101,6 +104,50 @@ impl Said {
                 available: error.available(),
             });
             self.refusals_changed = true;
+        }
+    }
+
+    /// Counts each assignment event in `metrics` (`full_cores` and `topology` for kubelet's
+    /// alignment counters) and says it in the log (a failure once until it is met or its
+    /// container goes); the refusals the checkpoint keeps follow them.
+    pub(crate) fn events(
+        &mut self,
+        events: &[AssignEvent],
+        classes: &[Arc<Classification>],
+        metrics: &mut Metrics,
+        (full_cores, topology): (bool, &Topology),
+    ) {
+        self.learn_pod_names(events.iter().map(AssignEvent::key), classes);
+        // A rejected pod's reason is said once, for the pod, not again for its container.
+        let rejected: HashSet<&str> = events
+            .iter()
+            .filter(|e| matches!(e, AssignEvent::PodRejected { .. }))
+            .map(|e| e.key().pod_uid())
+            .collect();
+        for event in events {
+            let said_for_the_pod = matches!(event, AssignEvent::Failed { key, .. }
+                if rejected.contains(key.pod_uid()));
+            // A rejected pod's record is its rejection, not a refusal of its container.
+            if !said_for_the_pod {
+                self.note_refusal(event);
+            }
+            if !metrics.count_assign_event(event, full_cores, topology) || said_for_the_pod {
+                continue;
+            }
+            let key = event.key();
+            let devices = match event {
+                AssignEvent::Allocated { key, .. } => devices_of(key, classes),
+                _ => String::new(),
+            };
+            let (level, text) = describe(event);
+            log::log!(level, "{}: {text}{devices}", self.label(key));
+            if let AssignEvent::Released {
+                why: ReleaseReason::PodGone,
+                ..
+            } = event
+            {
+                self.pod_names.remove(key.pod_uid());
+            }
         }
     }
 
@@ -329,6 +376,50 @@ mod tests {
         assert_eq!(describe(&allocated).1, "allocated cpus=2-3");
         said.note_refusal(&allocated);
         assert!(said.refusals_changed && said.refused.is_empty());
+    }
+
+    #[test]
+    fn events_are_counted_and_a_rejected_pods_container_is_no_refusal_of_its_own() {
+        use crate::topology::RegularShape;
+        let topology = Topology::regular(RegularShape {
+            sockets: 1,
+            numa_nodes_per_socket: 1,
+            uncore_caches_per_numa_node: 1,
+            cores_per_uncore_cache: 4,
+            threads_per_core: 1,
+        })
+        .unwrap();
+        let (mut said, mut metrics) = (Said::default(), Metrics::default());
+        let failed = AssignEvent::Failed {
+            key: key("app"),
+            requested: 3,
+            error: AllocationError::SmtNotMultipleOfCore {
+                requested: 3,
+                cpus_per_core: 2,
+            },
+        };
+        let rejected = AssignEvent::PodRejected {
+            key: key("app"),
+            rejection: crate::state::PodRejection {
+                reason: crate::state::AdmissionReason::SmtAlignment,
+                container: "app".into(),
+                message: "not a whole number of cores".into(),
+                permanent: true,
+            },
+        };
+        let events = [rejected, failed.clone()];
+        said.events(&events, &[], &mut metrics, (true, &topology));
+        assert!(said.refused.is_empty(), "the pod's rejection is its record");
+        said.events(&[failed], &[], &mut metrics, (true, &topology));
+        assert_eq!(said.refused[&key("app")].requested, 3);
+        let allocated = AssignEvent::Allocated {
+            key: key("app"),
+            cpus: "2-3".parse().unwrap(),
+        };
+        said.events(&[allocated], &[], &mut metrics, (true, &topology));
+        assert!(said.refused.is_empty());
+        // The failure counted once (said once), the allocation once.
+        assert_eq!((metrics.pinning_requests, metrics.pinning_errors), (2, 1));
     }
 
     #[test]

@@ -2,48 +2,15 @@
 //! [`crate::agent::said`]), the metrics they count, and the event → pin latency.
 
 use super::*;
-use crate::agent::said::{describe, devices_of};
 
 impl Controller {
-    /// Counts each assignment event in the metrics and says it in the log (a failure once
-    /// until it is met or its container goes).
+    /// Counts each assignment event in the metrics and says it in the log (see
+    /// [`Said::events`]).
     pub(super) fn log_events(&mut self, events: &[AssignEvent], classes: &[Class]) {
-        self.said
-            .learn_pod_names(events.iter().map(AssignEvent::key), classes);
-        // A rejected pod's reason is said once, for the pod, not again for its container.
-        let rejected: HashSet<String> = events
-            .iter()
-            .filter(|e| matches!(e, AssignEvent::PodRejected { .. }))
-            .map(|e| e.key().pod_uid().to_string())
-            .collect();
         let policy = self.parts.policy.as_ref();
         let full_cores = policy.is_some_and(|p| p.options().full_pcpus_only);
-        let topology = &self.parts.topology;
-        for event in events {
-            let said_for_the_pod = matches!(event, AssignEvent::Failed { key, .. }
-                if rejected.contains(key.pod_uid()));
-            // A rejected pod's record is its rejection, not a refusal of its container.
-            if !said_for_the_pod {
-                self.said.note_refusal(event);
-            }
-            if !self.metrics.count_assign_event(event, full_cores, topology) || said_for_the_pod {
-                continue;
-            }
-            let key = event.key();
-            let devices = match event {
-                AssignEvent::Allocated { key, .. } => devices_of(key, classes),
-                _ => String::new(),
-            };
-            let (level, text) = describe(event);
-            log::log!(level, "{}: {text}{devices}", self.said.label(key));
-            if let AssignEvent::Released {
-                why: ReleaseReason::PodGone,
-                ..
-            } = event
-            {
-                self.said.pod_names.remove(key.pod_uid());
-            }
-        }
+        let how = (full_cores, &self.parts.topology);
+        self.said.events(events, classes, &mut self.metrics, how);
     }
 
     /// The exclusive cpus refused, by container, with kubelet's reason as the log said it.
