@@ -506,31 +506,14 @@ impl Controller {
     /// cpuset at `mkdir`, atomically with respect to the agent's writes. A runtime then finds
     /// the new cgroup set up and copies nothing: there is no window in which it copies a
     /// parent's set that the agent narrows before the copy lands (runc's `copyIfNeeded`, which
-    /// then fails with EACCES). Files that are not there (fake trees) are skipped.
+    /// then fails with EACCES). See [`crate::cgroupfs::CgroupFs::clone_children`].
     pub fn clone_cpusets_at_creation(&mut self) {
         if self.parts.hierarchy.version != CgroupVersion::V1 {
             return;
         }
-        let kubepods = self.parts.scanner.kubepods().clone();
+        let kubepods = self.parts.scanner.kubepods();
         let cpuset = &self.parts.hierarchy.cpuset;
-        let mut failed = None;
-        for path in self.model.keys() {
-            if path
-                .strip_prefix(&kubepods)
-                .is_none_or(|rel| rel.depth() > 2)
-            {
-                continue;
-            }
-            let file = InterfaceFile::CgroupCloneChildren;
-            if cpuset.read(path, file).is_ok_and(|v| v == "1") {
-                continue;
-            }
-            match cpuset.write(path, file, "1") {
-                Ok(()) => {}
-                Err(e) if e.is_gone() => {}
-                Err(e) => failed = Some(e),
-            }
-        }
+        let failed = cpuset.clone_children(kubepods, self.model.keys(), true);
         if let Some(e) = failed {
             log::warn!(
                 "{}: new cgroups start empty and their runtime copies the parent's cpuset, which \

@@ -9,6 +9,7 @@
 //! take the scan's values.
 
 mod below;
+mod clone_children;
 #[cfg(debug_assertions)]
 pub(crate) mod fake_kernel;
 mod fs;
