@@ -45,7 +45,7 @@ use crate::writer::NewChildren;
 use super::deadlines::{Burst, Deadlines};
 use super::hotplug::Hotplug;
 use super::metrics::Metrics;
-use super::model::{self, Model, Setup, SincePass};
+use super::model::{self, Model, SincePass};
 use super::said::{say_limits, Said};
 use incremental::Mode;
 
@@ -393,11 +393,7 @@ impl Controller {
             && self.last_pass.settled
             && !self.deadlines.full_pass.is_owed()
             && self.deadlines.settling.is_empty()
-            && !self.model.any_waiting()
-            && self
-                .model
-                .values()
-                .all(|e| e.class.is_some() && !matches!(e.setup, Setup::EmptySince(_)));
+            && self.model.at_rest();
         if settled {
             self.metrics.skipped_passes += 1;
             self.update_effects(true);

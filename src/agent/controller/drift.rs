@@ -41,11 +41,7 @@ impl Controller {
             outcome.writes += 1;
             self.metrics.drift_repairs += 1;
             self.since_pass.drifted.remove(&step.path);
-            if let Some(entry) = self.model.get_mut(&step.path) {
-                entry.cgroup.assume_written(step.file, &step.value);
-                // As new as the write (see `take_written`).
-                entry.updated = written_at;
-            }
+            self.model.written(step, written_at);
             self.bump();
         }
         (outcome.writes == executed.done.len()).then_some(outcome)

@@ -27,15 +27,7 @@ impl Controller {
     /// changed (see the module's documentation). `None`: a full pass is needed.
     pub(super) fn incremental_pass(&mut self, now: Instant) -> Option<PassOutcome> {
         let roots = self.chain()?;
-        let mut paths: BTreeSet<CgroupPath> = BTreeSet::new();
-        for root in &roots {
-            let mut up = root.parent();
-            while let Some(parent) = up.filter(|p| self.model.contains_key(p)) {
-                up = parent.parent();
-                paths.insert(parent);
-            }
-            paths.extend(self.model.subtree(root));
-        }
+        let paths = self.model.chains(&roots);
         let cgroups = paths.iter().filter_map(|p| self.model.get(p));
         let cgroups = cgroups.map(|e| e.cgroup.clone()).collect();
         // Nothing outside the chain is released but what went.

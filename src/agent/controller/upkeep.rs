@@ -50,24 +50,7 @@ impl Controller {
                 }
             }
         }
-        let pure_drift = self.model.get(&path).is_some_and(|e| {
-            e.cgroup.relative == cgroup.relative
-                && e.cgroup.cpu == cgroup.cpu
-                && e.cgroup.mems == cgroup.mems
-        }) && self.model.desired(&path).is_some_and(|desired| {
-            cgroup
-                .cpus
-                .configured()
-                .is_some_and(|now| now != desired && !now.is_empty())
-        });
-        if !pure_drift
-            && !self
-                .model
-                .get(&path)
-                .is_some_and(|e| e.cgroup.same_settings(&cgroup))
-        {
-            self.since_pass.structural = true;
-        }
+        self.since_pass.structural |= self.model.changes_structure(&cgroup);
         match self.model.get_mut(&path) {
             Some(entry) if entry.cgroup.same_settings(&cgroup) => {
                 // Keep the kernel's latest derived values; nothing to plan.

@@ -1,10 +1,9 @@
 //! A plan and its writes: what is urgent, what may wait, what the writes showed of the model.
 
-use super::model::for_each_entry;
 use super::*;
 use crate::cgroupfs::{CpuSettings, FileValue, Quota, ScannedCgroup};
 use crate::planner::{Known, Step};
-use crate::writer::{execute, Budget, Done, Executed, Outcome, Tally};
+use crate::writer::{execute, Done, Executed, Outcome, Tally};
 
 impl Controller {
     /// What the planner is given besides the tree.
@@ -46,7 +45,9 @@ impl Controller {
         // planner's steps for what is there.
         crate::writer::narrow_unseen(&self.parts.hierarchy, &mut executed);
         let written_at = Instant::now();
-        self.take_desired(&scan, &planned, &mode);
+        // A chain's ancestors' narrowings wait for the full pass (see `Model::take_desired`).
+        self.model
+            .take_desired(&scan, &planned.desired, |p| mode.owns(p));
         let follow_up = self.take_outcomes(&executed.done, &drifted, written_at);
         let urgent_done = executed.urgent_done.unwrap_or(written_at);
         self.track_pins(&scan, &classes, |i| {
@@ -154,26 +155,16 @@ impl Controller {
 
     /// Makes a prefix of the plan's steps: every one, or, in a full pass of an agent that
     /// watches arrivals, the urgent ones and the rest held back while cgroups arrive or until a
-    /// new arrival (see [`Budget`]). The plan's steps move into what it returns.
+    /// new arrival (see [`Deadlines::budget`]). The plan's steps move into what it returns.
     fn write(&mut self, now: Instant, scan: &Scan, planned: &mut Plan, mode: &Mode) -> Executed {
-        let bursting = self.deadlines.burst.bursting(now);
-        let overdue = self.deadlines.held_back.overdue(now);
         // Whoever drains the event channel forgets the arrivals first (the agent's loop): a token
         // still here means an event waits in the channel, even one that came while this pass
         // was planned, or before a pass no event started (a deadline's, a reconcile's).
         let arrivals = self.arrivals.clone();
         let arrived = move || arrivals.as_ref().is_some_and(Arrivals::arrived);
-        let budget = match (
-            self.arrivals.is_some() && mode.is_full(),
-            bursting && !overdue,
-        ) {
-            (false, _) => Budget::All,
-            (true, true) => Budget::UrgentOnly,
-            (true, false) => Budget::Yield {
-                after: if overdue { Burst::MIN_PROGRESS } else { 0 },
-                arrived: &arrived,
-            },
-        };
+        let watching = self.arrivals.is_some() && mode.is_full();
+        let arrived = watching.then_some(&arrived as &dyn Fn() -> bool);
+        let budget = self.deadlines.budget(now, arrived);
         self.remember_quotas(scan, planned);
         let initialised = self.model.initialised(scan, now);
         let (new_children, initialised) = match self.parts.hierarchy.version {
@@ -201,7 +192,7 @@ impl Controller {
     }
 
     /// What each step's outcome shows, in one table: a write is taken into the model (see
-    /// [`Controller::take_desired`]) and repairs drift where its cgroup drifted, a quota put
+    /// [`Model::written`]) and repairs drift where its cgroup drifted, a quota put
     /// back has nothing left to restore; a cgroup gone leaves the model (what it held is
     /// released by the next plan); a child in the way (known or below the scan's depth limit)
     /// has the cgroup re-read and planned again now, a new child a moment later; a refusal is
@@ -232,10 +223,7 @@ impl Controller {
                     if step.step == WriteStep::RestoreQuota {
                         self.parts.quota_lifted.remove(path);
                     }
-                    if let Some(entry) = self.model.get_mut(path) {
-                        entry.cgroup.assume_written(step.file, &step.value);
-                        entry.updated = written_at;
-                    }
+                    self.model.written(step, written_at);
                 }
                 Outcome::Gone => follow_up.vanished |= self.remove_subtree(path),
                 Outcome::ChildInTheWay { child, refused } => {
@@ -266,24 +254,6 @@ impl Controller {
         self.metrics.drift_repairs += repaired.len() as u64;
         self.metrics.narrowings_blocked += past_empty.len() as u64;
         follow_up
-    }
-
-    /// Each cgroup keeps the cpus the plan wants there (for drift detection and pin latency);
-    /// a chain's ancestors' narrowings wait for the full pass: until then what they hold is
-    /// what is wanted there, not drift.
-    fn take_desired(&mut self, scan: &Scan, planned: &Plan, mode: &Mode) {
-        let mut desired = planned.desired.iter();
-        for_each_entry(&mut self.model, scan, |_, entry| {
-            let wanted = &desired.next().expect("one desired set per cgroup").cpus;
-            if let Some(entry) = entry.filter(|e| e.desired != *wanted) {
-                entry.desired.clone_from(wanted);
-            }
-        });
-        for cgroup in scan.cgroups.iter().filter(|c| !mode.owns(&c.path)) {
-            if let Some(entry) = self.model.get_mut(&cgroup.path) {
-                entry.desired = entry.cgroup.cpus.configured().cloned();
-            }
-        }
     }
 
     /// The containers the metrics count, and the isolation annotations of those that ask
