@@ -34,10 +34,10 @@ use crate::classify::{
 use crate::cpuset::CpuSet;
 use crate::logging::{error_chain, SaidOnce};
 use crate::planner::{
-    entitlement, plan, AssignEvent, Entitlement, NodeLimits, Plan, PlanConfig, Pools, WriteStep,
+    plan, undecided, AssignEvent, NodeLimits, Plan, PlanConfig, Pools, WriteStep,
 };
 use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
-use crate::state::{AssignmentKey, Assignments};
+use crate::state::Assignments;
 use crate::topology::Topology;
 use crate::watcher::{Arrivals, TreeEvent};
 use crate::writer::NewChildren;

@@ -19,7 +19,7 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use super::{entitlement, Burst, CgroupKind, CgroupPath, Controller, Entitlement, PassOutcome};
+use super::{undecided, Burst, CgroupKind, CgroupPath, Controller, PassOutcome};
 pub(super) use crate::planner::chain::Mode;
 
 impl Controller {
@@ -35,9 +35,7 @@ impl Controller {
         let scan = self.scan_of(cgroups, false, gone_pods);
         let classes: Vec<_> = scan.cgroups.iter().map(|c| self.class_of(c)).collect();
         let classes = self.pod_level(&scan, classes);
-        let undecided = classes.iter().any(|c| {
-            c.kind == CgroupKind::Container && matches!(entitlement(c), Entitlement::Unknown { .. })
-        });
+        let undecided = classes.iter().any(|c| undecided(c));
         let known_limits = self.last_pass.limits.clone();
         let limits = self.node_limits();
         if undecided || known_limits.as_ref() != Some(&limits) {

@@ -133,18 +133,7 @@ impl Controller {
     /// Forgets the pin failures of containers no longer asking: neither entitled to exclusive
     /// cpus nor short of them (which may not know their entitlement but remember it).
     fn forget_met_pin_failures(&mut self, classes: &[Class], planned: &Plan) {
-        let asking: HashSet<AssignmentKey> = classes
-            .iter()
-            .filter(|c| c.exclusive_cpus() > 0)
-            .filter_map(|c| c.assignment_key())
-            .chain(
-                planned
-                    .assignments
-                    .iter()
-                    .filter(|(_, a)| a.wanted.is_some())
-                    .map(|(k, _)| k.clone()),
-            )
-            .collect();
+        let asking = planned.asking(classes);
         self.metrics.retain_pin_failures(|k| asking.contains(k));
         let before = self.said.refused.len();
         self.said.refused.retain(|k, _| asking.contains(k));
@@ -304,14 +293,7 @@ impl Controller {
         let reserved = self.parts.policy.as_ref().map(|p| p.reserved());
         self.metrics
             .record_pass(&planned, &report, &self.parts.topology, reserved, classes);
-        let unmet = planned.events.iter().any(|e| {
-            matches!(
-                e,
-                AssignEvent::Failed { .. }
-                    | AssignEvent::Short { .. }
-                    | AssignEvent::PodRejected { .. }
-            )
-        });
+        let unmet = planned.unmet();
         let settled = report.all_written() && !unmet;
         // Only a full pass says the whole tree is settled; an incremental one can only say it
         // is not (a write a full pass could not make is retried by the next reconcile).
@@ -321,18 +303,9 @@ impl Controller {
             self.last_pass.steady = false;
         }
         if mode.is_full() {
-            let shared = planned.pools.as_ref().map(|p| &p.shared);
-            self.last_pass.shared_members = planned
-                .desired
-                .iter()
-                .filter(|d| d.cpus_to_write().is_some() && d.cpus.as_ref() == shared)
-                .count();
-            self.last_pass.steady = self.model.complete
-                && !unmet
-                && classes.iter().all(|c| {
-                    c.kind != CgroupKind::Container
-                        || !matches!(entitlement(c), Entitlement::Unknown { .. })
-                });
+            self.last_pass.shared_members = planned.shared_members();
+            let decided = !classes.iter().any(|c| undecided(c));
+            self.last_pass.steady = self.model.complete && !unmet && decided;
         }
         self.parts.assignments = planned.assignments;
         // The pods' names go into the checkpoint with their pins (for the log after a restart).
