@@ -51,7 +51,6 @@ use incremental::Mode;
 
 mod classes;
 mod drift;
-mod events;
 mod incremental;
 mod isolation;
 mod projection;
@@ -228,14 +227,8 @@ impl Controller {
         let Some(change) = hotplug.check(&self.parts.topology, self.parts.policy.as_ref()) else {
             return false;
         };
-        change.say(self.parts.policy.as_ref());
-        self.metrics.cpus_offlined += change.offline.len() as u64;
-        self.metrics.cpus_onlined += change.online.len() as u64;
-        self.metrics.online_cpus = change.topology.all_cpus().len() as u64;
-        self.parts.topology = change.topology;
-        if change.policy.is_some() {
-            self.parts.policy = change.policy;
-        }
+        let parts = &mut self.parts;
+        change.take(&mut parts.topology, &mut parts.policy, &mut self.metrics);
         self.since_pass.structural = true;
         self.bump();
         true
@@ -262,6 +255,11 @@ impl Controller {
     /// How many containers' runtime configs are cached (those in the tree).
     pub fn cached_runtime_configs(&self) -> usize {
         self.parts.runtime.cached()
+    }
+
+    /// The exclusive cpus refused, by container, with kubelet's reason as the log said it.
+    pub fn refusals(&self) -> &crate::state::Refusals {
+        &self.said.refused
     }
 
     pub fn policy(&self) -> Option<&StaticPolicy> {
@@ -408,14 +406,7 @@ impl Controller {
     /// Applies one watcher event to the model. Returns whether the model changed.
     pub fn apply_event(&mut self, event: TreeEvent, now: Instant) -> Result<bool, CgroupError> {
         match event {
-            TreeEvent::Created { cgroup } => {
-                let scan = self.parts.scanner.scan_subtree(&cgroup);
-                let mut changed = false;
-                for c in scan.cgroups {
-                    changed |= self.upsert(c, now);
-                }
-                Ok(changed)
-            }
+            TreeEvent::Created { cgroup } => Ok(self.rescan_subtree(&cgroup, now)),
             TreeEvent::Removed { cgroup } => Ok(self.removed(&cgroup)),
             // Only the named file's group is re-read (see `Scanner::refresh`).
             TreeEvent::Modified { cgroup, file } => {
@@ -469,9 +460,7 @@ impl Controller {
         let mut outcome = PassOutcome::default();
         for replan in 1..=MAX_REPLANS {
             let (this, follow_up) = self.pass_once(now);
-            outcome.assignments_changed |= this.assignments_changed;
-            outcome.writes += this.writes;
-            outcome.failed_writes = this.failed_writes;
+            outcome = outcome.then(this);
             let mut settling = follow_up.settling;
             let again = !follow_up.stale.is_empty() || follow_up.vanished;
             let last = replan == MAX_REPLANS;

@@ -555,7 +555,8 @@ impl Scanner {
         }
     }
 
-    fn empty_scan(&self) -> Scan {
+    /// A scan that saw nothing (of this scanner's tree).
+    pub fn empty_scan(&self) -> Scan {
         Scan {
             version: self.hierarchy.version,
             kubepods: self.kubepods.clone(),

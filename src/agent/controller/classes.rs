@@ -136,13 +136,4 @@ impl Controller {
             _ => None,
         }
     }
-
-    /// Containers whose CPU settings are not readable yet get a few bounded re-reads (a full
-    /// pass's `scan` is the whole model): see [`Model::track_settings`].
-    pub(super) fn track_settings_wait(&mut self, scan: &Scan, classes: &[Class], now: Instant) {
-        let waiting = classes
-            .iter()
-            .map(|class| class.kind == CgroupKind::Container && model::waits_for_settings(class));
-        self.deadlines.settings = self.model.track_settings(scan, waiting, now);
-    }
 }

@@ -140,11 +140,13 @@ impl Controller {
         }
     }
 
-    /// Reads a subtree again into the model.
-    pub(super) fn rescan_subtree(&mut self, root: &CgroupPath, now: Instant) {
+    /// Reads a subtree again into the model; whether the model changed.
+    pub(super) fn rescan_subtree(&mut self, root: &CgroupPath, now: Instant) -> bool {
+        let mut changed = false;
         for cgroup in self.parts.scanner.scan_subtree(root).cgroups {
-            self.upsert(cgroup, now);
+            changed |= self.upsert(cgroup, now);
         }
+        changed
     }
 
     /// The whole model as a scan (what a full pass plans).
@@ -162,14 +164,11 @@ impl Controller {
         gone_pods: std::collections::BTreeSet<String>,
     ) -> Scan {
         Scan {
-            version: self.parts.hierarchy.version,
-            kubepods: self.parts.scanner.kubepods().clone(),
-            inherits: self.parts.scanner.inherits(),
             cgroups,
-            skipped: Vec::new(),
             complete,
             truncated: !self.model.complete,
             gone_pods,
+            ..self.parts.scanner.empty_scan()
         }
     }
 }

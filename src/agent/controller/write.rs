@@ -1,4 +1,5 @@
-//! A plan and its writes: what is urgent, what may wait, what the writes showed of the model.
+//! A plan and its writes: what is urgent, what may wait, what the writes showed of the model,
+//! and what the pass tells (its events said and counted, the event → pin latency).
 
 use super::*;
 use crate::cgroupfs::{CpuSettings, FileValue, Quota, ScannedCgroup};
@@ -50,15 +51,20 @@ impl Controller {
             .take_desired(&scan, &planned.desired, |p| mode.owns(p));
         let follow_up = self.take_outcomes(&executed.done, &drifted, written_at);
         let urgent_done = executed.urgent_done.unwrap_or(written_at);
-        self.track_pins(&scan, &classes, |i| {
-            if urgent.get(i) == Some(&true) {
-                urgent_done
-            } else {
-                written_at
-            }
-        });
+        // Event → pin latency of the new containers' pins that landed.
+        let pinned_at = |i| match urgent.get(i) {
+            Some(true) => urgent_done,
+            _ => written_at,
+        };
+        let metrics = &mut self.metrics;
+        let record = |latency| metrics.event_to_pin.record(latency);
+        self.model.time_pins(&scan, &classes, pinned_at, record);
         if mode.is_full() {
-            self.track_settings_wait(&scan, &classes, now);
+            // Containers whose CPU settings are not readable yet: a few bounded re-reads.
+            let waiting = classes
+                .iter()
+                .map(|c| c.kind == CgroupKind::Container && model::waits_for_settings(c));
+            self.deadlines.settings = self.model.track_settings(&scan, waiting, now);
         }
         self.count_containers(&scan, &classes, &mode);
         let mut outcome = self.record_pass(planned, &executed, &classes, &mode);
@@ -128,6 +134,15 @@ impl Controller {
                 planned.writes.push(step);
             }
         }
+    }
+
+    /// Counts each assignment event in the metrics and says it in the log (see
+    /// [`Said::events`]).
+    fn log_events(&mut self, events: &[AssignEvent], classes: &[Class]) {
+        let policy = self.parts.policy.as_ref();
+        let full_cores = policy.is_some_and(|p| p.options().full_pcpus_only);
+        let how = (full_cores, &self.parts.topology);
+        self.said.events(events, classes, &mut self.metrics, how);
     }
 
     /// Forgets the pin failures of containers no longer asking: neither entitled to exclusive
