@@ -29,10 +29,9 @@ use crate::checkpoint::adopt::KubeletPins;
 use crate::checkpoint::kubelet_state::KubeletState;
 use crate::classify::{
     classify, classify_scan_one, config_matches_cgroup, CgroupKind, CgroupNaming, Classification,
-    Notice,
 };
 use crate::cpuset::CpuSet;
-use crate::logging::{error_chain, SaidOnce};
+use crate::logging::error_chain;
 use crate::planner::{
     plan, undecided, AssignEvent, NodeLimits, Plan, PlanConfig, Pools, WriteStep,
 };

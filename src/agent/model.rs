@@ -484,6 +484,28 @@ impl Model {
         classes.filter_map(|c| c.pod_uid.clone()).collect()
     }
 
+    /// Indexes the isolation annotations of `scan`'s containers that ask for some (`classes`
+    /// are `scan`'s); `all`: the scan is the whole model (the index is built again).
+    pub(crate) fn index_isolated(
+        &mut self,
+        scan: &Scan,
+        classes: &[Arc<Classification>],
+        all: bool,
+    ) {
+        if all {
+            self.isolated.clear();
+        }
+        for (class, cgroup) in classes.iter().zip(&scan.cgroups) {
+            if class.kind != CgroupKind::Container || !class.isolation.any() {
+                continue;
+            }
+            if let Some(key) = class.assignment_key() {
+                let isolated = (class.isolation, cgroup.path.clone());
+                self.isolated.insert(key, isolated);
+            }
+        }
+    }
+
     /// The chains of `roots`: each root's subtree and its ancestors in the model.
     pub(crate) fn chains(&self, roots: &[CgroupPath]) -> BTreeSet<CgroupPath> {
         let mut paths = BTreeSet::new();

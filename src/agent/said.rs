@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cgroupfs::CgroupPath;
-use crate::classify::Classification;
+use crate::classify::{Classification, Notice};
 use crate::cpuset::CpuSet;
 use crate::logging::{excerpt, SaidEvery, SaidOnce};
 use crate::planner::{AssignEvent, NodeLimits, ReleaseReason};
@@ -151,6 +151,16 @@ impl Said {
         }
     }
 
+    /// Says once that `cgroup` cannot be read (it is not gone).
+    pub(crate) fn say_unreadable(&mut self, cgroup: &CgroupPath) {
+        if self.unreadable.first(cgroup.clone()) {
+            log::warn!(
+                "cg={cgroup} cannot be read (not gone): what it holds stays its own; make it \
+                 readable by root without capabilities (the unit has none)"
+            );
+        }
+    }
+
     /// Says the watcher lost track (`reason`) and the tree is scanned again: at most once a
     /// minute, with how many were not said since.
     pub(crate) fn rescan(&mut self, reason: impl std::fmt::Display, now: Instant) {
@@ -166,6 +176,26 @@ impl Said {
             None => log::debug!("watcher lost track ({reason}): rescanning the whole tree"),
         }
     }
+}
+
+/// Says what classification noticed about a cgroup (an ignored annotation value, a pod uid
+/// in the runtime config that differs from the path, a limit that differs from the request
+/// …), each notice once while it lasts: called when its classification is cached, which is
+/// again only when its CPU settings change.
+pub(crate) fn say_notices(path: &CgroupPath, class: &Classification, said: &mut SaidOnce<Notice>) {
+    for notice in said.only(class.notices.iter().cloned()) {
+        log::warn!("cg={path}: {notice}");
+    }
+}
+
+/// Says that a container was resized in place, and the request now read from its cgroup.
+pub(crate) fn say_resized(path: &CgroupPath, class: &Classification) {
+    let request = class.resources.map(|r| r.request.to_string());
+    log::info!(
+        "cg={path} cpu settings differ from the runtime config (resized in place): request {} \
+         from the cgroup",
+        request.as_deref().unwrap_or("unknown")
+    );
 }
 
 /// ` devices=…` with the devices of the container holding `key` and their NUMA nodes (the
@@ -420,6 +450,17 @@ mod tests {
         assert!(said.refused.is_empty());
         // The failure counted once (said once), the allocation once.
         assert_eq!((metrics.pinning_requests, metrics.pinning_errors), (2, 1));
+    }
+
+    #[test]
+    fn an_unreadable_cgroup_is_said_once_until_forgotten() {
+        let mut said = Said::default();
+        let cgroup = CgroupPath::new("kubepods/pod1").unwrap();
+        said.say_unreadable(&cgroup);
+        assert!(!said.unreadable.first(cgroup.clone()), "said already");
+        said.unreadable.forget(&cgroup);
+        said.say_unreadable(&cgroup);
+        assert!(!said.unreadable.first(cgroup));
     }
 
     #[test]

@@ -103,19 +103,10 @@ impl Controller {
         if !eligible {
             return None;
         }
-        let mut roots: BTreeSet<CgroupPath> = BTreeSet::new();
-        let touched = self.since_pass.touched.iter();
-        for path in self
-            .since_pass
-            .new
-            .iter()
-            .chain(touched)
-            .cloned()
-            .collect::<Vec<_>>()
-        {
-            roots.insert(self.pod_of(&path)?);
-        }
-        Some(roots.into_iter().collect())
+        let since = &self.since_pass;
+        let changed: Vec<_> = since.new.iter().chain(&since.touched).cloned().collect();
+        let roots: Option<BTreeSet<_>> = changed.iter().map(|p| self.pod_of(p)).collect();
+        Some(roots?.into_iter().collect())
     }
 
     /// A cgroup the watcher saw go (see [`crate::agent::model::SincePass::removed`]). Returns whether the model

@@ -85,12 +85,7 @@ impl Controller {
         if self.parts.hierarchy.cpuset.is_gone(root) {
             return self.removed(root);
         }
-        if self.said.unreadable.first(root.clone()) {
-            log::warn!(
-                "cg={root} cannot be read (not gone): what it holds stays its own; make it \
-                 readable by root without capabilities (the unit has none)"
-            );
-        }
+        self.said.say_unreadable(root);
         false
     }
 

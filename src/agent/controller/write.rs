@@ -273,20 +273,10 @@ impl Controller {
             .count() as u64;
         if mode.is_full() {
             self.metrics.containers = containers;
-            self.model.isolated.clear();
         } else {
             self.metrics.containers += containers;
         }
-        for (class, cgroup) in classes.iter().zip(&scan.cgroups) {
-            if class.kind != CgroupKind::Container || !class.isolation.any() {
-                continue;
-            }
-            if let Some(key) = class.assignment_key() {
-                self.model
-                    .isolated
-                    .insert(key, (class.isolation, cgroup.path.clone()));
-            }
-        }
+        self.model.index_isolated(scan, classes, mode.is_full());
     }
 
     /// The pass's assignments and pools become the controller's; what the next pass may
