@@ -211,7 +211,7 @@ impl std::fmt::Debug for Budget<'_> {
 /// held a narrowing up, the planner's steps for them ([`narrow_unseen`]), then the narrowings
 /// they held up once more (whose outcomes replace the first ones).
 pub fn apply(hierarchy: &Hierarchy, plan: WritePlan, known: &Known<'_>) -> Executed {
-    let mut executed = execute(hierarchy, plan, known, NewChildren::NarrowNow, Budget::All);
+    let mut executed = execute_all(hierarchy, plan, known);
     // The narrowings held up, and those above them that waited for them.
     let mut held_up = PathFiles::default();
     for root in executed.with(|o| matches!(o, Outcome::UnseenInTheWay { .. })) {
@@ -225,13 +225,7 @@ pub fn apply(hierarchy: &Hierarchy, plan: WritePlan, known: &Known<'_>) -> Execu
             && held_up.contains(d.step.path.as_bytes(), d.step.file)
     });
     let again: Vec<Step> = again.into_iter().map(|d| d.step).collect();
-    let again = execute(
-        hierarchy,
-        again.into(),
-        known,
-        NewChildren::NarrowNow,
-        Budget::All,
-    );
+    let again = execute_all(hierarchy, again.into(), known);
     executed.done = done;
     executed.done.extend(again.done);
     executed
@@ -251,18 +245,17 @@ pub fn narrow_unseen(hierarchy: &Hierarchy, executed: &mut Executed) -> bool {
             plan.extend(crate::planner::order::narrow_unseen(step, found));
         }
     }
-    let more = execute(
-        hierarchy,
-        plan,
-        &Known::nothing(),
-        NewChildren::NarrowNow,
-        Budget::All,
-    );
+    let more = execute_all(hierarchy, plan, &Known::nothing());
     executed.done.extend(more.done);
     executed
         .done
         .iter()
         .any(|d| matches!(d.outcome, Outcome::UnseenInTheWay { .. }))
+}
+
+/// Executes every step of `plan`, made from the tree `known` describes, narrowing now.
+pub fn execute_all(hierarchy: &Hierarchy, plan: WritePlan, known: &Known<'_>) -> Executed {
+    execute(hierarchy, plan, known, NewChildren::NarrowNow, Budget::All)
 }
 
 /// Executes a prefix of `plan`, made from the tree `known` describes, within `budget`.

@@ -173,23 +173,13 @@ impl Controller {
     pub fn new(parts: ControllerParts) -> Self {
         let mut metrics = Metrics::default();
         metrics.online_cpus = parts.topology.all_cpus().len() as u64;
-        // Names of pods holding pins, from the checkpoint: a pod gone while the agent was down
-        // is still named when its cpus are released.
-        let pod_names = parts
-            .assignments
-            .pod_names()
-            .map(|(uid, name)| (uid.to_string(), name.to_string()))
-            .collect();
         Controller {
+            said: Said::knowing(&parts.assignments),
             parts,
             model: Model::default(),
             since_pass: SincePass::start(),
             last_pass: LastPass::default(),
             deadlines: Deadlines::default(),
-            said: Said {
-                pod_names,
-                ..Said::default()
-            },
             arrivals: None,
             model_changed: true,
             hotplug: None,
@@ -283,10 +273,12 @@ impl Controller {
     /// model's containers, the assignments and the allocatable cpus (online minus reserved;
     /// none under the `none` policy, as kubelet).
     pub fn pod_resources(&self) -> crate::podresources::PodResourcesSnapshot {
-        let allocatable = self.parts.policy.as_ref().map(|p| {
-            let all = self.parts.topology.all_cpus();
-            all.difference(p.reserved())
-        });
+        let all = self.parts.topology.all_cpus();
+        let allocatable = self
+            .parts
+            .policy
+            .as_ref()
+            .map(|p| all.difference(p.reserved()));
         crate::podresources::snapshot(
             self.model.values().filter_map(|e| e.class.as_deref()),
             &self.parts.assignments,

@@ -36,6 +36,17 @@ pub(crate) struct Said {
 }
 
 impl Said {
+    /// Knowing the names of the pods holding pins in `assignments` (from the checkpoint): a
+    /// pod gone while the agent was down is still named when its cpus are released.
+    pub(crate) fn knowing(assignments: &crate::state::Assignments) -> Said {
+        let names = assignments.pod_names();
+        let pod_names = names.map(|(uid, name)| (uid.to_string(), name.to_string()));
+        Said {
+            pod_names: pod_names.collect(),
+            ..Said::default()
+        }
+    }
+
     /// How the log names a container: `namespace/pod/container (pod<uid>/…)` once the runtime
     /// has named its pod, else the key alone.
     pub(crate) fn label(&self, key: &AssignmentKey) -> String {

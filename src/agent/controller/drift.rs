@@ -25,15 +25,11 @@ impl Controller {
         {
             return None;
         }
-        let mut repairs = Vec::with_capacity(self.since_pass.drifted.len());
-        for path in &self.since_pass.drifted {
-            repairs.push((path.clone(), self.model.desired(path)?.clone()));
-        }
-        let plan = crate::planner::order::repairs(repairs);
+        let drifted = self.since_pass.drifted.iter();
+        let repairs = drifted.map(|p| Some((p.clone(), self.model.desired(p)?.clone())));
+        let plan = crate::planner::order::repairs(repairs.collect::<Option<Vec<_>>>()?);
         let known = crate::planner::Known::nothing();
-        let (new_children, budget) = (NewChildren::NarrowNow, crate::writer::Budget::All);
-        let executed =
-            crate::writer::execute(&self.parts.hierarchy, plan, &known, new_children, budget);
+        let executed = crate::writer::execute_all(&self.parts.hierarchy, plan, &known);
         self.metrics.writes_issued += executed.done.len() as u64;
         let written_at = Instant::now();
         let mut outcome = PassOutcome::default();
