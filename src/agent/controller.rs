@@ -320,13 +320,11 @@ impl Controller {
     /// whether a pass is needed.
     pub fn on_deadlines(&mut self, now: Instant) -> bool {
         self.deadlines.settings = None;
-        let mut changed = false;
-        if self.deadlines.held_back.is_due(now) || self.deadlines.full_pass.is_due(now) {
-            // Held-back writes, or the shared pool's members after incremental passes: a
-            // full pass (after the pins of pods that arrived meanwhile, see `pass`), which
-            // pays them or owes them again.
-            changed = true;
-        }
+        // Held-back writes, or the shared pool's members after incremental passes: a full pass
+        // (after the pins of pods that arrived meanwhile, see `pass`), which pays them or owes
+        // them again.
+        let due = &self.deadlines;
+        let mut changed = due.held_back.is_due(now) || due.full_pass.is_due(now);
         if let Some(roots) = self.deadlines.settling.take_due(now) {
             for root in roots {
                 self.rescan_subtree(&root, now);
@@ -334,10 +332,10 @@ impl Controller {
             changed = true;
         }
         changed |= self.resume_fights(now);
-        for path in self.model.waiting() {
-            changed |= self.reread(&path, now);
-        }
-        changed
+        let waiting = self.model.waiting();
+        waiting
+            .iter()
+            .fold(changed, |changed, p| self.reread(p, now) | changed)
     }
 
     /// Adopts the pins kubelet's checkpoint names where the live tree agrees and the
@@ -515,10 +513,9 @@ impl Controller {
     fn node_limits(&mut self) -> NodeLimits {
         let (cpus, mems) = self.parts.scanner.kubepods_parent_limits();
         let limits = NodeLimits { cpus, mems };
-        if self.last_pass.limits.as_ref() != Some(&limits) {
-            let last = self.last_pass.limits.as_ref();
-            say_limits(last, &limits, self.parts.topology.all_cpus());
-            self.last_pass.limits = Some(limits.clone());
+        let last = self.last_pass.limits.replace(limits.clone());
+        if last.as_ref() != Some(&limits) {
+            say_limits(last.as_ref(), &limits, self.parts.topology.all_cpus());
         }
         limits
     }

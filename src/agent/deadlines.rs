@@ -207,6 +207,18 @@ impl Deadlines {
         .min()
     }
 
+    /// A pass held back `n` writes at `now`: they are owed, made once cgroups stop arriving,
+    /// or at the limit. A full pass (`full`) that held nothing back paid them (an incremental
+    /// pass holds nothing back, and leaves what a full one held back to that one's flush).
+    pub(crate) fn held_back_writes(&mut self, now: Instant, n: usize, full: bool) {
+        if n > 0 {
+            let quiet = self.burst.quiet_at(now);
+            self.held_back.owe(now, quiet);
+        } else if full {
+            self.held_back.paid();
+        }
+    }
+
     /// How much of a full pass's plan to make at `now`, for an agent that watches arrivals
     /// (`arrived`: whether something new arrived; `None`: every step, in plan order): during a
     /// burst the urgent steps only, the rest held back; after it the rest too, until something
@@ -247,9 +259,15 @@ mod tests {
         deadlines.burst.arrived(t0);
         let during = deadlines.budget(t0, Some(arrived));
         assert!(matches!(during, Budget::UrgentOnly));
-        deadlines.held_back.owe(t0, t0 + Burst::QUIET);
+        deadlines.held_back_writes(t0, 3, false);
+        assert_eq!(deadlines.held_back.due(), Some(t0 + Burst::QUIET));
         let overdue = deadlines.budget(t0 + Burst::LIMIT, Some(arrived));
         assert_eq!(yields(overdue), Some(Burst::MIN_PROGRESS));
+        // An incremental pass that held nothing back pays nothing; a full one pays them.
+        deadlines.held_back_writes(t0, 0, false);
+        assert!(deadlines.held_back.is_owed());
+        deadlines.held_back_writes(t0, 0, true);
+        assert!(!deadlines.held_back.is_owed());
     }
 
     #[test]

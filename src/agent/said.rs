@@ -162,6 +162,13 @@ impl Said {
         }
     }
 
+    /// Forgets the refusals of the containers `keep` does not keep (no longer asking).
+    pub(crate) fn forget_refusals(&mut self, keep: impl Fn(&AssignmentKey) -> bool) {
+        let before = self.refused.len();
+        self.refused.retain(|k, _| keep(k));
+        self.refusals_changed |= self.refused.len() != before;
+    }
+
     /// Says once that `cgroup` cannot be read (it is not gone).
     pub(crate) fn say_unreadable(&mut self, cgroup: &CgroupPath) {
         if self.unreadable.first(cgroup.clone()) {
@@ -416,6 +423,10 @@ mod tests {
         };
         assert_eq!(describe(&allocated).1, "allocated cpus=2-3");
         said.note_refusal(&allocated);
+        assert!(std::mem::take(&mut said.refusals_changed) && said.refused.is_empty());
+        said.note_refusal(&failed(3));
+        said.refusals_changed = false;
+        said.forget_refusals(|k| *k != key("app"));
         assert!(said.refusals_changed && said.refused.is_empty());
     }
 

@@ -43,22 +43,27 @@ impl Controller {
         (outcome.writes == executed.done.len()).then_some(outcome)
     }
 
-    /// Records a foreign change of `path`'s `cpuset.cpus`; whether its repair must wait (see
-    /// [`Fight::drift`]: a fight is counted, and its repair's deadline kept).
-    pub(super) fn hold_off_drift(&mut self, path: &CgroupPath, now: Instant) -> bool {
-        let Some(entry) = self.model.get_mut(path) else {
-            return false;
+    /// Records a foreign change of `cgroup`'s `cpuset.cpus` (read at `now`) as a drift of its
+    /// record (see [`Fight::drift`]: a fight is counted, and its repair's deadline kept). A
+    /// cgroup someone keeps rewriting is repaired at a backed-off pace: meanwhile its foreign
+    /// value is not taken into the model (`cgroup` gets the record's), so no pass rewrites it.
+    pub(super) fn hold_off_drift(&mut self, cgroup: &mut ScannedCgroup, now: Instant) {
+        let Some(entry) = self.model.get_mut(&cgroup.path) else {
+            return;
         };
+        let (Some(desired), Some(cpus)) = (&entry.desired, cgroup.cpus.configured()) else {
+            return;
+        };
+        if desired == cpus || cpus.is_empty() {
+            return;
+        }
         let fight = entry.fight.get_or_insert_with(|| Box::new(Fight::new(now)));
-        match fight.drift(path, now) {
-            Drift::Repair => false,
-            Drift::FightStarts => {
-                self.metrics.drift_fights += 1;
-                false
-            }
+        match fight.drift(&cgroup.path, now) {
+            Drift::Repair => {}
+            Drift::FightStarts => self.metrics.drift_fights += 1,
             Drift::Wait(until) => {
                 self.deadlines.fight = Some(self.deadlines.fight.map_or(until, |t| t.min(until)));
-                true
+                cgroup.cpus = entry.cgroup.cpus.clone();
             }
         }
     }
@@ -72,10 +77,7 @@ impl Controller {
         }
         let (due, next) = self.model.due_fights(now);
         self.deadlines.fight = next;
-        let mut changed = false;
-        for path in due {
-            changed |= self.reread(&path, now);
-        }
-        changed
+        due.iter()
+            .fold(false, |changed, p| self.reread(p, now) | changed)
     }
 }

@@ -27,12 +27,11 @@ impl Controller {
     /// changed (see the module's documentation). `None`: a full pass is needed.
     pub(super) fn incremental_pass(&mut self, now: Instant) -> Option<PassOutcome> {
         let roots = self.chain()?;
-        let paths = self.model.chains(&roots);
-        let cgroups = paths.iter().filter_map(|p| self.model.get(p));
-        let cgroups = cgroups.map(|e| e.cgroup.clone()).collect();
+        let chains = self.model.chains(&roots).into_iter();
+        let cgroups = chains.filter_map(|p| Some(self.model.get(&p)?.cgroup.clone()));
         // Nothing outside the chain is released but what went.
         let gone_pods = std::mem::take(&mut self.since_pass.gone_pods);
-        let scan = self.scan_of(cgroups, false, gone_pods);
+        let scan = self.scan_of(cgroups.collect(), false, gone_pods);
         let classes: Vec<_> = scan.cgroups.iter().map(|c| self.class_of(c)).collect();
         let classes = self.pod_level(&scan, classes);
         let undecided = classes.iter().any(|c| undecided(c));

@@ -40,16 +40,7 @@ impl Controller {
     /// tracked for the event-to-pin latency from `now`.
     pub(super) fn upsert(&mut self, mut cgroup: ScannedCgroup, now: Instant) -> bool {
         let path = cgroup.path.clone();
-        // A cgroup someone keeps rewriting is repaired at a backed-off pace: meanwhile its
-        // foreign value is not taken into the model (so no pass rewrites it either).
-        let desired = self.model.desired(&path);
-        if let (Some(desired), Some(now_cpus)) = (desired, cgroup.cpus.configured()) {
-            if desired != now_cpus && !now_cpus.is_empty() && self.hold_off_drift(&path, now) {
-                if let Some(entry) = self.model.get(&path) {
-                    cgroup.cpus = entry.cgroup.cpus.clone();
-                }
-            }
-        }
+        self.hold_off_drift(&mut cgroup, now);
         self.since_pass.structural |= self.model.changes_structure(&cgroup);
         match self.model.get_mut(&path) {
             Some(entry) if entry.cgroup.same_settings(&cgroup) => {

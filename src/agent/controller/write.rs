@@ -150,9 +150,7 @@ impl Controller {
     fn forget_met_pin_failures(&mut self, classes: &[Class], planned: &Plan) {
         let asking = planned.asking(classes);
         self.metrics.retain_pin_failures(|k| asking.contains(k));
-        let before = self.said.refused.len();
-        self.said.refused.retain(|k, _| asking.contains(k));
-        self.said.refusals_changed |= self.said.refused.len() != before;
+        self.said.forget_refusals(|k| asking.contains(k));
         self.metrics
             .retain_pod_rejections(|uid| planned.assignments.rejection(uid).is_some());
     }
@@ -178,21 +176,11 @@ impl Controller {
         let known = Known::new(scan, &planned.parents, initialised);
         let plan = std::mem::take(&mut planned.writes);
         let executed = execute(&self.parts.hierarchy, plan, &known, new_children, budget);
-        self.owe_held_back(now, executed.tally().held_back, mode);
+        let held_back = executed.tally().held_back;
+        self.deadlines
+            .held_back_writes(now, held_back, mode.is_full());
+        self.metrics.writes_held_back += held_back as u64;
         executed
-    }
-
-    /// Writes held back are owed: made once cgroups stop arriving, or at the limit. A full
-    /// pass that held nothing back paid them (an incremental pass holds nothing back, and
-    /// leaves what a full one held back to that one's flush).
-    fn owe_held_back(&mut self, now: Instant, held_back: usize, mode: &Mode) {
-        if held_back > 0 {
-            let quiet = self.deadlines.burst.quiet_at(now);
-            self.deadlines.held_back.owe(now, quiet);
-            self.metrics.writes_held_back += held_back as u64;
-        } else if mode.is_full() {
-            self.deadlines.held_back.paid();
-        }
     }
 
     /// What each step's outcome shows, in one table: a write is taken into the model (see
