@@ -17,6 +17,10 @@ use crate::topology::Topology;
 
 use super::metrics::Metrics;
 
+/// The log target of what the controller's passes say, wherever the wording lives here (the
+/// demo and `RUST_LOG` filters select the controller's lines by it).
+pub(crate) const CONTROLLER: &str = "cpusetd::agent::controller";
+
 /// What the log said, to say each thing once (see [`SaidOnce`]), and what it needs to name
 /// pods. What is said of one cgroup and lasts as long as it does is in its record.
 #[derive(Debug, Default)]
@@ -151,7 +155,7 @@ impl Said {
                 _ => String::new(),
             };
             let (level, text) = describe(event);
-            log::log!(level, "{}: {text}{devices}", self.label(key));
+            log::log!(target: CONTROLLER, level, "{}: {text}{devices}", self.label(key));
             if let AssignEvent::Released {
                 why: ReleaseReason::PodGone,
                 ..
@@ -173,6 +177,7 @@ impl Said {
     pub(crate) fn say_unreadable(&mut self, cgroup: &CgroupPath) {
         if self.unreadable.first(cgroup.clone()) {
             log::warn!(
+                target: CONTROLLER,
                 "cg={cgroup} cannot be read (not gone): what it holds stays its own; make it \
                  readable by root without capabilities (the unit has none)"
             );
@@ -202,7 +207,7 @@ impl Said {
 /// again only when its CPU settings change.
 pub(crate) fn say_notices(path: &CgroupPath, class: &Classification, said: &mut SaidOnce<Notice>) {
     for notice in said.only(class.notices.iter().cloned()) {
-        log::warn!("cg={path}: {notice}");
+        log::warn!(target: CONTROLLER, "cg={path}: {notice}");
     }
 }
 
@@ -210,6 +215,7 @@ pub(crate) fn say_notices(path: &CgroupPath, class: &Classification, said: &mut 
 pub(crate) fn say_resized(path: &CgroupPath, class: &Classification) {
     let request = class.resources.map(|r| r.request.to_string());
     log::info!(
+        target: CONTROLLER,
         "cg={path} cpu settings differ from the runtime config (resized in place): request {} \
          from the cgroup",
         request.as_deref().unwrap_or("unknown")

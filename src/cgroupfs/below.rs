@@ -74,6 +74,7 @@ impl CgroupFs {
         while let Some(dir) = stack.pop() {
             if found.len() >= MAX_UNSEEN {
                 log::warn!(
+                    target: "cpusetd::writer",
                     "cg={root}: more than {MAX_UNSEEN} cgroups below it; the rest stay as they are"
                 );
                 break;

@@ -2,6 +2,7 @@
 //! errno, not once per pass (every pass tries again).
 
 use super::Metrics;
+use crate::agent::said::CONTROLLER;
 use crate::cgroupfs::{CgroupError, CgroupPath, InterfaceFile};
 use crate::logging::error_chain;
 use crate::planner::Step;
@@ -19,10 +20,12 @@ impl Metrics {
             let errno = error.errno().unwrap_or(0);
             *self.write_retries.entry(errno).or_default() += 1;
             if self.first_failure(&step.path, step.file, errno) {
-                log::info!("{} (a child holds more: re-planning)", error_chain(error));
+                let error = error_chain(error);
+                log::info!(target: CONTROLLER, "{error} (a child holds more: re-planning)");
             }
         } else if let Some(child) = child {
             log::debug!(
+                target: CONTROLLER,
                 "cg={} not narrowed yet: {child}, which this pass did not plan, holds more",
                 step.path
             );
@@ -49,19 +52,21 @@ impl Metrics {
         let fix = "writable by root without capabilities (chown it to root)";
         match (parent, past) {
             (_, Some(parent)) => log::warn!(
+                target: CONTROLLER,
                 "{}: cg={path} is empty, so no task runs in it and its parent {parent} is \
                  narrowed past it; make it {fix} or remove it; retried at each reconcile",
                 error_chain(error),
             ),
             (Some(parent), None) => {
-                log::warn!("{}", error_chain(error));
+                log::warn!(target: CONTROLLER, "{}", error_chain(error));
                 log::warn!(
+                    target: CONTROLLER,
                     "cg={parent} cannot be narrowed while its child {path} holds more and \
                      cannot be written: make {path} {fix} or remove it if it is empty; retried \
                      at each reconcile"
                 );
             }
-            (None, None) => log::warn!("{}", error_chain(error)),
+            (None, None) => log::warn!(target: CONTROLLER, "{}", error_chain(error)),
         }
     }
 }
