@@ -466,7 +466,7 @@ impl Model {
             let now = cgroup.cpus.configured();
             now.is_some_and(|now| now != desired && !now.is_empty())
         });
-        !(others_same && drift) && !known.same_settings(cgroup)
+        !(known.same_settings(cgroup) || (others_same && drift))
     }
 
     /// Nothing waits for a pass: every cgroup is classified, none is left to its runtime with

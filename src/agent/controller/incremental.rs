@@ -108,8 +108,8 @@ impl Controller {
         Some(roots?.into_iter().collect())
     }
 
-    /// A cgroup the watcher saw go (see [`crate::agent::model::SincePass::removed`]). Returns whether the model
-    /// changed.
+    /// A cgroup the watcher saw go (see [`crate::agent::model::SincePass::removed`]). Returns
+    /// whether the model changed.
     pub(super) fn removed(&mut self, root: &CgroupPath) -> bool {
         let kind = self
             .model
