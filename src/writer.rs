@@ -21,13 +21,11 @@
 //! The writer writes nothing but the steps it is given.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::OsStr;
 use std::time::Instant;
 
 use crate::cgroupfs::{
-    CgroupError, CgroupFs, CgroupPath, CgroupVersion, FileKind, Hierarchy, InterfaceFile,
+    CgroupError, CgroupPath, CgroupVersion, ChildInTheWay, Hierarchy, InterfaceFile,
 };
-use crate::cpuset::CpuSet;
 use crate::planner::{Known, Step, Unseen, WritePlan, WriteStep};
 
 /// What became of one step.
@@ -157,18 +155,6 @@ impl Executed {
     }
 }
 
-/// Where a file lives: cpuset files in the cpuset hierarchy, cpu files in the cpu one.
-fn fs_of(hierarchy: &Hierarchy, file: InterfaceFile) -> &CgroupFs {
-    match file {
-        InterfaceFile::CpuCfsQuotaUs
-        | InterfaceFile::CpuCfsPeriodUs
-        | InterfaceFile::CpuMax
-        | InterfaceFile::CpuShares
-        | InterfaceFile::CpuWeight => &hierarchy.cpu,
-        _ => &hierarchy.cpuset,
-    }
-}
-
 /// How narrowing treats a cgroup whose children are new.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NewChildren {
@@ -225,7 +211,7 @@ impl std::fmt::Debug for Budget<'_> {
 /// held a narrowing up, the planner's steps for them ([`narrow_unseen`]), then the narrowings
 /// they held up once more (whose outcomes replace the first ones).
 pub fn apply(hierarchy: &Hierarchy, plan: WritePlan, known: &Known<'_>) -> Executed {
-    let mut executed = execute(hierarchy, plan, known, NewChildren::NarrowNow, Budget::All);
+    let mut executed = execute_all(hierarchy, plan, known);
     // The narrowings held up, and those above them that waited for them.
     let mut held_up = PathFiles::default();
     for root in executed.with(|o| matches!(o, Outcome::UnseenInTheWay { .. })) {
@@ -239,13 +225,7 @@ pub fn apply(hierarchy: &Hierarchy, plan: WritePlan, known: &Known<'_>) -> Execu
             && held_up.contains(d.step.path.as_bytes(), d.step.file)
     });
     let again: Vec<Step> = again.into_iter().map(|d| d.step).collect();
-    let again = execute(
-        hierarchy,
-        again.into(),
-        known,
-        NewChildren::NarrowNow,
-        Budget::All,
-    );
+    let again = execute_all(hierarchy, again.into(), known);
     executed.done = done;
     executed.done.extend(again.done);
     executed
@@ -265,18 +245,17 @@ pub fn narrow_unseen(hierarchy: &Hierarchy, executed: &mut Executed) -> bool {
             plan.extend(crate::planner::order::narrow_unseen(step, found));
         }
     }
-    let more = execute(
-        hierarchy,
-        plan,
-        &Known::nothing(),
-        NewChildren::NarrowNow,
-        Budget::All,
-    );
+    let more = execute_all(hierarchy, plan, &Known::nothing());
     executed.done.extend(more.done);
     executed
         .done
         .iter()
         .any(|d| matches!(d.outcome, Outcome::UnseenInTheWay { .. }))
+}
+
+/// Executes every step of `plan`, made from the tree `known` describes, narrowing now.
+pub fn execute_all(hierarchy: &Hierarchy, plan: WritePlan, known: &Known<'_>) -> Executed {
+    execute(hierarchy, plan, known, NewChildren::NarrowNow, Budget::All)
 }
 
 /// Executes a prefix of `plan`, made from the tree `known` describes, within `budget`.
@@ -397,7 +376,7 @@ impl Run<'_, '_> {
                 return outcome;
             }
         }
-        let written = fs_of(self.hierarchy, file).write(path, file, &step.value);
+        let written = self.hierarchy.fs_of(file).write(path, file, &step.value);
         match written {
             Ok(()) => Outcome::Written,
             Err(e) => self.refused(step, e),
@@ -413,21 +392,26 @@ impl Run<'_, '_> {
     /// A narrowing not to make now: a child holds more, or is being set up.
     fn child_in_the_way(&self, step: &Step) -> Option<Outcome> {
         let (path, file) = (&step.path, step.file);
-        let fs = fs_of(self.hierarchy, file);
+        let fs = self.hierarchy.fs_of(file);
         let (settled, planned) = self.known.settled_children(path, file);
-        let settle = self.settle;
-        let outcome = child_in_the_way(fs, path, file, &step.value, (&settled, planned), settle)?;
+        let way = fs.child_in_the_way(path, file, &step.value, (&settled, planned), self.settle)?;
         // Below the scan's depth limit the plan cannot know the children: what is there,
         // however deep, is read for the planner to narrow (`order::narrow_unseen`), instead of
         // holding the whole chain wide (and re-planning for ever). No runtime sets up a
         // cgroup down there: an empty one is not a start in progress, and the kernel narrows
         // its parent past it.
-        if self.known.unseen_below(path) {
-            return matches!(outcome, Outcome::ChildInTheWay { .. }).then(|| {
-                let found = unseen_below_limit(fs, path, file);
-                Outcome::UnseenInTheWay { found }
-            });
-        }
+        let outcome = match (way, self.known.unseen_below(path)) {
+            (ChildInTheWay::Holds(_), true) => {
+                let found = fs.subtree_sets(path, file);
+                return Some(Outcome::UnseenInTheWay { found });
+            }
+            (ChildInTheWay::Uninitialised, true) => return None,
+            (ChildInTheWay::Holds(child), false) => Outcome::ChildInTheWay {
+                child: Some(child),
+                refused: None,
+            },
+            (ChildInTheWay::Uninitialised, false) => Outcome::Settling,
+        };
         log::debug!("cg={path} not narrowed to {} now: {outcome:?}", step.value);
         Some(outcome)
     }
@@ -475,80 +459,6 @@ impl Run<'_, '_> {
             blocks: parent,
         }
     }
-}
-
-/// Most cgroups [`unseen_below_limit`] reads below one cgroup.
-const MAX_UNSEEN: usize = 4096;
-
-/// `root` and the cgroups below it (past the scan's depth limit), parents before children, with
-/// what their `file` holds (unreadable ones are left out); at most [`MAX_UNSEEN`] of them.
-fn unseen_below_limit(fs: &CgroupFs, root: &CgroupPath, file: InterfaceFile) -> Vec<Unseen> {
-    let mut found = Vec::new();
-    let mut stack = vec![root.clone()];
-    while let Some(dir) = stack.pop() {
-        if found.len() >= MAX_UNSEEN {
-            log::warn!(
-                "cg={root}: more than {MAX_UNSEEN} cgroups below it; the rest stay as they are"
-            );
-            break;
-        }
-        let held = fs
-            .read(&dir, file)
-            .ok()
-            .and_then(|t| CpuSet::parse(&t).ok());
-        let Some(held) = held else {
-            continue;
-        };
-        let Ok(entries) = fs.list(&dir) else {
-            continue;
-        };
-        let children = entries.iter().filter(|e| e.kind == FileKind::Directory);
-        stack.extend(children.filter_map(|e| dir.join(&e.name).ok()));
-        found.push((dir, held));
-    }
-    found
-}
-
-/// A child of `cgroup` not among `known` whose `file` holds CPUs (or memory nodes) outside
-/// `value`, as the tree says now ([`Outcome::ChildInTheWay`]); with `settle`, also one that is
-/// not initialised yet ([`Outcome::Settling`]).
-/// Unreadable children do not count, nor (without `settle`) uninitialised ones: the kernel lets
-/// a parent narrow over them. `known` comes with how many children the plan knows of: a
-/// cgroup the plan knows no child of, and whose link count says it has no subdirectory (a
-/// container's, mostly), is not listed. (Equal non-zero counts would not do: a child removed
-/// and another created since the scan, a container restarting, keep the count.)
-fn child_in_the_way(
-    fs: &CgroupFs,
-    cgroup: &CgroupPath,
-    file: InterfaceFile,
-    value: &str,
-    (known, planned_children): (&HashSet<&OsStr>, usize),
-    settle: bool,
-) -> Option<Outcome> {
-    if !matches!(file, InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems) {
-        return None;
-    }
-    if planned_children == 0 && fs.subdir_count(cgroup) == Some(0) {
-        return None;
-    }
-    let new = CpuSet::parse(value).ok()?;
-    let entries = fs.list(cgroup).ok()?;
-    entries
-        .iter()
-        .filter(|e| e.kind == FileKind::Directory && !known.contains(e.name.as_os_str()))
-        .filter_map(|e| cgroup.join(&e.name).ok())
-        .find_map(|child| {
-            let held = CpuSet::parse(&fs.read(&child, file).ok()?).ok()?;
-            if held.is_empty() {
-                settle.then_some(Outcome::Settling)
-            } else {
-                let refused = None;
-                (!held.is_subset(&new)).then_some(Outcome::ChildInTheWay {
-                    child: Some(child),
-                    refused,
-                })
-            }
-        })
 }
 
 #[allow(clippy::too_many_lines)]

@@ -23,22 +23,20 @@ use std::time::Instant;
 
 use crate::allocator::StaticPolicy;
 use crate::cgroupfs::{
-    CgroupError, CgroupPath, CgroupVersion, Hierarchy, InterfaceFile, Scan, ScannedCgroup, Scanner,
+    CgroupError, CgroupPath, CgroupVersion, Hierarchy, Scan, ScannedCgroup, Scanner,
 };
 use crate::checkpoint::adopt::KubeletPins;
 use crate::checkpoint::kubelet_state::KubeletState;
 use crate::classify::{
     classify, classify_scan_one, config_matches_cgroup, CgroupKind, CgroupNaming, Classification,
-    Notice,
 };
 use crate::cpuset::CpuSet;
-use crate::logging::{error_chain, SaidOnce};
+use crate::logging::error_chain;
 use crate::planner::{
-    entitlement, plan, AssignEvent, Entitlement, NodeLimits, Plan, PlanConfig, Pools,
-    ReleaseReason, WriteStep,
+    plan, undecided, AssignEvent, NodeLimits, Plan, PlanConfig, Pools, WriteStep,
 };
 use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
-use crate::state::{AssignmentKey, Assignments};
+use crate::state::Assignments;
 use crate::topology::Topology;
 use crate::watcher::{Arrivals, TreeEvent};
 use crate::writer::NewChildren;
@@ -46,13 +44,12 @@ use crate::writer::NewChildren;
 use super::deadlines::{Burst, Deadlines};
 use super::hotplug::Hotplug;
 use super::metrics::Metrics;
-use super::model::{self, Model, Setup};
+use super::model::{self, Model, SincePass};
 use super::said::{say_limits, Said};
-use incremental::{Mode, SincePass};
+use incremental::Mode;
 
 mod classes;
 mod drift;
-mod events;
 mod incremental;
 mod isolation;
 mod projection;
@@ -174,23 +171,13 @@ impl Controller {
     pub fn new(parts: ControllerParts) -> Self {
         let mut metrics = Metrics::default();
         metrics.online_cpus = parts.topology.all_cpus().len() as u64;
-        // Names of pods holding pins, from the checkpoint: a pod gone while the agent was down
-        // is still named when its cpus are released.
-        let pod_names = parts
-            .assignments
-            .pod_names()
-            .map(|(uid, name)| (uid.to_string(), name.to_string()))
-            .collect();
         Controller {
+            said: Said::knowing(&parts.assignments),
             parts,
             model: Model::default(),
             since_pass: SincePass::start(),
             last_pass: LastPass::default(),
             deadlines: Deadlines::default(),
-            said: Said {
-                pod_names,
-                ..Said::default()
-            },
             arrivals: None,
             model_changed: true,
             hotplug: None,
@@ -227,14 +214,8 @@ impl Controller {
         let Some(change) = hotplug.check(&self.parts.topology, self.parts.policy.as_ref()) else {
             return false;
         };
-        change.say(self.parts.policy.as_ref());
-        self.metrics.cpus_offlined += change.offline.len() as u64;
-        self.metrics.cpus_onlined += change.online.len() as u64;
-        self.metrics.online_cpus = change.topology.all_cpus().len() as u64;
-        self.parts.topology = change.topology;
-        if change.policy.is_some() {
-            self.parts.policy = change.policy;
-        }
+        let parts = &mut self.parts;
+        change.take(&mut parts.topology, &mut parts.policy, &mut self.metrics);
         self.since_pass.structural = true;
         self.bump();
         true
@@ -256,6 +237,11 @@ impl Controller {
     /// How many containers' runtime configs are cached (those in the tree).
     pub fn cached_runtime_configs(&self) -> usize {
         self.parts.runtime.cached()
+    }
+
+    /// The exclusive cpus refused, by container, with kubelet's reason as the log said it.
+    pub fn refusals(&self) -> &crate::state::Refusals {
+        &self.said.refused
     }
 
     pub fn policy(&self) -> Option<&StaticPolicy> {
@@ -280,10 +266,12 @@ impl Controller {
     /// model's containers, the assignments and the allocatable cpus (online minus reserved;
     /// none under the `none` policy, as kubelet).
     pub fn pod_resources(&self) -> crate::podresources::PodResourcesSnapshot {
-        let allocatable = self.parts.policy.as_ref().map(|p| {
-            let all = self.parts.topology.all_cpus();
-            all.difference(p.reserved())
-        });
+        let all = self.parts.topology.all_cpus();
+        let allocatable = self
+            .parts
+            .policy
+            .as_ref()
+            .map(|p| all.difference(p.reserved()));
         crate::podresources::snapshot(
             self.model.values().filter_map(|e| e.class.as_deref()),
             &self.parts.assignments,
@@ -325,13 +313,11 @@ impl Controller {
     /// whether a pass is needed.
     pub fn on_deadlines(&mut self, now: Instant) -> bool {
         self.deadlines.settings = None;
-        let mut changed = false;
-        if self.deadlines.held_back.is_due(now) || self.deadlines.full_pass.is_due(now) {
-            // Held-back writes, or the shared pool's members after incremental passes: a
-            // full pass (after the pins of pods that arrived meanwhile, see `pass`), which
-            // pays them or owes them again.
-            changed = true;
-        }
+        // Held-back writes, or the shared pool's members after incremental passes: a full pass
+        // (after the pins of pods that arrived meanwhile, see `pass`), which pays them or owes
+        // them again.
+        let due = &self.deadlines;
+        let mut changed = due.held_back.is_due(now) || due.full_pass.is_due(now);
         if let Some(roots) = self.deadlines.settling.take_due(now) {
             for root in roots {
                 self.rescan_subtree(&root, now);
@@ -339,10 +325,10 @@ impl Controller {
             changed = true;
         }
         changed |= self.resume_fights(now);
-        for path in self.model.waiting() {
-            changed |= self.reread(&path, now);
-        }
-        changed
+        let waiting = self.model.waiting();
+        waiting
+            .iter()
+            .fold(changed, |changed, p| self.reread(p, now) | changed)
     }
 
     /// Adopts the pins kubelet's checkpoint names where the live tree agrees and the
@@ -387,11 +373,7 @@ impl Controller {
             && self.last_pass.settled
             && !self.deadlines.full_pass.is_owed()
             && self.deadlines.settling.is_empty()
-            && !self.model.any_waiting()
-            && self
-                .model
-                .values()
-                .all(|e| e.class.is_some() && !matches!(e.setup, Setup::EmptySince(_)));
+            && self.model.at_rest();
         if settled {
             self.metrics.skipped_passes += 1;
             self.update_effects(true);
@@ -406,14 +388,7 @@ impl Controller {
     /// Applies one watcher event to the model. Returns whether the model changed.
     pub fn apply_event(&mut self, event: TreeEvent, now: Instant) -> Result<bool, CgroupError> {
         match event {
-            TreeEvent::Created { cgroup } => {
-                let scan = self.parts.scanner.scan_subtree(&cgroup);
-                let mut changed = false;
-                for c in scan.cgroups {
-                    changed |= self.upsert(c, now);
-                }
-                Ok(changed)
-            }
+            TreeEvent::Created { cgroup } => Ok(self.rescan_subtree(&cgroup, now)),
             TreeEvent::Removed { cgroup } => Ok(self.removed(&cgroup)),
             // Only the named file's group is re-read (see `Scanner::refresh`).
             TreeEvent::Modified { cgroup, file } => {
@@ -467,9 +442,7 @@ impl Controller {
         let mut outcome = PassOutcome::default();
         for replan in 1..=MAX_REPLANS {
             let (this, follow_up) = self.pass_once(now);
-            outcome.assignments_changed |= this.assignments_changed;
-            outcome.writes += this.writes;
-            outcome.failed_writes = this.failed_writes;
+            outcome = outcome.then(this);
             let mut settling = follow_up.settling;
             let again = !follow_up.stale.is_empty() || follow_up.vanished;
             let last = replan == MAX_REPLANS;
@@ -500,31 +473,14 @@ impl Controller {
     /// cpuset at `mkdir`, atomically with respect to the agent's writes. A runtime then finds
     /// the new cgroup set up and copies nothing: there is no window in which it copies a
     /// parent's set that the agent narrows before the copy lands (runc's `copyIfNeeded`, which
-    /// then fails with EACCES). Files that are not there (fake trees) are skipped.
+    /// then fails with EACCES). See [`crate::cgroupfs::CgroupFs::clone_children`].
     pub fn clone_cpusets_at_creation(&mut self) {
         if self.parts.hierarchy.version != CgroupVersion::V1 {
             return;
         }
-        let kubepods = self.parts.scanner.kubepods().clone();
+        let kubepods = self.parts.scanner.kubepods();
         let cpuset = &self.parts.hierarchy.cpuset;
-        let mut failed = None;
-        for path in self.model.keys() {
-            if path
-                .strip_prefix(&kubepods)
-                .is_none_or(|rel| rel.depth() > 2)
-            {
-                continue;
-            }
-            let file = InterfaceFile::CgroupCloneChildren;
-            if cpuset.read(path, file).is_ok_and(|v| v == "1") {
-                continue;
-            }
-            match cpuset.write(path, file, "1") {
-                Ok(()) => {}
-                Err(e) if e.is_gone() => {}
-                Err(e) => failed = Some(e),
-            }
-        }
+        let failed = cpuset.clone_children(kubepods, self.model.keys(), true);
         if let Some(e) = failed {
             log::warn!(
                 "{}: new cgroups start empty and their runtime copies the parent's cpuset, which \
@@ -550,10 +506,9 @@ impl Controller {
     fn node_limits(&mut self) -> NodeLimits {
         let (cpus, mems) = self.parts.scanner.kubepods_parent_limits();
         let limits = NodeLimits { cpus, mems };
-        if self.last_pass.limits.as_ref() != Some(&limits) {
-            let last = self.last_pass.limits.as_ref();
-            say_limits(last, &limits, self.parts.topology.all_cpus());
-            self.last_pass.limits = Some(limits.clone());
+        let last = self.last_pass.limits.replace(limits.clone());
+        if last.as_ref() != Some(&limits) {
+            say_limits(last.as_ref(), &limits, self.parts.topology.all_cpus());
         }
         limits
     }

@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use crate::cgroupfs::CgroupPath;
+use crate::writer::Budget;
 
 /// A burst of new cgroups (pods starting one after the other), and the constants that pace
 /// the controller through one: while new cgroups keep arriving less than [`Burst::QUIET`]
@@ -205,11 +206,69 @@ impl Deadlines {
         .flatten()
         .min()
     }
+
+    /// A pass held back `n` writes at `now`: they are owed, made once cgroups stop arriving,
+    /// or at the limit. A full pass (`full`) that held nothing back paid them (an incremental
+    /// pass holds nothing back, and leaves what a full one held back to that one's flush).
+    pub(crate) fn held_back_writes(&mut self, now: Instant, n: usize, full: bool) {
+        if n > 0 {
+            let quiet = self.burst.quiet_at(now);
+            self.held_back.owe(now, quiet);
+        } else if full {
+            self.held_back.paid();
+        }
+    }
+
+    /// How much of a full pass's plan to make at `now`, for an agent that watches arrivals
+    /// (`arrived`: whether something new arrived; `None`: every step, in plan order): during a
+    /// burst the urgent steps only, the rest held back; after it the rest too, until something
+    /// new arrives (once the held-back writes are overdue, [`Burst::MIN_PROGRESS`] of them
+    /// first).
+    pub(crate) fn budget<'a>(
+        &self,
+        now: Instant,
+        arrived: Option<&'a dyn Fn() -> bool>,
+    ) -> Budget<'a> {
+        let overdue = self.held_back.overdue(now);
+        match arrived {
+            None => Budget::All,
+            Some(_) if self.burst.bursting(now) && !overdue => Budget::UrgentOnly,
+            Some(arrived) => Budget::Yield {
+                after: if overdue { Burst::MIN_PROGRESS } else { 0 },
+                arrived,
+            },
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_burst_makes_the_urgent_writes_only_until_the_held_back_ones_are_overdue() {
+        let t0 = Instant::now();
+        let mut deadlines = Deadlines::default();
+        let arrived: &dyn Fn() -> bool = &|| false;
+        assert!(matches!(deadlines.budget(t0, None), Budget::All));
+        let yields = |b: Budget<'_>| match b {
+            Budget::Yield { after, .. } => Some(after),
+            _ => None,
+        };
+        assert_eq!(yields(deadlines.budget(t0, Some(arrived))), Some(0));
+        deadlines.burst.arrived(t0);
+        let during = deadlines.budget(t0, Some(arrived));
+        assert!(matches!(during, Budget::UrgentOnly));
+        deadlines.held_back_writes(t0, 3, false);
+        assert_eq!(deadlines.held_back.due(), Some(t0 + Burst::QUIET));
+        let overdue = deadlines.budget(t0 + Burst::LIMIT, Some(arrived));
+        assert_eq!(yields(overdue), Some(Burst::MIN_PROGRESS));
+        // An incremental pass that held nothing back pays nothing; a full one pays them.
+        deadlines.held_back_writes(t0, 0, false);
+        assert!(deadlines.held_back.is_owed());
+        deadlines.held_back_writes(t0, 0, true);
+        assert!(!deadlines.held_back.is_owed());
+    }
 
     #[test]
     fn a_burst_lasts_while_arrivals_are_less_than_quiet_apart() {

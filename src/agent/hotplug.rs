@@ -13,6 +13,8 @@ use std::path::PathBuf;
 use crate::allocator::StaticPolicy;
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
+
+use super::metrics::Metrics;
 use crate::topology::{discover, Topology};
 
 /// Where the node's CPUs are read from, and what a rebuilt policy keeps.
@@ -28,7 +30,7 @@ pub struct Hotplug {
 }
 
 /// The node after CPUs went offline or came online.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct CpuChange {
     pub topology: Topology,
     pub policy: Option<StaticPolicy>,
@@ -38,6 +40,24 @@ pub struct CpuChange {
 }
 
 impl CpuChange {
+    /// Takes the change in: says it, counts it in `metrics`, and puts its topology (and its
+    /// policy, when one was rebuilt) in place of the old ones.
+    pub fn take(
+        self,
+        topology: &mut Topology,
+        policy: &mut Option<StaticPolicy>,
+        metrics: &mut Metrics,
+    ) {
+        self.say(policy.as_ref());
+        metrics.cpus_offlined += self.offline.len() as u64;
+        metrics.cpus_onlined += self.online.len() as u64;
+        metrics.online_cpus = self.topology.all_cpus().len() as u64;
+        *topology = self.topology;
+        if self.policy.is_some() {
+            *policy = self.policy;
+        }
+    }
+
     /// Says what changed: the cpus that went offline or came online, and the reserved cpus
     /// among them (`before`: the policy this change replaces).
     pub fn say(&self, before: Option<&StaticPolicy>) {
@@ -208,6 +228,13 @@ mod tests {
         // Cpu 5 and the reserved cpu 8 go offline.
         set_online(&sysfs, "0-4,6-7,9-15");
         let change = hotplug.check(&topology, Some(&policy)).expect("a change");
+        let (mut taken, mut metrics) =
+            ((topology.clone(), Some(policy.clone())), Metrics::default());
+        change
+            .clone()
+            .take(&mut taken.0, &mut taken.1, &mut metrics);
+        assert_eq!((metrics.cpus_offlined, metrics.online_cpus), (2, 14));
+        assert_eq!(taken.0.all_cpus(), change.topology.all_cpus());
         assert_eq!(change.offline.to_string(), "5,8");
         assert!(change.online.is_empty());
         assert_eq!(change.topology.all_cpus().to_string(), "0-4,6-7,9-15");

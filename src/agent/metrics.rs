@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 mod assign_events;
+mod write_failures;
 
 use crate::cgroupfs::{CgroupPath, InterfaceFile};
 use crate::classify::Classification;

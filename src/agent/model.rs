@@ -5,7 +5,7 @@
 //! and full scans; forgetting a cgroup drops its record. Nothing here reads the tree.
 
 use std::collections::btree_map::Entry;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,11 +14,14 @@ use crate::cgroupfs::{CgroupPath, Scan, ScannedCgroup, SkipReason};
 use crate::classify::{CgroupKind, Classification, Exclusivity, Isolation, Notice, SharedReason};
 use crate::cpuset::CpuSet;
 use crate::logging::SaidOnce;
-use crate::state::AssignmentKey;
+use crate::planner::{entitlement, DesiredCgroup, Entitlement, Step};
+use crate::state::{AssignmentKey, Assignments};
 
 pub(crate) mod fight;
+pub(crate) mod since_pass;
 
 pub(crate) use fight::Fight;
+pub(crate) use since_pass::SincePass;
 
 /// How long a new container may wait for its CPU settings before the controller stops
 /// re-reading it on its own (events still wake it).
@@ -289,8 +292,7 @@ impl Model {
         if !scan.complete {
             return Vec::new();
         }
-        let seen: std::collections::HashSet<&CgroupPath> =
-            scan.cgroups.iter().map(|c| &c.path).collect();
+        let seen: HashSet<&CgroupPath> = scan.cgroups.iter().map(|c| &c.path).collect();
         let unreadable: Vec<&CgroupPath> = scan
             .skipped
             .iter()
@@ -423,6 +425,119 @@ impl Model {
     }
 }
 
+impl Model {
+    /// `step`, written at `at`: its record holds the written value, and is as new as the
+    /// write (a full scan that started before it may have read the old value, and does not
+    /// replace it).
+    pub(crate) fn written(&mut self, step: &Step, at: Instant) {
+        if let Some(record) = self.records.get_mut(&step.path) {
+            record.cgroup.assume_written(step.file, &step.value);
+            record.updated = at;
+        }
+    }
+
+    /// Each record of `scan` keeps the cpus a plan wants there (`desired`, in scan order);
+    /// those whose values the pass does not plan (`owns` says no: a chain's ancestors, whose
+    /// narrowings wait for the full pass) keep what they hold: until then that is what is
+    /// wanted there, not drift.
+    pub(crate) fn take_desired(
+        &mut self,
+        scan: &Scan,
+        desired: &[DesiredCgroup],
+        owns: impl Fn(&CgroupPath) -> bool,
+    ) {
+        let mut desired = desired.iter();
+        for_each_entry(&mut self.records, scan, |_, entry| {
+            let wanted = &desired.next().expect("one desired set per cgroup").cpus;
+            if let Some(entry) = entry.filter(|e| e.desired != *wanted) {
+                entry.desired.clone_from(wanted);
+            }
+        });
+        for cgroup in scan.cgroups.iter().filter(|c| !owns(&c.path)) {
+            if let Some(entry) = self.records.get_mut(&cgroup.path) {
+                entry.desired = entry.cgroup.cpus.configured().cloned();
+            }
+        }
+    }
+
+    /// Whether `cgroup` as read now changes more than the cpus of its record: it is new, or
+    /// other settings changed, or its `cpuset.cpus` changed to something the last pass did not
+    /// want there that is not a foreign value (drift), which is written back without planning.
+    pub(crate) fn changes_structure(&self, cgroup: &ScannedCgroup) -> bool {
+        let Some(record) = self.records.get(&cgroup.path) else {
+            return true;
+        };
+        let known = &record.cgroup;
+        let others_same = known.relative == cgroup.relative
+            && known.cpu == cgroup.cpu
+            && known.mems == cgroup.mems;
+        let drift = record.desired.as_ref().is_some_and(|desired| {
+            let now = cgroup.cpus.configured();
+            now.is_some_and(|now| now != desired && !now.is_empty())
+        });
+        !(known.same_settings(cgroup) || (others_same && drift))
+    }
+
+    /// Nothing waits for a pass: every cgroup is classified, none is left to its runtime with
+    /// an empty cpuset, no container waits for its CPU settings.
+    pub(crate) fn at_rest(&self) -> bool {
+        !self.any_waiting()
+            && self
+                .values()
+                .all(|e| e.class.is_some() && !matches!(e.setup, Setup::EmptySince(_)))
+    }
+
+    /// The pods (by uid) of the classified cgroups.
+    pub(crate) fn pod_uids(&self) -> HashSet<String> {
+        let classes = self.values().filter_map(|e| e.class.as_deref());
+        classes.filter_map(|c| c.pod_uid.clone()).collect()
+    }
+
+    /// Indexes the containers of `scan` that ask for isolation or hold exclusive cpus in
+    /// `assignments` (`classes` are `scan`'s): what the host effects are asked for. A key is
+    /// built only for a container that may hold cpus, so the index stays bounded by them.
+    /// `all`: the scan is the whole model (the index is built again).
+    pub(crate) fn index_isolated(
+        &mut self,
+        scan: &Scan,
+        classes: &[Arc<Classification>],
+        assignments: &Assignments,
+        all: bool,
+    ) {
+        if all {
+            self.isolated.clear();
+        }
+        for (class, cgroup) in classes.iter().zip(&scan.cgroups) {
+            let asks = class.isolation.any();
+            let may_hold = asks || !matches!(entitlement(class), Entitlement::Shared);
+            if class.kind != CgroupKind::Container || !may_hold {
+                continue;
+            }
+            let Some(key) = class.assignment_key() else {
+                continue;
+            };
+            if asks || assignments.get(&key).is_some() {
+                let isolated = (class.isolation, cgroup.path.clone());
+                self.isolated.insert(key, isolated);
+            }
+        }
+    }
+
+    /// The chains of `roots`: each root's subtree and its ancestors in the model.
+    pub(crate) fn chains(&self, roots: &[CgroupPath]) -> BTreeSet<CgroupPath> {
+        let mut paths = BTreeSet::new();
+        for root in roots {
+            let mut up = root.parent();
+            while let Some(parent) = up.filter(|p| self.contains_key(p)) {
+                up = parent.parent();
+                paths.insert(parent);
+            }
+            paths.extend(self.subtree(root));
+        }
+        paths
+    }
+}
+
 /// A container whose CPU settings cannot be read yet (it waits in the shared pool for them).
 pub(crate) fn waits_for_settings(class: &Classification) -> bool {
     matches!(
@@ -494,6 +609,67 @@ mod tests {
             truncated: false,
             gone_pods: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_chain_is_its_roots_subtrees_and_their_ancestors_in_the_model() {
+        let mut model = Model::default();
+        let now = Instant::now();
+        for p in [
+            "k",
+            "k/q",
+            "k/q/pod",
+            "k/q/pod/c",
+            "k/q/other",
+            "k/q/other/c",
+        ] {
+            model.store(cgroup(p, "0-3"), now);
+        }
+        let chains = model.chains(&[path("k/q/pod")]);
+        let want = ["k", "k/q", "k/q/pod", "k/q/pod/c"].map(path);
+        assert_eq!(chains, want.into_iter().collect());
+    }
+
+    #[test]
+    fn a_plans_desired_sets_are_taken_where_the_pass_owns_the_cgroup() {
+        let mut model = Model::default();
+        let now = Instant::now();
+        let (parent, pod) = (cgroup("k", "0-3"), cgroup("k/pod", "0-3"));
+        let scan = scan(vec![parent.clone(), pod.clone()]);
+        model.store(parent, now);
+        model.store(pod, now);
+        let wanted = |cpus: &str| DesiredCgroup {
+            cpus: Some(cpus.parse().unwrap()),
+            mems: None,
+            cpus_inherited: false,
+            mems_inherited: false,
+        };
+        let desired = [wanted("1-3"), wanted("2")];
+        model.take_desired(&scan, &desired, |p| *p == path("k/pod"));
+        assert_eq!(model.desired(&path("k/pod")), Some(&"2".parse().unwrap()));
+        // Not owned: what it holds is what is wanted there until a full pass.
+        assert_eq!(model.desired(&path("k")), Some(&"0-3".parse().unwrap()));
+        // A write taken in: the record holds it, as new as the write.
+        let later = now + Duration::from_millis(1);
+        let step = Step::new(
+            path("k/pod"),
+            crate::cgroupfs::InterfaceFile::CpusetCpus,
+            "2".into(),
+            crate::planner::WriteStep::Narrow,
+        );
+        model.written(&step, later);
+        let record = &model[&path("k/pod")];
+        assert_eq!(record.cgroup.cpus.configured(), Some(&"2".parse().unwrap()));
+        assert_eq!(record.updated, later);
+        // A foreign value is drift, not a change of structure; other settings are.
+        assert!(!model.changes_structure(&cgroup("k/pod", "0-1")));
+        assert!(!model.changes_structure(&cgroup("k/pod", "2")));
+        let mut moved = cgroup("k/pod", "2");
+        moved.mems = FileValue::Value("1".parse().unwrap());
+        assert!(model.changes_structure(&moved));
+        assert!(model.changes_structure(&cgroup("k/new", "2")));
+        // Neither classified yet: a pass is owed.
+        assert!(!model.at_rest());
     }
 
     #[test]

@@ -1,18 +1,25 @@
 //! What the log said, to say each thing once, and how it says things: a container's label
 //! (its pod's name, learnt from the runtime config and kept until its cpus are released), the
-//! assignment events, the refusals the checkpoint keeps. Nothing here reads the tree or knows
-//! the controller.
+//! assignment events (said and counted in the metrics), the refusals the checkpoint keeps.
+//! Nothing here reads the tree or knows the controller.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cgroupfs::CgroupPath;
-use crate::classify::Classification;
+use crate::classify::{Classification, Notice};
 use crate::cpuset::CpuSet;
 use crate::logging::{excerpt, SaidEvery, SaidOnce};
 use crate::planner::{AssignEvent, NodeLimits, ReleaseReason};
 use crate::state::AssignmentKey;
+use crate::topology::Topology;
+
+use super::metrics::Metrics;
+
+/// The log target of what the controller's passes say, wherever the wording lives here (the
+/// demo and `RUST_LOG` filters select the controller's lines by it).
+pub(crate) const CONTROLLER: &str = "cpusetd::agent::controller";
 
 /// What the log said, to say each thing once (see [`SaidOnce`]), and what it needs to name
 /// pods. What is said of one cgroup and lasts as long as it does is in its record.
@@ -33,6 +40,17 @@ pub(crate) struct Said {
 }
 
 impl Said {
+    /// Knowing the names of the pods holding pins in `assignments` (from the checkpoint): a
+    /// pod gone while the agent was down is still named when its cpus are released.
+    pub(crate) fn knowing(assignments: &crate::state::Assignments) -> Said {
+        let names = assignments.pod_names();
+        let pod_names = names.map(|(uid, name)| (uid.to_string(), name.to_string()));
+        Said {
+            pod_names: pod_names.collect(),
+            ..Said::default()
+        }
+    }
+
     /// How the log names a container: `namespace/pod/container (pod<uid>/…)` once the runtime
     /// has named its pod, else the key alone.
     pub(crate) fn label(&self, key: &AssignmentKey) -> String {
@@ -104,6 +122,68 @@ impl Said {
         }
     }
 
+    /// Counts each assignment event in `metrics` (`full_cores` and `topology` for kubelet's
+    /// alignment counters) and says it in the log (a failure once until it is met or its
+    /// container goes); the refusals the checkpoint keeps follow them.
+    pub(crate) fn events(
+        &mut self,
+        events: &[AssignEvent],
+        classes: &[Arc<Classification>],
+        metrics: &mut Metrics,
+        (full_cores, topology): (bool, &Topology),
+    ) {
+        self.learn_pod_names(events.iter().map(AssignEvent::key), classes);
+        // A rejected pod's reason is said once, for the pod, not again for its container.
+        let rejected: HashSet<&str> = events
+            .iter()
+            .filter(|e| matches!(e, AssignEvent::PodRejected { .. }))
+            .map(|e| e.key().pod_uid())
+            .collect();
+        for event in events {
+            let said_for_the_pod = matches!(event, AssignEvent::Failed { key, .. }
+                if rejected.contains(key.pod_uid()));
+            // A rejected pod's record is its rejection, not a refusal of its container.
+            if !said_for_the_pod {
+                self.note_refusal(event);
+            }
+            if !metrics.count_assign_event(event, full_cores, topology) || said_for_the_pod {
+                continue;
+            }
+            let key = event.key();
+            let devices = match event {
+                AssignEvent::Allocated { key, .. } => devices_of(key, classes),
+                _ => String::new(),
+            };
+            let (level, text) = describe(event);
+            log::log!(target: CONTROLLER, level, "{}: {text}{devices}", self.label(key));
+            if let AssignEvent::Released {
+                why: ReleaseReason::PodGone,
+                ..
+            } = event
+            {
+                self.pod_names.remove(key.pod_uid());
+            }
+        }
+    }
+
+    /// Forgets the refusals of the containers `keep` does not keep (no longer asking).
+    pub(crate) fn forget_refusals(&mut self, keep: impl Fn(&AssignmentKey) -> bool) {
+        let before = self.refused.len();
+        self.refused.retain(|k, _| keep(k));
+        self.refusals_changed |= self.refused.len() != before;
+    }
+
+    /// Says once that `cgroup` cannot be read (it is not gone).
+    pub(crate) fn say_unreadable(&mut self, cgroup: &CgroupPath) {
+        if self.unreadable.first(cgroup.clone()) {
+            log::warn!(
+                target: CONTROLLER,
+                "cg={cgroup} cannot be read (not gone): what it holds stays its own; make it \
+                 readable by root without capabilities (the unit has none)"
+            );
+        }
+    }
+
     /// Says the watcher lost track (`reason`) and the tree is scanned again: at most once a
     /// minute, with how many were not said since.
     pub(crate) fn rescan(&mut self, reason: impl std::fmt::Display, now: Instant) {
@@ -119,6 +199,27 @@ impl Said {
             None => log::debug!("watcher lost track ({reason}): rescanning the whole tree"),
         }
     }
+}
+
+/// Says what classification noticed about a cgroup (an ignored annotation value, a pod uid
+/// in the runtime config that differs from the path, a limit that differs from the request
+/// …), each notice once while it lasts: called when its classification is cached, which is
+/// again only when its CPU settings change.
+pub(crate) fn say_notices(path: &CgroupPath, class: &Classification, said: &mut SaidOnce<Notice>) {
+    for notice in said.only(class.notices.iter().cloned()) {
+        log::warn!(target: CONTROLLER, "cg={path}: {notice}");
+    }
+}
+
+/// Says that a container was resized in place, and the request now read from its cgroup.
+pub(crate) fn say_resized(path: &CgroupPath, class: &Classification) {
+    let request = class.resources.map(|r| r.request.to_string());
+    log::info!(
+        target: CONTROLLER,
+        "cg={path} cpu settings differ from the runtime config (resized in place): request {} \
+         from the cgroup",
+        request.as_deref().unwrap_or("unknown")
+    );
 }
 
 /// ` devices=…` with the devices of the container holding `key` and their NUMA nodes (the
@@ -328,7 +429,66 @@ mod tests {
         };
         assert_eq!(describe(&allocated).1, "allocated cpus=2-3");
         said.note_refusal(&allocated);
+        assert!(std::mem::take(&mut said.refusals_changed) && said.refused.is_empty());
+        said.note_refusal(&failed(3));
+        said.refusals_changed = false;
+        said.forget_refusals(|k| *k != key("app"));
         assert!(said.refusals_changed && said.refused.is_empty());
+    }
+
+    #[test]
+    fn events_are_counted_and_a_rejected_pods_container_is_no_refusal_of_its_own() {
+        use crate::topology::RegularShape;
+        let topology = Topology::regular(RegularShape {
+            sockets: 1,
+            numa_nodes_per_socket: 1,
+            uncore_caches_per_numa_node: 1,
+            cores_per_uncore_cache: 4,
+            threads_per_core: 1,
+        })
+        .unwrap();
+        let (mut said, mut metrics) = (Said::default(), Metrics::default());
+        let failed = AssignEvent::Failed {
+            key: key("app"),
+            requested: 3,
+            error: AllocationError::SmtNotMultipleOfCore {
+                requested: 3,
+                cpus_per_core: 2,
+            },
+        };
+        let rejected = AssignEvent::PodRejected {
+            key: key("app"),
+            rejection: crate::state::PodRejection {
+                reason: crate::state::AdmissionReason::SmtAlignment,
+                container: "app".into(),
+                message: "not a whole number of cores".into(),
+                permanent: true,
+            },
+        };
+        let events = [rejected, failed.clone()];
+        said.events(&events, &[], &mut metrics, (true, &topology));
+        assert!(said.refused.is_empty(), "the pod's rejection is its record");
+        said.events(&[failed], &[], &mut metrics, (true, &topology));
+        assert_eq!(said.refused[&key("app")].requested, 3);
+        let allocated = AssignEvent::Allocated {
+            key: key("app"),
+            cpus: "2-3".parse().unwrap(),
+        };
+        said.events(&[allocated], &[], &mut metrics, (true, &topology));
+        assert!(said.refused.is_empty());
+        // The failure counted once (said once), the allocation once.
+        assert_eq!((metrics.pinning_requests, metrics.pinning_errors), (2, 1));
+    }
+
+    #[test]
+    fn an_unreadable_cgroup_is_said_once_until_forgotten() {
+        let mut said = Said::default();
+        let cgroup = CgroupPath::new("kubepods/pod1").unwrap();
+        said.say_unreadable(&cgroup);
+        assert!(!said.unreadable.first(cgroup.clone()), "said already");
+        said.unreadable.forget(&cgroup);
+        said.say_unreadable(&cgroup);
+        assert!(!said.unreadable.first(cgroup));
     }
 
     #[test]

@@ -4,9 +4,12 @@
 //! interface files ([`InterfaceFile`]), symlink-proof reads and writes below an injected root
 //! ([`CgroupFs`]), the text formats of the CPU interface files ([`values`]), the detection of
 //! the cgroup layout at start ([`detect_layout`] → [`CgroupLayout`]), and the read-only scan of
-//! the kubepods subtree into plain values ([`Scanner`] → [`Scan`]). Nothing here decides
-//! anything: classification and planning take the scan's values.
+//! the kubepods subtree into plain values ([`Scanner`] → [`Scan`]) and what lies below a cgroup
+//! about to be narrowed (`below`). Nothing here decides anything: classification and planning
+//! take the scan's values.
 
+mod below;
+mod clone_children;
 #[cfg(debug_assertions)]
 pub(crate) mod fake_kernel;
 mod fs;
@@ -15,6 +18,7 @@ mod path;
 mod scan;
 pub(crate) mod values;
 
+pub use below::ChildInTheWay;
 pub use fs::{CgroupError, CgroupFs, DirEntry, FileKind, InterfaceFile, Refusal, MAX_READ_BYTES};
 pub use layout::{
     detect_layout, parse_mountinfo, CgroupDriver, CgroupLayout, CgroupVersion, LayoutConfig,

@@ -285,6 +285,18 @@ pub struct Hierarchy {
 }
 
 impl Hierarchy {
+    /// Where `file` lives: cpuset files in the cpuset hierarchy, cpu files in the cpu one.
+    pub fn fs_of(&self, file: InterfaceFile) -> &CgroupFs {
+        match file {
+            InterfaceFile::CpuCfsQuotaUs
+            | InterfaceFile::CpuCfsPeriodUs
+            | InterfaceFile::CpuMax
+            | InterfaceFile::CpuShares
+            | InterfaceFile::CpuWeight => &self.cpu,
+            _ => &self.cpuset,
+        }
+    }
+
     /// Opens the controller roots of a layout.
     pub fn open(layout: &CgroupLayout) -> Result<Hierarchy, CgroupError> {
         let cpuset = CgroupFs::open(&layout.cpuset_root)?;
@@ -584,7 +596,8 @@ impl Scanner {
         }
     }
 
-    fn empty_scan(&self) -> Scan {
+    /// A scan that saw nothing (of this scanner's tree).
+    pub fn empty_scan(&self) -> Scan {
         Scan {
             version: self.hierarchy.version,
             kubepods: self.kubepods.clone(),

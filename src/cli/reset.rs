@@ -180,11 +180,8 @@ fn widen_steps(
 /// The kernel's default back on v1: new cgroups start with empty cpusets again (the agent
 /// sets `cgroup.clone_children`; runtimes copy the parent's cpuset themselves).
 fn unset_clone_children(cpuset: &CgroupFs, scan: &crate::cgroupfs::Scan) {
-    for cgroup in &scan.cgroups {
-        if cgroup.relative.depth() <= 2 {
-            let _ = cpuset.write(&cgroup.path, InterfaceFile::CgroupCloneChildren, "0");
-        }
-    }
+    let cgroups = scan.cgroups.iter().map(|c| &c.path);
+    let _ = cpuset.clone_children(&scan.kubepods, cgroups, false);
 }
 
 /// Removes the pod directories of `--projection-dir` (with the agent stopped every one is

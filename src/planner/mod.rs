@@ -8,12 +8,13 @@
 //! of exclusive containers is a host effect (`effects::quota`), made after a pass's writes.
 
 pub mod assign;
+pub mod chain;
 pub mod desired;
 pub mod known;
 pub mod order;
 
 use std::borrow::Borrow;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 pub use assign::{
     assign, assign_with, AssignEvent, ContainerDemand, Entitlement, NewCpus, ReleaseReason,
@@ -107,6 +108,48 @@ pub struct Plan {
     pub assignments: Assignments,
     pub events: Vec<AssignEvent>,
     pub writes: WritePlan,
+}
+
+impl Plan {
+    /// Someone waits for cpus: an allocation failed or fell short, or a pod was rejected.
+    pub fn unmet(&self) -> bool {
+        self.events.iter().any(|e| {
+            matches!(
+                e,
+                AssignEvent::Failed { .. }
+                    | AssignEvent::Short { .. }
+                    | AssignEvent::PodRejected { .. }
+            )
+        })
+    }
+
+    /// How many cgroups get the shared pool written: what a change of the pool rewrites.
+    pub fn shared_members(&self) -> usize {
+        let shared = self.pools.as_ref().map(|p| &p.shared);
+        let desired = self.desired.iter();
+        desired
+            .filter(|d| d.cpus_to_write().is_some() && d.cpus.as_ref() == shared)
+            .count()
+    }
+
+    /// The containers asking for exclusive cpus: entitled to them (`classes`, the plan's), or
+    /// short of them (which may not know their entitlement but remember it).
+    pub fn asking<C: Borrow<Classification>>(&self, classes: &[C]) -> HashSet<AssignmentKey> {
+        let entitled = classes.iter().map(Borrow::borrow);
+        let entitled = entitled.filter(|c| c.exclusive_cpus() > 0);
+        let assignments = self.assignments.iter();
+        let short = assignments.filter(|(_, a)| a.wanted.is_some());
+        let short = short.map(|(k, _)| k.clone());
+        entitled
+            .filter_map(|c| c.assignment_key())
+            .chain(short)
+            .collect()
+    }
+}
+
+/// A container whose entitlement cannot be decided yet (see [`Entitlement::Unknown`]).
+pub fn undecided(class: &Classification) -> bool {
+    class.kind == CgroupKind::Container && matches!(entitlement(class), Entitlement::Unknown { .. })
 }
 
 /// What classification says a container is entitled to. Undecidable or unreadable settings
@@ -503,4 +546,59 @@ fn cpuset_writes(
         );
     }
     plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::allocator::AllocationError;
+
+    fn key(container: &str) -> AssignmentKey {
+        AssignmentKey::Named {
+            pod_uid: "uid".into(),
+            container: container.into(),
+        }
+    }
+
+    #[test]
+    fn a_plan_says_who_waits_for_cpus_and_how_many_cgroups_share_the_pool() {
+        let set = |s: &str| -> CpuSet { s.parse().unwrap() };
+        let desired = |cpus: &str, inherited: bool| DesiredCgroup {
+            cpus: Some(set(cpus)),
+            cpus_inherited: inherited,
+            ..DesiredCgroup::default()
+        };
+        let mut plan = Plan {
+            pools: Some(Pools {
+                pod_cpus: set("0-3"),
+                shared: set("0-1"),
+                memory_nodes: set("0"),
+            }),
+            desired: vec![
+                desired("0-3", false),
+                desired("0-1", false),
+                desired("0-1", true),
+                desired("2", false),
+            ],
+            parents: Vec::new(),
+            assignments: Assignments::default(),
+            events: vec![AssignEvent::Allocated {
+                key: key("a"),
+                cpus: set("2"),
+            }],
+            writes: WritePlan::default(),
+        };
+        // Written with the pool: not the root, not one that inherits it, not a pin.
+        assert_eq!(plan.shared_members(), 1);
+        assert!(!plan.unmet());
+        plan.events.push(AssignEvent::Failed {
+            key: key("b"),
+            requested: 3,
+            error: AllocationError::SmtNotMultipleOfCore {
+                requested: 3,
+                cpus_per_core: 2,
+            },
+        });
+        assert!(plan.unmet());
+    }
 }

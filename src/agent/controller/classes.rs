@@ -3,16 +3,7 @@
 
 use super::model::{for_each_entry, Phase};
 use super::*;
-
-/// What classification noticed about a cgroup (an ignored annotation value, a pod uid in the
-/// runtime config that differs from the path, a limit that differs from the request …), said
-/// once: when its classification is cached, which is again only when its CPU settings change.
-/// Logs what classification noticed about a cgroup, each notice once while it lasts.
-pub(super) fn say_notices(path: &CgroupPath, class: &Classification, said: &mut SaidOnce<Notice>) {
-    for notice in said.only(class.notices.iter().cloned()) {
-        log::warn!("cg={path}: {notice}");
-    }
-}
+use crate::agent::said::{say_notices, say_resized};
 
 impl Controller {
     /// Classifies the model, reusing each cgroup's cached classification (kept while its path
@@ -121,28 +112,12 @@ impl Controller {
                 let naming = &self.parts.naming;
                 let class = classify(naming, &cgroup.relative, &cgroup.cpu, Some(&info));
                 if phase != Some(Phase::Resized) {
-                    log::info!(
-                        "cg={} cpu settings differ from the runtime config (resized in place): \
-                         request {} from the cgroup",
-                        cgroup.path,
-                        class
-                            .resources
-                            .map_or_else(|| "unknown".to_string(), |r| r.request.to_string())
-                    );
+                    say_resized(&cgroup.path, &class);
                 }
                 self.model.set_phase(&cgroup.path, Phase::Resized);
                 Some(class)
             }
             _ => None,
         }
-    }
-
-    /// Containers whose CPU settings are not readable yet get a few bounded re-reads (a full
-    /// pass's `scan` is the whole model): see [`Model::track_settings`].
-    pub(super) fn track_settings_wait(&mut self, scan: &Scan, classes: &[Class], now: Instant) {
-        let waiting = classes
-            .iter()
-            .map(|class| class.kind == CgroupKind::Container && model::waits_for_settings(class));
-        self.deadlines.settings = self.model.track_settings(scan, waiting, now);
     }
 }

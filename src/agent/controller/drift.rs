@@ -25,15 +25,11 @@ impl Controller {
         {
             return None;
         }
-        let mut repairs = Vec::with_capacity(self.since_pass.drifted.len());
-        for path in &self.since_pass.drifted {
-            repairs.push((path.clone(), self.model.desired(path)?.clone()));
-        }
-        let plan = crate::planner::order::repairs(repairs);
+        let drifted = self.since_pass.drifted.iter();
+        let repairs = drifted.map(|p| Some((p.clone(), self.model.desired(p)?.clone())));
+        let plan = crate::planner::order::repairs(repairs.collect::<Option<Vec<_>>>()?);
         let known = crate::planner::Known::nothing();
-        let (new_children, budget) = (NewChildren::NarrowNow, crate::writer::Budget::All);
-        let executed =
-            crate::writer::execute(&self.parts.hierarchy, plan, &known, new_children, budget);
+        let executed = crate::writer::execute_all(&self.parts.hierarchy, plan, &known);
         self.metrics.writes_issued += executed.done.len() as u64;
         let written_at = Instant::now();
         let mut outcome = PassOutcome::default();
@@ -41,32 +37,33 @@ impl Controller {
             outcome.writes += 1;
             self.metrics.drift_repairs += 1;
             self.since_pass.drifted.remove(&step.path);
-            if let Some(entry) = self.model.get_mut(&step.path) {
-                entry.cgroup.assume_written(step.file, &step.value);
-                // As new as the write (see `take_written`).
-                entry.updated = written_at;
-            }
+            self.model.written(step, written_at);
             self.bump();
         }
         (outcome.writes == executed.done.len()).then_some(outcome)
     }
 
-    /// Records a foreign change of `path`'s `cpuset.cpus`; whether its repair must wait (see
-    /// [`Fight::drift`]: a fight is counted, and its repair's deadline kept).
-    pub(super) fn hold_off_drift(&mut self, path: &CgroupPath, now: Instant) -> bool {
-        let Some(entry) = self.model.get_mut(path) else {
-            return false;
+    /// Records a foreign change of `cgroup`'s `cpuset.cpus` (read at `now`) as a drift of its
+    /// record (see [`Fight::drift`]: a fight is counted, and its repair's deadline kept). A
+    /// cgroup someone keeps rewriting is repaired at a backed-off pace: meanwhile its foreign
+    /// value is not taken into the model (`cgroup` gets the record's), so no pass rewrites it.
+    pub(super) fn hold_off_drift(&mut self, cgroup: &mut ScannedCgroup, now: Instant) {
+        let Some(entry) = self.model.get_mut(&cgroup.path) else {
+            return;
         };
+        let (Some(desired), Some(cpus)) = (&entry.desired, cgroup.cpus.configured()) else {
+            return;
+        };
+        if desired == cpus || cpus.is_empty() {
+            return;
+        }
         let fight = entry.fight.get_or_insert_with(|| Box::new(Fight::new(now)));
-        match fight.drift(path, now) {
-            Drift::Repair => false,
-            Drift::FightStarts => {
-                self.metrics.drift_fights += 1;
-                false
-            }
+        match fight.drift(&cgroup.path, now) {
+            Drift::Repair => {}
+            Drift::FightStarts => self.metrics.drift_fights += 1,
             Drift::Wait(until) => {
                 self.deadlines.fight = Some(self.deadlines.fight.map_or(until, |t| t.min(until)));
-                true
+                cgroup.cpus = entry.cgroup.cpus.clone();
             }
         }
     }
@@ -80,10 +77,7 @@ impl Controller {
         }
         let (due, next) = self.model.due_fights(now);
         self.deadlines.fight = next;
-        let mut changed = false;
-        for path in due {
-            changed |= self.reread(&path, now);
-        }
-        changed
+        due.iter()
+            .fold(false, |changed, p| self.reread(p, now) | changed)
     }
 }

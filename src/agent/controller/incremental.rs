@@ -9,114 +9,32 @@
 //! marked incomplete, so the planner releases nothing it did not see), the allocator sees the
 //! same free CPUs, and every desired set is local (a container's set, its pod's union, a
 //! parent's clamp). Debug builds and tests check it after every incremental pass against a
-//! full plan of the same model ([`Controller::assert_chain_is_full_plan`]).
+//! full plan of the same model ([`crate::planner::chain::assert_chain_is_full_plan`]).
 //!
 //! What a chain leaves undone: the ancestors' and the other shared members' rewrites when the
 //! shared pool changed, and the kubepods root's narrowing when isolated cpus pinned there were
 //! released. A full pass makes them, coalesced: [`Burst::QUIET`] after the last
 //! incremental pass, at most [`Burst::LIMIT`] after the first.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::time::Instant;
 
-use super::{entitlement, Burst, CgroupKind, CgroupPath, Controller, Entitlement, PassOutcome};
-
-/// What a pass plans.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Mode {
-    /// The whole model.
-    Full,
-    /// New pods: their subtrees (`roots`) and the roots' ancestors.
-    Chain { roots: Vec<CgroupPath> },
-}
-
-impl Mode {
-    pub(super) fn is_full(&self) -> bool {
-        matches!(self, Mode::Full)
-    }
-
-    /// Whether the pass plans `path`'s own values (and writes them): in a chain, only the
-    /// pods' subtrees, not their ancestors.
-    pub(super) fn owns(&self, path: &CgroupPath) -> bool {
-        match self {
-            Mode::Full => true,
-            Mode::Chain { roots } => roots.iter().any(|r| path.strip_prefix(r).is_some()),
-        }
-    }
-}
-
-/// What changed in the model since the last pass: an index of paths over the records (a
-/// record forgotten leaves it, see [`SincePass::forget`]), which decides what the next pass
-/// plans (a chain, a drift repair, the whole model).
-#[derive(Debug, Default)]
-pub(super) struct SincePass {
-    /// Cgroups new to the model.
-    pub(super) new: BTreeSet<CgroupPath>,
-    /// Pods that lost a container (its cgroup went).
-    pub(super) touched: BTreeSet<CgroupPath>,
-    /// Pods whose cgroup went (by uid).
-    pub(super) gone_pods: BTreeSet<String>,
-    /// Anything else: a cgroup gone, re-read with other values, drift. Only a full plan will do.
-    pub(super) other: bool,
-    /// Cgroups with a foreign change of their `cpuset.cpus` (drift), taken by the pass that
-    /// repairs them.
-    pub(super) drifted: HashSet<CgroupPath>,
-    /// The model changed in more than drifted `cpuset.cpus` values of cgroups the last pass
-    /// planned (which [`Controller::pass`] writes back without planning).
-    pub(super) structural: bool,
-}
-
-impl SincePass {
-    /// Before the first pass: everything is new.
-    pub(super) fn start() -> SincePass {
-        SincePass {
-            structural: true,
-            ..SincePass::default()
-        }
-    }
-
-    /// A full pass plans all that changed (drift is taken by the pass that repairs it).
-    pub(super) fn planned_all(&mut self) {
-        let drifted = std::mem::take(&mut self.drifted);
-        *self = SincePass {
-            drifted,
-            ..SincePass::default()
-        };
-    }
-
-    /// `path` left the model: the next pass plans without it.
-    pub(super) fn forget(&mut self, path: &CgroupPath) {
-        self.structural = true;
-        self.new.remove(path);
-        self.touched.remove(path);
-        self.drifted.remove(path);
-    }
-}
+use super::{undecided, Burst, CgroupKind, CgroupPath, Controller, PassOutcome};
+pub(super) use crate::planner::chain::Mode;
 
 impl Controller {
     /// Plans and writes only the chains of the pods that changed, when that is all that
     /// changed (see the module's documentation). `None`: a full pass is needed.
     pub(super) fn incremental_pass(&mut self, now: Instant) -> Option<PassOutcome> {
         let roots = self.chain()?;
-        let mut paths: BTreeSet<CgroupPath> = BTreeSet::new();
-        for root in &roots {
-            let mut up = root.parent();
-            while let Some(parent) = up.filter(|p| self.model.contains_key(p)) {
-                up = parent.parent();
-                paths.insert(parent);
-            }
-            paths.extend(self.model.subtree(root));
-        }
-        let cgroups = paths.iter().filter_map(|p| self.model.get(p));
-        let cgroups = cgroups.map(|e| e.cgroup.clone()).collect();
+        let chains = self.model.chains(&roots).into_iter();
+        let cgroups = chains.filter_map(|p| Some(self.model.get(&p)?.cgroup.clone()));
         // Nothing outside the chain is released but what went.
         let gone_pods = std::mem::take(&mut self.since_pass.gone_pods);
-        let scan = self.scan_of(cgroups, false, gone_pods);
+        let scan = self.scan_of(cgroups.collect(), false, gone_pods);
         let classes: Vec<_> = scan.cgroups.iter().map(|c| self.class_of(c)).collect();
         let classes = self.pod_level(&scan, classes);
-        let undecided = classes.iter().any(|c| {
-            c.kind == CgroupKind::Container && matches!(entitlement(c), Entitlement::Unknown { .. })
-        });
+        let undecided = classes.iter().any(|c| undecided(c));
         let known_limits = self.last_pass.limits.clone();
         let limits = self.node_limits();
         if undecided || known_limits.as_ref() != Some(&limits) {
@@ -128,9 +46,7 @@ impl Controller {
         let (outcome, follow_up) =
             self.plan_and_write(now, scan, classes, limits, Mode::Chain { roots });
         self.metrics.incremental_passes += 1;
-        self.since_pass.structural = false;
-        self.since_pass.new.clear();
-        self.since_pass.touched.clear();
+        self.since_pass.planned_chains();
         let clean = follow_up.stale.is_empty()
             && follow_up.settling.is_empty()
             && !follow_up.vanished
@@ -175,13 +91,10 @@ impl Controller {
     /// pod. Writes a full pass held back during a burst do not stop it: they are the shared
     /// pool's, which its flush makes, and the chain widens its own ancestors.
     fn chain(&mut self) -> Option<Vec<CgroupPath>> {
-        let changed = !self.since_pass.new.is_empty()
-            || !self.since_pass.touched.is_empty()
-            || !self.since_pass.gone_pods.is_empty();
         let eligible = self.last_pass.planned
             && self.last_pass.steady
             && !self.since_pass.other
-            && changed
+            && self.since_pass.pods_changed()
             && self.parts.policy.is_some()
             && self.deadlines.settling.is_empty()
             && self.since_pass.drifted.is_empty()
@@ -189,25 +102,14 @@ impl Controller {
         if !eligible {
             return None;
         }
-        let mut roots: BTreeSet<CgroupPath> = BTreeSet::new();
-        let touched = self.since_pass.touched.iter();
-        for path in self
-            .since_pass
-            .new
-            .iter()
-            .chain(touched)
-            .cloned()
-            .collect::<Vec<_>>()
-        {
-            roots.insert(self.pod_of(&path)?);
-        }
-        Some(roots.into_iter().collect())
+        let since = &self.since_pass;
+        let changed: Vec<_> = since.new.iter().chain(&since.touched).cloned().collect();
+        let roots: Option<BTreeSet<_>> = changed.iter().map(|p| self.pod_of(p)).collect();
+        Some(roots?.into_iter().collect())
     }
 
-    /// A cgroup the watcher saw go. A pod that went, or a container that went from a pod that
-    /// stays, leaves the next pass incremental (the pod's assignments released; the pod's
-    /// chain planned again); anything else makes it a full one. Returns whether the model
-    /// changed.
+    /// A cgroup the watcher saw go (see [`crate::agent::model::SincePass::removed`]). Returns
+    /// whether the model changed.
     pub(super) fn removed(&mut self, root: &CgroupPath) -> bool {
         let kind = self
             .model
@@ -218,18 +120,7 @@ impl Controller {
         if !self.forget_subtree(root) {
             return false;
         }
-        match (kind, parent) {
-            (Some((CgroupKind::Pod, Some(uid))), _) => {
-                self.since_pass.gone_pods.insert(uid);
-            }
-            (
-                Some((CgroupKind::Container | CgroupKind::Sandbox | CgroupKind::ContainerChild, _)),
-                Some(parent),
-            ) => {
-                self.since_pass.touched.insert(parent);
-            }
-            _ => self.since_pass.other = true,
-        }
+        self.since_pass.removed(kind, parent);
         true
     }
 
@@ -244,62 +135,5 @@ impl Controller {
             at = path.parent();
         }
         None
-    }
-
-    /// The reference an incremental pass is held to: a full plan of the same model, from the
-    /// same assignments (`before`), decides the same assignments, pools and events, and the
-    /// same desired sets and writes for every cgroup of the chain.
-    #[cfg(debug_assertions)]
-    pub(super) fn assert_chain_is_full_plan(
-        &mut self,
-        before: &crate::state::Assignments,
-        chain: &super::Scan,
-        planned: &crate::planner::Plan,
-        limits: &crate::planner::NodeLimits,
-        mode: &Mode,
-    ) {
-        use std::collections::HashMap;
-        let scan = self.model_scan();
-        let classes = self.classify_model(&scan);
-        let full = crate::planner::plan(&scan, &classes, before, &self.plan_config(limits));
-        assert_eq!(
-            planned.assignments, full.assignments,
-            "an incremental pass assigned what a full plan would not"
-        );
-        assert_eq!(planned.pools, full.pools, "an incremental pass's pools");
-        assert_eq!(planned.events, full.events, "an incremental pass's events");
-        let index: HashMap<&CgroupPath, usize> = scan
-            .cgroups
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (&c.path, i))
-            .collect();
-        for (cgroup, desired) in chain.cgroups.iter().zip(&planned.desired) {
-            assert_eq!(
-                Some(desired),
-                index.get(&cgroup.path).map(|&i| &full.desired[i]),
-                "an incremental pass's desired sets of {}",
-                cgroup.path
-            );
-        }
-        let chain_paths: HashSet<&CgroupPath> = chain.cgroups.iter().map(|c| &c.path).collect();
-        let in_chain = |w: &crate::planner::Step| {
-            mode.owns(&w.path)
-                || (w.step == crate::planner::WriteStep::Widen && chain_paths.contains(&w.path))
-        };
-        let key = |w: &crate::planner::Step| (w.path.clone(), w.file, w.value.clone(), w.step);
-        let mut mine: Vec<_> = planned.writes.iter().map(key).collect();
-        let mut theirs: Vec<_> = full
-            .writes
-            .iter()
-            .filter(|w| in_chain(w))
-            .map(key)
-            .collect();
-        mine.sort();
-        theirs.sort();
-        assert_eq!(
-            mine, theirs,
-            "an incremental pass's writes (in its pods, and its ancestors' widenings)"
-        );
     }
 }

@@ -41,12 +41,8 @@ impl Controller {
         });
         let wanted = crate::projection::wanted(known, *all, host);
         // The live pods only when a pod may have gone (no set of every pod at every pass).
-        let live: HashSet<String> = match projector.needs_live(&wanted) {
-            true => self
-                .model
-                .values()
-                .filter_map(|e| e.class.as_deref()?.pod_uid.clone())
-                .collect(),
+        let live = match projector.needs_live(&wanted) {
+            true => self.model.pod_uids(),
             false => HashSet::new(),
         };
         self.deadlines.projection.due = !projector.sync(&wanted, &live, stop);

@@ -40,34 +40,8 @@ impl Controller {
     /// tracked for the event-to-pin latency from `now`.
     pub(super) fn upsert(&mut self, mut cgroup: ScannedCgroup, now: Instant) -> bool {
         let path = cgroup.path.clone();
-        // A cgroup someone keeps rewriting is repaired at a backed-off pace: meanwhile its
-        // foreign value is not taken into the model (so no pass rewrites it either).
-        let desired = self.model.desired(&path);
-        if let (Some(desired), Some(now_cpus)) = (desired, cgroup.cpus.configured()) {
-            if desired != now_cpus && !now_cpus.is_empty() && self.hold_off_drift(&path, now) {
-                if let Some(entry) = self.model.get(&path) {
-                    cgroup.cpus = entry.cgroup.cpus.clone();
-                }
-            }
-        }
-        let pure_drift = self.model.get(&path).is_some_and(|e| {
-            e.cgroup.relative == cgroup.relative
-                && e.cgroup.cpu == cgroup.cpu
-                && e.cgroup.mems == cgroup.mems
-        }) && self.model.desired(&path).is_some_and(|desired| {
-            cgroup
-                .cpus
-                .configured()
-                .is_some_and(|now| now != desired && !now.is_empty())
-        });
-        if !pure_drift
-            && !self
-                .model
-                .get(&path)
-                .is_some_and(|e| e.cgroup.same_settings(&cgroup))
-        {
-            self.since_pass.structural = true;
-        }
+        self.hold_off_drift(&mut cgroup, now);
+        self.since_pass.structural |= self.model.changes_structure(&cgroup);
         match self.model.get_mut(&path) {
             Some(entry) if entry.cgroup.same_settings(&cgroup) => {
                 // Keep the kernel's latest derived values; nothing to plan.
@@ -83,14 +57,7 @@ impl Controller {
         if self.model.drifts(&cgroup) {
             self.since_pass.drifted.insert(path.clone());
         }
-        if !self.model.contains_key(&path) {
-            self.since_pass.new.insert(path.clone());
-        } else if !self.since_pass.new.contains(&path) {
-            // Re-read with other values (a runtime writing a container's CPU settings after
-            // making its cgroup, a resize): its pod's chain is planned again (a cgroup outside
-            // any pod makes the pass a full one; drift is repaired on its own).
-            self.since_pass.touched.insert(path.clone());
-        }
+        self.since_pass.read(&path, !self.model.contains_key(&path));
         if track_pin {
             self.model.pins_pending += 1;
         }
@@ -109,12 +76,7 @@ impl Controller {
         if self.parts.hierarchy.cpuset.is_gone(root) {
             return self.removed(root);
         }
-        if self.said.unreadable.first(root.clone()) {
-            log::warn!(
-                "cg={root} cannot be read (not gone): what it holds stays its own; make it \
-                 readable by root without capabilities (the unit has none)"
-            );
-        }
+        self.said.say_unreadable(root);
         false
     }
 
@@ -163,11 +125,13 @@ impl Controller {
         }
     }
 
-    /// Reads a subtree again into the model.
-    pub(super) fn rescan_subtree(&mut self, root: &CgroupPath, now: Instant) {
+    /// Reads a subtree again into the model; whether the model changed.
+    pub(super) fn rescan_subtree(&mut self, root: &CgroupPath, now: Instant) -> bool {
+        let mut changed = false;
         for cgroup in self.parts.scanner.scan_subtree(root).cgroups {
-            self.upsert(cgroup, now);
+            changed |= self.upsert(cgroup, now);
         }
+        changed
     }
 
     /// The whole model as a scan (what a full pass plans).
@@ -185,14 +149,11 @@ impl Controller {
         gone_pods: std::collections::BTreeSet<String>,
     ) -> Scan {
         Scan {
-            version: self.parts.hierarchy.version,
-            kubepods: self.parts.scanner.kubepods().clone(),
-            inherits: self.parts.scanner.inherits(),
             cgroups,
-            skipped: Vec::new(),
             complete,
             truncated: !self.model.complete,
             gone_pods,
+            ..self.parts.scanner.empty_scan()
         }
     }
 }

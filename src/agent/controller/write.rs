@@ -1,10 +1,9 @@
-//! A plan and its writes: what is urgent, what may wait, what the writes showed of the model.
+//! A plan and its writes: what is urgent, what may wait, what the writes showed of the model,
+//! and what the pass tells (its events said and counted, the event → pin latency).
 
-use super::model::for_each_entry;
 use super::*;
-use crate::cgroupfs::CgroupError;
-use crate::planner::{Known, Step};
-use crate::writer::{execute, Budget, Done, Executed, Outcome, Tally};
+use crate::planner::Known;
+use crate::writer::{execute, Done, Executed, Outcome, Tally};
 
 impl Controller {
     /// What the planner is given besides the tree.
@@ -45,18 +44,25 @@ impl Controller {
         // planner's steps for what is there.
         crate::writer::narrow_unseen(&self.parts.hierarchy, &mut executed);
         let written_at = Instant::now();
-        self.take_desired(&scan, &planned, &mode);
+        // A chain's ancestors' narrowings wait for the full pass (see `Model::take_desired`).
+        self.model
+            .take_desired(&scan, &planned.desired, |p| mode.owns(p));
         let follow_up = self.take_outcomes(&executed.done, &drifted, written_at);
         let urgent_done = executed.urgent_done.unwrap_or(written_at);
-        self.track_pins(&scan, &classes, |i| {
-            if urgent.get(i) == Some(&true) {
-                urgent_done
-            } else {
-                written_at
-            }
-        });
+        // Event → pin latency of the new containers' pins that landed.
+        let pinned_at = |i| match urgent.get(i) {
+            Some(true) => urgent_done,
+            _ => written_at,
+        };
+        let metrics = &mut self.metrics;
+        let record = |latency| metrics.event_to_pin.record(latency);
+        self.model.time_pins(&scan, &classes, pinned_at, record);
         if mode.is_full() {
-            self.track_settings_wait(&scan, &classes, now);
+            // Containers whose CPU settings are not readable yet: a few bounded re-reads.
+            let waiting = classes
+                .iter()
+                .map(|c| c.kind == CgroupKind::Container && model::waits_for_settings(c));
+            self.deadlines.settings = self.model.track_settings(&scan, waiting, now);
         }
         self.count_containers(&scan, &classes, &planned.assignments, &mode);
         let mut outcome = self.record_pass(planned, &executed, &classes, &mode);
@@ -85,64 +91,52 @@ impl Controller {
         );
         if !mode.is_full() {
             let all = planned.writes.len();
-            planned
-                .writes
-                .retain(|w| w.step == WriteStep::Widen || mode.owns(&w.path));
+            planned.writes.retain(|w| mode.makes(w));
             self.metrics.writes_held_back += (all - planned.writes.len()) as u64;
             #[cfg(debug_assertions)]
             {
-                let before = self.parts.assignments.clone();
-                self.assert_chain_is_full_plan(&before, scan, &planned, limits, mode);
+                let whole = self.model_scan();
+                let classes = self.classify_model(&whole);
+                let (assignments, config) = (&self.parts.assignments, self.plan_config(limits));
+                let full = plan(&whole, &classes, assignments, &config);
+                let check = crate::planner::chain::assert_chain_is_full_plan;
+                check((scan, &planned), (&whole, &full), mode);
             }
         }
         planned
     }
 
+    /// Counts each assignment event in the metrics and says it in the log (see
+    /// [`Said::events`]).
+    fn log_events(&mut self, events: &[AssignEvent], classes: &[Class]) {
+        let policy = self.parts.policy.as_ref();
+        let full_cores = policy.is_some_and(|p| p.options().full_pcpus_only);
+        let how = (full_cores, &self.parts.topology);
+        self.said.events(events, classes, &mut self.metrics, how);
+    }
+
     /// Forgets the pin failures of containers no longer asking: neither entitled to exclusive
     /// cpus nor short of them (which may not know their entitlement but remember it).
     fn forget_met_pin_failures(&mut self, classes: &[Class], planned: &Plan) {
-        let asking: HashSet<AssignmentKey> = classes
-            .iter()
-            .filter(|c| c.exclusive_cpus() > 0)
-            .filter_map(|c| c.assignment_key())
-            .chain(
-                planned
-                    .assignments
-                    .iter()
-                    .filter(|(_, a)| a.wanted.is_some())
-                    .map(|(k, _)| k.clone()),
-            )
-            .collect();
+        let asking = planned.asking(classes);
         self.metrics.retain_pin_failures(|k| asking.contains(k));
-        let before = self.said.refused.len();
-        self.said.refused.retain(|k, _| asking.contains(k));
-        self.said.refusals_changed |= self.said.refused.len() != before;
+        self.said.forget_refusals(|k| asking.contains(k));
         self.metrics
             .retain_pod_rejections(|uid| planned.assignments.rejection(uid).is_some());
     }
 
     /// Makes a prefix of the plan's steps: every one, or, in a full pass of an agent that
     /// watches arrivals, the urgent ones and the rest held back while cgroups arrive or until a
-    /// new arrival (see [`Budget`]). The plan's steps move into what it returns.
+    /// new arrival (see [`Deadlines::budget`]). The plan's steps move into what it returns.
     fn write(&mut self, now: Instant, scan: &Scan, planned: &mut Plan, mode: &Mode) -> Executed {
-        let bursting = self.deadlines.burst.bursting(now);
-        let overdue = self.deadlines.held_back.overdue(now);
         // Whoever drains the event channel forgets the arrivals first (the agent's loop): a token
         // still here means an event waits in the channel, even one that came while this pass
         // was planned, or before a pass no event started (a deadline's, a reconcile's).
         let arrivals = self.arrivals.clone();
         let arrived = move || arrivals.as_ref().is_some_and(Arrivals::arrived);
-        let budget = match (
-            self.arrivals.is_some() && mode.is_full(),
-            bursting && !overdue,
-        ) {
-            (false, _) => Budget::All,
-            (true, true) => Budget::UrgentOnly,
-            (true, false) => Budget::Yield {
-                after: if overdue { Burst::MIN_PROGRESS } else { 0 },
-                arrived: &arrived,
-            },
-        };
+        let watching = self.arrivals.is_some() && mode.is_full();
+        let arrived = watching.then_some(&arrived as &dyn Fn() -> bool);
+        let budget = self.deadlines.budget(now, arrived);
         let initialised = self.model.initialised(scan, now);
         let (new_children, initialised) = match self.parts.hierarchy.version {
             CgroupVersion::V1 => (NewChildren::LetThemSettle, &initialised[..]),
@@ -151,25 +145,15 @@ impl Controller {
         let known = Known::new(scan, &planned.parents, initialised);
         let plan = std::mem::take(&mut planned.writes);
         let executed = execute(&self.parts.hierarchy, plan, &known, new_children, budget);
-        self.owe_held_back(now, executed.tally().held_back, mode);
+        let held_back = executed.tally().held_back;
+        self.deadlines
+            .held_back_writes(now, held_back, mode.is_full());
+        self.metrics.writes_held_back += held_back as u64;
         executed
     }
 
-    /// Writes held back are owed: made once cgroups stop arriving, or at the limit. A full
-    /// pass that held nothing back paid them (an incremental pass holds nothing back, and
-    /// leaves what a full one held back to that one's flush).
-    fn owe_held_back(&mut self, now: Instant, held_back: usize, mode: &Mode) {
-        if held_back > 0 {
-            let quiet = self.deadlines.burst.quiet_at(now);
-            self.deadlines.held_back.owe(now, quiet);
-            self.metrics.writes_held_back += held_back as u64;
-        } else if mode.is_full() {
-            self.deadlines.held_back.paid();
-        }
-    }
-
     /// What each step's outcome shows, in one table: a write is taken into the model (see
-    /// [`Controller::take_desired`]) and repairs drift where its cgroup drifted; a cgroup gone leaves the model (what it held is
+    /// [`Model::written`]) and repairs drift where its cgroup drifted; a cgroup gone leaves the model (what it held is
     /// released by the next plan); a child in the way (known or below the scan's depth limit)
     /// has the cgroup re-read and planned again now, a new child a moment later; a refusal is
     /// counted and said once. Each write comes back from the watcher as an `IN_MODIFY` whose
@@ -196,27 +180,27 @@ impl Controller {
                     {
                         repaired.insert(path);
                     }
-                    if let Some(entry) = self.model.get_mut(path) {
-                        entry.cgroup.assume_written(step.file, &step.value);
-                        entry.updated = written_at;
-                    }
+                    self.model.written(step, written_at);
                 }
                 Outcome::Gone => follow_up.vanished |= self.remove_subtree(path),
                 Outcome::ChildInTheWay { child, refused } => {
-                    self.say_stale(step, child.as_ref(), refused.as_ref());
+                    self.metrics
+                        .count_stale(step, child.as_ref(), refused.as_ref());
                     follow_up.stale.push(path.clone());
                 }
                 Outcome::UnseenInTheWay { .. } => follow_up.stale.push(path.clone()),
                 Outcome::Settling => follow_up.settling.push(path.clone()),
                 Outcome::Refused { error, blocks } => {
                     self.metrics.narrowings_blocked += u64::from(blocks.is_some());
-                    self.say_refused(step, error, blocks.as_ref(), false);
+                    self.metrics
+                        .count_refused(step, error, blocks.as_ref(), false);
                 }
                 Outcome::RefusedEmpty { error, parent } => {
                     if parent.is_some() {
                         past_empty.insert(path);
                     }
-                    self.say_refused(step, error, parent.as_ref(), true);
+                    self.metrics
+                        .count_refused(step, error, parent.as_ref(), true);
                 }
                 Outcome::UnderGone
                 | Outcome::Skipped
@@ -227,82 +211,6 @@ impl Controller {
         self.metrics.drift_repairs += repaired.len() as u64;
         self.metrics.narrowings_blocked += past_empty.len() as u64;
         follow_up
-    }
-
-    /// A narrowing a child holds up: one the kernel refused (EBUSY) is a race with a runtime,
-    /// re-planned at once: counted as a retry and said once, not an error.
-    fn say_stale(
-        &mut self,
-        step: &Step,
-        child: Option<&CgroupPath>,
-        refused: Option<&CgroupError>,
-    ) {
-        if let Some(error) = refused {
-            let errno = error.errno().unwrap_or(0);
-            *self.metrics.write_retries.entry(errno).or_default() += 1;
-            if self.metrics.first_failure(&step.path, step.file, errno) {
-                log::info!("{} (a child holds more: re-planning)", error_chain(error));
-            }
-        } else if let Some(child) = child {
-            log::debug!(
-                "cg={} not narrowed yet: {child}, which this pass did not plan, holds more",
-                step.path
-            );
-        }
-    }
-
-    /// A write the kernel refused, counted and said once. `parent`: the parent whose narrowing
-    /// waits for it, or (`empty`: a v1 cgroup never set up, whose cpus and mems fail alike and
-    /// are said once) that is narrowed past it.
-    fn say_refused(
-        &mut self,
-        step: &Step,
-        error: &CgroupError,
-        parent: Option<&CgroupPath>,
-        empty: bool,
-    ) {
-        let errno = error.errno().unwrap_or(0);
-        *self.metrics.write_errors.entry(errno).or_default() += 1;
-        let (path, past) = (&step.path, parent.filter(|_| empty));
-        let file = past.map_or(step.file, |_| InterfaceFile::CpusetCpus);
-        if !self.metrics.first_failure(path, file, errno) {
-            return;
-        }
-        let fix = "writable by root without capabilities (chown it to root)";
-        match (parent, past) {
-            (_, Some(parent)) => log::warn!(
-                "{}: cg={path} is empty, so no task runs in it and its parent {parent} is \
-                 narrowed past it; make it {fix} or remove it; retried at each reconcile",
-                error_chain(error),
-            ),
-            (Some(parent), None) => {
-                log::warn!("{}", error_chain(error));
-                log::warn!(
-                    "cg={parent} cannot be narrowed while its child {path} holds more and \
-                     cannot be written: make {path} {fix} or remove it if it is empty; retried \
-                     at each reconcile"
-                );
-            }
-            (None, None) => log::warn!("{}", error_chain(error)),
-        }
-    }
-
-    /// Each cgroup keeps the cpus the plan wants there (for drift detection and pin latency);
-    /// a chain's ancestors' narrowings wait for the full pass: until then what they hold is
-    /// what is wanted there, not drift.
-    fn take_desired(&mut self, scan: &Scan, planned: &Plan, mode: &Mode) {
-        let mut desired = planned.desired.iter();
-        for_each_entry(&mut self.model, scan, |_, entry| {
-            let wanted = &desired.next().expect("one desired set per cgroup").cpus;
-            if let Some(entry) = entry.filter(|e| e.desired != *wanted) {
-                entry.desired.clone_from(wanted);
-            }
-        });
-        for cgroup in scan.cgroups.iter().filter(|c| !mode.owns(&c.path)) {
-            if let Some(entry) = self.model.get_mut(&cgroup.path) {
-                entry.desired = entry.cgroup.cpus.configured().cloned();
-            }
-        }
     }
 
     /// The containers the metrics count, and the isolation annotations of those that ask
@@ -325,25 +233,11 @@ impl Controller {
             .count() as u64;
         if mode.is_full() {
             self.metrics.containers = containers;
-            self.model.isolated.clear();
         } else {
             self.metrics.containers += containers;
         }
-        for (class, cgroup) in classes.iter().zip(&scan.cgroups) {
-            let asks = class.isolation.any();
-            let may_hold = asks || !matches!(entitlement(class), Entitlement::Shared);
-            if class.kind != CgroupKind::Container || !may_hold {
-                continue;
-            }
-            let Some(key) = class.assignment_key() else {
-                continue;
-            };
-            if asks || assignments.get(&key).is_some() {
-                self.model
-                    .isolated
-                    .insert(key, (class.isolation, cgroup.path.clone()));
-            }
-        }
+        self.model
+            .index_isolated(scan, classes, assignments, mode.is_full());
     }
 
     /// The pass's assignments and pools become the controller's; what the next pass may
@@ -361,14 +255,7 @@ impl Controller {
         let reserved = self.parts.policy.as_ref().map(|p| p.reserved());
         self.metrics
             .record_pass(&planned, &report, &self.parts.topology, reserved, classes);
-        let unmet = planned.events.iter().any(|e| {
-            matches!(
-                e,
-                AssignEvent::Failed { .. }
-                    | AssignEvent::Short { .. }
-                    | AssignEvent::PodRejected { .. }
-            )
-        });
+        let unmet = planned.unmet();
         let settled = report.all_written() && !unmet;
         // Only a full pass says the whole tree is settled; an incremental one can only say it
         // is not (a write a full pass could not make is retried by the next reconcile).
@@ -378,18 +265,9 @@ impl Controller {
             self.last_pass.steady = false;
         }
         if mode.is_full() {
-            let shared = planned.pools.as_ref().map(|p| &p.shared);
-            self.last_pass.shared_members = planned
-                .desired
-                .iter()
-                .filter(|d| d.cpus_to_write().is_some() && d.cpus.as_ref() == shared)
-                .count();
-            self.last_pass.steady = self.model.complete
-                && !unmet
-                && classes.iter().all(|c| {
-                    c.kind != CgroupKind::Container
-                        || !matches!(entitlement(c), Entitlement::Unknown { .. })
-                });
+            self.last_pass.shared_members = planned.shared_members();
+            let decided = !classes.iter().any(|c| undecided(c));
+            self.last_pass.steady = self.model.complete && !unmet && decided;
         }
         self.parts.assignments = planned.assignments;
         // The pods' names go into the checkpoint with their pins (for the log after a restart).
