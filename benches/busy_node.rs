@@ -11,8 +11,9 @@
 //!   p99, and the agent's CPU (time on CPU of all its threads, `/proc/<pid>/task/*/schedstat`)
 //!   and cgroup writes (its `cpusetd_cgroup_writes_total`) per pod over the run; and, per pin,
 //!   how many writes to the other containers' `cpuset.cpus` (v2: and their ancestors') landed
-//!   between the container's appearance and its pin (`behind`: whether a pin waits behind the
-//!   shared pool's batch).
+//!   between the pod's cgroup appearing (the bench watches `kubepods` for it) and its pin
+//!   (`behind`: whether a pin waits behind the shared pool's batch; also printed, counted from
+//!   the bench's start of the pod, when the agent could not know of it yet).
 //! * **Quiet node, event → exclusive**: one pod at a time, the agent quiet before each. From the
 //!   container's appearance until no container of the background pods holds the new pin's CPU
 //!   any more (on v1 a container's own `cpuset.cpus`; on v2 its effective set, worked out from
@@ -115,7 +116,9 @@ impl Work {
 /// The busy node's run: per pin, event -> pin and how many writes to the other containers'
 /// `cpuset.cpus` (and, on v2, their ancestors') landed between the appearance and the pin.
 struct BusyRun {
-    samples: Vec<(Duration, usize)>,
+    /// Event -> pin, the writes landed after the pod's cgroup appeared, and all the writes
+    /// since the bench began to start the pod (some before the agent could know of it).
+    samples: Vec<(Duration, usize, usize)>,
     missed: usize,
     work: Work,
 }
@@ -136,7 +139,10 @@ fn busy(machine: &TestNode, agent: &Agent, n: usize) -> BusyRun {
         others.changes();
         let (pod, appeared, cpus) = start_pinned_pod(machine);
         match waiter.wait(&cpus, LIMIT, has_cpus(1)) {
-            Some(pinned) => run.samples.push((pinned - appeared, others.changes().0)),
+            Some(pinned) => {
+                let all = others.changes().0;
+                run.samples.push((pinned - appeared, others.after_pod, all));
+            }
             None => run.missed += 1,
         }
         thread::sleep(hold);
@@ -160,6 +166,11 @@ struct Others {
     dependents: Vec<Vec<usize>>,
     /// Per container, its file and its ancestors' (kubepods first), as indices into `files`.
     chains: Vec<Vec<usize>>,
+    /// The watch of the kubepods directory, for a Guaranteed pod's cgroup appearing.
+    pods: WatchDescriptor,
+    /// Of the writes the last [`Others::changes`] counted, those after a pod's cgroup
+    /// appeared (all of them when none did).
+    after_pod: usize,
 }
 
 impl Others {
@@ -172,12 +183,22 @@ impl Others {
     fn new(kubepods: &Path, version: CgroupVersion) -> Others {
         let mut containers = Vec::new();
         containers_below(kubepods, &mut containers);
+        let inotify = Inotify::init().expect("inotify");
+        let pods = inotify
+            .watches()
+            .add(
+                kubepods,
+                WatchMask::CREATE | WatchMask::MOVED_TO | WatchMask::ONLYDIR,
+            )
+            .expect("watch kubepods");
         let mut others = Others {
-            inotify: Inotify::init().expect("inotify"),
+            inotify,
             files: Vec::new(),
             file_of: HashMap::new(),
             dependents: Vec::new(),
             chains: Vec::new(),
+            pods,
+            after_pod: 0,
         };
         for (index, dir) in containers.iter().enumerate() {
             let mut dirs: Vec<&Path> = match version {
@@ -234,19 +255,34 @@ impl Others {
     fn changes(&mut self) -> (usize, Vec<usize>) {
         let mut buffer = [0u8; 16384];
         let (mut count, mut changed) = (0, Vec::new());
-        while let Ok(events) = self.inotify.read_events(&mut buffer) {
-            let before = count;
+        let mut pod_at = None;
+        loop {
+            let Ok(events) = self.inotify.read_events(&mut buffer) else {
+                break;
+            };
+            let mut read = 0;
             for event in events {
+                read += 1;
+                if event.wd == self.pods {
+                    let pod = event
+                        .name
+                        .is_some_and(|n| n.to_string_lossy().starts_with("pod"));
+                    if pod && pod_at.is_none() {
+                        pod_at = Some(count);
+                    }
+                    continue;
+                }
                 count += 1;
                 if event.mask.contains(inotify::EventMask::Q_OVERFLOW) {
                     changed.extend(0..self.files.len());
                 }
                 changed.extend(self.file_of.get(&event.wd));
             }
-            if count == before {
+            if read == 0 {
                 break;
             }
         }
+        self.after_pod = count - pod_at.unwrap_or(0);
         changed.sort_unstable();
         changed.dedup();
         (count, changed)
@@ -372,10 +408,12 @@ fn report_busy(what: &str, run: BusyRun) {
     let pods = (run.samples.len() + run.missed).max(1) as f64;
     // The pins behind which other cgroups' writes landed, and the median of each kind.
     let (mut behind, mut clear): (Vec<Duration>, Vec<Duration>) = (Vec::new(), Vec::new());
-    for &(latency, writes) in &run.samples {
+    for &(latency, writes, _) in &run.samples {
         if writes > 0 { &mut behind } else { &mut clear }.push(latency);
     }
     let most = run.samples.iter().map(|s| s.1).max().unwrap_or(0);
+    let since_start = run.samples.iter().filter(|s| s.2 > 0).count();
+    let most_since_start = run.samples.iter().map(|s| s.2).max().unwrap_or(0);
     let p50_of = |v: &mut Vec<Duration>| {
         if v.is_empty() {
             "-".to_string()
@@ -395,6 +433,10 @@ fn report_busy(what: &str, run: BusyRun) {
         most,
         p50_of(&mut clear),
         p50_of(&mut behind),
+    );
+    println!(
+        "{:<26} (counted from the bench's start of the pod, before its cgroup appeared: {since_start}/{most_since_start})",
+        ""
     );
 }
 
@@ -453,8 +495,9 @@ fn main() {
         "p50 bhd"
     );
     println!(
-        "(behind: pins before which writes to other containers' cpusets landed / the most such \
-         writes before one pin; p50 of the pins without (clr) and with (bhd) them)"
+        "(behind: pins before which writes to other containers' cpusets landed after the pod's \
+         cgroup appeared / the most such writes before one pin; p50 of the pins without (clr) \
+         and with (bhd) them)"
     );
     let mut quiet_rows = Vec::new();
     for name in &versions {

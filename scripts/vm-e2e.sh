@@ -16,6 +16,11 @@
 #   hotplug  v2, then a cpu of the pinned container goes offline and comes back (CPU hotplug)
 #   hotplug-v1  the same after v1 (not in the default set: v1's rewrites are covered by the
 #               fake-node tests, and every boot costs CI time)
+#   bench-v2  figures, not a test (not in the default set; `scripts/bench.sh guest-v2`): the
+#             guest_v2 bench (benches/guest_v2.rs) times event -> pin, event -> exclusive and
+#             drift repair on 110 pods and an in-guest floor (mkdir + one cpuset.cpus write) on
+#             6.12's cgroup v2; on TCG it runs on one TCG thread. The table is the `figures`
+#             block of target/vm-e2e/bench-v2.results.log.
 # The guest's /init is scripts/vm-e2e/init; the host judges its output with scripts/vm-e2e/check.py
 # against testdata/vm/expected-topology.json. Prints `PASS <scenario>` or `FAIL <scenario>: <why>`
 # per scenario and exits 1 if any failed.
@@ -29,6 +34,8 @@
 #   VM_E2E_KERNEL_6_1  kernel image of the 6.1 scenarios (default: the newest /boot/vmlinuz-6.1.*)
 #   VM_E2E_ACCEL       kvm | tcg | auto (default: kvm when /dev/kvm boots a guest, else tcg)
 #   VM_E2E_TIMEOUT     seconds per boot before qemu is killed (default 600: TCG on a loaded host)
+#   VM_E2E_BENCH_SAMPLES  samples of bench-v2 (default 100)
+#   GUEST_V2_BIN       bench-v2: use this guest_v2 bench binary instead of `cargo bench --no-run`
 # As root with apt-get it installs what is missing: qemu-system-x86, Linux 6.12
 # (linux-image-6.12.*+deb12-amd64-unsigned, bookworm-security), Linux 6.1 (linux-image-amd64,
 # when a 6.1 scenario runs), busybox-static, cpio. Build products go to target/vm-e2e/.
@@ -40,12 +47,14 @@ repo=$(pwd)
 scenarios=("$@")
 [ "${#scenarios[@]}" -gt 0 ] || scenarios=(v2 v1 irq sched sched-v2 sched-v2-6.1 hotplug)
 want_6_1=false
+want_bench=false
 for s in "${scenarios[@]}"; do
     case "$s" in
         v2 | irq | sched-v2 | hotplug) ;;
+        bench-v2) want_bench=true ;;
         v1 | sched | hotplug-v1 | sched-v2-6.1) want_6_1=true ;;
         *)
-            echo "vm-e2e: unknown scenario '$s' (known: v1 v2 irq sched sched-v2 sched-v2-6.1 hotplug hotplug-v1)" >&2
+            echo "vm-e2e: unknown scenario '$s' (known: v1 v2 irq sched sched-v2 sched-v2-6.1 hotplug hotplug-v1 bench-v2)" >&2
             exit 2
             ;;
     esac
@@ -145,17 +154,38 @@ cp "$busybox" "$root/bin/busybox"
 "$busybox" --list-full | while read -r applet; do
     [ -e "$root/$applet" ] || ln -s /bin/busybox "$root/$applet"
 done
-# The release profile keeps debug info; the guest does not need it (and gzip + TCG are slow).
-if command -v strip >/dev/null; then
-    strip -o "$root/bin/cpusetd" "$bin"
-else
-    cp "$bin" "$root/bin/cpusetd"
+# install_binary SRC NAME: SRC as /bin/NAME in the initramfs, with its shared libraries and the
+# dynamic loader at the paths it names. The release profile keeps debug info; the guest does not
+# need it (and gzip + TCG are slow).
+install_binary() {
+    if command -v strip >/dev/null; then
+        strip -o "$root/bin/$2" "$1"
+    else
+        cp "$1" "$root/bin/$2"
+    fi
+    ldd "$1" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | while read -r lib; do
+        mkdir -p "$root$(dirname "$lib")"
+        cp -L "$lib" "$root$lib"
+    done
+}
+install_binary "$bin" cpusetd
+# bench-v2: the guest_v2 bench binary (release profile; its libraries are the agent's).
+if "$want_bench"; then
+    bench_bin=${GUEST_V2_BIN:-}
+    if [ -z "$bench_bin" ]; then
+        bench_bin=$(cargo bench --locked --quiet --no-run --bench guest_v2 --message-format=json |
+            python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "guest_v2" and m.get("executable"):
+        print(m["executable"])')
+    fi
+    [ -x "$bench_bin" ] || {
+        echo "vm-e2e: no guest_v2 bench binary at '$bench_bin'" >&2
+        exit 1
+    }
+    install_binary "$bench_bin" guest_v2
 fi
-# Shared libraries and the dynamic loader, at the paths the binary names.
-ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | while read -r lib; do
-    mkdir -p "$root$(dirname "$lib")"
-    cp -L "$lib" "$root$lib"
-done
 install -m 0755 "$repo/scripts/vm-e2e/init" "$root/init"
 (cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc -R 0:0 --quiet) |
     gzip -1 >"$work/initramfs.gz"
@@ -198,15 +228,20 @@ for scenario in "${scenarios[@]}"; do
     # in three CI runs; the same binary passed at once on a rerun): sched-v2 runs on one TCG
     # thread (50 s instead of 42 s here). KVM is left as it is.
     scenario_accel=("${accel[@]}")
-    if [ "$scenario" = sched-v2 ] && [ "${accel[1]}" = tcg,thread=multi ]; then
+    case "$scenario" in sched-v2 | bench-v2) one_thread=true ;; *) one_thread=false ;; esac
+    if "$one_thread" && [ "${accel[1]}" = tcg,thread=multi ]; then
         scenario_accel=(-accel tcg,thread=single)
+    fi
+    extra_append=
+    if [ "$scenario" = bench-v2 ]; then
+        extra_append=" cpusetd_bench_samples=${VM_E2E_BENCH_SAMPLES:-100}"
     fi
     # ttyS0: the console (kernel and /init output); ttyS1: what check.py reads.
     # sched_verbose: 6.12 fills debugfs' sched/domains/cpuN only with it (6.1 always does).
     timeout -k 10 "$timeout_s" qemu-system-x86_64 "${scenario_accel[@]}" "${qemu_common[@]}" \
         -kernel "$image" -initrd "$work/initramfs.gz" \
         -serial "file:$console" -serial "file:$results" \
-        -append "console=ttyS0 panic=-1 quiet sched_verbose isolcpus=7 cpusetd_e2e=$scenario" \
+        -append "console=ttyS0 panic=-1 quiet sched_verbose isolcpus=7 cpusetd_e2e=$scenario$extra_append" \
         </dev/null >"$work/$scenario.qemu.log" 2>&1 || qemu_status=$?
     elapsed=$((SECONDS - started))
     touch "$results" "$console"

@@ -20,7 +20,9 @@
 //! matched the config, [`config_matches_cgroup`]) classifies without the config's CPU values.
 //!
 //! A container gets N exclusive CPUs when its pod is Guaranteed, it is not a sandbox, and its
-//! request is a whole N ≥ 1 CPUs — kubelet's static policy rule. Annotations can only narrow
+//! request is a whole N ≥ 1 CPUs — kubelet's static policy rule — unless its pod's CPU is set
+//! at pod level (KEP-2837), which only the whole pod shows ([`pod_level_pods`], applied by
+//! [`classify_scan`] and the agent's passes). Annotations can only narrow
 //! this: `cpusetd.io/exclusive: "false"` (pod) or `cpusetd.io/exclusive.<container-name>:
 //! "false"` keeps a container shared. Sandboxes are known from the runtime's container-type
 //! annotation; without a runtime config, a container of a Guaranteed pod with kubelet's minimum
@@ -28,6 +30,7 @@
 //! only affects the label, since such a container never has a whole CPU. Malformed names
 //! classify as unknown with a reason; nothing here panics on input.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::cgroupfs::{
@@ -518,14 +521,20 @@ impl fmt::Display for SharedReason {
             }
             SharedReason::OptedOut { annotation } => write!(f, "{annotation}: \"false\""),
             SharedReason::PodLevelResources { limit } => {
-                f.write_str("pod-level resources (spec.resources")?;
-                if let Some(limit) = limit {
-                    write!(f, ", cpu limit {limit}")?;
-                }
-                f.write_str("): kubelet's static policy gives its containers no exclusive cpus")
+                pod_level_prefix(f, *limit)?;
+                f.write_str(": kubelet's static policy gives its containers no exclusive cpus")
             }
         }
     }
+}
+
+/// `pod-level resources (spec.resources, cpu limit …)`, as the NOTE and the log begin.
+fn pod_level_prefix(f: &mut fmt::Formatter<'_>, limit: Option<Millicores>) -> fmt::Result {
+    f.write_str("pod-level resources (spec.resources")?;
+    if let Some(limit) = limit {
+        write!(f, ", cpu limit {limit}")?;
+    }
+    f.write_str(")")
 }
 
 /// What a container is entitled to.
@@ -574,7 +583,14 @@ pub enum Notice {
     /// An `"enable"`/`"disable"` annotation (`cpu-shared.crio.io/…`, `cpusetd.io/projection`)
     /// with another value.
     NotEnableOrDisable { key: String, value: String },
+    /// A pod whose CPU is set at pod level ([`pod_level_pods`]): said once of the pod cgroup.
+    PodLevelPod { limit: Option<Millicores> },
 }
+
+/// What cpusetd does with pods whose CPU is set at pod level, said alike wherever it comes up
+/// (a pod found by [`pod_level_pods`], kubelet's v3 `podEntries` not adopted).
+pub const POD_LEVEL_POLICY: &str = "cpusetd keeps pods with pod-level resources in the shared \
+     pool, as kubelet 1.34-1.36 does without its pod-level resource managers";
 
 impl fmt::Display for Notice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -631,12 +647,30 @@ impl fmt::Display for Notice {
                 value,
                 ": \"performance\" or \"efficient\" (placing on performance cores first)",
             ),
+            other => other.fmt_more(f),
+        }
+    }
+}
+
+impl Notice {
+    /// The text of the notices [`fmt::Display`] leaves to this (its 60 lines are full).
+    fn fmt_more(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             Notice::NotEnableOrDisable { key, value } => ignored(
                 f,
                 key,
                 value,
                 ": \"enable\" turns it on, \"disable\" leaves it off",
             ),
+            Notice::PodLevelPod { limit } => {
+                pod_level_prefix(f, *limit)?;
+                write!(
+                    f,
+                    ": its containers get no exclusive cpus: {POD_LEVEL_POLICY}"
+                )
+            }
+            // Said by `fmt` itself.
+            other => write!(f, "{other:?}"),
         }
     }
 }
@@ -1297,13 +1331,14 @@ fn bounds(m: Millicores) -> (u64, u64) {
     }
 }
 
-/// Whether a container of a Guaranteed pod shows that the pod's CPU is set at pod level
-/// (`spec.resources`, KEP-2837; cgroup v2 only, kubelet refuses such pods on v1). A Guaranteed
-/// pod without pod-level resources gives each container a request equal to its limit, at least
-/// 1m; so, with `request` already settled by the limit where the weight allows:
-/// * no container request (kubelet's minimum shares 2, weight 1) and either no limit or a limit
-///   no such request can equal (kubelet puts the pod-level limit on a container that sets
-///   none): pod-level resources;
+/// Whether a container of a Guaranteed pod shows on its own that the pod's CPU is set at pod
+/// level (`spec.resources`, KEP-2837; cgroup v2 only, kubelet refuses such pods on v1). A
+/// Guaranteed pod without pod-level resources gives each container a request equal to its
+/// limit, at least 1m; so, with `request` already settled by the limit where the weight allows:
+/// * a request of 0 (kubelet's minimum shares 2, weight 1) and either no limit or a limit no
+///   such request can equal (kubelet puts the pod-level limit on a container that sets none;
+///   one that sets no request at all gets the shares of that limit and looks like any
+///   Guaranteed container: only its pod tells, [`pod_level_pods`]): pod-level resources;
 /// * the runtime config (written once, at creation: no resize in between) with a request its
 ///   limit cannot equal: pod-level resources too (a container request under a pod-level limit).
 fn pod_level_resources(
@@ -1554,10 +1589,18 @@ pub fn classify_scan(
     scan: &Scan,
     mut runtime: impl FnMut(&str) -> Option<RuntimeInfo>,
 ) -> Vec<Classification> {
-    scan.cgroups
+    let mut classes: Vec<Classification> = scan
+        .cgroups
         .iter()
         .map(|cgroup| classify_scan_one(naming, cgroup, &mut runtime))
-        .collect()
+        .collect();
+    let pods = pod_level_pods(scan.cgroups.iter().zip(&classes));
+    for class in &mut classes {
+        if let Some(changed) = in_pod_level_pod(class, &pods) {
+            *class = changed;
+        }
+    }
+    classes
 }
 
 /// Classifies one scanned cgroup; `runtime` is called only for containers.
@@ -1572,6 +1615,155 @@ pub fn classify_scan_one(
         _ => None,
     };
     classify(naming, &cgroup.relative, &cgroup.cpu, info.as_ref())
+}
+
+/// A Guaranteed pod whose CPU is set at pod level (`spec.resources`, KEP-2837), found from the
+/// whole pod by [`pod_level_pods`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodLevelPod {
+    /// The pod cgroup (scan path), whose model entry says it once.
+    pub pod: CgroupPath,
+    /// The pod-level limit (the pod cgroup's `cpu.max`, or a container's where the pod's was
+    /// lifted).
+    pub limit: Option<Millicores>,
+}
+
+/// What one pod's cgroups add up to, for [`pod_level_pods`].
+#[derive(Debug, Default)]
+struct PodTotals {
+    pod: Option<(CgroupPath, CpuResources)>,
+    /// A container of the pod is pod-level on its own ([`pod_level_resources`]).
+    own: Option<Option<Millicores>>,
+    /// By container name: the lowest request and limit it may have (`None`: no limit).
+    members: BTreeMap<String, (u64, Option<u64>)>,
+    limit: Option<Millicores>,
+}
+
+impl PodTotals {
+    /// Counts a container by its name (a restarted container's new cgroup may come before its
+    /// old one goes: one name counts once, at its largest). One without a name (no runtime
+    /// config), or read from a cgroup that still holds the kernel's default, counts for
+    /// nothing.
+    fn add_container(&mut self, cgroup: &ScannedCgroup, class: &Classification) {
+        if let Exclusivity::Shared {
+            reason: SharedReason::PodLevelResources { limit },
+        } = &class.exclusivity
+        {
+            self.own = Some(*limit);
+        }
+        let (Some(resources), Some(name)) = (class.resources, class.container_name.as_ref()) else {
+            return;
+        };
+        if resources.source != CpuSource::OciConfig && holds_kernel_default(&cgroup.cpu) {
+            return;
+        }
+        self.limit = self.limit.or(resources.limit);
+        let now = (
+            bounds(resources.request).0,
+            resources.limit.map(|l| bounds(l).0),
+        );
+        let member = self.members.entry(name.clone()).or_insert(now);
+        member.0 = member.0.max(now.0);
+        member.1 = match (member.1, now.1) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            _ => None,
+        };
+    }
+
+    /// kubelet sets a Guaranteed pod's cgroup from the sum of its containers' requests and
+    /// limits (plus any overhead), so no container-level pod has containers that add up to
+    /// more than it. A pod-level pod does: kubelet gives each container that sets no CPU the
+    /// pod-level limit as its limit and (its request defaulting to its limit) as its shares.
+    fn pod_level(&self) -> Option<PodLevelPod> {
+        let (path, pod) = self.pod.as_ref()?;
+        let requests: u64 = self.members.values().map(|m| m.0).sum();
+        let limits: Option<u64> = self.members.values().map(|m| m.1).sum();
+        let over_requests = requests > bounds(pod.request).1;
+        let over_limits = match (limits, pod.limit) {
+            (Some(sum), Some(limit)) => sum > bounds(limit).1,
+            _ => false,
+        };
+        let limit = pod.limit.or(self.limit);
+        match self.own {
+            Some(own) => Some(PodLevelPod {
+                pod: path.clone(),
+                limit: limit.or(own),
+            }),
+            None if over_requests || over_limits => Some(PodLevelPod {
+                pod: path.clone(),
+                limit,
+            }),
+            None => None,
+        }
+    }
+}
+
+/// The pods whose CPU is set at pod level, by pod UID, from the whole pod: kubelet 1.34–1.36's
+/// static policy skips every container of such a pod (`IsPodLevelResourcesSet`), whatever a
+/// container asks. cgroup v2 only (kubelet refuses such pods on v1). A pod is one when a
+/// container of it is one on its own ([`pod_level_resources`]), or when its containers'
+/// requests or limits (what classification read: the runtime config's where found) add up to
+/// more than its pod cgroup's (`cpu.weight`, `cpu.max`). Containers count by name (known from
+/// the runtime config): one without, or whose settings are not known yet, counts for nothing.
+/// A pod with one container that sets no CPU is not found: its
+/// cgroups and runtime config are those of a container-level pod (DECISIONS, "Pod-level
+/// resources").
+pub fn pod_level_pods<'a>(
+    cgroups: impl IntoIterator<Item = (&'a ScannedCgroup, &'a Classification)>,
+) -> BTreeMap<String, PodLevelPod> {
+    let mut pods: BTreeMap<String, PodTotals> = BTreeMap::new();
+    for (cgroup, class) in cgroups {
+        if class.qos != Some(QosClass::Guaranteed) || !matches!(cgroup.cpu, CpuSettings::V2 { .. })
+        {
+            continue;
+        }
+        let Some(uid) = class.pod_uid.as_ref() else {
+            continue;
+        };
+        match class.kind {
+            CgroupKind::Pod if !holds_kernel_default(&cgroup.cpu) => {
+                if let Some((resources, _)) = resources_from_cgroup(&cgroup.cpu) {
+                    pods.entry(uid.clone()).or_default().pod =
+                        Some((cgroup.path.clone(), resources));
+                }
+            }
+            CgroupKind::Container => pods
+                .entry(uid.clone())
+                .or_default()
+                .add_container(cgroup, class),
+            _ => {}
+        }
+    }
+    pods.into_iter()
+        .filter_map(|(uid, totals)| totals.pod_level().map(|pod| (uid, pod)))
+        .collect()
+}
+
+/// `class` as it stands in a pod found by [`pod_level_pods`]: a container of such a pod that is
+/// not already shared for that reason gets [`SharedReason::PodLevelResources`]; `None` when
+/// nothing changes (not such a container, or already so).
+pub fn in_pod_level_pod(
+    class: &Classification,
+    pods: &BTreeMap<String, PodLevelPod>,
+) -> Option<Classification> {
+    if class.kind != CgroupKind::Container {
+        return None;
+    }
+    let pod = pods.get(class.pod_uid.as_ref()?)?;
+    if matches!(
+        class.exclusivity,
+        Exclusivity::Shared {
+            reason: SharedReason::PodLevelResources { .. }
+        }
+    ) {
+        return None;
+    }
+    Some(Classification {
+        exclusivity: Exclusivity::Shared {
+            reason: SharedReason::PodLevelResources { limit: pod.limit },
+        },
+        ..class.clone()
+    })
 }
 
 #[allow(clippy::too_many_lines)]
@@ -2122,9 +2314,11 @@ mod tests {
     }
 
     /// Issue 25 item 5: a pod whose CPU is set in `spec.resources` (KEP-2837) and whose
-    /// containers set none. kubelet puts the pod-level limit on each such container's cgroup
-    /// and the minimum shares (2, weight 1) for its missing request; its static policy
-    /// (1.34–1.36) gives no container of such a pod exclusive CPUs.
+    /// containers set none. kubelet puts the pod-level limit on each such container
+    /// (`getCPULimit`) and, its missing request defaulting to that limit, the same shares
+    /// (`calculateLinuxResources`): alone, such a container is a container-level Guaranteed
+    /// one. Its static policy (1.34–1.36) gives no container of such a pod exclusive CPUs; the
+    /// pod shows it ([`pod_level_pods`]).
     #[test]
     fn pod_level_resources_keep_containers_shared_as_kubelet_does() {
         let n = systemd();
@@ -2133,23 +2327,30 @@ mod tests {
         let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("testdata/runtime/pod-level-resources-containerd.json");
         let rt = crate::runtime::load_config(&fixture).unwrap().unwrap();
-        // What runc wrote from that config: weight 1 (either conversion), the pod's limit.
-        let cgroup = v2(weight_quadratic(2), Some(200_000));
-        assert_eq!(weight_linear(2), weight_quadratic(2));
+        assert_eq!(
+            rt.cpu.shares,
+            Some(2048),
+            "kubelet's shares of the pod's limit"
+        );
+        // What runc wrote from that config: the weight of 2048 shares, the pod's limit.
+        let cgroup = v2(weight_quadratic(2048), Some(200_000));
         let pod_level = Exclusivity::Shared {
             reason: SharedReason::PodLevelResources {
                 limit: Some(Millicores::Exact(2000)),
             },
         };
         for rt in [Some(&rt), None] {
+            // Alone it cannot tell: a container-level container of 2 CPUs.
             let c = exclusivity(&n, &container, &cgroup, rt);
             assert_eq!(c.kind, CgroupKind::Container, "{c:?}");
-            assert_eq!(c.qos, Some(QosClass::Guaranteed));
-            assert_eq!(c.exclusivity, pod_level, "runtime config {}", rt.is_some());
-            assert!(c.notices.is_empty(), "{:?}", c.notices);
+            assert_eq!(c.exclusive_cpus(), 2, "runtime config {}", rt.is_some());
         }
-        let c = exclusivity(&n, &container, &cgroup, Some(&rt));
-        assert_eq!(c.container_name.as_deref(), Some("worker"));
+        let c = exclusivity(
+            &n,
+            &container,
+            &v2(weight_quadratic(2), Some(200_000)),
+            None,
+        );
         let Exclusivity::Shared { reason } = &c.exclusivity else {
             panic!("{c:?}")
         };
@@ -2248,6 +2449,240 @@ mod tests {
                 }
             ),
             "{c:?}"
+        );
+    }
+
+    fn scanned(relative: &str, cpu: CpuSettings) -> ScannedCgroup {
+        ScannedCgroup {
+            path: path(&format!("kubepods.slice/{relative}")),
+            relative: path(relative),
+            cpus: FileValue::Missing,
+            mems: FileValue::Missing,
+            effective_cpus: FileValue::Missing,
+            cpu,
+        }
+    }
+
+    fn scan_of(version: crate::cgroupfs::CgroupVersion, cgroups: Vec<ScannedCgroup>) -> Scan {
+        Scan {
+            version,
+            kubepods: path("kubepods.slice"),
+            cgroups,
+            inherits: false,
+            skipped: Vec::new(),
+            complete: true,
+            truncated: false,
+            gone_pods: std::collections::BTreeSet::new(),
+        }
+    }
+
+    fn id(n: u64) -> String {
+        format!("{n:064x}")
+    }
+
+    fn config(name: &str, shares: u64, quota: Option<i64>) -> RuntimeInfo {
+        runtime(
+            &[
+                ("io.kubernetes.cri.container-type", "container"),
+                ("io.kubernetes.cri.container-name", name),
+            ],
+            OciCpu {
+                shares: Some(shares),
+                quota,
+                period: Some(100_000),
+            },
+        )
+    }
+
+    /// A pod of `containers` (id, cgroup settings, runtime config) under a pod cgroup of
+    /// `pod` settings (systemd driver, Guaranteed), classified as a whole.
+    fn classify_pod(
+        uid_: &str,
+        pod: CpuSettings,
+        containers: &[(String, CpuSettings, Option<RuntimeInfo>)],
+    ) -> Vec<Classification> {
+        let slice = format!("kubepods-pod{uid_}.slice");
+        let mut cgroups = vec![scanned(&slice, pod)];
+        for (id, cpu, _) in containers {
+            cgroups.push(scanned(
+                &format!("{slice}/cri-containerd-{id}.scope"),
+                cpu.clone(),
+            ));
+        }
+        let version = match cgroups[0].cpu {
+            CpuSettings::V1 { .. } => crate::cgroupfs::CgroupVersion::V1,
+            CpuSettings::V2 { .. } => crate::cgroupfs::CgroupVersion::V2,
+        };
+        let scan = scan_of(version, cgroups);
+        let configs: BTreeMap<&str, Option<&RuntimeInfo>> = containers
+            .iter()
+            .map(|(id, _, rt)| (id.as_str(), rt.as_ref()))
+            .collect();
+        let mut classes = classify_scan(&systemd(), &scan, |id| configs[id].cloned());
+        classes.remove(0);
+        classes
+    }
+
+    /// The task's case on a real node: a pod with `spec.resources` cpu 2 and two containers
+    /// that set none. Each container, laid out by kubelet and runc, is a 2-CPU one on its own
+    /// (the fixture config.json, shares 2048 and quota 200000); together they are twice the
+    /// pod cgroup. Both stay shared, with the reason; an ordinary Guaranteed pod beside it is
+    /// pinned. Containers count by the name their runtime config gives (without configs the
+    /// pod is not found), and with the pod's quota lifted the requests still tell. A pod-level
+    /// pod of one such container is not found.
+    #[test]
+    fn pod_level_pod_is_found_from_the_whole_pod() {
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/runtime/pod-level-resources-containerd.json");
+        let rt = crate::runtime::load_config(&fixture).unwrap().unwrap();
+        let mut helper = rt.clone();
+        helper
+            .annotations
+            .insert(keys::CRI_CONTAINER_NAME.into(), "helper".into());
+        let batch = "5a1e7c3d_2b4f_4e6a_9c8d_0f1e2d3c4b5a";
+        let pod_cgroup = v2(weight_linear(2048), Some(200_000));
+        let member = v2(weight_linear(2048), Some(200_000));
+        let pod_level = Exclusivity::Shared {
+            reason: SharedReason::PodLevelResources {
+                limit: Some(Millicores::Exact(2000)),
+            },
+        };
+        let containers = [
+            (id(1), member.clone(), Some(rt.clone())),
+            (id(2), member.clone(), Some(helper.clone())),
+        ];
+        let classes = classify_pod(batch, pod_cgroup.clone(), &containers);
+        for c in &classes {
+            assert_eq!(c.exclusivity, pod_level, "{c:?}");
+            assert_eq!(c.kind, CgroupKind::Container);
+        }
+        let db = classify_pod(UID_, pod_cgroup.clone(), &[(id(3), member.clone(), None)]);
+        assert_eq!(db[0].exclusive_cpus(), 2, "{:?}", db[0]);
+        // One such container alone is a container-level pod's (documented).
+        let alone = classify_pod(batch, pod_cgroup.clone(), &containers[..1]);
+        assert_eq!(alone[0].exclusive_cpus(), 2);
+        // Without runtime configs, no names: not found.
+        let unnamed = [(id(1), member.clone(), None), (id(2), member.clone(), None)];
+        let classes = classify_pod(batch, pod_cgroup.clone(), &unnamed);
+        assert!(
+            classes.iter().all(|c| c.exclusive_cpus() == 2),
+            "{classes:?}"
+        );
+        // The pod's and a member's quota lifted (as for exclusive containers): the configs'
+        // requests, 4 CPUs under a pod of 2, still tell.
+        let lifted = v2(weight_linear(2048), None);
+        let containers = [
+            (id(1), lifted.clone(), Some(rt.clone())),
+            (id(2), member.clone(), Some(helper)),
+        ];
+        let classes = classify_pod(batch, lifted.clone(), &containers);
+        assert!(
+            classes.iter().all(|c| c.exclusive_cpus() == 0),
+            "{classes:?}"
+        );
+        assert!(matches!(
+            classes[0].exclusivity,
+            Exclusivity::Shared {
+                reason: SharedReason::PodLevelResources { limit: Some(_) }
+            }
+        ));
+        // What the agent logs of the pod, once.
+        let notice = Notice::PodLevelPod {
+            limit: Some(Millicores::Exact(2000)),
+        };
+        assert_eq!(
+            notice.to_string(),
+            format!(
+                "pod-level resources (spec.resources, cpu limit 2000m): its containers get no \
+                 exclusive cpus: {POD_LEVEL_POLICY}"
+            )
+        );
+    }
+
+    /// kubelet skips every container of a pod-level pod, whatever it asks: one container that
+    /// shows the pod-level limit (a request under it) takes its whole-CPU sibling with it, even
+    /// with the pod's quota lifted.
+    #[test]
+    fn one_pod_level_container_keeps_its_siblings_shared() {
+        let under = (
+            id(1),
+            v2(weight_linear(1024), Some(300_000)),
+            Some(config("under", 1024, Some(300_000))),
+        );
+        let whole = (
+            id(2),
+            v2(weight_linear(2048), Some(200_000)),
+            Some(config("whole", 2048, Some(200_000))),
+        );
+        let pod = v2(weight_linear(3072), None);
+        let classes = classify_pod(UID_, pod.clone(), &[under.clone(), whole.clone()]);
+        for c in &classes {
+            assert_eq!(
+                c.exclusivity,
+                Exclusivity::Shared {
+                    reason: SharedReason::PodLevelResources {
+                        limit: Some(Millicores::Exact(3000))
+                    }
+                },
+                "{c:?}"
+            );
+        }
+        // Without the pod-level one, the whole-CPU container is pinned.
+        let classes = classify_pod(UID_, v2(weight_linear(2048), Some(200_000)), &[whole]);
+        assert_eq!(classes[0].exclusive_cpus(), 2);
+    }
+
+    /// Container-level Guaranteed pods never add up past their pod cgroup: a 1m container at
+    /// kubelet's minimum quota beside a 2-CPU one, a pod with overhead, one container still
+    /// waiting for its settings, and cgroup v1 (where kubelet refuses pod-level resources).
+    #[test]
+    fn container_level_pods_never_add_up_past_their_pod() {
+        let tiny = (
+            id(1),
+            v2(1, Some(1_000)),
+            Some(config("tiny", 2, Some(1_000))),
+        );
+        let whole = (
+            id(2),
+            v2(weight_linear(2048), Some(200_000)),
+            Some(config("whole", 2048, Some(200_000))),
+        );
+        // kubelet's pod cgroup: the sum, 2001m (shares 2049, quota 200100).
+        let pod = v2(weight_linear(milli_to_shares(2001)), Some(200_100));
+        let classes = classify_pod(UID_, pod, &[tiny.clone(), whole.clone()]);
+        assert_eq!(classes[1].exclusive_cpus(), 2, "{:?}", classes[1]);
+        assert!(matches!(
+            classes[0].exclusivity,
+            Exclusivity::Shared {
+                reason: SharedReason::NotWholeCpus { .. }
+            }
+        ));
+        // With 250m of overhead on the pod cgroup.
+        let overhead = v2(weight_linear(milli_to_shares(2251)), Some(225_100));
+        let classes = classify_pod(UID_, overhead, &[tiny, whole.clone()]);
+        assert_eq!(classes[1].exclusive_cpus(), 2);
+        // A second member still at the kernel's defaults, its config without CPU values:
+        // counts for nothing.
+        let mut no_cpu = config("waiting", 0, None);
+        no_cpu.cpu = OciCpu::default();
+        let waiting = (id(3), v2(100, None), Some(no_cpu));
+        let pod = v2(weight_linear(2048), Some(200_000));
+        let classes = classify_pod(UID_, pod.clone(), &[whole.clone(), waiting]);
+        assert_eq!(classes[0].exclusive_cpus(), 2, "{classes:?}");
+        // A restart: the new cgroup of "whole" before its old one goes. One name, once.
+        let again = (id(6), whole.1.clone(), whole.2.clone());
+        let classes = classify_pod(UID_, pod, &[whole, again]);
+        assert!(
+            classes.iter().all(|c| c.exclusive_cpus() == 2),
+            "{classes:?}"
+        );
+        // cgroup v1: two 2-CPU containers under a pod cgroup of 2 are not read as pod-level.
+        let v1_member = (id(4), v1(2048, Some(200_000)), None);
+        let v1_other = (id(5), v1(2048, Some(200_000)), None);
+        let classes = classify_pod(UID_, v1(2048, Some(200_000)), &[v1_member, v1_other]);
+        assert!(
+            classes.iter().all(|c| c.exclusive_cpus() == 2),
+            "{classes:?}"
         );
     }
 

@@ -14,7 +14,8 @@
 //!
 //! [`FakeNode::on_kernel`] drives a real cgroup v1 hierarchy the same way (for the benchmarks):
 //! directories are made with `mkdir` (the kernel creates the interface files) and removed with
-//! `rmdir`, bottom-up. [`FakeNode::start_pods_at_rate`] is the burst helper: it starts many
+//! `rmdir`, bottom-up; [`FakeNode::on_kernel_v2`] drives a real cgroup v2 mount (a guest's) the
+//! same way. [`FakeNode::start_pods_at_rate`] is the burst helper: it starts many
 //! pods, optionally no faster than a given rate.
 //!
 //! Not for production use: it only ever writes below the roots it is given.
@@ -303,8 +304,42 @@ impl FakeNode {
         Ok(node)
     }
 
-    /// Removes everything this node made below its roots (on a real hierarchy, the tops too).
+    /// The same node on a real cgroup v2 hierarchy mounted at `root` (Linux: the cpuset and
+    /// cpu controllers available there): `kubepods` and its QoS cgroups go below it, made with
+    /// `mkdir`; every new cgroup's parent first gets `+cpuset +cpu` in its
+    /// `cgroup.subtree_control`, as runc enables the controllers up the path on v2. The caller
+    /// removes `kubepods` ([`FakeNode::remove_all`]); the mount's root is left alone.
+    pub fn on_kernel_v2(root: &Path, runtime_dir: &Path) -> io::Result<FakeNode> {
+        let read = |file: &str| -> io::Result<CpuSet> {
+            let text = fs::read_to_string(root.join(file))?;
+            CpuSet::parse(text.trim())
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+        };
+        let node = FakeNode {
+            root: root.to_path_buf(),
+            cpuset_root: root.to_path_buf(),
+            cpu_root: root.to_path_buf(),
+            kernel: true,
+            remote_partitions: false,
+            version: CgroupVersion::V2,
+            cpus: read("cpuset.cpus.effective")?,
+            mems: read("cpuset.mems.effective")?,
+            runtime_dir: runtime_dir.to_path_buf(),
+            annotations: Mutex::default(),
+        };
+        fs::create_dir_all(runtime_dir)?;
+        for dir in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
+            node.add_cgroup(dir, None, None)?;
+        }
+        Ok(node)
+    }
+
+    /// Removes everything this node made below its roots (on a real hierarchy, the tops too;
+    /// on a real v2 mount, `kubepods`).
     pub fn remove_all(&self) -> io::Result<()> {
+        if self.kernel && self.version == CgroupVersion::V2 {
+            return remove_cgroup_tree(&self.root.join("kubepods"));
+        }
         if self.kernel {
             for top in [&self.cpuset_root, &self.cpu_root] {
                 remove_cgroup_tree(top)?;
@@ -423,8 +458,9 @@ impl FakeNode {
     /// Creates a pod whose CPU is set at pod level (`spec.resources`, KEP-2837, request = limit
     /// = `pod_milli`; `pod.qos` must be the class that gives, Guaranteed) and every container,
     /// as kubelet 1.34+ does: the pod cgroup from the pod-level values, and a container that
-    /// sets no CPU limit gets the pod's limit in its config and cgroup (a missing request is
-    /// the minimum shares, as ever). Returns the app containers' ids.
+    /// sets no CPU limit gets the pod's limit in its config and cgroup (`getCPULimit`), and one
+    /// that sets no request the shares of that limit (`calculateLinuxResources` defaults a
+    /// missing request to the limit). Returns the app containers' ids.
     pub fn start_pod_with_pod_level_cpu(
         &self,
         pod: &PodSpec,
@@ -434,8 +470,10 @@ impl FakeNode {
         pod.containers
             .iter()
             .map(|c| {
+                let limit = c.limit_milli.or(Some(pod_milli));
                 let implied = ContainerSpec {
-                    limit_milli: c.limit_milli.or(Some(pod_milli)),
+                    request_milli: c.request_milli.or(limit),
+                    limit_milli: limit,
                     ..c.clone()
                 };
                 self.add_container(pod, &implied)
@@ -696,6 +734,11 @@ impl FakeNode {
             return Ok(());
         }
         if self.kernel {
+            if self.version == CgroupVersion::V2 {
+                // runc's way on v2: the parent hands the controllers down first.
+                let parent = target.parent().unwrap_or(root);
+                write(&parent.join("cgroup.subtree_control"), "+cpuset +cpu")?;
+            }
             return fs::create_dir(&target);
         }
         let n = SEQ.fetch_add(1, Ordering::Relaxed);

@@ -29,6 +29,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::cpuset::CpuSet;
 
+mod wanted;
+pub(crate) use wanted::{cpu_shared, wanted, Host};
+
 /// The format of a projection file; a change a reader must know of bumps it.
 pub const FORMAT_VERSION: u32 = 1;
 /// A projection file larger than this is not ours (read back only for its generation).

@@ -580,7 +580,8 @@ impl Arrivals {
         (tx, Arrivals { tokens })
     }
 
-    /// Forgets what arrived so far (a pass starting now plans from the events already taken).
+    /// Forgets what arrived so far: called just before the event channel is drained, never at
+    /// a pass's start (a token sent while the pass is planned is for an event still queued).
     pub fn forget(&self) {
         while self.tokens.try_recv().is_ok() {}
     }

@@ -15,7 +15,10 @@
 //! the write is not made (the kernel would refuse it with EBUSY), nor are its ancestors'
 //! narrowings, and the step's outcome is [`Outcome::ChildInTheWay`], for the caller to re-read
 //! the cgroup and plan again. A narrowing the kernel refuses with EBUSY (a child set up between
-//! that check and the write) has the same outcome.
+//! that check and the write) has the same outcome. Below the scan's depth limit the plan cannot
+//! know the children: there the subtree is read and reported ([`Outcome::UnseenInTheWay`]), and
+//! the planner's steps for it (`planner::order::narrow_unseen`) are made next, by the caller.
+//! The writer writes nothing but the steps it is given.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
@@ -25,7 +28,7 @@ use crate::cgroupfs::{
     CgroupError, CgroupFs, CgroupPath, CgroupVersion, FileKind, Hierarchy, InterfaceFile,
 };
 use crate::cpuset::CpuSet;
-use crate::planner::{Known, Step, WritePlan, WriteStep};
+use crate::planner::{Known, Step, Unseen, WritePlan, WriteStep};
 
 /// What became of one step.
 #[derive(Debug)]
@@ -49,6 +52,10 @@ pub enum Outcome {
         child: Option<CgroupPath>,
         refused: Option<CgroupError>,
     },
+    /// A narrowing not made because a cgroup below the scan's depth limit (which the plan
+    /// cannot know) holds more: `found` is this cgroup and those below it as read, parents
+    /// first, for the planner's steps ([`crate::planner::order::narrow_unseen`]).
+    UnseenInTheWay { found: Vec<Unseen> },
     /// A narrowing not made yet because a child is new ([`NewChildren::LetThemSettle`]).
     Settling,
     /// The kernel refused the write (path, value and errno inside the error). `blocks`: the
@@ -103,6 +110,11 @@ impl Tally {
     pub fn is_clean(&self) -> bool {
         self.failed == 0 && self.stale == 0 && self.settling == 0
     }
+
+    /// Every step was written: none failed, waits, was held back, skipped or found gone.
+    pub fn all_written(&self) -> bool {
+        self.is_clean() && self.held_back == 0 && self.skipped == 0 && self.gone == 0
+    }
 }
 
 impl Executed {
@@ -113,7 +125,7 @@ impl Executed {
                 Outcome::Written => &mut t.written,
                 Outcome::Gone | Outcome::UnderGone => &mut t.gone,
                 Outcome::Skipped | Outcome::LeftToRuntime => &mut t.skipped,
-                Outcome::ChildInTheWay { .. } => &mut t.stale,
+                Outcome::ChildInTheWay { .. } | Outcome::UnseenInTheWay { .. } => &mut t.stale,
                 Outcome::Settling => &mut t.settling,
                 Outcome::Refused { .. } | Outcome::RefusedEmpty { .. } => &mut t.failed,
                 Outcome::HeldBack => &mut t.held_back,
@@ -209,9 +221,62 @@ impl std::fmt::Debug for Budget<'_> {
     }
 }
 
-/// Executes all of `plan` (the one-shot commands).
+/// Executes all of `plan` (the one-shot commands); where cgroups below the scan's depth limit
+/// held a narrowing up, the planner's steps for them ([`narrow_unseen`]), then the narrowings
+/// they held up once more (whose outcomes replace the first ones).
 pub fn apply(hierarchy: &Hierarchy, plan: WritePlan, known: &Known<'_>) -> Executed {
-    execute(hierarchy, plan, known, NewChildren::NarrowNow, Budget::All)
+    let mut executed = execute(hierarchy, plan, known, NewChildren::NarrowNow, Budget::All);
+    // The narrowings held up, and those above them that waited for them.
+    let mut held_up = PathFiles::default();
+    for root in executed.with(|o| matches!(o, Outcome::UnseenInTheWay { .. })) {
+        ancestors(&root.path).for_each(|p| held_up.insert(p, root.file));
+    }
+    if !narrow_unseen(hierarchy, &mut executed) {
+        return executed;
+    }
+    let (again, done): (Vec<Done>, Vec<Done>) = executed.done.into_iter().partition(|d| {
+        matches!(d.outcome, Outcome::UnseenInTheWay { .. } | Outcome::Skipped)
+            && held_up.contains(d.step.path.as_bytes(), d.step.file)
+    });
+    let again: Vec<Step> = again.into_iter().map(|d| d.step).collect();
+    let again = execute(
+        hierarchy,
+        again.into(),
+        known,
+        NewChildren::NarrowNow,
+        Budget::All,
+    );
+    executed.done = done;
+    executed.done.extend(again.done);
+    executed
+}
+
+/// Makes the planner's steps (`planner::order::narrow_unseen`) for the narrowings that cgroups
+/// below the scan's depth limit held up ([`Outcome::UnseenInTheWay`]; disjoint subtrees), all
+/// of them whatever the budget was (they are a held-up narrowing's); their outcomes join
+/// `executed`'s. The narrowings themselves are the caller's to make again. Whether there were
+/// any.
+pub fn narrow_unseen(hierarchy: &Hierarchy, executed: &mut Executed) -> bool {
+    let mut plan = WritePlan::default();
+    for Done { step, outcome } in &executed.done {
+        if let Outcome::UnseenInTheWay { found } = outcome {
+            let (path, n) = (&step.path, found.len().saturating_sub(1));
+            log::info!("cg={path}: narrowing {n} cgroup(s) below the scan's depth limit first");
+            plan.extend(crate::planner::order::narrow_unseen(step, found));
+        }
+    }
+    let more = execute(
+        hierarchy,
+        plan,
+        &Known::nothing(),
+        NewChildren::NarrowNow,
+        Budget::All,
+    );
+    executed.done.extend(more.done);
+    executed
+        .done
+        .iter()
+        .any(|d| matches!(d.outcome, Outcome::UnseenInTheWay { .. }))
 }
 
 /// Executes a prefix of `plan`, made from the tree `known` describes, within `budget`.
@@ -349,38 +414,22 @@ impl Run<'_, '_> {
     fn child_in_the_way(&self, step: &Step) -> Option<Outcome> {
         let (path, file) = (&step.path, step.file);
         let fs = fs_of(self.hierarchy, file);
-        let settled = self.known.settled_children(path, file);
-        let child = child_in_the_way(
-            fs,
-            path,
-            file,
-            &step.value,
-            (&settled.0, settled.1),
-            self.settle,
-        );
-        // Below the scan's depth limit the plan cannot know the children: a cgroup the
-        // container made there, however deep, is narrowed here, deepest first, as the plan
-        // would narrow a known one (its set ∩ the new value), instead of holding the whole
-        // chain wide (and re-planning for ever).
-        let unseen_below = || self.known.unseen_below(path);
-        let child = match child {
-            Some(ChildState::Holds { .. }) if unseen_below() => {
-                narrow_unseen_subtree(fs, path, file, &step.value);
-                None
-            }
-            // No runtime sets up a cgroup down there: an empty one is not a start in
-            // progress, and the kernel narrows its parent past it.
-            Some(ChildState::Uninitialised) if unseen_below() => None,
-            other => other,
-        }?;
-        log::debug!("cg={path} not narrowed to {} now: {child}", step.value);
-        Some(match child {
-            ChildState::Holds { child, .. } => Outcome::ChildInTheWay {
-                child: Some(child),
-                refused: None,
-            },
-            ChildState::Uninitialised => Outcome::Settling,
-        })
+        let (settled, planned) = self.known.settled_children(path, file);
+        let settle = self.settle;
+        let outcome = child_in_the_way(fs, path, file, &step.value, (&settled, planned), settle)?;
+        // Below the scan's depth limit the plan cannot know the children: what is there,
+        // however deep, is read for the planner to narrow (`order::narrow_unseen`), instead of
+        // holding the whole chain wide (and re-planning for ever). No runtime sets up a
+        // cgroup down there: an empty one is not a start in progress, and the kernel narrows
+        // its parent past it.
+        if self.known.unseen_below(path) {
+            return matches!(outcome, Outcome::ChildInTheWay { .. }).then(|| {
+                let found = unseen_below_limit(fs, path, file);
+                Outcome::UnseenInTheWay { found }
+            });
+        }
+        log::debug!("cg={path} not narrowed to {} now: {outcome:?}", step.value);
+        Some(outcome)
     }
 
     /// What a refused write means.
@@ -428,87 +477,41 @@ impl Run<'_, '_> {
     }
 }
 
-/// Most cgroups [`narrow_unseen_subtree`] visits below one cgroup.
+/// Most cgroups [`unseen_below_limit`] reads below one cgroup.
 const MAX_UNSEEN: usize = 4096;
 
-/// Narrows every cgroup below `root` whose `file` holds more than `value` to what it holds of
-/// `value` (all of `value` when nothing), deepest first, so `root` can then be narrowed. For
-/// the part of a tree below the scan's depth limit; at most [`MAX_UNSEEN`] cgroups.
-fn narrow_unseen_subtree(fs: &CgroupFs, root: &CgroupPath, file: InterfaceFile, value: &str) {
-    let Ok(wanted) = CpuSet::parse(value) else {
-        return;
-    };
-    // Pre-order collection, then narrowed in reverse (children before their parents).
-    let mut order: Vec<CgroupPath> = Vec::new();
+/// `root` and the cgroups below it (past the scan's depth limit), parents before children, with
+/// what their `file` holds (unreadable ones are left out); at most [`MAX_UNSEEN`] of them.
+fn unseen_below_limit(fs: &CgroupFs, root: &CgroupPath, file: InterfaceFile) -> Vec<Unseen> {
+    let mut found = Vec::new();
     let mut stack = vec![root.clone()];
     while let Some(dir) = stack.pop() {
-        if order.len() >= MAX_UNSEEN {
+        if found.len() >= MAX_UNSEEN {
             log::warn!(
                 "cg={root}: more than {MAX_UNSEEN} cgroups below it; the rest stay as they are"
             );
             break;
         }
+        let held = fs
+            .read(&dir, file)
+            .ok()
+            .and_then(|t| CpuSet::parse(&t).ok());
+        let Some(held) = held else {
+            continue;
+        };
         let Ok(entries) = fs.list(&dir) else {
             continue;
         };
-        for entry in entries.iter().filter(|e| e.kind == FileKind::Directory) {
-            if let Ok(child) = dir.join(&entry.name) {
-                order.push(child.clone());
-                stack.push(child);
-            }
-        }
+        let children = entries.iter().filter(|e| e.kind == FileKind::Directory);
+        stack.extend(children.filter_map(|e| dir.join(&e.name).ok()));
+        found.push((dir, held));
     }
-    let mut narrowed = 0;
-    for dir in order.iter().rev() {
-        let Ok(text) = fs.read(dir, file) else {
-            continue;
-        };
-        let Ok(held) = CpuSet::parse(&text) else {
-            continue;
-        };
-        if held.is_empty() || held.is_subset(&wanted) {
-            continue;
-        }
-        let kept = held.intersection(&wanted);
-        let new = if kept.is_empty() {
-            wanted.clone()
-        } else {
-            kept
-        };
-        if fs.write(dir, file, &new.to_string()).is_ok() {
-            narrowed += 1;
-        }
-    }
-    if narrowed > 0 {
-        log::info!(
-            "cg={root}: narrowed {narrowed} cgroup(s) below the scan's depth limit to {} first",
-            value
-        );
-    }
-}
-
-/// Why a cgroup is not narrowed now.
-#[derive(Debug)]
-enum ChildState {
-    /// A child the plan did not know holds more than the new value.
-    Holds { child: CgroupPath, held: CpuSet },
-    /// A child is not initialised yet: its runtime is about to copy the parent's set into it.
-    Uninitialised,
-}
-
-impl std::fmt::Display for ChildState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ChildState::Holds { child, held } => {
-                write!(f, "child {child} holds {held} (re-planning)")
-            }
-            ChildState::Uninitialised => write!(f, "a new child is being set up (later)"),
-        }
-    }
+    found
 }
 
 /// A child of `cgroup` not among `known` whose `file` holds CPUs (or memory nodes) outside
-/// `value`, as the tree says now; with `settle`, also one that is not initialised yet.
+/// `value`, as the tree says now ([`Outcome::ChildInTheWay`]); with `settle`, also one that is
+/// not initialised yet ([`Outcome::Settling`]).
 /// Unreadable children do not count, nor (without `settle`) uninitialised ones: the kernel lets
 /// a parent narrow over them. `known` comes with how many children the plan knows of: a
 /// cgroup the plan knows no child of, and whose link count says it has no subdirectory (a
@@ -521,7 +524,7 @@ fn child_in_the_way(
     value: &str,
     (known, planned_children): (&HashSet<&OsStr>, usize),
     settle: bool,
-) -> Option<ChildState> {
+) -> Option<Outcome> {
     if !matches!(file, InterfaceFile::CpusetCpus | InterfaceFile::CpusetMems) {
         return None;
     }
@@ -537,9 +540,13 @@ fn child_in_the_way(
         .find_map(|child| {
             let held = CpuSet::parse(&fs.read(&child, file).ok()?).ok()?;
             if held.is_empty() {
-                settle.then_some(ChildState::Uninitialised)
+                settle.then_some(Outcome::Settling)
             } else {
-                (!held.is_subset(&new)).then_some(ChildState::Holds { child, held })
+                let refused = None;
+                (!held.is_subset(&new)).then_some(Outcome::ChildInTheWay {
+                    child: Some(child),
+                    refused,
+                })
             }
         })
 }
@@ -695,6 +702,109 @@ mod tests {
         assert!(executed.tally().is_clean());
         assert_eq!(read("kubepods/pod/fresh"), "1");
         assert_eq!(read("kubepods/pod"), "1");
+    }
+
+    /// Issue 24: cgroups below the scan's depth limit that hold more are read and reported,
+    /// never written by the writer on its own; the planner's steps for them (`apply` for the
+    /// one-shot commands) narrow them, in order, and then the held-up narrowings.
+    #[test]
+    fn cgroups_below_the_scan_limit_are_reported_then_narrowed_by_planned_steps() {
+        use crate::cgroupfs::MAX_SCAN_DEPTH;
+        let dir = tempfile::tempdir().unwrap();
+        let cpuset = dir.path().join("cpuset");
+        let mut rel = "kubepods".to_string();
+        let mut chain = vec![String::new(), rel.clone()];
+        for level in 0..MAX_SCAN_DEPTH + 3 {
+            rel = format!("{rel}/l{level}");
+            chain.push(rel.clone());
+        }
+        for (depth, rel) in chain.iter().enumerate() {
+            fs::create_dir_all(cpuset.join(rel)).unwrap();
+            // Two levels past the limit hold none of the new value: widened first.
+            let cpus = if depth > MAX_SCAN_DEPTH + 2 {
+                "0"
+            } else {
+                "0-3"
+            };
+            fs::write(cpuset.join(rel).join("cpuset.cpus"), format!("{cpus}\n")).unwrap();
+        }
+        fs::create_dir_all(dir.path().join("cpu")).unwrap();
+        let layout = CgroupLayout {
+            version: CgroupVersion::V1,
+            driver: CgroupDriver::Cgroupfs,
+            cpuset_root: cpuset.clone(),
+            cpu_root: dir.path().join("cpu"),
+            kubepods: CgroupPath::new("kubepods").unwrap(),
+        };
+        let hierarchy = Hierarchy::open(&layout).unwrap();
+        let scan = crate::cgroupfs::Scanner::new(hierarchy.clone(), layout.kubepods.clone())
+            .scan()
+            .unwrap();
+        let limit = MAX_SCAN_DEPTH + 1;
+        assert_eq!(
+            scan.cgroups.len(),
+            limit,
+            "kubepods and the levels it scans"
+        );
+        let narrow = |rel: &str| {
+            let path = CgroupPath::new(rel).unwrap();
+            Step::new(
+                path,
+                InterfaceFile::CpusetCpus,
+                "2-3".into(),
+                WriteStep::Narrow,
+            )
+        };
+        let plan: WritePlan = chain[2..=limit]
+            .iter()
+            .rev()
+            .map(|r| narrow(r))
+            .collect::<Vec<_>>()
+            .into();
+        let parents = crate::planner::parent_indexes(&scan);
+        let known = Known::new(&scan, &parents, &[]);
+        let read = |rel: &str| fs::read_to_string(cpuset.join(rel).join("cpuset.cpus")).unwrap();
+        let executed = execute(
+            &hierarchy,
+            plan.clone(),
+            &known,
+            NewChildren::NarrowNow,
+            Budget::All,
+        );
+        let Outcome::UnseenInTheWay { found } = &executed.done[0].outcome else {
+            panic!("{:?}", executed.done[0]);
+        };
+        let found: Vec<String> = found.iter().map(|(p, c)| format!("{p} {c}")).collect();
+        let expected: Vec<String> = chain[limit..]
+            .iter()
+            .enumerate()
+            .map(|(i, r)| format!("{r} {}", if i >= 2 { "0" } else { "0-3" }))
+            .collect();
+        assert_eq!(found, expected);
+        assert_eq!(
+            executed.tally().skipped,
+            plan.len() - 1,
+            "its ancestors wait"
+        );
+        assert!(
+            chain[2..].iter().all(|r| read(r).trim() != "2-3"),
+            "nothing written"
+        );
+
+        let mut unseen = executed;
+        assert!(narrow_unseen(&hierarchy, &mut unseen));
+        let values: Vec<String> = unseen.done[plan.len()..]
+            .iter()
+            .map(|d| format!("{}:{}", d.step.path.depth() - limit, d.step.value))
+            .collect();
+        let order = ["2:0,2-3", "3:0,2-3", "3:2-3", "2:2-3", "1:2-3", "0:2-3"];
+        assert_eq!(values, order, "widened top-down, then narrowed bottom-up");
+
+        let executed = apply(&hierarchy, plan, &known);
+        assert!(executed.tally().is_clean(), "{:?}", executed.tally());
+        for rel in &chain[2..] {
+            assert_eq!(read(rel).trim(), "2-3", "{rel}");
+        }
     }
 
     #[test]

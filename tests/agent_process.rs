@@ -199,6 +199,9 @@ impl TestNodeBuilder {
         .unwrap();
         fs::create_dir(base.join("state")).unwrap();
         TestNode {
+            agent: None,
+            env: Vec::new(),
+            flags: Vec::new(),
             fake,
             base,
             sysfs,
@@ -210,9 +213,18 @@ impl TestNodeBuilder {
     }
 }
 
-/// A fake node with its state dir, metrics file and the fake kernel's refusal log.
+/// A fake node with its state dir, metrics file and the fake kernel's refusal log, and the one
+/// agent a test may leave to the node to start, restart and kill (`TestNode::start`, in the
+/// tests' `harness`).
 #[derive(Debug)]
 pub struct TestNode {
+    /// The agent `TestNode::start` started, its log appended across restarts; killed (SIGKILL)
+    /// when the node goes, before the tree does.
+    pub agent: Option<AgentProcess>,
+    /// Extra environment for that agent (`CPUSETD_FAULTS`, …).
+    pub env: Vec<(String, String)>,
+    /// Extra flags for its `run`.
+    pub flags: Vec<String>,
     pub fake: FakeNode,
     pub base: PathBuf,
     /// The `--sysfs-root` (its `proc` directory is the `--proc-root`): the fixture itself, a
@@ -247,8 +259,9 @@ impl TestNode {
         self.state_dir().join("state.json")
     }
 
+    /// The metrics file, alone in its directory (what the confinement test allows the agent).
     pub fn metrics_file(&self) -> PathBuf {
-        self.base.join("m.prom")
+        self.base.join("metrics/cpusetd.prom")
     }
 
     pub fn refusal_log(&self) -> PathBuf {
@@ -284,7 +297,9 @@ impl TestNode {
     /// kernel's rules when the node has them.
     pub fn agent_command(&self, extra: &[&str]) -> Command {
         let mut defaults = self.tree_args();
-        let metrics = self.metrics_file().display().to_string();
+        let metrics = self.metrics_file();
+        fs::create_dir_all(metrics.parent().unwrap()).unwrap();
+        let metrics = metrics.display().to_string();
         defaults.extend(
             [
                 "--reserved-cpus",
@@ -351,16 +366,24 @@ impl TestNode {
             .expect("run cpusetd")
     }
 
-    /// A controller built from `run`'s flags on this node, as `cpusetd run` builds it (CPU 0
-    /// reserved unless `extra` reserves others), before its first scan: for driving it in
-    /// process.
+    /// The controller `cpusetd run` builds from its flags on this node (its state dir, CPU 0
+    /// reserved unless `extra` reserves others), host effects, hotplug and projections on the
+    /// node's sysfs and procfs, before its first scan: for driving it in process.
     pub fn controller(&self, extra: &[&str]) -> cpusetd::agent::Controller {
-        let mut flags = self.node_args();
+        let mut flags = self.tree_args();
         if !extra.contains(&"--reserved-cpu-count") && !extra.contains(&"--reserved-cpus") {
             flags.extend(["--reserved-cpus", "0"].map(String::from));
         }
         flags.extend(extra.iter().map(|s| s.to_string()));
         cpusetd::cli::controller(&flags).unwrap_or_else(|e| panic!("{flags:?}: {e:?}"))
+    }
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        if let Some(mut agent) = self.agent.take() {
+            agent.kill9();
+        }
     }
 }
 

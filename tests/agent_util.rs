@@ -99,6 +99,16 @@ impl Status {
     pub fn converged(&self) -> bool {
         self.differing == 0
     }
+
+    /// Rows whose current set differs from the desired one, leaving out those whose cpuset
+    /// cannot be read at all (a FIFO planted in its place: nothing the agent can repair), which
+    /// [`Status::differing`] counts.
+    pub fn differing_readable(&self) -> usize {
+        self.containers
+            .iter()
+            .filter(|r| r.current.is_some() && r.desired.is_some() && r.current != r.desired)
+            .count()
+    }
 }
 
 impl TestNode {
@@ -301,7 +311,25 @@ fn remove_cpu_below(dir: &Path, cpu: u32) {
 /// `cpusetd status --json` with `tree_args` (a node's tree and state dir), or `None` while it
 /// fails (no checkpoint yet). With no agent running (exit 3) the document is still read.
 pub fn status_of(tree_args: &[String]) -> Option<Status> {
-    let out = cpusetd_command()
+    let out = status_output(tree_args);
+    if !out.status.success() && out.status.code() != Some(3) {
+        return None;
+    }
+    Some(parse_status(&out.stdout))
+}
+
+/// `cpusetd status --json` with `tree_args` while an agent runs on the state dir (exit 0),
+/// or what `status` said on stderr.
+pub fn running_status_of(tree_args: &[String]) -> Result<Status, String> {
+    let out = status_output(tree_args);
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(parse_status(&out.stdout))
+}
+
+fn status_output(tree_args: &[String]) -> std::process::Output {
+    cpusetd_command()
         .arg("status")
         .args(tree_args)
         .arg("--json")
@@ -310,16 +338,12 @@ pub fn status_of(tree_args: &[String]) -> Option<Status> {
         // (here the fake one) makes follow its parent.
         .env("CPUSETD_FAKE_KERNEL_RULES", "1")
         .output()
-        .expect("run cpusetd");
-    if !out.status.success() && out.status.code() != Some(3) {
-        return None;
-    }
-    Some(serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "status --json: {e}: {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    }))
+        .expect("run cpusetd")
+}
+
+fn parse_status(stdout: &[u8]) -> Status {
+    serde_json::from_slice(stdout)
+        .unwrap_or_else(|e| panic!("status --json: {e}: {}", String::from_utf8_lossy(stdout)))
 }
 
 /// Polls [`status_of`] until `condition` holds; panics after [`DEADLINE`] with the last status

@@ -15,7 +15,8 @@ use cpusetd::kubesim::{new_pod_uid, ContainerSpec, PodSpec, Qos};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::harness::{now_ms, rows, Node};
+use crate::agent_process::TestNode;
+use crate::harness::now_ms;
 use crate::util::repo;
 
 /// Every file of `src/` (outside its unit tests) that can create, write, rename or remove a
@@ -69,7 +70,7 @@ const WRITE_SITES: &[(&str, &str)] = &[
     ),
     (
         "src/kubesim.rs",
-        "the scripted kubelet's fake tree (demo and tests)",
+        "the scripted kubelet's fake tree (demo and tests); in the benchmarks a unique real cgroup v1 subtree and, in the vm-e2e guest, kubepods on its real cgroup v2 mount",
     ),
     ("src/topology/fake_sysfs.rs", "the demo's fake sysfs tree"),
     (
@@ -363,7 +364,7 @@ fn the_traced_agent_writes_only_below_its_roots() {
         println!("skipped: {reason}");
         return;
     }
-    let mut node = Node::new();
+    let mut node = TestNode::small();
     let trace = node.base.join("..").join("agent.strace");
     let wrapper: Vec<String> = [
         "strace",
@@ -402,13 +403,21 @@ fn the_traced_agent_writes_only_below_its_roots() {
     node.fake.start_pod(&web).unwrap();
     node.fake.start_pod(&batch).unwrap();
     node.settled(now_ms(), |s| {
-        rows(s).iter().filter(|r| r["kind"] == "container").count() == 3
+        s.containers
+            .iter()
+            .filter(|r| r.kind == "container")
+            .count()
+            == 3
     });
     node.fake.remove_container(&db, &ids[0]).unwrap();
     node.fake.add_container(&db, &db.containers[0]).unwrap();
     node.fake.remove_pod(&batch).unwrap();
     node.settled(now_ms(), |s| {
-        rows(s).iter().filter(|r| r["kind"] == "container").count() == 2
+        s.containers
+            .iter()
+            .filter(|r| r.kind == "container")
+            .count()
+            == 2
     });
 
     // Stop the agent itself (strace's child), so it writes its checkpoint on the way out.
@@ -434,7 +443,7 @@ fn the_traced_agent_writes_only_below_its_roots() {
     let allowed: Vec<PathBuf> = vec![
         node.fake.cgroup_root().to_path_buf(),
         node.state_dir().clone(),
-        node.metrics.parent().unwrap().to_path_buf(),
+        node.metrics_file().parent().unwrap().to_path_buf(),
         // Debug builds' test seam (CPUSETD_FAKE_KERNEL_LOG), not part of a release build.
         node.refusal_log(),
     ];

@@ -724,3 +724,43 @@ fn controller_says_nothing_while_a_new_containers_cpu_shares_settle() {
         }
     }
 }
+
+/// Issue 24 item 5: the in-process controller is the one `cpusetd run` builds, its host
+/// effects and hotplug included, on the node's (fake) procfs and sysfs: a pod asking for
+/// `irq-load-balancing.crio.io: disable` has the interrupts moved off its pin by a pass, and a
+/// cpu going offline is seen. (`Controller::new` alone did neither.)
+#[test]
+fn the_in_process_controller_moves_irqs_and_follows_hotplug_as_run_does() {
+    let test = TestNode::with_writable_sysfs(CgroupVersion::V1);
+    let irq = test.sysfs.join("proc/irq");
+    fs::create_dir_all(irq.join("24")).unwrap();
+    fs::write(irq.join("default_smp_affinity"), "ffff\n").unwrap();
+    fs::write(irq.join("24/smp_affinity_list"), "0-15\n").unwrap();
+    let mut controller = controller(&test);
+
+    let rt = pod(
+        "rt",
+        Qos::Guaranteed,
+        vec![ContainerSpec::guaranteed("dpdk", 2000)],
+    );
+    test.fake
+        .annotate_pod(&rt.uid, &[("irq-load-balancing.crio.io", "disable")]);
+    let id = test.fake.start_pod(&rt).unwrap().remove(0);
+    let created = TreeEvent::Created {
+        cgroup: CgroupPath::new(&format!("kubepods/pod{}", rt.uid)).unwrap(),
+    };
+    controller.apply_event(created, Instant::now()).unwrap();
+    controller.pass(Instant::now());
+    let pinned = CpuSet::parse(&test.fake.container_cpus(&rt, &id).unwrap()).unwrap();
+    assert_eq!(pinned.len(), 2);
+    let mut off_pin = CpuSet::parse("0-15").unwrap();
+    for cpu in pinned.iter() {
+        off_pin.remove(cpu);
+    }
+    let irq_24 = fs::read_to_string(irq.join("24/smp_affinity_list")).unwrap();
+    assert_eq!(CpuSet::parse(irq_24.trim()).unwrap(), off_pin);
+
+    assert!(!controller.online_cpus_changed());
+    test.set_cpu_online(15, false);
+    assert!(controller.online_cpus_changed());
+}

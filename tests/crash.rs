@@ -13,15 +13,13 @@ use std::time::Duration;
 
 use cpusetd::cgroupfs::CgroupVersion;
 
+use crate::agent_util::{pod, poll_until, AgentProcess, Status, TestNode, DEADLINE};
+use crate::harness::now_ms;
+use crate::isolation::{add_host_cgroups, cpuset_file, fake_proc, irq_file, reset_with_proc};
+use crate::power::{all as power_all, fake_power, power_file, GOVERNOR, LATENCY};
 use cpusetd::checkpoint::{self, LoadOutcome};
 use cpusetd::cpuset::CpuSet;
 use cpusetd::kubesim::{new_pod_uid, ContainerSpec, PodSpec, Qos};
-use serde_json::Value;
-
-use crate::agent_util::{pod, poll_until, AgentProcess, TestNode, DEADLINE};
-use crate::harness::{now_ms, rows, Node};
-use crate::isolation::{add_host_cgroups, cpuset_file, fake_proc, irq_file, reset_with_proc};
-use crate::power::{all as power_all, fake_power, power_file, GOVERNOR, LATENCY};
 
 /// xorshift64*: a tiny seeded generator, so a failing run can be replayed.
 struct Rng(u64);
@@ -89,7 +87,7 @@ fn random_pod(rng: &mut Rng, n: u64) -> PodSpec {
 }
 
 /// One churn step of the simulated kubelet. Returns what it did, for the failure message.
-fn churn(node: &Node, rng: &mut Rng, pods: &mut Vec<LivePod>, n: u64) -> String {
+fn churn(node: &TestNode, rng: &mut Rng, pods: &mut Vec<LivePod>, n: u64) -> String {
     let fake = &node.fake;
     let choice = if pods.len() < 2 {
         0
@@ -140,24 +138,25 @@ fn churn(node: &Node, rng: &mut Rng, pods: &mut Vec<LivePod>, n: u64) -> String 
 }
 
 /// Exclusive sets by (pod UID, container name), from a settled status.
-fn exclusive_sets(status: &Value) -> BTreeMap<(String, String), String> {
-    rows(status)
-        .into_iter()
-        .filter(|r| r["exclusive"] == true)
+fn exclusive_sets(status: &Status) -> BTreeMap<(String, String), String> {
+    status
+        .containers
+        .iter()
+        .filter(|r| r.exclusive)
         .map(|r| {
             (
                 (
-                    r["pod_uid"].as_str().unwrap_or_default().to_string(),
-                    r["container"].as_str().unwrap_or_default().to_string(),
+                    r.pod_uid.clone().unwrap_or_default(),
+                    r.container.clone().unwrap_or_default(),
                 ),
-                r["current"].as_str().unwrap_or_default().to_string(),
+                r.current.clone().unwrap_or_default(),
             )
         })
         .collect()
 }
 
 /// The invariants of a settled node; panics naming the one broken.
-fn check_invariants(node: &Node, status: &Value, context: &str) {
+fn check_invariants(node: &TestNode, status: &Status, context: &str) {
     let cp = match checkpoint::load(&node.state_dir()) {
         LoadOutcome::Loaded(cp) => cp,
         other => panic!("{context}: the checkpoint does not load: {other:?}"),
@@ -180,12 +179,12 @@ fn check_invariants(node: &Node, status: &Value, context: &str) {
         cp.shared_pool
     );
     let mut held: BTreeMap<u32, String> = BTreeMap::new();
-    for row in rows(status) {
-        if row["kind"] != "container" && row["kind"] != "sandbox" {
+    for row in &status.containers {
+        if row.kind != "container" && row.kind != "sandbox" {
             continue;
         }
-        let path = row["path"].as_str().unwrap_or_default();
-        let current = CpuSet::parse(row["current"].as_str().unwrap_or_default()).unwrap();
+        let path = row.path.as_str();
+        let current = CpuSet::parse(row.current.as_deref().unwrap_or_default()).unwrap();
         // Read the file too: status is the agent's own view of the tree.
         let on_disk = fs::read_to_string(node.file(&format!("kubepods/{path}"), "cpuset.cpus"))
             .map(|t| CpuSet::parse(&t).unwrap());
@@ -195,11 +194,11 @@ fn check_invariants(node: &Node, status: &Value, context: &str) {
                 "{context}: {path} changed under the status"
             );
         }
-        if row["exclusive"] == true {
+        if row.exclusive {
             let owner = format!(
                 "{}/{}",
-                row["pod_uid"].as_str().unwrap_or_default(),
-                row["container"].as_str().unwrap_or(path)
+                row.pod_uid.as_deref().unwrap_or_default(),
+                row.container.as_deref().unwrap_or(path)
             );
             for cpu in current.iter() {
                 if let Some(other) = held.insert(cpu, owner.clone()) {
@@ -224,7 +223,7 @@ fn kill_9_at_random_points_never_loses_or_leaks_a_pin() {
     let kills = env_number("CPUSETD_CRASH_KILLS", 200);
     let seed = env_number("CPUSETD_CRASH_SEED", 0x5eed_cafe_f00d);
     let mut rng = Rng(seed | 1);
-    let mut node = Node::new();
+    let mut node = TestNode::small();
     let mut pods: Vec<LivePod> = Vec::new();
     let started = now_ms();
     node.start();
@@ -263,7 +262,11 @@ fn kill_9_at_random_points_never_loses_or_leaks_a_pin() {
             .collect();
         let expected_containers = live.len();
         status = node.settled(restarted, |s| {
-            rows(s).iter().filter(|r| r["kind"] == "container").count() == expected_containers
+            s.containers
+                .iter()
+                .filter(|r| r.kind == "container")
+                .count()
+                == expected_containers
         });
         let context = format!("kill {kill} (seed {seed:#x}) after {}", done.join(", "));
         check_invariants(&node, &status, &context);

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use cpusetd::kubesim::{new_pod_uid, ContainerSpec, PodSpec, Qos};
-use serde_json::Value;
 
-use crate::agent_process::{cpusetd_command, AgentProcess};
-use crate::harness::{is_root, now_ms, rows, tail, Node, SETTLE};
+use crate::agent_process::{cpusetd_command, AgentProcess, TestNode};
+use crate::agent_util::Status;
+use crate::harness::{is_root, now_ms, tail, SETTLE};
 
 fn guaranteed_pod(cpus: u64) -> PodSpec {
     PodSpec {
@@ -26,13 +26,13 @@ fn guaranteed_pod(cpus: u64) -> PodSpec {
 }
 
 /// The container `name` is exclusive with `n` cpus and nothing differs.
-fn pinned(name: &'static str, n: usize) -> impl Fn(&Value) -> bool {
+fn pinned(name: &'static str, n: usize) -> impl Fn(&Status) -> bool {
     move |status| {
-        rows(status).iter().any(|r| {
-            r["container"] == name
-                && r["exclusive"] == true
-                && r["current"]
-                    .as_str()
+        status.containers.iter().any(|r| {
+            r.container.as_deref() == Some(name)
+                && r.exclusive
+                && r.current
+                    .as_deref()
                     .and_then(|c| cpusetd::cpuset::CpuSet::parse(c).ok())
                     .is_some_and(|c| c.len() == n)
         })
@@ -41,7 +41,7 @@ fn pinned(name: &'static str, n: usize) -> impl Fn(&Value) -> bool {
 
 /// The value of a metric line such as `cpusetd_rescans_total` or
 /// `cpusetd_cgroup_write_errors_total{errno="EBUSY"}`.
-fn metric(node: &Node, name: &str) -> Option<u64> {
+fn metric(node: &TestNode, name: &str) -> Option<u64> {
     node.metrics_text().lines().find_map(|line| {
         let rest = line.strip_prefix(name)?.strip_prefix(' ')?;
         rest.trim().parse().ok()
@@ -49,7 +49,7 @@ fn metric(node: &Node, name: &str) -> Option<u64> {
 }
 
 /// Waits (with a deadline) until `done` holds.
-fn eventually(what: &str, node: &Node, mut done: impl FnMut() -> bool) {
+fn eventually(what: &str, node: &TestNode, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + SETTLE;
     while !done() {
         assert!(
@@ -62,8 +62,8 @@ fn eventually(what: &str, node: &Node, mut done: impl FnMut() -> bool) {
 }
 
 /// A node whose agent runs with `faults`, settled after its first pass.
-fn node_with_faults(faults: &str) -> Node {
-    let mut node = Node::new();
+fn node_with_faults(faults: &str) -> TestNode {
+    let mut node = TestNode::small();
     node.env
         .push(("CPUSETD_FAULTS".to_string(), faults.to_string()));
     let started = now_ms();
@@ -135,7 +135,7 @@ fn a_refused_repair_is_not_counted_as_one() {
         containers: vec![ContainerSpec::best_effort("web")],
     };
     let id = node.fake.start_pod(&pod).unwrap().remove(0);
-    node.settled(now_ms(), |s| rows(s).len() == 2);
+    node.settled(now_ms(), |s| s.containers.len() == 2);
     // A foreign write: drift, which every write the agent makes fails to repair.
     let file = node.file(&format!("{}/{id}", node.fake.pod_dir(&pod)), "cpuset.cpus");
     fs::write(&file, "1").unwrap();
@@ -214,7 +214,7 @@ fn a_failed_add_watch_is_reported_once_and_a_rescan_catches_up() {
     };
     node.fake.start_pod(&next).unwrap();
     node.settled(now_ms(), |s| {
-        rows(s).iter().filter(|r| r["exclusive"] == true).count() == 2
+        s.containers.iter().filter(|r| r.exclusive).count() == 2
     });
     node.assert_running();
 }
@@ -747,7 +747,6 @@ fn too_few_inotify_watches_at_start_degrade_to_periodic_scans() {
 /// is changed, and the agent says why; the pod is pinned all the same.
 #[test]
 fn host_changes_are_not_made_while_their_originals_cannot_be_recorded() {
-    use crate::agent_util::TestNode;
     use crate::isolation::{add_host_cgroups, cpuset_file, fake_proc, irq_file};
     let node = TestNode::new(cpusetd::cgroupfs::CgroupVersion::V1);
     add_host_cgroups(&node);

@@ -12,9 +12,10 @@ use std::process::Command;
 use cpusetd::checkpoint::{self, LoadOutcome};
 use cpusetd::cpuset::CpuSet;
 use cpusetd::kubesim::{new_container_id, new_pod_uid, ContainerSpec, PodSpec, Qos};
-use serde_json::Value;
 
-use crate::harness::{now_ms, rows, Node};
+use crate::agent_process::TestNode;
+use crate::agent_util::{Row, Status};
+use crate::harness::now_ms;
 
 fn pod(qos: Qos, containers: Vec<ContainerSpec>) -> PodSpec {
     PodSpec {
@@ -26,31 +27,30 @@ fn pod(qos: Qos, containers: Vec<ContainerSpec>) -> PodSpec {
 }
 
 /// The row of the container with this id.
-fn row<'a>(status: &'a Value, id: &str) -> &'a Value {
-    rows(status)
-        .into_iter()
-        .find(|r| r["container_id"] == id)
-        .unwrap_or_else(|| panic!("no row for {id}: {status}"))
+fn row<'a>(status: &'a Status, id: &str) -> &'a Row {
+    status
+        .by_id(id)
+        .unwrap_or_else(|| panic!("no row for {id}: {status:?}"))
 }
 
 /// A started node with one Guaranteed 2-CPU container pinned; returns it, the pod, the
 /// container's id and its cpus.
-fn pinned_node() -> (Node, PodSpec, String, String) {
-    let mut node = Node::new();
+fn pinned_node() -> (TestNode, PodSpec, String, String) {
+    let mut node = TestNode::small();
     node.start();
     let p = pod(Qos::Guaranteed, vec![ContainerSpec::guaranteed("db", 2000)]);
     let id = node.fake.start_pod(&p).unwrap().remove(0);
     let status = node.settled(now_ms(), |s| {
-        rows(s)
+        s.containers
             .iter()
-            .any(|r| r["container_id"] == id.as_str() && r["exclusive"] == true)
+            .any(|r| r.container_id.as_deref() == Some(id.as_str()) && r.exclusive)
     });
-    let cpus = row(&status, &id)["current"].as_str().unwrap().to_string();
+    let cpus = row(&status, &id).current.clone().unwrap();
     assert_eq!(CpuSet::parse(&cpus).unwrap().len(), 2);
     (node, p, id, cpus)
 }
 
-fn no_panic(node: &Node) {
+fn no_panic(node: &TestNode) {
     let log = node.log_text();
     assert!(!log.contains("panicked"), "{log}");
 }
@@ -98,8 +98,10 @@ fn odd_names_symlinks_and_fifos_under_a_pinned_container() {
     .unwrap();
     // A foreign write to the container's set makes the agent narrow everything again.
     fs::write(node.file(&container, "cpuset.cpus"), "0-7\n").unwrap();
-    let status = node.settled(now_ms(), |s| row(s, &id)["current"] == cpus.as_str());
-    assert_eq!(row(&status, &id)["exclusive"], true);
+    let status = node.settled(now_ms(), |s| {
+        row(s, &id).current.as_deref() == Some(cpus.as_str())
+    });
+    assert!(row(&status, &id).exclusive);
     // The children it could read are inside the container's set; nothing outside changed.
     for name in &names {
         let text = fs::read_to_string(
@@ -141,28 +143,30 @@ fn garbage_in_cpu_files_never_drops_a_pin_and_foreign_cpusets_are_repaired() {
         fs::write(node.file(&container, file), value).unwrap();
         let status = node.settled(now_ms(), |_| true);
         assert_eq!(
-            row(&status, &id)["current"],
-            cpus.as_str(),
+            row(&status, &id).current.as_deref(),
+            Some(cpus.as_str()),
             "{file}={value:?}"
         );
-        assert_eq!(row(&status, &id)["exclusive"], true, "{file}={value:?}");
+        assert!(row(&status, &id).exclusive, "{file}={value:?}");
     }
     // Without config.json the settings cannot be read: the pin is kept all the same, also by
     // an agent that restarts now (its container name comes from the checkpoint).
     fs::remove_file(node.base.join("runtime").join(&id).join("config.json")).unwrap();
     fs::write(node.file(&container, "cpu.shares"), "bogus").unwrap();
     let status = node.settled(now_ms(), |_| true);
-    assert_eq!(row(&status, &id)["current"], cpus.as_str());
+    assert_eq!(row(&status, &id).current.as_deref(), Some(cpus.as_str()));
     node.kill9();
     let restarted = now_ms();
     node.start();
     let status = node.settled(restarted, |_| true);
-    assert_eq!(row(&status, &id)["current"], cpus.as_str());
-    assert_eq!(row(&status, &id)["exclusive"], true);
+    assert_eq!(row(&status, &id).current.as_deref(), Some(cpus.as_str()));
+    assert!(row(&status, &id).exclusive);
     // Foreign writes of nonsense into the container's cpuset are repaired.
     for value in ["garbage", "0-99999", "-1", "", "7-3", "0,,1"] {
         fs::write(node.file(&container, "cpuset.cpus"), value).unwrap();
-        node.settled(now_ms(), |s| row(s, &id)["current"] == cpus.as_str());
+        node.settled(now_ms(), |s| {
+            row(s, &id).current.as_deref() == Some(cpus.as_str())
+        });
     }
     node.assert_running();
     no_panic(&node);
@@ -170,7 +174,7 @@ fn garbage_in_cpu_files_never_drops_a_pin_and_foreign_cpusets_are_repaired() {
 
 /// Starts a container of `p` whose config.json is `config` (bytes as given) and whose cgroup
 /// files say `shares`/`quota`; returns its id.
-fn raw_container(node: &Node, p: &PodSpec, config: &[u8], shares: u64, quota: i64) -> String {
+fn raw_container(node: &TestNode, p: &PodSpec, config: &[u8], shares: u64, quota: i64) -> String {
     let id = new_container_id("raw");
     let runtime = node.base.join("runtime").join(&id);
     fs::create_dir_all(&runtime).unwrap();
@@ -221,7 +225,7 @@ fn raw_container(node: &Node, p: &PodSpec, config: &[u8], shares: u64, quota: i6
 
 #[test]
 fn config_json_that_is_huge_nested_mistyped_or_asks_for_more() {
-    let mut node = Node::new();
+    let mut node = TestNode::small();
     node.start();
     node.settled(now_ms(), |_| true);
     let annotated = |uid: &str, name: &str, extra: &str| {
@@ -293,21 +297,21 @@ fn config_json_that_is_huge_nested_mistyped_or_asks_for_more() {
     huge.extend(b"\"}}");
     let big = raw_container(&node, &guaranteed, &huge, 1024, 100_000);
 
-    let status = node.settled(now_ms(), |s| rows(s).len() >= 8);
-    assert_eq!(row(&status, &greedy)["exclusive"], false, "{status}");
-    assert_eq!(row(&status, &fractional)["exclusive"], false, "{status}");
+    let status = node.settled(now_ms(), |s| s.containers.len() >= 8);
+    assert!(!row(&status, &greedy).exclusive, "{status:?}");
+    assert!(!row(&status, &fractional).exclusive, "{status:?}");
     // The others are classified from their cgroup files: 1 whole CPU each, so exclusive.
     for id in [&nested_unread, &nested_read, &mistyped, &big] {
-        assert_eq!(row(&status, id)["exclusive"], true, "{id}: {status}");
+        assert!(row(&status, id).exclusive, "{id}: {status:?}");
     }
     // Every exclusive set is disjoint from the others and from the shared pool.
-    let shared = CpuSet::parse(status["shared_pool"].as_str().unwrap()).unwrap();
+    let shared = CpuSet::parse(&status.shared_pool).unwrap();
     let mut seen = CpuSet::new();
-    for r in rows(&status).into_iter().filter(|r| r["exclusive"] == true) {
-        let set = CpuSet::parse(r["current"].as_str().unwrap()).unwrap();
+    for r in status.containers.iter().filter(|r| r.exclusive) {
+        let set = CpuSet::parse(r.current.as_deref().unwrap()).unwrap();
         assert!(
             set.is_disjoint(&seen) && set.is_disjoint(&shared),
-            "{status}"
+            "{status:?}"
         );
         seen.extend_from(&set);
     }
@@ -359,10 +363,16 @@ fn damaged_checkpoints_at_start_are_set_aside_and_no_pin_is_lost() {
         let started = now_ms();
         node.start();
         let status = node.settled(started, |s| {
-            rows(s).iter().any(|r| r["container_id"] == id.as_str())
+            s.containers
+                .iter()
+                .any(|r| r.container_id.as_deref() == Some(id.as_str()))
         });
-        assert_eq!(row(&status, &id)["current"], cpus.as_str(), "{what}");
-        assert_eq!(row(&status, &id)["exclusive"], true, "{what}");
+        assert_eq!(
+            row(&status, &id).current.as_deref(),
+            Some(cpus.as_str()),
+            "{what}"
+        );
+        assert!(row(&status, &id).exclusive, "{what}");
         let log = node.log_text()[log_before..].to_string();
         assert_eq!(
             log.lines().filter(|l| l.contains(message)).count(),
@@ -389,7 +399,7 @@ fn damaged_checkpoints_at_start_are_set_aside_and_no_pin_is_lost() {
 
 #[test]
 fn flags_out_of_range_are_refused_naming_the_flag() {
-    let node = Node::new();
+    let node = TestNode::small();
     let run = |extra: &[&str], drop_flag: Option<&str>| {
         let mut args = node.run_args();
         if let Some(flag) = drop_flag {

@@ -34,8 +34,8 @@ fn proc_with_isolcpus(node: &TestNode, isolcpus: &str) -> String {
 /// The in-process controller on `node` (cpu 0 reserved, `--respect-isolcpus`) with
 /// `isolcpus=` on its kernel command line.
 fn controller_with_isolcpus(node: &TestNode, isolcpus: &str) -> cpusetd::agent::Controller {
-    // The node's flags with this procfs instead of the fixture's.
-    let mut flags = node.node_args();
+    // The node's flags (its state dir too) with this procfs instead of the fixture's.
+    let mut flags = node.tree_args();
     let at = flags.iter().position(|f| f == "--proc-root").unwrap();
     flags[at + 1] = proc_with_isolcpus(node, isolcpus);
     flags.extend(["--reserved-cpus", "0", "--respect-isolcpus"].map(String::from));

@@ -124,14 +124,18 @@ pub struct Agent {
 
 impl Agent {
     /// Starts the agent with `args` plus a fresh state dir and metrics file, and waits until
-    /// its first pass is done (the metrics file appears).
+    /// its first pass is done (the metrics file appears). `CPUSETD_BIN` names another binary
+    /// (the vm-e2e guest's `/bin/cpusetd`).
     pub fn start(args: &[String]) -> Agent {
         let state = tempfile::Builder::new()
             .prefix("cpusetd-bench-state-")
             .tempdir()
             .unwrap();
         let metrics = state.path().join("metrics.prom");
-        let mut command = agent_process::cpusetd_command();
+        let mut command = match std::env::var_os("CPUSETD_BIN") {
+            Some(bin) => Command::new(bin),
+            None => agent_process::cpusetd_command(),
+        };
         command
             .arg("run")
             .args(args)

@@ -19,47 +19,44 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::allocator::StaticPolicy;
 use crate::cgroupfs::{
     CgroupError, CgroupPath, CgroupVersion, Hierarchy, InterfaceFile, Scan, ScannedCgroup, Scanner,
-    SkipReason,
 };
+use crate::checkpoint::adopt::KubeletPins;
 use crate::checkpoint::kubelet_state::KubeletState;
 use crate::classify::{
     classify, classify_scan_one, config_matches_cgroup, CgroupKind, CgroupNaming, Classification,
-    Isolation, Notice,
+    Notice,
 };
 use crate::cpuset::CpuSet;
-use crate::logging::{error_chain, SaidEvery, SaidOnce};
+use crate::logging::{error_chain, SaidOnce};
 use crate::planner::{
     entitlement, plan, AssignEvent, Entitlement, NodeLimits, Plan, PlanConfig, Pools,
     ReleaseReason, WriteStep,
 };
 use crate::runtime::{OciCpu, RuntimeInfo, RuntimeLookup};
-use crate::state::{Adoption, AssignmentKey, Assignments, ExclusiveAssignment};
+use crate::state::{AssignmentKey, Assignments};
 use crate::topology::Topology;
 use crate::watcher::{Arrivals, TreeEvent};
 use crate::writer::NewChildren;
 
+use super::deadlines::{Burst, Deadlines};
 use super::hotplug::Hotplug;
 use super::metrics::Metrics;
-use deadlines::{Burst, Deadlines};
-use events::Said;
+use super::model::{self, Model, Setup};
+use super::said::{say_limits, Said};
 use incremental::{Mode, SincePass};
-use model::{Model, Setup};
 
-mod adopt;
 mod classes;
-mod deadlines;
 mod drift;
 mod events;
 mod incremental;
 mod isolation;
-mod model;
-mod podres;
 mod projection;
+mod upkeep;
 mod write;
 
 /// A cgroup's classification, shared by its model entry (which caches it) and the passes that
@@ -86,13 +83,6 @@ struct FollowUp {
 
 /// Plans per pass when writing shows the model out of date (see [`Controller::pass`]).
 const MAX_REPLANS: usize = 4;
-
-/// How long a cgroup with an empty cpuset is left to its runtime (runc copies the parent's set
-/// within milliseconds) before the agent writes it itself.
-const RUNTIME_SETUP_LIMIT: Duration = Duration::from_secs(1);
-
-/// How long a new container is tracked for the event → pin latency figure.
-const PIN_TRACKING_LIMIT: Duration = Duration::from_secs(60);
 
 /// What the controller needs to run, besides its channels.
 #[derive(Debug)]
@@ -239,46 +229,10 @@ impl Controller {
         let Some(change) = hotplug.check(&self.parts.topology, self.parts.policy.as_ref()) else {
             return false;
         };
-        let online = change.topology.all_cpus();
-        if !change.offline.is_empty() {
-            log::info!(
-                "cpus {} went offline (online now: {online}): topology read again; pins on them \
-                 get replacements, the shared pool goes without them",
-                change.offline
-            );
-        }
-        if !change.online.is_empty() {
-            log::info!(
-                "cpus {} came online (online now: {online}): topology read again; they join the \
-                 shared pool",
-                change.online
-            );
-        }
-        if let (Some(before), Some(after)) = (&self.parts.policy, &change.policy) {
-            let gone = before.reserved().difference(after.reserved());
-            let back = after.reserved().difference(before.reserved());
-            if !gone.is_empty() && after.reserved().is_empty() {
-                log::warn!(
-                    "reserved cpus {gone} went offline and no reserved cpu is online: nothing \
-                     keeps the shared pool from emptying but the agent, which refuses pins that \
-                     would empty it and releases the smallest if it must"
-                );
-            } else if !gone.is_empty() {
-                log::warn!(
-                    "reserved cpus {gone} went offline: reserved now {}",
-                    after.reserved()
-                );
-            }
-            if !back.is_empty() {
-                log::info!(
-                    "reserved cpus {back} are online again: reserved now {}",
-                    after.reserved()
-                );
-            }
-        }
+        change.say(self.parts.policy.as_ref());
         self.metrics.cpus_offlined += change.offline.len() as u64;
         self.metrics.cpus_onlined += change.online.len() as u64;
-        self.metrics.online_cpus = online.len() as u64;
+        self.metrics.online_cpus = change.topology.all_cpus().len() as u64;
         self.parts.topology = change.topology;
         if change.policy.is_some() {
             self.parts.policy = change.policy;
@@ -329,6 +283,21 @@ impl Controller {
         self.last_pass.pools.as_ref().map(|p| &p.pod_cpus)
     }
 
+    /// What the PodResources server answers from (see [`crate::podresources::snapshot`]): the
+    /// model's containers, the assignments and the allocatable cpus (online minus reserved;
+    /// none under the `none` policy, as kubelet).
+    pub fn pod_resources(&self) -> crate::podresources::PodResourcesSnapshot {
+        let allocatable = self.parts.policy.as_ref().map(|p| {
+            let all = self.parts.topology.all_cpus();
+            all.difference(p.reserved())
+        });
+        crate::podresources::snapshot(
+            self.model.values().filter_map(|e| e.class.as_deref()),
+            &self.parts.assignments,
+            allocatable.unwrap_or_default(),
+        )
+    }
+
     /// (containers, exclusive containers) after the last pass.
     pub fn counts(&self) -> (usize, usize) {
         (
@@ -350,6 +319,51 @@ impl Controller {
         let outcome = self.pass(now);
         self.arrivals = arrivals;
         Some(outcome)
+    }
+
+    /// When the controller wants to run again without an event (see [`Deadlines`]).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.next()
+    }
+
+    /// Does what is due: re-reads the containers still waiting for their CPU settings, the
+    /// cgroups whose narrowing waited for new children and the fought-over cgroups whose
+    /// backoff ended; owes a pass for the held-back writes or the owed full pass. Returns
+    /// whether a pass is needed.
+    pub fn on_deadlines(&mut self, now: Instant) -> bool {
+        self.deadlines.settings = None;
+        let mut changed = false;
+        if self.deadlines.held_back.is_due(now) || self.deadlines.full_pass.is_due(now) {
+            // Held-back writes, or the shared pool's members after incremental passes: a
+            // full pass (after the pins of pods that arrived meanwhile, see `pass`), which
+            // pays them or owes them again.
+            changed = true;
+        }
+        if let Some(roots) = self.deadlines.settling.take_due(now) {
+            for root in roots {
+                self.rescan_subtree(&root, now);
+            }
+            changed = true;
+        }
+        changed |= self.resume_fights(now);
+        for path in self.model.waiting() {
+            changed |= self.reread(&path, now);
+        }
+        changed
+    }
+
+    /// Adopts the pins kubelet's checkpoint names where the live tree agrees and the
+    /// container is entitled to exclusive cpus (see [`KubeletPins`]); every other entry is said,
+    /// with why. Returns the pins adopted, each as `<label> cpus <set>` (the caller counts and
+    /// names them).
+    pub fn adopt_kubelet_pins(&mut self, kubelet: &KubeletState) -> Vec<String> {
+        let scan = self.model_scan();
+        let classes = self.classify_model(&scan);
+        let cpus = scan.cgroups.iter().map(|c| c.cpus.value());
+        let pins = KubeletPins::new(kubelet, classes.iter().map(|c| &**c).zip(cpus));
+        self.said.learn_pod_names(pins.keys(), &classes);
+        let said = &self.said;
+        pins.adopt(&mut self.parts.assignments, |key| said.label(key))
     }
 
     /// Reads the whole tree into the model (at start, and after a watcher overflow).
@@ -410,31 +424,16 @@ impl Controller {
             TreeEvent::Removed { cgroup } => Ok(self.removed(&cgroup)),
             // Only the named file's group is re-read (see `Scanner::refresh`).
             TreeEvent::Modified { cgroup, file } => {
-                let known = self.model.get(&cgroup).map(|e| e.cgroup.clone());
-                let read = match known {
-                    Some(mut c) => self.parts.scanner.refresh(&mut c, file).then_some(c),
-                    None => self.parts.scanner.read_cgroup(&cgroup),
+                let Some(mut known) = self.model.get(&cgroup).map(|e| e.cgroup.clone()) else {
+                    return Ok(self.reread(&cgroup, now));
                 };
-                match read {
-                    Some(c) => Ok(self.upsert(c, now)),
-                    None => Ok(self.remove_if_gone(&cgroup)),
+                match self.parts.scanner.refresh(&mut known, file) {
+                    true => Ok(self.upsert(known, now)),
+                    false => Ok(self.remove_if_gone(&cgroup)),
                 }
             }
             TreeEvent::Rescan { reason } => {
-                // Said at most once a minute, with how many were not said.
-                match self.said.rescan.due(now, Duration::from_secs(60)) {
-                    Some(more) => {
-                        let since = if more > 0 {
-                            format!(" ({more} more rescans since the last time this was said)")
-                        } else {
-                            String::new()
-                        };
-                        log::warn!(
-                            "watcher lost track ({reason}): rescanning the whole tree{since}"
-                        );
-                    }
-                    None => log::debug!("watcher lost track ({reason}): rescanning the whole tree"),
-                }
+                self.said.rescan(reason, now);
                 self.metrics.rescans += 1;
                 self.full_scan()?;
                 Ok(true)
@@ -559,26 +558,8 @@ impl Controller {
         let (cpus, mems) = self.parts.scanner.kubepods_parent_limits();
         let limits = NodeLimits { cpus, mems };
         if self.last_pass.limits.as_ref() != Some(&limits) {
-            if let Some(cpus) = &limits.cpus {
-                let all = self.parts.topology.all_cpus();
-                let missing = all.difference(cpus);
-                // Against today's topology: cpus the parent lost by going offline were not
-                // given back when the topology lost them too.
-                let missed = self
-                    .last_pass
-                    .limits
-                    .as_ref()
-                    .and_then(|l| l.cpus.as_ref())
-                    .is_some_and(|last| !all.is_subset(last));
-                if !missing.is_empty() {
-                    log::warn!(
-                        "the parent of the kubepods cgroup gives pods only cpus {cpus} now: cpus \
-                         {missing} (offline, or held back by the parent) are not planned"
-                    );
-                } else if missed {
-                    log::info!("the parent of the kubepods cgroup gives pods every cpu again");
-                }
-            }
+            let last = self.last_pass.limits.as_ref();
+            say_limits(last, &limits, self.parts.topology.all_cpus());
             self.last_pass.limits = Some(limits.clone());
         }
         limits

@@ -37,6 +37,50 @@ pub struct CpuChange {
     pub online: CpuSet,
 }
 
+impl CpuChange {
+    /// Says what changed: the cpus that went offline or came online, and the reserved cpus
+    /// among them (`before`: the policy this change replaces).
+    pub fn say(&self, before: Option<&StaticPolicy>) {
+        let online = self.topology.all_cpus();
+        if !self.offline.is_empty() {
+            log::info!(
+                "cpus {} went offline (online now: {online}): topology read again; pins on them \
+             get replacements, the shared pool goes without them",
+                self.offline
+            );
+        }
+        if !self.online.is_empty() {
+            log::info!(
+                "cpus {} came online (online now: {online}): topology read again; they join the \
+             shared pool",
+                self.online
+            );
+        }
+        if let (Some(before), Some(after)) = (before, &self.policy) {
+            let gone = before.reserved().difference(after.reserved());
+            let back = after.reserved().difference(before.reserved());
+            if !gone.is_empty() && after.reserved().is_empty() {
+                log::warn!(
+                    "reserved cpus {gone} went offline and no reserved cpu is online: nothing \
+                 keeps the shared pool from emptying but the agent, which refuses pins that \
+                 would empty it and releases the smallest if it must"
+                );
+            } else if !gone.is_empty() {
+                log::warn!(
+                    "reserved cpus {gone} went offline: reserved now {}",
+                    after.reserved()
+                );
+            }
+            if !back.is_empty() {
+                log::info!(
+                    "reserved cpus {back} are online again: reserved now {}",
+                    after.reserved()
+                );
+            }
+        }
+    }
+}
+
 impl Hotplug {
     /// `reserved`: the reserved cpus as configured (`--reserved-cpus`, or those chosen for
     /// `--reserved-cpu-count` at start), offline ones among them.

@@ -11,6 +11,8 @@ use std::io;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+mod assign_events;
+
 use crate::cgroupfs::{CgroupPath, InterfaceFile};
 use crate::classify::Classification;
 use crate::planner::Plan;

@@ -22,12 +22,15 @@
 //! checkpoint on this thread, exit 0. SIGHUP: reconcile now.
 
 mod controller;
+pub(crate) mod deadlines;
 mod hotplug;
 pub(crate) mod http;
 pub mod metrics;
+pub(crate) mod model;
 mod notify;
 mod persist;
 mod reconciler;
+pub(crate) mod said;
 mod wait;
 
 pub use controller::{Controller, ControllerParts, PassOutcome, ReconcileScan};
@@ -47,7 +50,7 @@ use crate::allocator::PolicyOptions;
 use crate::cgroupfs::{CgroupLayout, Scanner};
 use crate::checkpoint::{self, LoadOutcome, Policy, StateLock};
 use crate::logging::error_chain;
-use crate::watcher::{TreeEvent, WatchRoot, Watcher, WatcherHandle};
+use crate::watcher::{Arrivals, TreeEvent, WatchRoot, Watcher, WatcherHandle};
 use persist::{PersistTargets, Persister};
 use reconciler::{ReconcileTick, Reconciler};
 
@@ -157,6 +160,9 @@ struct Agent {
     persist: Persister,
     reconciler: Reconciler,
     control: Receiver<Control>,
+    /// The watcher's arrival tokens, forgotten each time the event channel is drained (see
+    /// [`forget`]): a token left means an event waits, and a pass's long rewrite stops for it.
+    arrivals: Option<Arrivals>,
     /// irqbalance is told by a thread of its own (nothing on the way to a pin waits for it),
     /// which says here when what it was told changed, for the checkpoint.
     irqbalance_told: Receiver<()>,
@@ -217,8 +223,9 @@ impl Agent {
             irqbalance_tx.clone(),
         );
         controller.metrics.without_inotify = watcher.is_none();
-        if let Some(watcher) = &mut watcher {
-            controller.watch_arrivals(watcher.arrivals());
+        let arrivals = watcher.as_mut().map(Watcher::arrivals);
+        if let Some(arrivals) = &arrivals {
+            controller.watch_arrivals(arrivals.clone());
         }
         first_pass(&mut controller, kubelet_state.as_deref())?;
         let every_tick_full = watcher.is_none();
@@ -241,6 +248,7 @@ impl Agent {
             persist,
             reconciler: Reconciler::spawn(scanner, config.reconcile_period, every_tick_full),
             control,
+            arrivals,
             irqbalance_told,
             notifier: config.notifier,
             watchdog: None,
@@ -322,6 +330,8 @@ impl Agent {
     /// A watcher event and every one queued behind it: one pass.
     fn on_events(&mut self, event: TreeEvent) {
         let now = Instant::now();
+        // The arrivals first: a token sent from now on is for an event not taken here.
+        forget(self.arrivals.as_ref());
         let mut changed = apply(&mut self.controller, event, now);
         // Coalesce whatever else is queued into the same pass.
         changed |= apply_queued(&mut self.controller, &self.events, now);
@@ -387,6 +397,7 @@ impl Agent {
         if self.controller.next_deadline().is_some_and(|t| t <= now) {
             // Whatever is queued goes into the model first (echoes of the last pass's writes
             // among it), so the pass plans from the tree as it is.
+            forget(self.arrivals.as_ref());
             let mut changed = apply_queued(&mut self.controller, &self.events, now);
             changed |= self.controller.on_deadlines(now);
             if changed {
@@ -447,6 +458,32 @@ fn open_watcher(layout: &CgroupLayout, period: Duration) -> Result<Option<Watche
         }
         Err(e) => Err(AgentError::Watcher(e)),
     }
+}
+
+/// The controller `run` builds from `config`, with what the checkpoint and the host record
+/// restored, its host effects, hotplug and projections ([`build_controller`]), before its first
+/// scan and without the lock, threads or watcher: how tests and benchmarks drive it in
+/// process, on `config`'s roots (a test's fake sysfs and procfs). With no watcher there are no
+/// arrivals, as in `run` without inotify ([`Controller::watch_arrivals`] takes a test's own);
+/// irqbalance's thread tells a channel nobody reads.
+pub fn in_process(config: AgentConfig) -> Controller {
+    let host = HostConfig {
+        proc_root: config.proc_root,
+        sysfs_root: config.sysfs_root,
+        isolate_host: config.isolate_host,
+        projection_dir: config.projection_dir,
+        project_all: config.project_all,
+        hotplug: config.hotplug,
+    };
+    let restored = restore(&config.state_dir, &config.parts, &config.options);
+    let (irqbalance_told, _) = bounded::<()>(1);
+    build_controller(
+        config.parts,
+        restored,
+        &config.state_dir,
+        host,
+        irqbalance_told,
+    )
 }
 
 /// The controller, with what the checkpoint and the host record restored, and its host
@@ -551,6 +588,15 @@ fn apply(controller: &mut Controller, event: TreeEvent, now: Instant) -> bool {
     }
 }
 
+/// Forgets the arrival tokens: called just before the event channel is drained, so that a
+/// token left at a pass's writes is an event still queued (one taken and then told of is a
+/// spurious token at worst: that pass's rewrite stops early and the held-back writes are owed,
+/// made by the next pass, which drains and forgets first). A pass that did not drain the
+/// channel (a reconcile's, SIGHUP's) keeps the tokens: its rewrite stops for what waits.
+fn forget(arrivals: Option<&Arrivals>) {
+    arrivals.iter().for_each(|a| a.forget());
+}
+
 /// Applies every event already queued; whether the model changed.
 fn apply_queued(controller: &mut Controller, events: &Receiver<TreeEvent>, now: Instant) -> bool {
     let mut changed = false;
@@ -579,11 +625,10 @@ fn adopt_from_kubelet(controller: &mut Controller, path: &std::path::Path) {
                     .map(|(uid, cpus)| format!("pod{uid} cpus {cpus}"))
                     .collect();
                 log::info!(
-                    "{}: kubelet's pod-level cpu sets not adopted ({}): cpusetd keeps pods with \
-                     pod-level resources in the shared pool, as kubelet does without its \
-                     pod-level resource managers",
+                    "{}: kubelet's pod-level cpu sets not adopted ({}): {}",
                     path.display(),
-                    pods.join(", ")
+                    pods.join(", "),
+                    crate::classify::POD_LEVEL_POLICY
                 );
             }
             let adopted = controller.adopt_kubelet_pins(&state);

@@ -472,6 +472,8 @@ mod tests {
             &sysfs.join("proc").display().to_string(),
             "--reserved-cpus",
             "0",
+            "--state-dir",
+            &dir.path().join("controller-state").display().to_string(),
         ]
         .map(String::from);
         let mut controller = crate::cli::controller(&flags).unwrap();

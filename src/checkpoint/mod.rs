@@ -74,6 +74,7 @@
 //! [`MAX_FILE_SIZE`] bytes without following a symlink or blocking on a FIFO, and [`quarantine`]
 //! moves an unusable file aside as `state.json.corrupt-<unix-ms>` for an operator to inspect.
 
+pub(crate) mod adopt;
 pub(crate) mod host;
 pub mod kubelet_state;
 mod load;

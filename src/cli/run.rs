@@ -34,6 +34,17 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
     let Some(node) = open_when_kubepods_exists(args, &mut notifier)? else {
         return Ok(());
     };
+    let config = agent_config(args, node, notifier)?;
+    agent::run(config).map_err(|e| agent_error(args, e))
+}
+
+/// The agent's configuration from `run`'s flags on an opened node: what `run` starts, and what
+/// [`controller`] builds its controller from.
+fn agent_config(
+    args: &AgentArgs,
+    node: NodeView,
+    notifier: Notifier,
+) -> Result<AgentConfig, CommandError> {
     let (layout, parts) = controller_parts(args, node)?;
     let options = PolicyOptions::parse(&args.policy.cpu_manager_policy_options).map_err(|e| {
         config_error(CommandError::usage(format!(
@@ -64,7 +75,7 @@ pub fn run(args: &RunArgs) -> Result<(), CommandError> {
         notifier,
         pod_resources: args.pod_resources(),
     };
-    agent::run(config).map_err(|e| agent_error(args, e))
+    Ok(config)
 }
 
 /// The agent's error as the command's: a flag's fault (the state directory, the metrics
@@ -137,17 +148,32 @@ struct RunLine {
     run: RunArgs,
 }
 
-/// A controller built from `run`'s flags (those after `run`) as `cpusetd run` builds it, with
-/// no checkpoint, threads or watcher: how tests and benchmarks drive the controller in
-/// process. The node must exist (no waiting for kubepods).
+/// The controller `cpusetd run` builds from `run`'s flags (those after `run`): the same
+/// configuration, the checkpoint in `--state-dir` restored, the host effects (interrupts,
+/// scheduler load balancing, power, host confinement), hotplug and projections on the flags'
+/// roots (a test's fake sysfs and procfs), before its first scan and without the lock, threads
+/// or watcher ([`agent::in_process`]): how tests and benchmarks drive the controller in
+/// process. The node must exist (no waiting for kubepods), and `--state-dir` must be named:
+/// the controller restores from it and records there the host's originals it changes.
 pub fn controller(flags: &[String]) -> Result<Controller, CommandError> {
     let line =
         RunLine::try_parse_from(std::iter::once("run").chain(flags.iter().map(|f| f.as_str())))
             .map_err(|e| CommandError::usage(e.to_string()))?;
     let args = &line.run.agent;
     args.validate()?;
-    let (_, parts) = controller_parts(args, args.tree.open()?)?;
-    Ok(Controller::new(parts))
+    if !flags
+        .iter()
+        .any(|f| f == "--state-dir" || f.starts_with("--state-dir="))
+    {
+        return Err(CommandError::usage(
+            "the in-process controller restores from --state-dir and records the host's \
+             originals there: pass --state-dir with a directory of its own (not the agent's \
+             default)"
+                .to_string(),
+        ));
+    }
+    let config = agent_config(args, args.tree.open()?, Notifier::default())?;
+    Ok(agent::in_process(config))
 }
 
 /// Opens the node once its kubepods cgroup exists. At boot the agent starts before kubelet,

@@ -21,6 +21,7 @@ pub(crate) mod irq;
 pub(crate) mod power;
 pub(crate) mod sched;
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use serde::de::DeserializeOwned;
@@ -32,6 +33,7 @@ use crate::checkpoint::host::HostJournal;
 pub use crate::checkpoint::EffectState;
 use crate::classify::Isolation;
 use crate::cpuset::CpuSet;
+use crate::state::{AssignmentKey, Assignments};
 use crate::topology::Topology;
 
 /// Builds one effect from where it acts and what an earlier run recorded (`None`: it cannot
@@ -173,6 +175,33 @@ pub struct Assigned<'a> {
 pub struct Wanted<'a> {
     pub containers: Vec<Assigned<'a>>,
     pub topology: &'a Topology,
+}
+
+impl<'a> Wanted<'a> {
+    /// The containers of `isolated` (what each asks for, and its cgroup) that hold exclusive
+    /// cpus in `assignments`.
+    pub fn of(
+        isolated: &'a HashMap<AssignmentKey, (Isolation, CgroupPath)>,
+        assignments: &'a Assignments,
+        topology: &'a Topology,
+    ) -> Wanted<'a> {
+        let containers = isolated
+            .iter()
+            .filter_map(|(key, (isolation, path))| {
+                let held = assignments.get(key)?;
+                let cpus = &held.cpus;
+                Some(Assigned {
+                    isolation,
+                    path,
+                    cpus,
+                })
+            })
+            .collect();
+        Wanted {
+            containers,
+            topology,
+        }
+    }
 }
 
 /// What is in force node-wide, as the effects read it back.

@@ -160,3 +160,45 @@ fn an_effect_records_its_originals_before_writing_and_drops_them_when_restored()
     let record = load_host_record(&state).unwrap().unwrap();
     assert!(!record.effects.contains_key("irq"), "{record:?}");
 }
+
+#[test]
+fn the_effects_are_asked_for_the_isolated_containers_that_hold_exclusive_cpus() {
+    use crate::state::{AssignmentKey, Assignments, ExclusiveAssignment};
+    let topology = Topology::regular(crate::topology::RegularShape {
+        sockets: 1,
+        numa_nodes_per_socket: 1,
+        uncore_caches_per_numa_node: 1,
+        cores_per_uncore_cache: 4,
+        threads_per_core: 1,
+    })
+    .unwrap();
+    let key = |c: &str| AssignmentKey::Named {
+        pod_uid: "u".to_string(),
+        container: c.to_string(),
+    };
+    let isolation = Isolation {
+        no_irqs: true,
+        ..Isolation::default()
+    };
+    let path = CgroupPath::new("kubepods/podu/c").unwrap();
+    let isolated = HashMap::from([
+        (key("pinned"), (isolation, path.clone())),
+        (key("shared"), (isolation, path.clone())),
+    ]);
+    let mut assignments = Assignments::default();
+    let held = ExclusiveAssignment {
+        cpus: CpuSet::parse("2-3").unwrap(),
+        container_id: None,
+        adopted: None,
+        wanted: None,
+    };
+    assignments.insert(key("pinned"), held).unwrap();
+    let wanted = Wanted::of(&isolated, &assignments, &topology);
+    assert_eq!(wanted.containers.len(), 1);
+    let only = wanted.containers[0];
+    assert_eq!(
+        (only.path, only.cpus),
+        (&path, &CpuSet::parse("2-3").unwrap())
+    );
+    assert!(only.isolation.no_irqs);
+}

@@ -20,7 +20,7 @@ pub use assign::{
 pub use desired::{desired_tree, parent_indexes, DesiredCgroup, Pools};
 pub use known::Known;
 pub use order::{
-    order_writes, NestingChecker, NestingViolation, Phase, SetNode, SetWrite, WritePlan,
+    order_writes, NestingChecker, NestingViolation, Phase, SetNode, SetWrite, Unseen, WritePlan,
 };
 
 use crate::allocator::{CpuPool, StaticPolicy};

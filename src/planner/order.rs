@@ -246,6 +246,67 @@ pub fn repairs(repairs: impl IntoIterator<Item = (CgroupPath, CpuSet)>) -> Write
     WritePlan { steps, urgent }
 }
 
+/// A cgroup below the scan's depth limit as the writer read it (the plan never saw it), and
+/// what its file holds.
+pub type Unseen = (CgroupPath, CpuSet);
+
+/// The steps that let `step` (a narrowing) be made over cgroups below the scan's depth limit
+/// that hold more: `found` is `step`'s cgroup and the cgroups below it as read (parents before
+/// children). Each keeps what it holds of its parent's new value (all of it when nothing), as
+/// the plan narrows a known cgroup, in the plan's order ([`order_writes`]: widen top-down where
+/// it holds none of it, then narrow bottom-up, `step`'s cgroup last); an empty one (v1: never
+/// set up) is left alone. Urgent when `step` is.
+pub fn narrow_unseen(step: &Step, found: &[Unseen]) -> WritePlan {
+    let Ok(value) = CpuSet::parse(&step.value) else {
+        return WritePlan::default();
+    };
+    let index: HashMap<&[u8], usize> = found
+        .iter()
+        .enumerate()
+        .map(|(i, (path, _))| (path.as_bytes(), i))
+        .collect();
+    // What each would hold: through an empty cgroup, what its parent would.
+    let mut within: Vec<CpuSet> = Vec::with_capacity(found.len());
+    let mut nodes: Vec<SetNode> = Vec::with_capacity(found.len());
+    for (i, (path, held)) in found.iter().enumerate() {
+        let parent = path.parent_bytes().and_then(|p| index.get(p).copied());
+        let parent = parent.filter(|&p| p < i);
+        let wanted = match parent {
+            None => value.clone(),
+            Some(p) => match held.intersection(&within[p]) {
+                kept if kept.is_empty() => within[p].clone(),
+                kept => kept,
+            },
+        };
+        let desired = if held.is_empty() {
+            CpuSet::new()
+        } else {
+            wanted.clone()
+        };
+        nodes.push(SetNode {
+            parent,
+            current: held.clone(),
+            desired,
+        });
+        within.push(wanted);
+    }
+    let steps: Vec<Step> = order_writes(&nodes)
+        .into_iter()
+        .map(|w| Step {
+            path: found[w.node].0.clone(),
+            file: step.file,
+            value: w.value.to_string(),
+            step: match w.phase {
+                Phase::Widen => WriteStep::Widen,
+                Phase::Narrow => WriteStep::Narrow,
+            },
+            urgent: step.urgent,
+        })
+        .collect();
+    let urgent = if step.urgent { steps.len() } else { 0 };
+    WritePlan { steps, urgent }
+}
+
 impl Plan {
     /// Per scanned cgroup, whether its steps are urgent: it gets exclusive cpus (a pin), or
     /// its drift (`drifted`) is repaired. The others (the shared pool's rewrites) may be held
@@ -604,6 +665,54 @@ mod tests {
             check_urgent_prefix(&nodes, &node_of, &plan, |s| {
                 picked(urgent_bits, s) || picked(more_bits, s)
             })?;
+        }
+
+        /// The steps that narrow a cgroup over a subtree the plan never saw (below the scan's
+        /// depth limit): every write is one the kernel accepts, and so is every urgent prefix
+        /// (all of it, when the narrowing is urgent); the cgroup ends at its value, and every
+        /// cgroup below that holds cpus ends within it.
+        #[test]
+        fn narrowings_below_the_scan_limit_keep_children_within_parents(
+            nodes in arb_tree(),
+            value_bits in any::<u16>(),
+            urgent in any::<bool>(),
+        ) {
+            let paths = tree_paths(&nodes);
+            let found: Vec<Unseen> = paths
+                .iter()
+                .zip(&nodes)
+                .map(|(p, n)| (p.clone(), n.current.clone()))
+                .collect();
+            let mut value: CpuSet = (0..16).filter(|b| value_bits & (1 << b) != 0).collect();
+            if value.is_empty() {
+                value.insert(3);
+            }
+            let mut step = Step::new(
+                paths[0].clone(),
+                InterfaceFile::CpusetCpus,
+                value.to_string(),
+                WriteStep::Narrow,
+            );
+            step.urgent = urgent;
+            let plan = narrow_unseen(&step, &found);
+            prop_assert_eq!(plan.urgent_len(), if urgent { plan.len() } else { 0 });
+            prop_assert!(plan.iter().all(|s| s.urgent == urgent && s.file == step.file));
+            let node_of: HashMap<&CgroupPath, usize> =
+                paths.iter().enumerate().map(|(i, p)| (p, i)).collect();
+            let mut checker = NestingChecker::new(&nodes);
+            for s in &plan {
+                let written = CpuSet::parse(&s.value).unwrap();
+                if let Err(e) = checker.write(node_of[&s.path], &written) {
+                    return Err(TestCaseError::fail(format!("{e} in {plan:?}")));
+                }
+            }
+            // The narrowing itself comes last: its children are within it by then.
+            prop_assert!(plan.last().is_none_or(|s| s.path == paths[0]));
+            prop_assert_eq!(checker.value(0), &value);
+            for (i, n) in nodes.iter().enumerate() {
+                let held = checker.value(i);
+                prop_assert!(held.is_subset(&value) || n.current.is_empty(), "{i}: {held}");
+            }
         }
 
         #[test]

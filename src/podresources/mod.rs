@@ -20,10 +20,12 @@
 mod client;
 mod merge;
 mod server;
+mod snapshot;
 
 pub use client::{ask, Answer, Ask, AskError};
 pub use merge::{own_list, with_cpusetd_cpus};
 pub use server::{PodResourcesServer, ServeError, KUBELET_SOCKET};
+pub(crate) use snapshot::snapshot;
 
 use std::sync::{Arc, Mutex};
 

@@ -4,15 +4,6 @@
 use super::model::{for_each_entry, Phase};
 use super::*;
 
-/// How long a new container may wait for its CPU settings before the controller stops
-/// re-reading it on its own (events still wake it).
-pub(super) const SETTINGS_RETRY: [Duration; 4] = [
-    Duration::from_millis(5),
-    Duration::from_millis(25),
-    Duration::from_millis(100),
-    Duration::from_millis(500),
-];
-
 /// What classification noticed about a cgroup (an ignored annotation value, a pod uid in the
 /// runtime config that differs from the path, a limit that differs from the request …), said
 /// once: when its classification is cached, which is again only when its CPU settings change.
@@ -25,7 +16,7 @@ pub(super) fn say_notices(path: &CgroupPath, class: &Classification, said: &mut 
 
 impl Controller {
     /// Classifies the model, reusing each cgroup's cached classification (kept while its path
-    /// and CPU settings stay the same, see [`Controller::set_entry`]).
+    /// and CPU settings stay the same, see [`Model::store`]).
     ///
     /// The runtime's config gives a container's CPU request while its cgroup still holds the
     /// kernel's defaults; once the cgroup has held the config's request (or was there when the
@@ -36,11 +27,34 @@ impl Controller {
         for_each_entry(&mut self.model, scan, |_, entry| {
             cached.push(entry.and_then(|e| e.class.clone()));
         });
-        scan.cgroups
+        let classes = scan
+            .cgroups
             .iter()
             .zip(cached)
             .map(|(cgroup, class)| class.unwrap_or_else(|| self.class_of(cgroup)))
-            .collect()
+            .collect();
+        self.pod_level(scan, classes)
+    }
+
+    /// The containers of pods whose CPU is set at pod level (found from the whole pod,
+    /// [`crate::classify::pod_level_pods`]; `scan` holds whole pods) are shared, as kubelet
+    /// leaves them; each such pod is said once, of its pod cgroup.
+    pub(super) fn pod_level(&mut self, scan: &Scan, mut classes: Vec<Class>) -> Vec<Class> {
+        use crate::classify::{in_pod_level_pod, pod_level_pods, Notice};
+        let pods = pod_level_pods(scan.cgroups.iter().zip(classes.iter().map(|c| &**c)));
+        for class in &mut classes {
+            if let Some(changed) = in_pod_level_pod(class, &pods) {
+                *class = Arc::new(changed);
+            }
+        }
+        for pod in pods.values() {
+            let notice = Notice::PodLevelPod { limit: pod.limit };
+            let entry = self.model.get_mut(&pod.pod);
+            if entry.is_some_and(|e| e.said.first(notice.clone())) {
+                log::info!("cg={}: {notice}", pod.pod);
+            }
+        }
+        classes
     }
 
     /// The classification of `cgroup`: the cached one of its model entry, or a new one
@@ -62,19 +76,13 @@ impl Controller {
     /// waits for its CPU settings without a runtime config (looked up again next pass; one
     /// classified from its cgroup is not).
     fn classify_entry(&mut self, cgroup: &ScannedCgroup) -> Class {
-        use crate::classify::{Exclusivity, SharedReason};
         let mut found: Option<RuntimeInfo> = None;
         let runtime = &mut self.parts.runtime;
         let mut class = classify_scan_one(&self.parts.naming, cgroup, |id| {
             found = runtime.lookup(id);
             found.clone()
         });
-        let waiting = matches!(
-            class.exclusivity,
-            Exclusivity::Shared {
-                reason: SharedReason::CpuSettingsUnavailable
-            }
-        );
+        let waiting = model::waits_for_settings(&class);
         let cache = match (found, class.container_id.clone()) {
             (Some(info), Some(_)) => {
                 if let Some(resized) = self.resized_class(cgroup, info) {
@@ -132,16 +140,9 @@ impl Controller {
     /// Containers whose CPU settings are not readable yet get a few bounded re-reads (a full
     /// pass's `scan` is the whole model): see [`Model::track_settings`].
     pub(super) fn track_settings_wait(&mut self, scan: &Scan, classes: &[Class], now: Instant) {
-        use crate::classify::{Exclusivity, SharedReason};
-        let waiting = classes.iter().map(|class| {
-            class.kind == CgroupKind::Container
-                && matches!(
-                    class.exclusivity,
-                    Exclusivity::Shared {
-                        reason: SharedReason::CpuSettingsUnavailable
-                    }
-                )
-        });
+        let waiting = classes
+            .iter()
+            .map(|class| class.kind == CgroupKind::Container && model::waits_for_settings(class));
         self.deadlines.settings = self.model.track_settings(scan, waiting, now);
     }
 }

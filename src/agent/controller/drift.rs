@@ -1,60 +1,10 @@
 //! Drift: foreign changes of a cgroup's `cpuset.cpus`, repaired without planning when nothing
-//! else changed, and fights with another writer, repaired at a backed-off pace.
+//! else changed, and fights with another writer, repaired at a backed-off pace (the pace is
+//! [`Fight`]'s).
 
 use super::*;
-
-/// More foreign changes of one cgroup's cpuset than this within [`FIGHT_WINDOW`] is a fight.
-pub(super) const FIGHT_DRIFTS: u32 = 10;
-pub(super) const FIGHT_WINDOW: Duration = Duration::from_secs(1);
-/// The first wait before repairing a fought-over cgroup, doubling while the fight goes on.
-pub(super) const FIGHT_BACKOFF_MIN: Duration = Duration::from_millis(100);
-pub(super) const FIGHT_BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// This long without a foreign change ends a fight.
-pub(super) const FIGHT_QUIET: Duration = Duration::from_secs(30);
-
-/// A cgroup whose `cpuset.cpus` someone else keeps changing.
-#[derive(Debug, Clone)]
-pub(super) struct Fight {
-    window_start: Instant,
-    drifts: u32,
-    last_drift: Instant,
-    /// The current wait between repairs, once it is a fight.
-    backoff: Option<Duration>,
-    /// No repair before this.
-    until: Option<Instant>,
-    /// A foreign value waits for its repair.
-    pending: bool,
-}
-
-impl Fight {
-    /// Counts a foreign change to be repaired now, in the current [`FIGHT_WINDOW`]; whether it
-    /// makes a fight (the repairs back off from now on).
-    fn count_drift(&mut self, now: Instant) -> bool {
-        if now.saturating_duration_since(self.window_start) > FIGHT_WINDOW {
-            self.window_start = now;
-            self.drifts = 0;
-        }
-        self.drifts += 1;
-        if self.drifts <= FIGHT_DRIFTS {
-            return false;
-        }
-        self.backoff = Some(FIGHT_BACKOFF_MIN);
-        self.until = Some(now + FIGHT_BACKOFF_MIN);
-        true
-    }
-
-    /// No fight yet: a first foreign change at `now`.
-    pub(super) fn new(now: Instant) -> Fight {
-        Fight {
-            window_start: now,
-            drifts: 0,
-            last_drift: now,
-            backoff: None,
-            until: None,
-            pending: false,
-        }
-    }
-}
+use crate::agent::model::fight::Drift;
+use crate::agent::model::Fight;
 
 impl Controller {
     /// Drift repair without planning: when the only change since a pass that wrote all it
@@ -77,7 +27,7 @@ impl Controller {
         }
         let mut repairs = Vec::with_capacity(self.since_pass.drifted.len());
         for path in &self.since_pass.drifted {
-            repairs.push((path.clone(), self.desired(path)?.clone()));
+            repairs.push((path.clone(), self.model.desired(path)?.clone()));
         }
         let plan = crate::planner::order::repairs(repairs);
         let known = crate::planner::Known::nothing();
@@ -101,44 +51,24 @@ impl Controller {
         (outcome.writes == executed.done.len()).then_some(outcome)
     }
 
-    /// Records a foreign change of `path`'s `cpuset.cpus`; whether its repair must wait. More
-    /// than [`FIGHT_DRIFTS`] within [`FIGHT_WINDOW`] is a fight with another writer (a second
-    /// CPU manager, a tuning daemon): it is said once, counted, and from then on each repair
-    /// waits a backoff that doubles (from [`FIGHT_BACKOFF_MIN`] to [`FIGHT_BACKOFF_MAX`]) while
-    /// the writer goes on; [`FIGHT_QUIET`] without a foreign change ends the fight.
+    /// Records a foreign change of `path`'s `cpuset.cpus`; whether its repair must wait (see
+    /// [`Fight::drift`]: a fight is counted, and its repair's deadline kept).
     pub(super) fn hold_off_drift(&mut self, path: &CgroupPath, now: Instant) -> bool {
         let Some(entry) = self.model.get_mut(path) else {
             return false;
         };
         let fight = entry.fight.get_or_insert_with(|| Box::new(Fight::new(now)));
-        if now.saturating_duration_since(fight.last_drift) > FIGHT_QUIET {
-            **fight = Fight::new(now);
+        match fight.drift(path, now) {
+            Drift::Repair => false,
+            Drift::FightStarts => {
+                self.metrics.drift_fights += 1;
+                false
+            }
+            Drift::Wait(until) => {
+                self.deadlines.fight = Some(self.deadlines.fight.map_or(until, |t| t.min(until)));
+                true
+            }
         }
-        fight.last_drift = now;
-        if let Some(until) = fight.until.filter(|&until| now < until) {
-            fight.pending = true;
-            self.deadlines.fight = Some(self.deadlines.fight.map_or(until, |t| t.min(until)));
-            return true;
-        }
-        fight.until = None;
-        fight.pending = false;
-        if let Some(backoff) = fight.backoff {
-            // Still fighting: repair now, and wait longer before the next repair.
-            let next = (backoff * 2).min(FIGHT_BACKOFF_MAX);
-            fight.backoff = Some(next);
-            fight.until = Some(now + next);
-            return false;
-        }
-        if fight.count_drift(now) {
-            self.metrics.drift_fights += 1;
-            log::warn!(
-                "cg={path}: its cpuset.cpus was changed by someone else more than \
-                 {FIGHT_DRIFTS} times within {FIGHT_WINDOW:?} (another cpu manager or tuning \
-                 daemon?): repaired at most every {FIGHT_BACKOFF_MIN:?} to {FIGHT_BACKOFF_MAX:?} \
-                 while this goes on; find the other writer and stop it"
-            );
-        }
-        false
     }
 
     /// Fights whose backoff has ended with a foreign value not yet repaired, once the first is
@@ -148,28 +78,11 @@ impl Controller {
         if self.deadlines.fight.is_none_or(|t| t > now) {
             return false;
         }
-        let mut due = Vec::new();
-        let mut next: Option<Instant> = None;
-        for (path, entry) in self.model.iter_mut() {
-            let Some(fight) = &mut entry.fight else {
-                continue;
-            };
-            if !fight.pending && now.saturating_duration_since(fight.last_drift) > FIGHT_QUIET {
-                entry.fight = None;
-            } else if fight.pending && fight.until.is_some_and(|u| u <= now) {
-                fight.pending = false;
-                due.push(path.clone());
-            } else if let Some(until) = fight.until.filter(|_| fight.pending) {
-                next = Some(next.map_or(until, |t| t.min(until)));
-            }
-        }
+        let (due, next) = self.model.due_fights(now);
         self.deadlines.fight = next;
         let mut changed = false;
         for path in due {
-            match self.parts.scanner.read_cgroup(&path) {
-                Some(c) => changed |= self.upsert(c, now),
-                None => changed |= self.remove_if_gone(&path),
-            }
+            changed |= self.reread(&path, now);
         }
         changed
     }

@@ -19,9 +19,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::time::Instant;
 
-use super::{
-    entitlement, Burst, CgroupKind, CgroupPath, Controller, Entitlement, PassOutcome, Scan,
-};
+use super::{entitlement, Burst, CgroupKind, CgroupPath, Controller, Entitlement, PassOutcome};
 
 /// What a pass plans.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,23 +105,15 @@ impl Controller {
                 up = parent.parent();
                 paths.insert(parent);
             }
-            paths.extend(self.subtree(root));
+            paths.extend(self.model.subtree(root));
         }
-        let scan = Scan {
-            version: self.parts.hierarchy.version,
-            kubepods: self.parts.scanner.kubepods().clone(),
-            inherits: self.parts.scanner.inherits(),
-            cgroups: paths
-                .iter()
-                .filter_map(|p| self.model.get(p).map(|e| e.cgroup.clone()))
-                .collect(),
-            skipped: Vec::new(),
-            // Nothing outside the chain is released but what went.
-            complete: false,
-            truncated: !self.model.complete,
-            gone_pods: std::mem::take(&mut self.since_pass.gone_pods),
-        };
+        let cgroups = paths.iter().filter_map(|p| self.model.get(p));
+        let cgroups = cgroups.map(|e| e.cgroup.clone()).collect();
+        // Nothing outside the chain is released but what went.
+        let gone_pods = std::mem::take(&mut self.since_pass.gone_pods);
+        let scan = self.scan_of(cgroups, false, gone_pods);
         let classes: Vec<_> = scan.cgroups.iter().map(|c| self.class_of(c)).collect();
+        let classes = self.pod_level(&scan, classes);
         let undecided = classes.iter().any(|c| {
             c.kind == CgroupKind::Container && matches!(entitlement(c), Entitlement::Unknown { .. })
         });
@@ -263,7 +253,7 @@ impl Controller {
     pub(super) fn assert_chain_is_full_plan(
         &mut self,
         before: &crate::state::Assignments,
-        chain: &Scan,
+        chain: &super::Scan,
         planned: &crate::planner::Plan,
         limits: &crate::planner::NodeLimits,
         mode: &Mode,

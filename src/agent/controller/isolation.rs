@@ -3,7 +3,7 @@
 //! pin writes of a pass.
 
 use super::*;
-use crate::effects::{self, Assigned, Effect, EffectState, Wanted};
+use crate::effects::{self, Effect, EffectState, Wanted};
 
 impl Controller {
     /// Manages the host effects from now on (each with what an earlier run changed).
@@ -20,11 +20,6 @@ impl Controller {
         effects::saved(&self.effects)
     }
 
-    /// What the host effects have in force, as read back.
-    pub(crate) fn effects_in_force(&self) -> effects::InForce {
-        effects::in_force(&self.effects)
-    }
-
     /// Brings every host effect to what the pods ask for: after a pass when that changed,
     /// and on every full reconcile (`always`: IRQs registered since, flags set back by
     /// someone else). Never on the way to a pin: called after the pass's pin writes.
@@ -37,7 +32,8 @@ impl Controller {
         if self.effects.is_empty() {
             return;
         }
-        let wanted = wanted(&self.model.isolated, &self.parts);
+        let (assignments, topology) = (&self.parts.assignments, &self.parts.topology);
+        let wanted = Wanted::of(&self.model.isolated, assignments, topology);
         for effect in self.effects.iter_mut().filter(|e| which(e.as_ref())) {
             effect.update(&wanted, always, &mut self.metrics);
         }
@@ -62,27 +58,5 @@ impl Controller {
         let before = self.effects_saved();
         self.update_effects_where(true, |e| e.on_quiet_ticks());
         self.effects_saved() != before
-    }
-}
-
-/// What the effects are asked for: the exclusive containers whose pod asks for isolation.
-fn wanted<'a>(
-    isolated: &'a HashMap<AssignmentKey, (Isolation, CgroupPath)>,
-    parts: &'a ControllerParts,
-) -> Wanted<'a> {
-    let containers = isolated
-        .iter()
-        .filter_map(|(key, (isolation, path))| {
-            let held = parts.assignments.get(key)?;
-            Some(Assigned {
-                isolation,
-                path,
-                cpus: &held.cpus,
-            })
-        })
-        .collect();
-    Wanted {
-        containers,
-        topology: &parts.topology,
     }
 }

@@ -2,7 +2,7 @@ use std::fs;
 use std::path::Path;
 
 use super::*;
-use crate::cgroupfs::{CgroupVersion, InterfaceFile};
+use crate::cgroupfs::{CgroupVersion, InterfaceFile, SkipReason};
 use crate::kubesim::{ContainerSpec, FakeNode, PodSpec, Qos};
 
 /// A fake v1 node with the 8 cpus of `1s-4c-ht`, one Guaranteed 1-cpu pod, and a
@@ -38,6 +38,8 @@ fn converged() -> (tempfile::TempDir, FakeNode, CgroupPath, Controller) {
         &sysfs.join("proc").display().to_string(),
         "--reserved-cpus",
         "0",
+        "--state-dir",
+        &dir.path().join("state").display().to_string(),
     ]
     .map(String::from);
     let mut controller = crate::cli::controller(&flags).unwrap();
@@ -79,6 +81,12 @@ fn a_scan_stopped_at_its_limit_releases_nothing_it_did_not_see() {
 /// it, with no checkpoint: it knows only what it reads.
 fn fresh_controller(node: &FakeNode) -> Controller {
     let sysfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/sysfs/1s-4c-ht");
+    // A state directory of its own: a fresh controller restores no checkpoint.
+    let state = tempfile::Builder::new()
+        .prefix("fresh-state")
+        .tempdir_in(node.cgroup_root().parent().unwrap())
+        .unwrap()
+        .keep();
     let flags = [
         "--cgroup-root",
         &node.cgroup_root().display().to_string(),
@@ -90,6 +98,8 @@ fn fresh_controller(node: &FakeNode) -> Controller {
         &sysfs.join("proc").display().to_string(),
         "--reserved-cpus",
         "0",
+        "--state-dir",
+        &state.display().to_string(),
     ]
     .map(String::from);
     crate::cli::controller(&flags).unwrap()
@@ -529,4 +539,108 @@ fn a_child_cgroup_that_goes_leaves_its_container_settled_for_a_resize() {
         "the resize was not seen: {:?}",
         controller.parts.assignments
     );
+}
+
+/// Issue 24 (a): a pin never waits for other containers' writes. A rewrite of the shared pool
+/// was held back during a burst and falls due; a new Guaranteed pod appears and the watcher has
+/// queued its event and sent its token, but the pass that makes the owed rewrite started
+/// without draining the channel (a reconcile's, or the second plan of one pass, or an event
+/// that came while the pass was planned). The pass yields before any other container's write,
+/// and the new pod's pin lands before every one of them. (The token used to be forgotten at
+/// each pass's start, and the whole batch went ahead of the pin: up to 550 writes at 110 pods.)
+#[test]
+fn a_new_pods_pin_goes_before_every_owed_shared_write_even_when_a_pass_did_not_drain_it() {
+    let (_dir, node, _container, mut controller) = converged();
+    let created = |p: &PodSpec| TreeEvent::Created {
+        cgroup: CgroupPath::new(&node.pod_dir(p)).unwrap(),
+    };
+    let shared = shared_pods(&node, &mut controller, 6);
+    let (token, arrivals) = Arrivals::channel();
+    controller.watch_arrivals(arrivals.clone());
+    let sets = |node: &FakeNode| -> Vec<String> { shared.iter().map(|c| cpus(node, c)).collect() };
+    // A pod pinned during a burst: the shared pool's rewrite is held back, owed.
+    let first = PodSpec::one(
+        "db1",
+        Qos::Guaranteed,
+        ContainerSpec::guaranteed("db", 1000),
+    );
+    node.start_pod(&first).unwrap();
+    let now = Instant::now();
+    arrivals.forget();
+    controller.apply_event(created(&first), now).unwrap();
+    controller.pass(now);
+    let before = sets(&node);
+    let due = controller
+        .next_deadline()
+        .expect("the shared rewrite is owed");
+    // The next pod appears; its event waits in the channel, its token is sent.
+    let second = PodSpec::one(
+        "db2",
+        Qos::Guaranteed,
+        ContainerSpec::guaranteed("db", 1000),
+    );
+    let second_id = node.start_pod(&second).unwrap().remove(0);
+    token.send(()).unwrap();
+    // The owed rewrite falls due and a pass starts before the channel is drained.
+    assert!(controller.on_deadlines(due));
+    controller.pass(due);
+    let written: Vec<&CgroupPath> = shared
+        .iter()
+        .zip(before.iter().zip(sets(&node)))
+        .filter(|(_, (was, is))| *was != is)
+        .map(|(c, _)| c)
+        .collect();
+    assert!(
+        written.is_empty(),
+        "written ahead of a pod whose event waits: {written:?}"
+    );
+    // The agent drains the channel (forgetting the token first) and pins the new pod before
+    // any of the owed writes.
+    arrivals.forget();
+    controller.apply_event(created(&second), due).unwrap();
+    controller.pass(due);
+    let pin = CpuSet::parse(&node.container_cpus(&second, &second_id).unwrap()).unwrap();
+    assert_eq!(pin.len(), 1, "the new pod is pinned");
+    assert_eq!(sets(&node), before, "the pin went first");
+    // And the owed writes are made once things are quiet.
+    pay_what_is_owed(&mut controller);
+    for set in sets(&node) {
+        assert!(
+            CpuSet::parse(&set).unwrap().is_disjoint(&pin),
+            "{set} overlaps {pin}"
+        );
+    }
+}
+
+/// `n` Burstable pods of one container each, started and planned; their containers.
+fn shared_pods(node: &FakeNode, controller: &mut Controller, n: usize) -> Vec<CgroupPath> {
+    let mut shared = Vec::new();
+    for n in 0..n {
+        let pod = PodSpec::one(
+            &format!("web{n}"),
+            Qos::Burstable,
+            ContainerSpec::burstable("web", 250, Some(1000)),
+        );
+        let id = node.start_pod(&pod).unwrap().remove(0);
+        let created = TreeEvent::Created {
+            cgroup: CgroupPath::new(&node.pod_dir(&pod)).unwrap(),
+        };
+        controller.apply_event(created, Instant::now()).unwrap();
+        shared.push(CgroupPath::new(&format!("{}/{id}", node.pod_dir(&pod))).unwrap());
+    }
+    controller.pass(Instant::now());
+    shared
+}
+
+/// Runs the passes the deadlines call for until nothing is owed.
+fn pay_what_is_owed(controller: &mut Controller) {
+    for _ in 0..8 {
+        let Some(at) = controller.next_deadline() else {
+            break;
+        };
+        if controller.on_deadlines(at) {
+            controller.pass(at);
+        }
+    }
+    assert!(controller.next_deadline().is_none(), "nothing is left owed");
 }

@@ -2,9 +2,9 @@
 
 use super::model::for_each_entry;
 use super::*;
-use crate::cgroupfs::{CgroupError, ScannedCgroup};
+use crate::cgroupfs::{CgroupError, CpuSettings, FileValue, Quota, ScannedCgroup};
 use crate::planner::{Known, Step};
-use crate::writer::{execute, Budget, Executed, Outcome, Tally};
+use crate::writer::{execute, Budget, Done, Executed, Outcome, Tally};
 
 impl Controller {
     /// What the planner is given besides the tree.
@@ -41,11 +41,13 @@ impl Controller {
         } else {
             Vec::new()
         };
-        let executed = self.write(now, &scan, &mut planned, &mode);
+        let mut executed = self.write(now, &scan, &mut planned, &mode);
+        // Narrowings held up below the scan's depth limit: planned again (stale), after the
+        // planner's steps for what is there.
+        crate::writer::narrow_unseen(&self.parts.hierarchy, &mut executed);
         let written_at = Instant::now();
-        self.count_repairs(&drifted, &executed);
-        self.say_write_failures(&executed);
-        let vanished = self.take_written(written_at, &scan, &planned, &executed, &mode);
+        self.take_desired(&scan, &planned, &mode);
+        let follow_up = self.take_outcomes(&executed.done, &drifted, written_at);
         let urgent_done = executed.urgent_done.unwrap_or(written_at);
         self.track_pins(&scan, &classes, |i| {
             if urgent.get(i) == Some(&true) {
@@ -62,14 +64,6 @@ impl Controller {
         self.count_cpu_shared();
         // The checkpoint keeps the refusals `status` shows.
         outcome.assignments_changed |= std::mem::take(&mut self.said.refusals_changed);
-        let paths = |pick: fn(&Outcome) -> bool| -> Vec<CgroupPath> {
-            executed.with(pick).map(|s| s.path.clone()).collect()
-        };
-        let follow_up = FollowUp {
-            stale: paths(|o| matches!(o, Outcome::ChildInTheWay { .. })),
-            settling: paths(|o| matches!(o, Outcome::Settling)),
-            vanished,
-        };
         (outcome, follow_up)
     }
 
@@ -111,7 +105,6 @@ impl Controller {
     /// lifted now (`--keep-cfs-quota` given since, the pin gone) and are still unlimited get
     /// their originals back: containers before their pods, so a pod's is never below a child's.
     fn plan_quota_restores(&self, scan: &Scan, classes: &[Class], planned: &mut Plan) {
-        use crate::cgroupfs::{CpuSettings, FileValue, Quota};
         if self.parts.quota_lifted.is_empty() {
             return;
         }
@@ -126,24 +119,10 @@ impl Controller {
             let Some(original) = self.parts.quota_lifted.get(&cgroup.path) else {
                 continue;
             };
-            let file = match &cgroup.cpu {
-                CpuSettings::V1 {
-                    cfs_quota: FileValue::Value(Quota::Unlimited),
-                    ..
-                } => InterfaceFile::CpuCfsQuotaUs,
-                CpuSettings::V2 {
-                    max: FileValue::Value(max),
-                    ..
-                } if max.quota == Quota::Unlimited => InterfaceFile::CpuMax,
-                _ => continue,
-            };
-            if !lifted[i] {
-                planned.writes.push(Step::new(
-                    cgroup.path.clone(),
-                    file,
-                    original.clone(),
-                    WriteStep::RestoreQuota,
-                ));
+            if let (false, Some((file, None))) = (lifted[i], quota(&cgroup.cpu)) {
+                let (path, value) = (cgroup.path.clone(), original.clone());
+                let step = Step::new(path, file, value, WriteStep::RestoreQuota);
+                planned.writes.push(step);
             }
         }
     }
@@ -177,9 +156,10 @@ impl Controller {
     fn write(&mut self, now: Instant, scan: &Scan, planned: &mut Plan, mode: &Mode) -> Executed {
         let bursting = self.deadlines.burst.bursting(now);
         let overdue = self.deadlines.held_back.overdue(now);
-        // What arrived before now is planned from already, or waits for the next pass.
+        // Whoever drains the event channel forgets the arrivals first (the agent's loop): a token
+        // still here means an event waits in the channel, even one that came while this pass
+        // was planned, or before a pass no event started (a deadline's, a reconcile's).
         let arrivals = self.arrivals.clone();
-        arrivals.iter().for_each(Arrivals::forget);
         let arrived = move || arrivals.as_ref().is_some_and(Arrivals::arrived);
         let budget = match (
             self.arrivals.is_some() && mode.is_full(),
@@ -193,7 +173,7 @@ impl Controller {
             },
         };
         self.remember_quotas(scan, planned);
-        let initialised = self.initialised(scan, now);
+        let initialised = self.model.initialised(scan, now);
         let (new_children, initialised) = match self.parts.hierarchy.version {
             CgroupVersion::V1 => (NewChildren::LetThemSettle, &initialised[..]),
             CgroupVersion::V2 => (NewChildren::NarrowNow, &[][..]),
@@ -218,115 +198,133 @@ impl Controller {
         }
     }
 
-    /// Drift repaired: a cgroup whose value changed behind the agent's back and that a write
-    /// made by this pass rewrote (a refused write repairs nothing).
-    fn count_repairs(&mut self, drifted: &HashSet<CgroupPath>, executed: &Executed) {
-        let repaired: HashSet<&CgroupPath> = executed
-            .written()
-            .filter(|w| matches!(w.step, WriteStep::Widen | WriteStep::Narrow))
-            .filter(|w| drifted.contains(&w.path))
-            .map(|w| &w.path)
-            .collect();
-        self.metrics.drift_repairs += repaired.len() as u64;
-    }
-
-    /// Counts the writes that failed and says each failure once; a narrowing the kernel
-    /// refused because a child holds more is a race with a runtime, re-planned at once:
-    /// counted as a retry and said once, not an error.
-    fn say_write_failures(&mut self, executed: &Executed) {
-        let mut refused_empty: HashSet<&CgroupPath> = HashSet::new();
-        for done in &executed.done {
-            let write = &done.step;
-            match &done.outcome {
-                Outcome::RefusedEmpty {
-                    error,
-                    parent: Some(parent),
-                } => {
-                    self.say_refused_empty(write, error, parent);
-                    refused_empty.insert(&write.path);
-                }
-                Outcome::RefusedEmpty { error, .. } => self.say_refused(write, error, None),
-                Outcome::Refused { error, blocks } => {
-                    self.metrics.narrowings_blocked += u64::from(blocks.is_some());
-                    self.say_refused(write, error, blocks.as_ref());
-                }
-                Outcome::ChildInTheWay {
-                    refused: Some(error),
-                    ..
-                } => {
-                    let errno = error.errno().unwrap_or(0);
-                    *self.metrics.write_retries.entry(errno).or_default() += 1;
-                    if self.metrics.first_failure(&write.path, write.file, errno) {
-                        log::info!("{} (a child holds more: re-planning)", error_chain(error));
+    /// What each step's outcome shows, in one table: a write is taken into the model (see
+    /// [`Controller::take_desired`]) and repairs drift where its cgroup drifted, a quota put
+    /// back has nothing left to restore; a cgroup gone leaves the model (what it held is
+    /// released by the next plan); a child in the way (known or below the scan's depth limit)
+    /// has the cgroup re-read and planned again now, a new child a moment later; a refusal is
+    /// counted and said once. Each write comes back from the watcher as an `IN_MODIFY` whose
+    /// re-read shows the written value (no further pass) or someone else's: drift, repaired by
+    /// the next pass. A cgroup written is as new as the write (`written_at`): a full scan that
+    /// started before it may have read the old value, and does not replace it.
+    fn take_outcomes(
+        &mut self,
+        done: &[Done],
+        drifted: &HashSet<CgroupPath>,
+        written_at: Instant,
+    ) -> FollowUp {
+        let mut follow_up = FollowUp::default();
+        let (mut repaired, mut past_empty) = (HashSet::new(), HashSet::new());
+        if done.iter().any(|d| matches!(d.outcome, Outcome::Written)) {
+            self.bump();
+        }
+        for Done { step, outcome } in done {
+            let path = &step.path;
+            match outcome {
+                Outcome::Written => {
+                    if drifted.contains(path)
+                        && matches!(step.step, WriteStep::Widen | WriteStep::Narrow)
+                    {
+                        repaired.insert(path);
+                    }
+                    if step.step == WriteStep::RestoreQuota {
+                        self.parts.quota_lifted.remove(path);
+                    }
+                    if let Some(entry) = self.model.get_mut(path) {
+                        entry.cgroup.assume_written(step.file, &step.value);
+                        entry.updated = written_at;
                     }
                 }
-                Outcome::ChildInTheWay {
-                    child: Some(child), ..
-                } => log::debug!(
-                    "cg={} not narrowed yet: {child}, which this pass did not plan, holds more",
-                    write.path
-                ),
-                _ => {}
+                Outcome::Gone => follow_up.vanished |= self.remove_subtree(path),
+                Outcome::ChildInTheWay { child, refused } => {
+                    self.say_stale(step, child.as_ref(), refused.as_ref());
+                    follow_up.stale.push(path.clone());
+                }
+                Outcome::UnseenInTheWay { .. } => follow_up.stale.push(path.clone()),
+                Outcome::Settling => follow_up.settling.push(path.clone()),
+                Outcome::Refused { error, blocks } => {
+                    self.metrics.narrowings_blocked += u64::from(blocks.is_some());
+                    self.say_refused(step, error, blocks.as_ref(), false);
+                }
+                Outcome::RefusedEmpty { error, parent } => {
+                    if parent.is_some() {
+                        past_empty.insert(path);
+                    }
+                    self.say_refused(step, error, parent.as_ref(), true);
+                }
+                Outcome::UnderGone
+                | Outcome::Skipped
+                | Outcome::LeftToRuntime
+                | Outcome::HeldBack => {}
             }
         }
-        self.metrics.narrowings_blocked += refused_empty.len() as u64;
+        self.metrics.drift_repairs += repaired.len() as u64;
+        self.metrics.narrowings_blocked += past_empty.len() as u64;
+        follow_up
     }
 
-    /// A write the kernel refused, counted and said once; `blocks`: the parent whose narrowing
-    /// waits for it.
-    fn say_refused(&mut self, write: &Step, error: &CgroupError, blocks: Option<&CgroupPath>) {
+    /// A narrowing a child holds up: one the kernel refused (EBUSY) is a race with a runtime,
+    /// re-planned at once: counted as a retry and said once, not an error.
+    fn say_stale(
+        &mut self,
+        step: &Step,
+        child: Option<&CgroupPath>,
+        refused: Option<&CgroupError>,
+    ) {
+        if let Some(error) = refused {
+            let errno = error.errno().unwrap_or(0);
+            *self.metrics.write_retries.entry(errno).or_default() += 1;
+            if self.metrics.first_failure(&step.path, step.file, errno) {
+                log::info!("{} (a child holds more: re-planning)", error_chain(error));
+            }
+        } else if let Some(child) = child {
+            log::debug!(
+                "cg={} not narrowed yet: {child}, which this pass did not plan, holds more",
+                step.path
+            );
+        }
+    }
+
+    /// A write the kernel refused, counted and said once. `parent`: the parent whose narrowing
+    /// waits for it, or (`empty`: a v1 cgroup never set up, whose cpus and mems fail alike and
+    /// are said once) that is narrowed past it.
+    fn say_refused(
+        &mut self,
+        step: &Step,
+        error: &CgroupError,
+        parent: Option<&CgroupPath>,
+        empty: bool,
+    ) {
         let errno = error.errno().unwrap_or(0);
         *self.metrics.write_errors.entry(errno).or_default() += 1;
-        if !self.metrics.first_failure(&write.path, write.file, errno) {
+        let (path, past) = (&step.path, parent.filter(|_| empty));
+        let file = past.map_or(step.file, |_| InterfaceFile::CpusetCpus);
+        if !self.metrics.first_failure(path, file, errno) {
             return;
         }
-        log::warn!("{}", error_chain(error));
-        if let Some(parent) = blocks {
-            log::warn!(
-                "cg={parent} cannot be narrowed while its child {} holds more and cannot be \
-                 written: make {} writable by root without capabilities (chown it to \
-                 root) or remove it if it is empty; retried at each reconcile",
-                write.path,
-                write.path
-            );
-        }
-    }
-
-    /// A write refused to an empty cgroup (v1) that its `parent` is narrowed past: counted,
-    /// and said once per cgroup (its cpus and mems fail alike).
-    fn say_refused_empty(&mut self, write: &Step, error: &CgroupError, parent: &CgroupPath) {
-        let errno = error.errno().unwrap_or(0);
-        *self.metrics.write_errors.entry(errno).or_default() += 1;
-        if self
-            .metrics
-            .first_failure(&write.path, InterfaceFile::CpusetCpus, errno)
-        {
-            log::warn!(
-                "{}: cg={} is empty, so no task runs in it and its parent {parent} is \
-                 narrowed past it; make it writable by root without capabilities \
-                 (chown it to root) or remove it; retried at each reconcile",
+        let fix = "writable by root without capabilities (chown it to root)";
+        match (parent, past) {
+            (_, Some(parent)) => log::warn!(
+                "{}: cg={path} is empty, so no task runs in it and its parent {parent} is \
+                 narrowed past it; make it {fix} or remove it; retried at each reconcile",
                 error_chain(error),
-                write.path,
-            );
+            ),
+            (Some(parent), None) => {
+                log::warn!("{}", error_chain(error));
+                log::warn!(
+                    "cg={parent} cannot be narrowed while its child {path} holds more and \
+                     cannot be written: make {path} {fix} or remove it if it is empty; retried \
+                     at each reconcile"
+                );
+            }
+            (None, None) => log::warn!("{}", error_chain(error)),
         }
     }
 
-    /// The model takes what the writes showed: each cgroup keeps the cpus the plan wants there
-    /// (for drift detection and pin latency) and holds what was written, and cgroups a write
-    /// found gone leave it (what they held, an exclusive set perhaps, is released by the next
-    /// plan; their own removal event finds nothing to do). Each write comes back from the
-    /// watcher as an `IN_MODIFY` whose re-read shows the written value (no further pass) or,
-    /// when someone wrote after the agent, theirs: drift, repaired by the next pass. A cgroup
-    /// written is as new as the write (`written_at`): a full scan that started before it may
-    /// have read the old value, and does not replace it. Returns whether a cgroup vanished.
-    fn take_written(
-        &mut self,
-        written_at: Instant,
-        scan: &Scan,
-        planned: &Plan,
-        executed: &Executed,
-        mode: &Mode,
-    ) -> bool {
+    /// Each cgroup keeps the cpus the plan wants there (for drift detection and pin latency);
+    /// a chain's ancestors' narrowings wait for the full pass: until then what they hold is
+    /// what is wanted there, not drift.
+    fn take_desired(&mut self, scan: &Scan, planned: &Plan, mode: &Mode) {
         let mut desired = planned.desired.iter();
         for_each_entry(&mut self.model, scan, |_, entry| {
             let wanted = &desired.next().expect("one desired set per cgroup").cpus;
@@ -334,27 +332,11 @@ impl Controller {
                 entry.desired.clone_from(wanted);
             }
         });
-        if executed.written().next().is_some() {
-            self.bump();
-        }
-        for write in executed.written() {
-            if let Some(entry) = self.model.get_mut(&write.path) {
-                entry.cgroup.assume_written(write.file, &write.value);
-                entry.updated = written_at;
-            }
-        }
-        // A chain's ancestors' narrowings wait for the full pass: until then what they hold
-        // is what is wanted there, not drift.
         for cgroup in scan.cgroups.iter().filter(|c| !mode.owns(&c.path)) {
             if let Some(entry) = self.model.get_mut(&cgroup.path) {
                 entry.desired = entry.cgroup.cpus.configured().cloned();
             }
         }
-        let mut vanished = false;
-        for gone in executed.with(|o| matches!(o, Outcome::Gone)) {
-            vanished |= self.remove_subtree(&gone.path);
-        }
-        vanished
     }
 
     /// The containers the metrics count, and the isolation annotations of those that ask
@@ -396,7 +378,6 @@ impl Controller {
         classes: &[Class],
         mode: &Mode,
     ) -> PassOutcome {
-        self.forget_restored_quotas(executed);
         let changed = planned.assignments != self.parts.assignments
             || executed
                 .done
@@ -414,11 +395,7 @@ impl Controller {
                     | AssignEvent::PodRejected { .. }
             )
         });
-        let settled = report.is_clean()
-            && report.held_back == 0
-            && report.skipped == 0
-            && report.gone == 0
-            && !unmet;
+        let settled = report.all_written() && !unmet;
         // Only a full pass says the whole tree is settled; an incremental one can only say it
         // is not (a write a full pass could not make is retried by the next reconcile).
         self.last_pass.settled = settled && (mode.is_full() || self.last_pass.settled);
@@ -454,32 +431,14 @@ impl Controller {
         }
     }
 
-    /// A quota put back has nothing left to restore.
-    fn forget_restored_quotas(&mut self, executed: &Executed) {
-        for write in executed.written() {
-            if write.step == WriteStep::RestoreQuota {
-                self.parts.quota_lifted.remove(&write.path);
-            }
-        }
-    }
-
     /// Records the value each quota lift overwrites, so `reset` can put it back.
     /// A quota someone set again after the lift (an in-place resize) is theirs: the value from
     /// before the lift is forgotten, and a new lift records the new one.
     pub(super) fn remember_quotas(&mut self, scan: &Scan, planned: &Plan) {
-        use crate::cgroupfs::{CpuSettings, FileValue, Quota};
         let model = &self.model;
         self.parts.quota_lifted.retain(|path, _| {
-            let quota_set = match model.get(path).map(|e| &e.cgroup.cpu) {
-                Some(CpuSettings::V1 { cfs_quota, .. }) => {
-                    matches!(cfs_quota, FileValue::Value(Quota::Micros(_)))
-                }
-                Some(CpuSettings::V2 { max, .. }) => {
-                    matches!(max, FileValue::Value(m) if m.quota != Quota::Unlimited)
-                }
-                None => false,
-            };
-            !quota_set
+            let cpu = model.get(path).map(|e| &e.cgroup.cpu);
+            !matches!(cpu.and_then(quota), Some((_, Some(_))))
         });
         let lifts = planned
             .writes
@@ -489,21 +448,34 @@ impl Controller {
         for w in lifts {
             let scanned =
                 scanned.get_or_insert_with(|| scan.cgroups.iter().map(|c| (&c.path, c)).collect());
-            let Some(cgroup) = scanned.get(&w.path) else {
-                continue;
-            };
-            let original = match &cgroup.cpu {
-                CpuSettings::V1 {
-                    cfs_quota: FileValue::Value(Quota::Micros(us)),
-                    ..
-                } => us.to_string(),
-                CpuSettings::V2 {
-                    max: FileValue::Value(max),
-                    ..
-                } if max.quota != Quota::Unlimited => max.to_string(),
-                _ => continue,
-            };
-            self.parts.quota_lifted.insert(w.path.clone(), original);
+            let original = scanned.get(&w.path).and_then(|c| quota(&c.cpu));
+            if let Some((_, Some(original))) = original {
+                self.parts.quota_lifted.insert(w.path.clone(), original);
+            }
         }
+    }
+}
+
+/// A cgroup's CFS quota file, and the quota it holds (`None`: unlimited); `None` when unread.
+fn quota(cpu: &CpuSettings) -> Option<(InterfaceFile, Option<String>)> {
+    match cpu {
+        CpuSettings::V1 {
+            cfs_quota: FileValue::Value(quota),
+            ..
+        } => Some((
+            InterfaceFile::CpuCfsQuotaUs,
+            match quota {
+                Quota::Micros(us) => Some(us.to_string()),
+                Quota::Unlimited => None,
+            },
+        )),
+        CpuSettings::V2 {
+            max: FileValue::Value(max),
+            ..
+        } => Some((
+            InterfaceFile::CpuMax,
+            (max.quota != Quota::Unlimited).then(|| max.to_string()),
+        )),
+        _ => None,
     }
 }
