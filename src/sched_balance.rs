@@ -55,7 +55,7 @@ use crate::cgroupfs::{
 use crate::checkpoint::host::HostJournal;
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
-use crate::systemd_slices::{unit_of, Systemctl};
+use crate::systemd_slices::{is_stall, unit_of, Systemctl};
 
 /// What to restore, and what is in force now.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -436,6 +436,17 @@ impl SchedBalance {
         let mut outcome = self.apply_v2(wanted);
         if wanted.is_empty() {
             self.systemd_slices(wanted, &mut outcome);
+        }
+        // In force only where read back: a unit systemd did not confine is said in `status`.
+        if !early.errors.is_empty() {
+            let why = format!(
+                "host units not confined to the reserved cpus through systemd: {}",
+                early.errors.join("; ")
+            );
+            self.saved.not_in_force = Some(match self.saved.not_in_force.take() {
+                Some(partitions) => format!("{partitions}; {why}"),
+                None => why,
+            });
         }
         outcome.written += early.written;
         for error in early.errors {
@@ -826,6 +837,11 @@ impl SchedBalance {
                     outcome.written += 1;
                     log::info!("{unit} confined to cpus {reserved} through systemd (AllowedCPUs, --runtime)");
                 }
+                // One stall a pass at most: the next pins wait no longer than one timeout.
+                Err(e) if is_stall(&e) => {
+                    note(outcome, e);
+                    break;
+                }
                 Err(e) => note(outcome, e),
             }
         }
@@ -859,6 +875,10 @@ impl SchedBalance {
                     log::info!(
                         "{unit} has its cpus back through systemd: cpuset.cpus {original:?}"
                     );
+                }
+                Err(e) if is_stall(&e) => {
+                    note(outcome, e);
+                    break;
                 }
                 Err(e) => note(outcome, e),
             }
@@ -1293,6 +1313,7 @@ mod tests {
     use super::*;
     use std::fs;
     use std::path::Path;
+    use std::time::Duration;
 
     fn set(text: &str) -> CpuSet {
         CpuSet::parse(text).unwrap()
@@ -1666,6 +1687,21 @@ mod tests {
     /// systemd 252 did in the node-e2e guest: `AllowedCPUs=<cpus>` written to the unit's
     /// `cpuset.cpus`, `AllowedCPUs=` (empty) leaving the file as it is. `fail`: exits 1.
     fn systemd_host(dir: &Path, fail: bool) -> (CgroupFs, Systemctl) {
+        let body = if fail {
+            "echo 'Failed to set unit properties on system.slice: Access denied' >&2; exit 1"
+        } else {
+            "cpus=${5#AllowedCPUs=}; [ -z \"$cpus\" ] || echo \"$cpus\" >\"$ROOT/$4/cpuset.cpus\""
+        };
+        systemd_host_with(dir, body, std::time::Duration::from_secs(5))
+    }
+
+    /// [`systemd_host`] with a fake `systemctl` that runs `body` (`$ROOT`: the cgroup root),
+    /// killed after `timeout`.
+    fn systemd_host_with(
+        dir: &Path,
+        body: &str,
+        timeout: std::time::Duration,
+    ) -> (CgroupFs, Systemctl) {
         let root = dir.join("cg");
         fs::create_dir_all(&root).unwrap();
         // Plain files, not the fake kernel (which refuses an empty `cpuset.cpus`, as v1 does;
@@ -1687,11 +1723,6 @@ mod tests {
         }
         fs::write(root.join("kp/cpuset.cpus"), "\n").unwrap();
         let script = dir.join("systemctl");
-        let body = if fail {
-            "echo 'Failed to set unit properties on system.slice: Access denied' >&2; exit 1"
-        } else {
-            "cpus=${5#AllowedCPUs=}; [ -z \"$cpus\" ] || echo \"$cpus\" >\"$ROOT/$4/cpuset.cpus\""
-        };
         fs::write(
             &script,
             format!(
@@ -1702,10 +1733,131 @@ mod tests {
         )
         .unwrap();
         fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        (
+        (fs, Systemctl::with_program(script, timeout))
+    }
+
+    /// Write-ahead: each unit's cpus to give back are in `host.json` (synced) before systemd
+    /// is first asked to change it; where the record cannot be written, systemd is not asked.
+    #[test]
+    fn host_units_are_recorded_before_systemd_is_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let seen = dir.path().join("seen");
+        let body = format!(
+            "cat {}/host.json >>{} 2>/dev/null || echo NO-RECORD >>{}\n\
+             cpus=${{5#AllowedCPUs=}}; echo \"$cpus\" >\"$ROOT/$4/cpuset.cpus\"",
+            state.display(),
+            seen.display(),
+            seen.display()
+        );
+        let (fs, systemctl) = systemd_host_with(dir.path(), &body, Duration::from_secs(5));
+        let mut sched = SchedBalance::new(
             fs,
-            Systemctl::with_program(script, std::time::Duration::from_secs(5)),
+            CgroupVersion::V2,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
         )
+        .with_systemd(systemctl.clone())
+        .with_journal(HostJournal::new(&state, None));
+        let outcome = sched.apply(&[(path("kp/pod/c"), set("2-3"))]);
+        assert!(outcome.errors.is_empty(), "{outcome:?}");
+        let seen_text = fs::read_to_string(&seen).unwrap();
+        assert!(!seen_text.contains("NO-RECORD"), "{seen_text}");
+        let first: serde_json::Value = serde_json::Deserializer::from_str(&seen_text)
+            .into_iter()
+            .next()
+            .unwrap()
+            .unwrap();
+        let slices = &first["effects"][crate::effects::sched::NAME]["slices"];
+        for unit in ["system.slice", "user.slice", "init.scope"] {
+            assert_eq!(slices[unit], "0-7", "{unit}: {first}");
+        }
+        // A record that cannot be written: systemd is not asked at all.
+        let dir = tempfile::tempdir().unwrap();
+        let (fs, systemctl) = systemd_host_with(dir.path(), "exit 0", Duration::from_secs(5));
+        let blocked = dir.path().join("file");
+        fs::write(&blocked, "").unwrap();
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V2,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        )
+        .with_systemd(systemctl)
+        .with_journal(HostJournal::new(&blocked.join("state"), None));
+        let outcome = sched.apply(&[(path("kp/pod/c"), set("2-3"))]);
+        assert!(!outcome.errors.is_empty(), "{outcome:?}");
+        assert!(!dir.path().join("calls").exists());
+    }
+
+    /// systemctl answering yes while the unit's file does not change: not in force, said so
+    /// (in `status` through `not_in_force`), nothing written behind systemd's back, the record
+    /// kept to give back.
+    #[test]
+    fn host_units_are_in_force_only_when_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fs, systemctl) = systemd_host_with(dir.path(), "exit 0", Duration::from_secs(5));
+        let root = dir.path().join("cg");
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V2,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        )
+        .with_systemd(systemctl);
+        let outcome = sched.apply(&[(path("kp/pod/c"), set("2-3"))]);
+        assert!(
+            outcome
+                .errors
+                .iter()
+                .any(|e| e.contains("user.slice: cpuset.cpus")
+                    && e.contains("reads \"0-7\" after systemd was asked for AllowedCPUs=0-1")),
+            "{outcome:?}"
+        );
+        let why = sched.saved().not_in_force.clone().unwrap_or_default();
+        assert!(
+            why.contains("host units not confined to the reserved cpus through systemd"),
+            "{why}"
+        );
+        assert_eq!(read(&root, "user.slice", "cpuset.cpus"), "0-7");
+        assert_eq!(sched.saved().slices.len(), 3);
+    }
+
+    /// A systemd that does not answer: the call is killed at the timeout and the other units
+    /// of the pass are not asked, so a pass waits one timeout at most (the pins of the next
+    /// pass no longer); said as not in force.
+    #[test]
+    fn a_stalled_systemd_costs_one_timeout_a_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let timeout = Duration::from_millis(300);
+        let (fs, systemctl) = systemd_host_with(dir.path(), "exec sleep 30", timeout);
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V2,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        )
+        .with_systemd(systemctl);
+        let started = std::time::Instant::now();
+        let outcome = sched.apply(&[(path("kp/pod/c"), set("2-3"))]);
+        let took = started.elapsed();
+        assert!(took < timeout * 2, "{took:?}");
+        let calls = fs::read_to_string(dir.path().join("calls")).unwrap();
+        assert_eq!(calls.lines().count(), 1, "{calls}");
+        assert!(
+            outcome
+                .errors
+                .iter()
+                .any(|e| e.contains("did not finish within") && e.contains("killed")),
+            "{outcome:?}"
+        );
+        assert!(sched.saved().not_in_force.is_some());
+        // The records are kept: the next pass (or `reset`) gives back what each had.
+        assert_eq!(sched.saved().slices.len(), 3);
     }
 
     /// Issue 25 item 3: on a systemd host the host units are confined through systemd (never

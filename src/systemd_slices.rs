@@ -101,7 +101,7 @@ impl Systemctl {
                     let _ = child.kill();
                     let _ = child.wait();
                     return Err(format!(
-                        "did not finish within {:?} (killed; systemd did not answer)",
+                        "{STALLED} {:?} (killed; systemd did not answer)",
                         self.timeout
                     ));
                 }
@@ -114,6 +114,16 @@ impl Systemctl {
         }
         Ok((status, stderr.trim().replace('\n', "; ")))
     }
+}
+
+/// What a [`Systemctl`] error says when the call was killed at its timeout.
+const STALLED: &str = "did not finish within";
+
+/// Whether `error` (from [`Systemctl::set_allowed_cpus`]) is a call killed at its timeout:
+/// systemd is not answering, so the other units of the same pass are not asked (a pass waits
+/// one timeout at most).
+pub fn is_stall(error: &str) -> bool {
+    error.contains(STALLED)
 }
 
 /// Whether systemd owns the host cgroups of this hierarchy (see the module's documentation);
