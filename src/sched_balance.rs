@@ -1692,16 +1692,12 @@ mod tests {
         } else {
             "cpus=${5#AllowedCPUs=}; [ -z \"$cpus\" ] || echo \"$cpus\" >\"$ROOT/$4/cpuset.cpus\""
         };
-        systemd_host_with(dir, body, std::time::Duration::from_secs(5))
+        systemd_host_with(dir, body, Duration::from_secs(5))
     }
 
     /// [`systemd_host`] with a fake `systemctl` that runs `body` (`$ROOT`: the cgroup root),
     /// killed after `timeout`.
-    fn systemd_host_with(
-        dir: &Path,
-        body: &str,
-        timeout: std::time::Duration,
-    ) -> (CgroupFs, Systemctl) {
+    fn systemd_host_with(dir: &Path, body: &str, timeout: Duration) -> (CgroupFs, Systemctl) {
         let root = dir.join("cg");
         fs::create_dir_all(&root).unwrap();
         // Plain files, not the fake kernel (which refuses an empty `cpuset.cpus`, as v1 does;

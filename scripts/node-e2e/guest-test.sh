@@ -650,7 +650,23 @@ slices_confined() { # every host unit: cpuset.cpus, effective and AllowedCPUs al
         [ "$(systemctl show -p AllowedCPUs --value "$u")" = 0 ] || return 1
     done
 }
-slices_original() { [ "$(slices_now)" = "$slices_before" ]; }
+# Given back: each unit's effective set as before, and its cpuset.cpus (and AllowedCPUs) as
+# before or, where that was empty (inheriting), the explicit list of its effective set before:
+# Linux refuses an empty cpuset.cpus to a populated cgroup (ENOSPC), so systemd cannot put the
+# empty one back (docs/DECISIONS.md).
+slices_original() {
+    local now before u cpus eff allowed bcpus beff ballowed
+    read -ra now <<<"$(slices_now)"
+    read -ra before <<<"$slices_before"
+    [ "${#now[@]}" = "${#before[@]}" ] || return 1
+    for u in "${!now[@]}"; do
+        IFS=: read -r _ cpus eff allowed <<<"${now[$u]}"
+        IFS=: read -r _ bcpus beff ballowed <<<"${before[$u]}"
+        same_cpus "$eff" "$beff" || return 1
+        same_cpus "$cpus" "$bcpus" || { [ -z "$bcpus" ] && same_cpus "$cpus" "$beff"; } || return 1
+        same_cpus "$allowed" "$ballowed" || { [ -z "$ballowed" ] && same_cpus "$allowed" "$beff"; } || return 1
+    done
+}
 unit_pid() { systemctl show -p MainPID --value "$1"; }
 pid_on_reserved() { local p; p=$(unit_pid "$1"); [ "$p" != 0 ] && [ "$(cpus_of_pid "$p")" = 0 ]; }
 lb_pinned() { # the lb container: 2 cpus of its own, an isolated partition
