@@ -2,7 +2,9 @@
 # Builds cpusetd and installs it as a systemd service:
 #   /usr/local/bin/cpusetd, /etc/systemd/system/cpusetd.service, /etc/default/cpusetd (kept if
 #   it exists: edit it first, at least --reserved-cpus), then enables and starts the service.
-# Usage: sudo scripts/install.sh [--no-start]
+# Usage: sudo scripts/install.sh [--no-start] [--partitions]
+#   --partitions  also installs the opt-in drop-in systemd/cpusetd-partitions.conf
+#                 (CAP_SYS_ADMIN, which Linux wants for cpu-load-balancing.crio.io on cgroup v2)
 # With CPUSETD_BIN=/path/to/cpusetd it installs that prebuilt binary instead of running
 # `cargo build --release --locked` (a node without a Rust toolchain).
 set -euo pipefail
@@ -11,7 +13,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 start=yes
-[ "${1:-}" = "--no-start" ] && start=no
+partitions=no
+for arg in "$@"; do
+    case $arg in
+        --no-start) start=no ;;
+        --partitions) partitions=yes ;;
+        *)
+            echo "install.sh: unknown argument '$arg' (usage: install.sh [--no-start] [--partitions])" >&2
+            exit 2
+            ;;
+    esac
+done
 prefix=${PREFIX:-/usr/local}
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -30,6 +42,10 @@ else
 fi
 install -D -m 0755 "$bin" "$prefix/bin/cpusetd"
 install -D -m 0644 systemd/cpusetd.service /etc/systemd/system/cpusetd.service
+if [ "$partitions" = yes ]; then
+    install -D -m 0644 systemd/cpusetd-partitions.conf \
+        /etc/systemd/system/cpusetd.service.d/partitions.conf
+fi
 if [ -e /etc/default/cpusetd ]; then
     echo "keeping the existing /etc/default/cpusetd (the new template is systemd/cpusetd.env)"
 else

@@ -231,7 +231,7 @@ if [ -n "$crikubelet_bin" ]; then
 fi
 cp "$repo/scripts/install.sh" "$repo/scripts/uninstall.sh" "$inject/repo/scripts/"
 cp "$repo/systemd/cpusetd.service" "$repo/systemd/cpusetd.env" "$repo/systemd/cpusetd-irq.conf" \
-    "$repo/systemd/cpusetd-metrics.conf" "$inject/repo/systemd/"
+    "$repo/systemd/cpusetd-metrics.conf" "$repo/systemd/cpusetd-partitions.conf" "$inject/repo/systemd/"
 cp "$repo/README.md" "$inject/repo/"
 install -m 0755 "$repo/scripts/node-e2e/guest-test.sh" "$inject/run.sh"
 cp "$repo/scripts/node-e2e/containerd.toml" "$inject/containerd.toml"

@@ -20,7 +20,8 @@ if [ -x "$prefix/bin/cpusetd" ]; then
     # shellcheck disable=SC2086
     "$prefix/bin/cpusetd" reset $CPUSETD_ARGS
 fi
-rm -f "$prefix/bin/cpusetd" /etc/systemd/system/cpusetd.service
+rm -f "$prefix/bin/cpusetd" /etc/systemd/system/cpusetd.service \
+    /etc/systemd/system/cpusetd.service.d/partitions.conf
 rm -rf "$prefix/share/doc/cpusetd"
 [ "$purge" = yes ] && rm -f /etc/default/cpusetd
 [ -d /run/systemd/system ] && systemctl daemon-reload

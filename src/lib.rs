@@ -32,6 +32,7 @@ pub(crate) mod report;
 pub mod runtime;
 pub mod sched_balance;
 pub mod state;
+pub mod systemd_slices;
 pub mod topology;
 pub mod watcher;
 pub(crate) mod writer;

@@ -55,6 +55,7 @@ use crate::cgroupfs::{
 use crate::checkpoint::host::HostJournal;
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
+use crate::systemd_slices::{is_stall, unit_of, Systemctl};
 
 /// What to restore, and what is in force now.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +81,13 @@ pub struct SchedSaved {
     /// cgroup v2: each cgroup whose `cpuset.cpus.exclusive` the agent set, with its value before.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub exclusive: BTreeMap<String, String>,
+    /// cgroup v2 on a systemd host: each host unit (`system.slice` …) confined through
+    /// `systemctl set-property --runtime`, with the cpus it gets back: its `cpuset.cpus`
+    /// before, or where that was empty (inheriting) its effective set then. An empty
+    /// `cpuset.cpus` cannot come back: Linux 6.12 refuses it to a populated cgroup (ENOSPC)
+    /// and systemd 252 writes nothing for an emptied `AllowedCPUs=` (the node-e2e guest).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub slices: BTreeMap<String, String>,
 }
 
 impl SchedSaved {
@@ -101,6 +109,7 @@ impl SchedSaved {
             && self.host.is_empty()
             && self.partitions.is_empty()
             && self.exclusive.is_empty()
+            && self.slices.is_empty()
     }
 
     /// Something to put back (flags, host cpusets, partitions, exclusive cpus).
@@ -108,9 +117,9 @@ impl SchedSaved {
         !self.flags.is_empty() || !self.host.is_empty() || self.has_v2_changes()
     }
 
-    /// Something to put back in cgroup v2 (partitions, exclusive cpus).
+    /// Something to put back in cgroup v2 (partitions, exclusive cpus, systemd slices).
     fn has_v2_changes(&self) -> bool {
-        !self.partitions.is_empty() || !self.exclusive.is_empty()
+        !self.partitions.is_empty() || !self.exclusive.is_empty() || !self.slices.is_empty()
     }
 }
 
@@ -180,6 +189,9 @@ pub struct SchedBalance {
     /// CPUs asked for and what `cpuset.cpus.partition` read; tried again when the CPUs change
     /// or the agent restarts.
     refused: BTreeMap<CgroupPath, (CpuSet, String)>,
+    /// cgroup v2 on a systemd host: host units are confined through systemd
+    /// ([`crate::systemd_slices`]), never by writing their cpusets.
+    systemd: Option<Systemctl>,
 }
 
 /// One cpuset as read.
@@ -222,6 +234,7 @@ impl SchedBalance {
             journal: None,
             online_seen: None,
             refused: BTreeMap::new(),
+            systemd: None,
         }
     }
 
@@ -229,6 +242,13 @@ impl SchedBalance {
     /// round: see [`crate::checkpoint::host`].
     pub fn with_journal(mut self, journal: HostJournal) -> SchedBalance {
         self.journal = Some(journal);
+        self
+    }
+
+    /// Host units confined through systemd with `systemctl` (a cgroup v2 systemd host: see
+    /// [`crate::systemd_slices::is_systemd_host`]).
+    pub fn with_systemd(mut self, systemctl: Systemctl) -> SchedBalance {
+        self.systemd = Some(systemctl);
         self
     }
 
@@ -345,7 +365,7 @@ impl SchedBalance {
             return outcome;
         }
         if self.support == Support::V2RemotePartitions || self.saved.has_v2_changes() {
-            return self.apply_v2(wanted);
+            return self.apply_v2_with_slices(wanted);
         }
         if self.support != Support::V1 {
             // Nothing is written where the kernel cannot do it (never half of it).
@@ -402,6 +422,36 @@ impl SchedBalance {
         }
         self.turn_flags_off(&mut tree, &needed, &mut outcome);
         self.judge(&tree, wanted);
+        outcome
+    }
+
+    /// cgroup v2: the partitions, and the host units through systemd: confined before any
+    /// partition (their effective sets, recorded, are whole then), given back after the
+    /// partitions went.
+    fn apply_v2_with_slices(&mut self, wanted: &[(CgroupPath, CpuSet)]) -> SchedOutcome {
+        let mut early = SchedOutcome::default();
+        if !wanted.is_empty() {
+            self.systemd_slices(wanted, &mut early);
+        }
+        let mut outcome = self.apply_v2(wanted);
+        if wanted.is_empty() {
+            self.systemd_slices(wanted, &mut outcome);
+        }
+        // In force only where read back: a unit systemd did not confine is said in `status`.
+        if !early.errors.is_empty() {
+            let why = format!(
+                "host units not confined to the reserved cpus through systemd: {}",
+                early.errors.join("; ")
+            );
+            self.saved.not_in_force = Some(match self.saved.not_in_force.take() {
+                Some(partitions) => format!("{partitions}; {why}"),
+                None => why,
+            });
+        }
+        outcome.written += early.written;
+        for error in early.errors {
+            note(&mut outcome, error);
+        }
         outcome
     }
 
@@ -724,6 +774,148 @@ impl SchedBalance {
         }
     }
 
+    /// cgroup v2 on a systemd host with `--isolate-host`: while a container wants its cpus out
+    /// of load balancing, every host unit below the root (`system.slice`, `user.slice`,
+    /// `init.scope` …) gets `AllowedCPUs=<reserved>` from systemd; with none, each gets back
+    /// what it had. Without systemd (or the flag) nothing here.
+    fn systemd_slices(&mut self, wanted: &[(CgroupPath, CpuSet)], outcome: &mut SchedOutcome) {
+        let Some(systemctl) = self.systemd.clone() else {
+            return;
+        };
+        match (&self.host_cpus, wanted.is_empty()) {
+            (Some(reserved), false) => {
+                let reserved = reserved.clone();
+                self.confine_slices(&systemctl, &reserved, outcome);
+            }
+            _ => self.restore_slices(&systemctl, outcome),
+        }
+    }
+
+    /// Each host unit not yet confined: its `cpuset.cpus` recorded first (write-ahead), then
+    /// `AllowedCPUs=<reserved>` through systemd and the file read back. A record stays when
+    /// systemd fails (restoring what it had is harmless; losing it is not).
+    fn confine_slices(
+        &mut self,
+        systemctl: &Systemctl,
+        reserved: &CpuSet,
+        outcome: &mut SchedOutcome,
+    ) {
+        let mut planned = Vec::new();
+        for (path, unit, text) in self.host_units() {
+            if CpuSet::parse(&text).is_ok_and(|now| now == *reserved) {
+                continue;
+            }
+            let give_back = if text.is_empty() {
+                self.read_trimmed(&path, InterfaceFile::CpusetCpusEffective)
+                    .unwrap_or_default()
+            } else {
+                text
+            };
+            if give_back.is_empty() {
+                note(
+                    outcome,
+                    format!("{unit}: no cpus to give back can be read: left alone"),
+                );
+                continue;
+            }
+            self.saved.slices.entry(key(&path)).or_insert(give_back);
+            planned.push((path, unit));
+        }
+        if planned.is_empty() {
+            return;
+        }
+        if let Err(e) = self.write_ahead() {
+            note(outcome, e);
+            return;
+        }
+        for (path, unit) in planned {
+            let done = systemctl
+                .set_allowed_cpus(&unit, &reserved.to_string())
+                .and_then(|()| self.expect_cpus(&path, &unit, &reserved.to_string()));
+            match done {
+                Ok(()) => {
+                    outcome.written += 1;
+                    log::info!("{unit} confined to cpus {reserved} through systemd (AllowedCPUs, --runtime)");
+                }
+                // One stall a pass at most: the next pins wait no longer than one timeout.
+                Err(e) if is_stall(&e) => {
+                    note(outcome, e);
+                    break;
+                }
+                Err(e) => note(outcome, e),
+            }
+        }
+    }
+
+    /// Each recorded unit gets back what it had, through systemd: `AllowedCPUs=<recorded>`
+    /// (never `AllowedCPUs=`, which left the file at the confined cpus in the node-e2e guest;
+    /// see docs/DECISIONS.md). A record goes once the file reads it.
+    fn restore_slices(&mut self, systemctl: &Systemctl, outcome: &mut SchedOutcome) {
+        for (key, original) in self.saved.slices.clone() {
+            let path = CgroupPath::new(&key).ok();
+            let Some((path, unit)) = path.and_then(|p| unit_of(&p).map(|u| (p, u))) else {
+                self.saved.slices.remove(&key);
+                continue;
+            };
+            let Some(now) = self.read_trimmed(&path, InterfaceFile::CpusetCpus) else {
+                self.saved.slices.remove(&key);
+                continue;
+            };
+            if same_cpus(&now, &original) {
+                self.saved.slices.remove(&key);
+                continue;
+            }
+            let done = systemctl
+                .set_allowed_cpus(&unit, &original)
+                .and_then(|()| self.expect_cpus(&path, &unit, &original));
+            match done {
+                Ok(()) => {
+                    outcome.written += 1;
+                    self.saved.slices.remove(&key);
+                    log::info!(
+                        "{unit} has its cpus back through systemd: cpuset.cpus {original:?}"
+                    );
+                }
+                Err(e) if is_stall(&e) => {
+                    note(outcome, e);
+                    break;
+                }
+                Err(e) => note(outcome, e),
+            }
+        }
+    }
+
+    /// The host units directly below the root, each with its `cpuset.cpus` now.
+    fn host_units(&self) -> Vec<(CgroupPath, String, String)> {
+        let root = CgroupPath::root();
+        let Ok(entries) = self.fs.list(&root) else {
+            return Vec::new();
+        };
+        entries
+            .iter()
+            .filter(|e| e.kind == FileKind::Directory)
+            .filter_map(|e| root.join(&e.name).ok())
+            .filter(|p| self.is_host(p))
+            .filter_map(|p| {
+                let unit = unit_of(&p)?;
+                let text = self.read_trimmed(&p, InterfaceFile::CpusetCpus)?;
+                Some((p, unit, text))
+            })
+            .collect()
+    }
+
+    /// `cpuset.cpus` of a unit reads `want` (systemd did what it was asked).
+    fn expect_cpus(&self, path: &CgroupPath, unit: &str, want: &str) -> Result<(), String> {
+        match self.read_trimmed(path, InterfaceFile::CpusetCpus) {
+            Some(now) if same_cpus(&now, want) => Ok(()),
+            now => Err(format!(
+                "{}: cpuset.cpus reads {:?} after systemd was asked for AllowedCPUs={want} on {unit}",
+                self.fs.host_path(path).display(),
+                now.unwrap_or_default()
+            )),
+        }
+    }
+
     /// Every host cpuset (outside kubepods and its ancestors) that has CPUs gets the reserved
     /// ones it had (all of them where it had none): children first, each one's cpus recorded
     /// first (write-ahead).
@@ -1028,6 +1220,12 @@ impl SchedBalance {
     }
 }
 
+/// Two cpu lists as the kernel or systemd print them name the same cpus (empty is empty).
+fn same_cpus(a: &str, b: &str) -> bool {
+    a.trim() == b.trim()
+        || matches!((CpuSet::parse(a.trim()), CpuSet::parse(b.trim())), (Ok(x), Ok(y)) if x == y)
+}
+
 /// A recorded cgroup's key (only UTF-8 paths are recorded).
 fn key(path: &CgroupPath) -> String {
     path.to_str().unwrap_or_default().to_string()
@@ -1115,6 +1313,7 @@ mod tests {
     use super::*;
     use std::fs;
     use std::path::Path;
+    use std::time::Duration;
 
     fn set(text: &str) -> CpuSet {
         CpuSet::parse(text).unwrap()
@@ -1482,6 +1681,290 @@ mod tests {
         }
         assert_eq!(read(dir, "", "cpuset.cpus.isolated"), "7");
         assert_eq!(read(dir, "", "cpuset.cpus.effective"), "0-7");
+    }
+
+    /// A systemd host's units next to kubepods.slice, and a fake `systemctl` that does what
+    /// systemd 252 did in the node-e2e guest: `AllowedCPUs=<cpus>` written to the unit's
+    /// `cpuset.cpus`, `AllowedCPUs=` (empty) leaving the file as it is. `fail`: exits 1.
+    fn systemd_host(dir: &Path, fail: bool) -> (CgroupFs, Systemctl) {
+        let body = if fail {
+            "echo 'Failed to set unit properties on system.slice: Access denied' >&2; exit 1"
+        } else {
+            "cpus=${5#AllowedCPUs=}; [ -z \"$cpus\" ] || echo \"$cpus\" >\"$ROOT/$4/cpuset.cpus\""
+        };
+        systemd_host_with(dir, body, Duration::from_secs(5))
+    }
+
+    /// [`systemd_host`] with a fake `systemctl` that runs `body` (`$ROOT`: the cgroup root),
+    /// killed after `timeout`.
+    fn systemd_host_with(dir: &Path, body: &str, timeout: Duration) -> (CgroupFs, Systemctl) {
+        let root = dir.join("cg");
+        fs::create_dir_all(&root).unwrap();
+        // Plain files, not the fake kernel (which refuses an empty `cpuset.cpus`, as v1 does;
+        // cgroup v2 takes one: the node-e2e guest's 6.12 did).
+        for rel in ["kp", "kp/pod", "kp/pod/c"] {
+            fs::create_dir_all(root.join(rel)).unwrap();
+            fs::write(root.join(rel).join("cpuset.cpus.exclusive"), "\n").unwrap();
+            fs::write(root.join(rel).join("cpuset.cpus.partition"), "member\n").unwrap();
+        }
+        let fs = CgroupFs::open(&root).unwrap();
+        for (unit, cpus) in [
+            ("system.slice", ""),
+            ("user.slice", "0-7"),
+            ("init.scope", ""),
+        ] {
+            fs::create_dir_all(root.join(unit)).unwrap();
+            fs::write(root.join(unit).join("cpuset.cpus"), format!("{cpus}\n")).unwrap();
+            fs::write(root.join(unit).join("cpuset.cpus.effective"), "0-7\n").unwrap();
+        }
+        fs::write(root.join("kp/cpuset.cpus"), "\n").unwrap();
+        let script = dir.join("systemctl");
+        fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nROOT={}\necho \"$@\" >>{}\n{body}\n",
+                root.display(),
+                dir.join("calls").display()
+            ),
+        )
+        .unwrap();
+        fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        (fs, Systemctl::with_program(script, timeout))
+    }
+
+    /// Write-ahead: each unit's cpus to give back are in `host.json` (synced) before systemd
+    /// is first asked to change it; where the record cannot be written, systemd is not asked.
+    #[test]
+    fn host_units_are_recorded_before_systemd_is_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let seen = dir.path().join("seen");
+        let body = format!(
+            "cat {}/host.json >>{} 2>/dev/null || echo NO-RECORD >>{}\n\
+             cpus=${{5#AllowedCPUs=}}; echo \"$cpus\" >\"$ROOT/$4/cpuset.cpus\"",
+            state.display(),
+            seen.display(),
+            seen.display()
+        );
+        let (fs, systemctl) = systemd_host_with(dir.path(), &body, Duration::from_secs(5));
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V2,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        )
+        .with_systemd(systemctl.clone())
+        .with_journal(HostJournal::new(&state, None));
+        let outcome = sched.apply(&[(path("kp/pod/c"), set("2-3"))]);
+        assert!(outcome.errors.is_empty(), "{outcome:?}");
+        let seen_text = fs::read_to_string(&seen).unwrap();
+        assert!(!seen_text.contains("NO-RECORD"), "{seen_text}");
+        let first: serde_json::Value = serde_json::Deserializer::from_str(&seen_text)
+            .into_iter()
+            .next()
+            .unwrap()
+            .unwrap();
+        let slices = &first["effects"][crate::effects::sched::NAME]["slices"];
+        for unit in ["system.slice", "user.slice", "init.scope"] {
+            assert_eq!(slices[unit], "0-7", "{unit}: {first}");
+        }
+        // A record that cannot be written: systemd is not asked at all.
+        let dir = tempfile::tempdir().unwrap();
+        let (fs, systemctl) = systemd_host_with(dir.path(), "exit 0", Duration::from_secs(5));
+        let blocked = dir.path().join("file");
+        fs::write(&blocked, "").unwrap();
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V2,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        )
+        .with_systemd(systemctl)
+        .with_journal(HostJournal::new(&blocked.join("state"), None));
+        let outcome = sched.apply(&[(path("kp/pod/c"), set("2-3"))]);
+        assert!(!outcome.errors.is_empty(), "{outcome:?}");
+        assert!(!dir.path().join("calls").exists());
+    }
+
+    /// systemctl answering yes while the unit's file does not change: not in force, said so
+    /// (in `status` through `not_in_force`), nothing written behind systemd's back, the record
+    /// kept to give back.
+    #[test]
+    fn host_units_are_in_force_only_when_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fs, systemctl) = systemd_host_with(dir.path(), "exit 0", Duration::from_secs(5));
+        let root = dir.path().join("cg");
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V2,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        )
+        .with_systemd(systemctl);
+        let outcome = sched.apply(&[(path("kp/pod/c"), set("2-3"))]);
+        assert!(
+            outcome
+                .errors
+                .iter()
+                .any(|e| e.contains("user.slice: cpuset.cpus")
+                    && e.contains("reads \"0-7\" after systemd was asked for AllowedCPUs=0-1")),
+            "{outcome:?}"
+        );
+        let why = sched.saved().not_in_force.clone().unwrap_or_default();
+        assert!(
+            why.contains("host units not confined to the reserved cpus through systemd"),
+            "{why}"
+        );
+        assert_eq!(read(&root, "user.slice", "cpuset.cpus"), "0-7");
+        assert_eq!(sched.saved().slices.len(), 3);
+    }
+
+    /// A systemd that does not answer: the call is killed at the timeout and the other units
+    /// of the pass are not asked, so a pass waits one timeout at most (the pins of the next
+    /// pass no longer); said as not in force.
+    #[test]
+    fn a_stalled_systemd_costs_one_timeout_a_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let timeout = Duration::from_millis(300);
+        let (fs, systemctl) = systemd_host_with(dir.path(), "exec sleep 30", timeout);
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V2,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        )
+        .with_systemd(systemctl);
+        let started = std::time::Instant::now();
+        let outcome = sched.apply(&[(path("kp/pod/c"), set("2-3"))]);
+        let took = started.elapsed();
+        assert!(took < timeout * 2, "{took:?}");
+        let calls = fs::read_to_string(dir.path().join("calls")).unwrap();
+        assert_eq!(calls.lines().count(), 1, "{calls}");
+        assert!(
+            outcome
+                .errors
+                .iter()
+                .any(|e| e.contains("did not finish within") && e.contains("killed")),
+            "{outcome:?}"
+        );
+        assert!(sched.saved().not_in_force.is_some());
+        // The records are kept: the next pass (or `reset`) gives back what each had.
+        assert_eq!(sched.saved().slices.len(), 3);
+    }
+
+    /// Issue 25 item 3: on a systemd host the host units are confined through systemd (never
+    /// kubepods), recorded first, kept across a restart, and given back exactly what their
+    /// `cpuset.cpus` had, by the pod going and by `reset`'s way (the record alone).
+    #[test]
+    fn host_units_are_confined_through_systemd_and_given_back_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fs, systemctl) = systemd_host(dir.path(), false);
+        let root = dir.path().join("cg");
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V2,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        )
+        .with_systemd(systemctl.clone());
+        let c = (path("kp/pod/c"), set("2-3"));
+        let outcome = sched.apply(std::slice::from_ref(&c));
+        assert!(outcome.errors.is_empty(), "{outcome:?}");
+        for unit in ["system.slice", "user.slice", "init.scope"] {
+            assert_eq!(read(&root, unit, "cpuset.cpus"), "0-1", "{unit}");
+        }
+        assert_eq!(read(&root, "kp", "cpuset.cpus"), "");
+        let originals: Vec<(&str, &str)> = sched
+            .saved()
+            .slices
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            originals,
+            [
+                // An empty cpuset.cpus (inheriting) is given back as its effective set then.
+                ("init.scope", "0-7"),
+                ("system.slice", "0-7"),
+                ("user.slice", "0-7")
+            ]
+        );
+        assert_eq!(sched.saved().originals()["slices"]["user.slice"], "0-7");
+        // kill -9 and a restart: the record alone; nothing asked of systemd again.
+        let saved: SchedSaved =
+            serde_json::from_str(&serde_json::to_string(sched.saved()).unwrap()).unwrap();
+        let mut again = SchedBalance::new(
+            CgroupFs::open(&root).unwrap(),
+            CgroupVersion::V2,
+            path("kp"),
+            Some(set("0-1")),
+            saved.clone(),
+        )
+        .with_systemd(systemctl.clone());
+        assert_eq!(again.apply(std::slice::from_ref(&c)).written, 0);
+        // `reset`'s way: no kubepods, no --isolate-host, the record alone.
+        let mut reset = SchedBalance::new(
+            CgroupFs::open(&root).unwrap(),
+            CgroupVersion::V2,
+            path(""),
+            None,
+            saved,
+        )
+        .with_systemd(systemctl);
+        let outcome = reset.apply(&[]);
+        assert!(outcome.errors.is_empty(), "{outcome:?}");
+        for unit in ["system.slice", "user.slice", "init.scope"] {
+            assert_eq!(read(&root, unit, "cpuset.cpus"), "0-7", "{unit}");
+        }
+        assert!(reset.saved().slices.is_empty(), "{:?}", reset.saved());
+        let calls = fs::read_to_string(dir.path().join("calls")).unwrap();
+        assert_eq!(
+            calls
+                .lines()
+                .filter(|l| l.ends_with("AllowedCPUs=0-1"))
+                .count(),
+            3,
+            "{calls}"
+        );
+        let given_back = calls.lines().filter(|l| l.ends_with("AllowedCPUs=0-7"));
+        assert_eq!(given_back.count(), 3, "{calls}");
+        assert!(!calls.contains("AllowedCPUs=\n"), "{calls}");
+        assert!(!calls.contains("kp"), "{calls}");
+    }
+
+    /// systemd refusing: a clear error naming the unit and the fix, the file untouched, the
+    /// record kept (to be given back once systemd answers).
+    #[test]
+    fn systemd_refusing_is_said_and_nothing_is_written_behind_its_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fs, systemctl) = systemd_host(dir.path(), true);
+        let root = dir.path().join("cg");
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V2,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        )
+        .with_systemd(systemctl);
+        let outcome = sched.apply(&[(path("kp/pod/c"), set("2-3"))]);
+        assert!(
+            outcome.errors.iter().any(|e| e
+                .contains("systemctl set-property --runtime init.scope AllowedCPUs=0-1")
+                && e.contains("Access denied")
+                && e.contains("--isolate-host")),
+            "{outcome:?}"
+        );
+        assert_eq!(read(&root, "system.slice", "cpuset.cpus"), "");
+        assert_eq!(read(&root, "user.slice", "cpuset.cpus"), "0-7");
+        assert_eq!(sched.saved().slices.len(), 3);
+        // The partition itself is unaffected.
+        assert_eq!(sched.saved().isolated, set("2-3"));
     }
 
     /// What Linux 6.12 does (issue 25, the VM's `sched-v2`): the exclusive cpus down the chain

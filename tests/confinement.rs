@@ -53,6 +53,10 @@ const WRITE_SITES: &[(&str, &str)] = &[
     ),
     ("src/watcher.rs", "its own stop pipe"),
     (
+        "src/systemd_slices.rs",
+        "none itself: runs `systemctl set-property --runtime <host unit> AllowedCPUs=` (systemd writes /run/systemd/system.control and the unit's cpuset), only with --isolate-host on a cgroup v2 systemd host, and to give back what it recorded",
+    ),
+    (
         "src/agent/metrics.rs",
         "the --metrics-file and its temporary file",
     ),
@@ -110,6 +114,7 @@ const WRITE_PATTERNS: &[&str] = &[
     "symlink(",
     "O_WRONLY",
     "O_RDWR",
+    "Command::new(",
     "O_CREAT",
     "set_permissions",
     "mount(",

@@ -626,6 +626,171 @@ else
     skip irqbalance-told "no pods, or irqbalance.service does not start"
 fi
 
+# --- --isolate-host on a systemd host: the host slices confined through systemd ----------------
+# cgroup v2 only (systemd's AllowedCPUs= exists only there). The agent runs with --isolate-host
+# (reserved cpu 0) and a pod says cpu-load-balancing.crio.io: "disable": system.slice,
+# user.slice and init.scope must get AllowedCPUs=0 from systemd itself (the property and the
+# cgroup file agree), and keep it, with every pin, across `systemctl daemon-reload`, a restart
+# of containerd and a restart of an ordinary service; a kill -9 of the agent changes nothing;
+# the pod gone, every slice has its original cpuset.cpus and effective set back; and `cpusetd
+# reset` gives them back too.
+HOST_UNITS="system.slice user.slice init.scope"
+slices_now() { # unit:cpus:effective:AllowedCPUs for each host unit
+    local u out=()
+    for u in $HOST_UNITS; do
+        out+=("$u:$(cat "$CGROUP/$u/cpuset.cpus" 2>/dev/null):$(cat "$CGROUP/$u/cpuset.cpus.effective" 2>/dev/null):$(systemctl show -p AllowedCPUs --value "$u")")
+    done
+    echo "${out[*]}"
+}
+slices_confined() { # every host unit: cpuset.cpus, effective and AllowedCPUs all 0
+    local u
+    for u in $HOST_UNITS; do
+        [ "$(cat "$CGROUP/$u/cpuset.cpus")" = 0 ] || return 1
+        [ "$(cat "$CGROUP/$u/cpuset.cpus.effective")" = 0 ] || return 1
+        [ "$(systemctl show -p AllowedCPUs --value "$u")" = 0 ] || return 1
+    done
+}
+# Given back: each unit's effective set as before, and its cpuset.cpus (and AllowedCPUs) as
+# before or, where that was empty (inheriting), the explicit list of its effective set before:
+# Linux refuses an empty cpuset.cpus to a populated cgroup (ENOSPC), so systemd cannot put the
+# empty one back (docs/DECISIONS.md).
+slices_original() {
+    local now before u cpus eff allowed bcpus beff ballowed
+    read -ra now <<<"$(slices_now)"
+    read -ra before <<<"$slices_before"
+    [ "${#now[@]}" = "${#before[@]}" ] || return 1
+    for u in "${!now[@]}"; do
+        IFS=: read -r _ cpus eff allowed <<<"${now[$u]}"
+        IFS=: read -r _ bcpus beff ballowed <<<"${before[$u]}"
+        same_cpus "$eff" "$beff" || return 1
+        same_cpus "$cpus" "$bcpus" || { [ -z "$bcpus" ] && same_cpus "$cpus" "$beff"; } || return 1
+        same_cpus "$allowed" "$ballowed" || { [ -z "$ballowed" ] && same_cpus "$allowed" "$beff"; } || return 1
+    done
+}
+unit_pid() { systemctl show -p MainPID --value "$1"; }
+pid_on_reserved() { local p; p=$(unit_pid "$1"); [ "$p" != 0 ] && [ "$(cpus_of_pid "$p")" = 0 ]; }
+lb_pinned() { # the lb container: 2 cpus of its own, an isolated partition
+    local dir
+    dir=$(cgroup_dir "$lb_pid" cpuset)
+    [ "$(expand "$(cpus_of_pid "$lb_pid")" | wc -w)" = 2 ] &&
+        [ "$(cat "$dir/cpuset.cpus.partition" 2>/dev/null)" = isolated ]
+}
+all_held() { # the confinement and every pin as they were
+    slices_confined && pid_on_reserved containerd.service && pid_on_reserved e2e-ordinary.service &&
+        [ "$(cpus_of_pid "$lb_pid")" = "$lb_cpus" ] &&
+        same_cpus "$(cpus_of_pid "$gu_pid")" "$exclusive" &&
+        same_cpus "$(cpus_of_pid "$bu_pid")" "$(minus "$(minus "$all_cpus" "$exclusive")" "$lb_cpus")"
+}
+held_after() { # check what: $what done just before; PASS if all held at once and stayed so
+    local check=$1 what=$2 kept=yes
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        all_held || kept=no
+        sleep 0.5
+    done
+    if [ "$kept" = yes ]; then
+        pass "$check"
+    else
+        fail "$check" "after $what: slices $(slices_now); containerd $(cpus_of_pid "$(unit_pid containerd.service)"), e2e-ordinary $(cpus_of_pid "$(unit_pid e2e-ordinary.service)"); lb $(cpus_of_pid "$lb_pid") (was $lb_cpus), gu $(cpus_of_pid "$gu_pid") (was $exclusive), bu $(cpus_of_pid "$bu_pid")"
+    fi
+}
+SYSTEMD_CHECKS="host-confined-systemd held-daemon-reload held-containerd-restart held-service-restart slice-drift-repaired host-restored-systemd host-reset-systemd"
+phase "isolate-host through systemd"
+if [ "$mode" = v2 ] && [ "$pods_ok" = yes ] && [ -n "$exclusive" ]; then
+    slices_before=$(slices_now)
+    log "host slices before: $slices_before"
+    printf '[Service]\nExecStart=/bin/sleep infinity\n' >/etc/systemd/system/e2e-ordinary.service
+    systemctl daemon-reload
+    systemctl start e2e-ordinary.service
+    sed -i 's|^CPUSETD_ARGS="|CPUSETD_ARGS="--isolate-host |' /etc/default/cpusetd
+    # The lb pod's remote partition wants CAP_SYS_ADMIN (Linux 6.12): the opt-in drop-in,
+    # installed the way a user would (scripts/install.sh --partitions); gone after this section.
+    CPUSETD_BIN=$E2E/bin/cpusetd "$REPO/scripts/install.sh" --no-start --partitions >/dev/null ||
+        log "install.sh --partitions failed"
+    systemctl daemon-reload
+    systemctl restart cpusetd.service
+    echo '{"name":"lb","namespace":"telco","uid":"6a0e0000-0000-4000-8000-0000000000d4","annotations":{"cpu-load-balancing.crio.io":"disable"},"containers":[{"name":"dp","cpu_request_milli":2000,"cpu_limit_milli":2000,"memory_request":67108864,"memory_limit":67108864}]}' >/root/pods/lb.json
+    sd_ok=yes
+    "${crikubelet[@]}" run-pod /root/pods/lb.json >/root/pods/lb.state.json || sd_ok=no
+    lb_pid=$(jq -r '.containers[0].pid' /root/pods/lb.state.json 2>/dev/null || echo 0)
+    if [ "$sd_ok" = yes ] && wait_until "$CONVERGE" lb_pinned && wait_until "$CONVERGE" slices_confined; then
+        lb_cpus=$(cpus_of_pid "$lb_pid")
+        log "lb on $lb_cpus (isolated partition), slices $(slices_now)"
+        if wait_until "$CONVERGE" all_held; then
+            pass host-confined-systemd
+        else
+            sd_ok=no
+            fail host-confined-systemd "slices $(slices_now), containerd on $(cpus_of_pid "$(unit_pid containerd.service)"), lb $lb_cpus, gu $(cpus_of_pid "$gu_pid"), bu $(cpus_of_pid "$bu_pid")"
+        fi
+    else
+        sd_ok=no
+        fail host-confined-systemd "lb pod $(cpus_of_pid "$lb_pid" 2>/dev/null) partition $(cat "$(cgroup_dir "$lb_pid" cpuset 2>/dev/null)/cpuset.cpus.partition" 2>/dev/null), slices $(slices_now): $(journalctl -u cpusetd.service --no-pager -o cat | grep -iE 'systemd|confin|load balancing' | tail -n 3 | tr '\n' ' ')"
+    fi
+    if [ "$sd_ok" = yes ]; then
+        systemctl daemon-reload
+        held_after held-daemon-reload "systemctl daemon-reload"
+        systemctl restart containerd.service
+        wait_until 30 ctr version >/dev/null 2>&1 || log "containerd did not come back"
+        held_after held-containerd-restart "systemctl restart containerd"
+        systemctl restart e2e-ordinary.service
+        held_after held-service-restart "systemctl restart e2e-ordinary"
+        # systemd itself rewriting a slice's cpuset (here: asked to, as an admin or another
+        # tool would): the agent notices at its next full reconcile and confines it again
+        # through systemd.
+        confined_logs=$(journalctl -u cpusetd.service --no-pager -o cat | grep -c 'user.slice confined' || true)
+        systemctl set-property --runtime user.slice AllowedCPUs="$all_cpus"
+        log "user.slice rewritten by systemd: $(slices_now)"
+        if ! slices_confined && wait_until "$CONVERGE" slices_confined &&
+            [ "$(journalctl -u cpusetd.service --no-pager -o cat | grep -c 'user.slice confined')" -gt "$confined_logs" ]; then
+            log "repaired: $(slices_now)"
+            held_after slice-drift-repaired "systemd rewrote user.slice's cpuset"
+        else
+            fail slice-drift-repaired "after set-property user.slice AllowedCPUs=$all_cpus: slices $(slices_now)"
+        fi
+        # kill -9 of the agent: systemd restarts it (Restart=on-failure); nothing moves.
+        systemctl kill -s KILL cpusetd.service
+        sleep 4
+        wait_until "$CONVERGE" status_has || log "no status after the kill"
+        all_held || log "after kill -9: slices $(slices_now)"
+        "${crikubelet[@]}" delete-pod /root/pods/lb.state.json >/dev/null || log "delete-pod lb failed"
+        if wait_until "$CONVERGE" slices_original; then
+            pass host-restored-systemd
+        else
+            fail host-restored-systemd "after kill -9 and the pod going: slices $(slices_now), want $slices_before"
+        fi
+        # `cpusetd reset` (the agent stopped while the host is confined) gives them back too.
+        "${crikubelet[@]}" run-pod /root/pods/lb.json >/root/pods/lb.state.json || log "run-pod lb failed"
+        if wait_until "$CONVERGE" slices_confined; then
+            systemctl stop cpusetd.service
+            # shellcheck disable=SC1091
+            . /etc/default/cpusetd
+            # shellcheck disable=SC2086
+            cpusetd reset $CPUSETD_ARGS || log "cpusetd reset failed"
+            if slices_original; then
+                pass host-reset-systemd
+            else
+                fail host-reset-systemd "after cpusetd reset: slices $(slices_now), want $slices_before"
+            fi
+        else
+            fail host-reset-systemd "the slices were not confined again: $(slices_now)"
+        fi
+        "${crikubelet[@]}" delete-pod /root/pods/lb.state.json >/dev/null || log "delete-pod lb failed"
+    else
+        for check in held-daemon-reload held-containerd-restart held-service-restart \
+            slice-drift-repaired host-restored-systemd host-reset-systemd; do
+            skip "$check" "the host was not confined"
+        done
+        "${crikubelet[@]}" delete-pod /root/pods/lb.state.json >/dev/null || log "delete-pod lb failed"
+    fi
+    systemctl stop e2e-ordinary.service || true
+    cp /root/cpusetd.default /etc/default/cpusetd
+    rm -f /etc/systemd/system/cpusetd.service.d/partitions.conf
+    systemctl daemon-reload
+    systemctl restart cpusetd.service
+    wait_until "$CONVERGE" pinned_as_expected "$exclusive" || log "the pins did not come back after the systemd checks"
+elif [ "$mode" = v2 ]; then
+    for check in $SYSTEMD_CHECKS; do skip "$check" "no pinned pod"; done
+fi
+
 # --- a configuration error: exit 78, no restart --------------------------------------------------
 phase "config error"
 sed -i 's|^CPUSETD_ARGS="|CPUSETD_ARGS="--no-such-flag |' /etc/default/cpusetd

@@ -172,10 +172,11 @@ pub struct AgentArgs {
     /// How often `run` does a full read-only scan that repairs drift and catches anything missed.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub cpu_manager_reconcile_period: std::time::Duration,
-    /// For pods that say `cpu-load-balancing.crio.io: "disable"` on cgroup v1: while one holds
-    /// exclusive cpus, confine every cgroup outside kubepods (system.slice, user.slice …) to the
-    /// reserved cpus, so none balances load over the pod's; given back when the last such pod
-    /// goes, and by `reset`.
+    /// For pods that say `cpu-load-balancing.crio.io: "disable"`: while one holds exclusive
+    /// cpus, confine every cgroup outside kubepods (system.slice, user.slice …) to the reserved
+    /// cpus, so none balances load over the pod's; given back when the last such pod goes, and
+    /// by `reset`. On cgroup v1 by writing their cpusets; on a cgroup v2 systemd host through
+    /// systemd (`systemctl set-property --runtime <unit> AllowedCPUs=`).
     #[arg(long)]
     pub isolate_host: bool,
     /// `run` keeps the projection files here: `<DIR>/<pod uid>/<container>.json` for every

@@ -2,6 +2,8 @@
 //! host cpusets `--isolate-host` confines to the reserved CPUs:
 //! [`crate::sched_balance::SchedBalance`].
 
+use std::path::Path;
+
 use serde_json::Value;
 
 use super::{Effect, Env, InForce, Recorded, Restored, Wanted};
@@ -9,6 +11,7 @@ use crate::agent::metrics::Metrics;
 use crate::cgroupfs::CgroupPath;
 use crate::cpuset::CpuSet;
 use crate::sched_balance::{SchedBalance, SchedSaved};
+use crate::systemd_slices::{is_systemd_host, Systemctl};
 
 /// Its key in the saved-state maps (today's checkpoint member of the same name).
 pub const NAME: &str = "sched";
@@ -26,8 +29,17 @@ pub fn build(env: &Env<'_>, recorded: &Recorded<'_>) -> Option<Box<dyn Effect>> 
         saved.host = host.host;
         saved.partitions = host.partitions;
         saved.exclusive = host.exclusive;
+        saved.slices = host.slices;
     }
+    // systemd's slices live on the real cgroup mount only (a fake tree never reaches systemd).
+    let systemd = fs.root().starts_with("/sys/fs/cgroup")
+        && is_systemd_host(&fs, version, Path::new("/run/systemd/system"));
     let sched = SchedBalance::new(fs, version, kubepods, env.isolate_host.clone(), saved);
+    let sched = if systemd {
+        sched.with_systemd(Systemctl::default())
+    } else {
+        sched
+    };
     let sched = match &env.journal {
         Some(journal) => sched.with_journal(journal.clone()),
         None => sched,
@@ -90,8 +102,11 @@ impl Effect for Sched {
         if !saved.has_changes() {
             return restored;
         }
-        let (flags, host, partitions) =
-            (saved.flags.len(), saved.host.len(), saved.partitions.len());
+        let (flags, host, partitions) = (
+            saved.flags.len(),
+            saved.host.len() + saved.slices.len(),
+            saved.partitions.len(),
+        );
         let outcome = self.0.apply(&[]);
         restored.said.push(format!(
             "scheduler load balancing restored: {flags} cpuset(s) balance again, {host} host cgroup(s) get their cpus back, {partitions} partition(s) are members again; {} file(s) written",
