@@ -21,7 +21,7 @@
 #   CPUSETD_BIN        use this cpusetd binary instead of `cargo build --release --locked`
 #   CRIKUBELET_BIN     use this crikubelet binary (default: built from the workspace if it has one)
 #   NODE_E2E_ACCEL     kvm | tcg | auto (default: kvm when /dev/kvm boots a guest, else tcg)
-#   NODE_E2E_TIMEOUT   seconds per boot before qemu is killed (default 900)
+#   NODE_E2E_TIMEOUT   seconds per boot before qemu is killed (default 1500: Linux 6.12 runs on one TCG thread, and its systemd section alone took 527 s of a loaded host)
 #   NODE_E2E_MIRROR    Debian mirror for debootstrap (default http://deb.debian.org/debian)
 #   NODE_E2E_IDLE      seconds the watchdog check waits idle (default 120)
 #   NODE_E2E_IMAGE_ONLY=1  build (or find) the cached base image and stop
@@ -56,7 +56,7 @@ case "${NODE_E2E_KERNEL:-}" in
         ;;
 esac
 work=$repo/target/node-e2e
-timeout_s=${NODE_E2E_TIMEOUT:-900}
+timeout_s=${NODE_E2E_TIMEOUT:-1500}
 mirror=${NODE_E2E_MIRROR:-http://deb.debian.org/debian}
 mkdir -p "$work"
 
