@@ -1300,8 +1300,9 @@ fn balanced_cpus(tree: &BTreeMap<CgroupPath, Node>) -> (CpuSet, Vec<(CgroupPath,
 fn refusal_fix(why: &str) -> &'static str {
     if why.contains("Enable partition not permitted") {
         ": Linux makes a remote partition only for a process with CAP_SYS_ADMIN; give the \
-         agent that capability (for the shipped unit a drop-in with \
-         CapabilityBoundingSet=CAP_SYS_ADMIN) to use cpu-load-balancing.crio.io on cgroup v2"
+         agent that capability (for the shipped unit its drop-in \
+         systemd/cpusetd-partitions.conf, CapabilityBoundingSet=CAP_SYS_ADMIN, installed by \
+         scripts/install.sh --partitions) to use cpu-load-balancing.crio.io on cgroup v2"
     } else {
         ""
     }
