@@ -266,9 +266,6 @@ pub fn assign(
 /// [`assign`], with the isolated cpus pods may use now (those of the policy's isolated pool
 /// kubepods' parent lets them have: [`CpuPool::Isolated`] demands take theirs from there, every
 /// other demand never does), and new CPUs given or withheld.
-// The one function of the crate still over the 60-line limit (issue 24 item 5): its six
-// steps are to become functions of their own.
-#[allow(clippy::too_many_lines)]
 pub fn assign_with(
     policy: &StaticPolicy,
     pool_cpus: &CpuSet,
@@ -281,9 +278,62 @@ pub fn assign_with(
     let mut assignments = previous.clone();
     let pools = PoolCpus::new(policy, pool_cpus, isolated_cpus, demands);
 
-    // 1. Pods gone. CPUs out of reach (offline, held back by kubepods' parent, newly reserved)
-    // leave their assignment: it keeps the rest and is short until replacements are found
-    // (step 4); one left with none is released and allocated afresh.
+    // 1. Pods gone, cpus out of reach.
+    let lost = release_gone_and_out_of_reach(&pools, live_pods, &mut assignments, &mut events);
+    release_for_shared_pool(pool_cpus, &mut assignments, &mut events);
+
+    // Pods kubelet would reject at admission whatever is free.
+    assignments.retain_rejections(|uid, _| live_pods.contains(uid));
+    let mut rejected_now = reject_pods(policy, demands, &mut assignments, &mut events);
+
+    // 2. Keep, or release what changed.
+    let kept = keep_or_release(
+        policy,
+        demands,
+        &rejected_now,
+        &mut assignments,
+        &mut events,
+    );
+
+    // 3. Adopt what the live tree shows.
+    let to_allocate = adopt_live(&pools, kept.pending, &mut assignments, &mut events);
+
+    // 4. Replacements for cpus short assignments lost.
+    replace_short(
+        policy,
+        (&pools, new_cpus),
+        (kept.short, &kept.growing),
+        lost,
+        &mut assignments,
+        &mut events,
+    );
+
+    // 5 and 6. Reuse idle assignments of the pod, else allocate.
+    allocate_pods(
+        policy,
+        (&pools, new_cpus),
+        demands,
+        to_allocate,
+        &mut rejected_now,
+        &mut assignments,
+        &mut events,
+    );
+    // A pod seen asking and not rejected in this pass is admitted (or asks for nothing now).
+    let asking: BTreeSet<&str> = demands.iter().map(|d| d.key.pod_uid()).collect();
+    assignments.retain_rejections(|uid, _| rejected_now.contains(uid) || !asking.contains(uid));
+    (assignments, events)
+}
+
+/// Step 1: pods gone. CPUs out of reach (offline, held back by kubepods' parent, newly
+/// reserved) leave their assignment: it keeps the rest and is short until replacements are
+/// found (step 4); one left with none is released and allocated afresh. The cpus each short
+/// assignment lost.
+fn release_gone_and_out_of_reach(
+    pools: &PoolCpus,
+    live_pods: &BTreeSet<String>,
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+) -> BTreeMap<AssignmentKey, CpuSet> {
     let mut lost: BTreeMap<AssignmentKey, CpuSet> = BTreeMap::new();
     let held_before: Vec<(AssignmentKey, ExclusiveAssignment)> = assignments
         .iter()
@@ -322,12 +372,18 @@ pub fn assign_with(
         // A subset of its own cpus overlaps no one else's.
         let _ = assignments.insert(key, short);
     }
-    release_for_shared_pool(pool_cpus, &mut assignments, &mut events);
+    lost
+}
 
-    // Pods kubelet would reject at admission whatever is free (a request that is not whole
-    // cores): one so decided stands while the pod lives; the others are decided again, the
-    // pod's containers together (steps 5 and 6).
-    assignments.retain_rejections(|uid, _| live_pods.contains(uid));
+/// Pods kubelet would reject at admission whatever is free (a request that is not whole
+/// cores): one so decided stands while the pod lives; the others are decided again, the
+/// pod's containers together (steps 5 and 6). The pods rejected in this pass.
+fn reject_pods(
+    policy: &StaticPolicy,
+    demands: &[ContainerDemand],
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+) -> BTreeSet<String> {
     let mut refused: Vec<(&ContainerDemand, Option<(usize, AllocationError)>)> = Vec::new();
     let mut rejected_now: BTreeSet<String> = BTreeSet::new();
     for demand in demands {
@@ -353,11 +409,11 @@ pub fn assign_with(
                     requested: *n,
                     error: error.clone(),
                 });
-                reject_pod(uid, demand, error, &mut assignments, &mut events);
+                reject_pod(uid, demand, error, assignments, events);
             }
             None => {
                 let rejection = assignments.rejection(uid).cloned();
-                release_pod(uid, &mut assignments, &mut events);
+                release_pod(uid, assignments, events);
                 if let Some(rejection) = rejection {
                     events.push(AssignEvent::PodRejected {
                         key: demand.key.clone(),
@@ -367,8 +423,39 @@ pub fn assign_with(
             }
         }
     }
+    rejected_now
+}
 
-    // 2. Keep, or release what changed.
+/// What step 2 leaves to the steps after it.
+struct Kept<'d> {
+    /// Containers that hold no assignment now (step 3, then 5 and 6), in tree order.
+    pending: Vec<&'d ContainerDemand>,
+    /// Assignments short of the count they are entitled to (step 4), in tree order.
+    short: Vec<(&'d ContainerDemand, usize)>,
+    /// Those of `short` that grow in place.
+    growing: BTreeSet<AssignmentKey>,
+}
+
+/// Step 2 for one container: what comes of it next.
+enum KeptAs {
+    /// Kept as it is, released to shared, or nothing to do.
+    Done,
+    /// Holds nothing now (step 3, then 5 and 6).
+    Pending,
+    /// Short of `n` cpus it is entitled to (step 4).
+    Short(usize),
+    /// Grows in place to `n` cpus (step 4).
+    Growing(usize),
+}
+
+/// Step 2: keep, or release what changed (the containers of pods not rejected in this pass).
+fn keep_or_release<'d>(
+    policy: &StaticPolicy,
+    demands: &'d [ContainerDemand],
+    rejected_now: &BTreeSet<String>,
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+) -> Kept<'d> {
     let mut pending: Vec<&ContainerDemand> = Vec::new();
     let mut short: Vec<(&ContainerDemand, usize)> = Vec::new();
     let mut growing: BTreeSet<AssignmentKey> = BTreeSet::new();
@@ -376,106 +463,147 @@ pub fn assign_with(
         if rejected_now.contains(demand.key.pod_uid()) {
             continue;
         }
-        let held = assignments.get(&demand.key).cloned();
-        let wanted = held.as_ref().and_then(|a| a.wanted);
-        match (demand.entitlement, held.map(|a| a.cpus)) {
-            (Entitlement::Exclusive(n), Some(cpus)) if cpus.len() == n => {
-                refresh_container_id(&mut assignments, demand);
-                if wanted.is_some() {
-                    set_wanted(&mut assignments, &demand.key, None);
-                }
-            }
-            // Short of cpus that went out of reach: replacements are looked for (step 4).
-            (Entitlement::Exclusive(n), Some(_)) if wanted == Some(n) => {
-                refresh_container_id(&mut assignments, demand);
-                short.push((demand, n));
-            }
-            (Entitlement::Unknown { .. }, Some(_)) => {
-                refresh_container_id(&mut assignments, demand);
-                if let Some(n) = wanted {
-                    short.push((demand, n));
-                }
-            }
-            // An in-place growth keeps what it holds and asks for the rest near it, as a
-            // short assignment does (step 4); until it can be given it keeps what it has.
-            (Entitlement::Exclusive(n), Some(cpus)) if n > cpus.len() => {
-                refresh_container_id(&mut assignments, demand);
-                set_wanted(&mut assignments, &demand.key, Some(n));
+        match keep_one(policy, demand, assignments, events) {
+            KeptAs::Done => {}
+            KeptAs::Pending => pending.push(demand),
+            KeptAs::Short(n) => short.push((demand, n)),
+            KeptAs::Growing(n) => {
                 growing.insert(demand.key.clone());
                 short.push((demand, n));
             }
-            // An in-place shrink gives back the cpus added last; below the original set it
-            // keeps whole cores of the original on its NUMA node (see `shrink_in_place`), so
-            // the container neither moves nor loses its memory locality. (A pick that fails
-            // is released and allocated afresh, below.)
-            (Entitlement::Exclusive(n), Some(cpus))
-                if shrink_in_place(policy, &cpus, assignments.grown(&demand.key), n).is_some() =>
-            {
-                let (kept, steps) =
-                    shrink_in_place(policy, &cpus, assignments.grown(&demand.key), n)
-                        .unwrap_or_default();
-                // A subset of its own cpus overlaps no one else's.
-                let _ = assignments.remove(&demand.key);
-                let _ = assignments.insert(
-                    demand.key.clone(),
-                    ExclusiveAssignment {
-                        cpus: kept.clone(),
-                        container_id: demand.container_id.clone(),
-                        adopted: None,
-                        wanted: None,
-                    },
-                );
-                assignments.set_grown(&demand.key, steps);
-                events.push(AssignEvent::Shrunk {
-                    key: demand.key.clone(),
-                    from: cpus,
-                    cpus: kept,
-                });
-            }
-            (Entitlement::Exclusive(_), Some(cpus)) => {
-                assignments.remove(&demand.key);
-                events.push(AssignEvent::Released {
-                    key: demand.key.clone(),
-                    cpus,
-                    why: ReleaseReason::Resized,
-                });
-                pending.push(demand);
-            }
-            (Entitlement::Shared, Some(cpus)) => {
-                assignments.remove(&demand.key);
-                events.push(AssignEvent::Released {
-                    key: demand.key.clone(),
-                    cpus,
-                    why: ReleaseReason::NowShared,
-                });
-            }
-            (Entitlement::Exclusive(_) | Entitlement::Unknown { .. }, None) => pending.push(demand),
-            (Entitlement::Shared, None) => {}
         }
     }
+    Kept {
+        pending,
+        short,
+        growing,
+    }
+}
 
-    // 3. Adopt what the live tree shows.
+/// Step 2 for one container: its entitlement against what it holds.
+fn keep_one(
+    policy: &StaticPolicy,
+    demand: &ContainerDemand,
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+) -> KeptAs {
+    let held = assignments.get(&demand.key).cloned();
+    let wanted = held.as_ref().and_then(|a| a.wanted);
+    match (demand.entitlement, held.map(|a| a.cpus)) {
+        (Entitlement::Exclusive(n), Some(cpus)) if cpus.len() == n => {
+            refresh_container_id(assignments, demand);
+            if wanted.is_some() {
+                set_wanted(assignments, &demand.key, None);
+            }
+            KeptAs::Done
+        }
+        // Short of cpus that went out of reach: replacements are looked for (step 4).
+        (Entitlement::Exclusive(n), Some(_)) if wanted == Some(n) => {
+            refresh_container_id(assignments, demand);
+            KeptAs::Short(n)
+        }
+        (Entitlement::Unknown { .. }, Some(_)) => {
+            refresh_container_id(assignments, demand);
+            wanted.map_or(KeptAs::Done, KeptAs::Short)
+        }
+        // An in-place growth keeps what it holds and asks for the rest near it, as a
+        // short assignment does (step 4); until it can be given it keeps what it has.
+        (Entitlement::Exclusive(n), Some(cpus)) if n > cpus.len() => {
+            refresh_container_id(assignments, demand);
+            set_wanted(assignments, &demand.key, Some(n));
+            KeptAs::Growing(n)
+        }
+        // An in-place shrink gives back the cpus added last; below the original set it
+        // keeps whole cores of the original on its NUMA node (see `shrink_in_place`), so
+        // the container neither moves nor loses its memory locality. (A pick that fails
+        // is released and allocated afresh, below.)
+        (Entitlement::Exclusive(n), Some(cpus))
+            if shrink_in_place(policy, &cpus, assignments.grown(&demand.key), n).is_some() =>
+        {
+            let shrunk = shrink_in_place(policy, &cpus, assignments.grown(&demand.key), n)
+                .unwrap_or_default();
+            shrink(demand, cpus, shrunk, assignments, events);
+            KeptAs::Done
+        }
+        (Entitlement::Exclusive(_), Some(cpus)) => {
+            release(
+                &demand.key,
+                cpus,
+                ReleaseReason::Resized,
+                assignments,
+                events,
+            );
+            KeptAs::Pending
+        }
+        (Entitlement::Shared, Some(cpus)) => {
+            release(
+                &demand.key,
+                cpus,
+                ReleaseReason::NowShared,
+                assignments,
+                events,
+            );
+            KeptAs::Done
+        }
+        (Entitlement::Exclusive(_) | Entitlement::Unknown { .. }, None) => KeptAs::Pending,
+        (Entitlement::Shared, None) => KeptAs::Done,
+    }
+}
+
+/// An in-place shrink of `demand` from `from` to `kept`, what is left of its growth `steps`
+/// (see [`shrink_in_place`]).
+fn shrink(
+    demand: &ContainerDemand,
+    from: CpuSet,
+    (kept, steps): (CpuSet, Vec<CpuSet>),
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+) {
+    // A subset of its own cpus overlaps no one else's.
+    let _ = assignments.remove(&demand.key);
+    let _ = assignments.insert(
+        demand.key.clone(),
+        ExclusiveAssignment {
+            cpus: kept.clone(),
+            container_id: demand.container_id.clone(),
+            adopted: None,
+            wanted: None,
+        },
+    );
+    assignments.set_grown(&demand.key, steps);
+    events.push(AssignEvent::Shrunk {
+        key: demand.key.clone(),
+        from,
+        cpus: kept,
+    });
+}
+
+/// The assignment of `key` (holding `cpus`) goes back to the shared pool.
+fn release(
+    key: &AssignmentKey,
+    cpus: CpuSet,
+    why: ReleaseReason,
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+) {
+    assignments.remove(key);
+    events.push(AssignEvent::Released {
+        key: key.clone(),
+        cpus,
+        why,
+    });
+}
+
+/// Step 3: adopt what the live tree shows. The containers left to allocate (steps 5 and 6).
+fn adopt_live<'d>(
+    pools: &PoolCpus,
+    pending: Vec<&'d ContainerDemand>,
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+) -> Vec<&'d ContainerDemand> {
     let mut to_allocate: Vec<&ContainerDemand> = Vec::new();
     for demand in pending {
-        let fits = |len: usize| match demand.entitlement {
-            Entitlement::Exclusive(n) => len == n,
-            Entitlement::Unknown {
-                request_range: Some((min, max)),
-            } => (min..=max).contains(&(len as u64 * 1000)),
-            _ => false,
-        };
-        // Not the shared pool as it stands (a shared container sits there), and never a set
-        // that would leave the shared pool empty.
-        let shared_now = pool_cpus.difference(&assignments.exclusive_cpus());
-        let adoptable = demand.current.as_ref().filter(|cur| {
-            fits(cur.len())
-                && cur.is_subset(pools.allocatable_for(demand.key.pod_uid()))
-                && *cur != pool_cpus
-                && **cur != shared_now
-                && !shared_now.is_subset(cur)
-                && assignments.holder_of(cur, &demand.key).is_none()
-        });
-        match adoptable {
+        match adoptable(pools, demand, assignments) {
             Some(cpus) => {
                 let assignment = ExclusiveAssignment {
                     cpus: cpus.clone(),
@@ -499,15 +627,54 @@ pub fn assign_with(
             None => {}
         }
     }
+    to_allocate
+}
 
-    // 4. Replacements for cpus short assignments lost, before anything new is allocated: a
-    // running container comes first.
+/// The live set of `demand` when it may be adopted: its entitlement's size, within the
+/// allocatable cpus, and no one else's.
+fn adoptable<'d>(
+    pools: &PoolCpus,
+    demand: &'d ContainerDemand,
+    assignments: &Assignments,
+) -> Option<&'d CpuSet> {
+    let pool_cpus = pools.pool_cpus;
+    let fits = |len: usize| match demand.entitlement {
+        Entitlement::Exclusive(n) => len == n,
+        Entitlement::Unknown {
+            request_range: Some((min, max)),
+        } => (min..=max).contains(&(len as u64 * 1000)),
+        _ => false,
+    };
+    // Not the shared pool as it stands (a shared container sits there), and never a set
+    // that would leave the shared pool empty.
+    let shared_now = pool_cpus.difference(&assignments.exclusive_cpus());
+    demand.current.as_ref().filter(|cur| {
+        fits(cur.len())
+            && cur.is_subset(pools.allocatable_for(demand.key.pod_uid()))
+            && *cur != pool_cpus
+            && **cur != shared_now
+            && !shared_now.is_subset(cur)
+            && assignments.holder_of(cur, &demand.key).is_none()
+    })
+}
+
+/// Step 4: replacements for cpus short assignments lost (`lost`: the cpus each lost in this
+/// pass), and the rest of in-place growths (`growing`), before anything new is allocated: a
+/// running container comes first.
+fn replace_short(
+    policy: &StaticPolicy,
+    (pools, new_cpus): (&PoolCpus, NewCpus),
+    (short, growing): (Vec<(&ContainerDemand, usize)>, &BTreeSet<AssignmentKey>),
+    mut lost: BTreeMap<AssignmentKey, CpuSet>,
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+) {
     for (demand, n) in short {
         let Some(held) = assignments.get(&demand.key).cloned() else {
             continue;
         };
         let lost = lost.remove(&demand.key).unwrap_or_default();
-        let free = pools.free(demand.pool, &assignments);
+        let free = pools.free(demand.pool, assignments);
         let replaced = match new_cpus {
             NewCpus::Given => replacements(
                 policy,
@@ -520,40 +687,14 @@ pub fn assign_with(
         };
         match replaced {
             Ok(cpus) => {
-                let added = cpus.difference(&held.cpus);
-                let from = held.cpus.clone();
-                // Moved in part: the agent's choice now, no longer an adopted pin.
-                let whole = ExclusiveAssignment {
-                    cpus: cpus.clone(),
-                    wanted: None,
-                    adopted: None,
-                    ..held
-                };
-                // Its own cpus and some of the shared pool's: no one else's.
-                if assignments.insert(demand.key.clone(), whole).is_ok() {
-                    // Cpus added to those it kept are its newest: a shrink gives them back
-                    // first (a move keeps only what is left of earlier additions).
-                    if from.is_subset(&cpus) && !added.is_empty() {
-                        let mut steps = assignments.grown(&demand.key).to_vec();
-                        steps.push(added.clone());
-                        assignments.set_grown(&demand.key, steps);
-                    }
-                    events.push(if growing.contains(&demand.key) {
-                        AssignEvent::Grown {
-                            key: demand.key.clone(),
-                            from,
-                            added,
-                            cpus,
-                        }
-                    } else {
-                        AssignEvent::Replaced {
-                            key: demand.key.clone(),
-                            lost,
-                            added,
-                            cpus,
-                        }
-                    });
-                }
+                let grows = growing.contains(&demand.key);
+                replace(
+                    &demand.key,
+                    (held, cpus),
+                    (lost, grows),
+                    assignments,
+                    events,
+                );
             }
             Err(error) => events.push(AssignEvent::Short {
                 key: demand.key.clone(),
@@ -564,10 +705,64 @@ pub fn assign_with(
             }),
         }
     }
+}
 
-    // 5 and 6. Reuse idle assignments of the pod, else allocate: a pod's containers together,
-    // as kubelet admits a pod. The first that cannot be met rejects the pod: what its other
-    // containers were given in this pass is undone and what they held is released.
+/// The short assignment `held` of `key` holds `cpus` now: it lost `lost` (in this pass), or it
+/// `grows` in place.
+fn replace(
+    key: &AssignmentKey,
+    (held, cpus): (ExclusiveAssignment, CpuSet),
+    (lost, grows): (CpuSet, bool),
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+) {
+    let added = cpus.difference(&held.cpus);
+    let from = held.cpus.clone();
+    // Moved in part: the agent's choice now, no longer an adopted pin.
+    let whole = ExclusiveAssignment {
+        cpus: cpus.clone(),
+        wanted: None,
+        adopted: None,
+        ..held
+    };
+    // Its own cpus and some of the shared pool's: no one else's.
+    if assignments.insert(key.clone(), whole).is_ok() {
+        // Cpus added to those it kept are its newest: a shrink gives them back
+        // first (a move keeps only what is left of earlier additions).
+        if from.is_subset(&cpus) && !added.is_empty() {
+            let mut steps = assignments.grown(key).to_vec();
+            steps.push(added.clone());
+            assignments.set_grown(key, steps);
+        }
+        events.push(if grows {
+            AssignEvent::Grown {
+                key: key.clone(),
+                from,
+                added,
+                cpus,
+            }
+        } else {
+            AssignEvent::Replaced {
+                key: key.clone(),
+                lost,
+                added,
+                cpus,
+            }
+        });
+    }
+}
+
+/// Steps 5 and 6: reuse idle assignments of the pod, else allocate: a pod's containers
+/// together, as kubelet admits a pod, pods in tree order. A pod rejected joins `rejected_now`.
+fn allocate_pods(
+    policy: &StaticPolicy,
+    (pools, new_cpus): (&PoolCpus, NewCpus),
+    demands: &[ContainerDemand],
+    to_allocate: Vec<&ContainerDemand>,
+    rejected_now: &mut BTreeSet<String>,
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+) {
     let present: BTreeSet<&AssignmentKey> = demands.iter().map(|d| &d.key).collect();
     let mut by_pod: Vec<(&str, Vec<&ContainerDemand>)> = Vec::new();
     for demand in to_allocate {
@@ -578,50 +773,68 @@ pub fn assign_with(
         }
     }
     for (uid, group) in by_pod {
-        let mut undo = Undo::default();
-        let first_event = events.len();
-        for demand in group {
-            let Entitlement::Exclusive(n) = demand.entitlement else {
-                continue;
-            };
-            let allocated = allocate_one(
-                policy,
-                (&pools, new_cpus),
-                demand,
-                n,
-                &present,
-                &mut assignments,
-                &mut events,
-                &mut undo,
-            );
-            if let Err(AllocationError::ScanIncomplete) = allocated {
-                // Not kubelet's refusal: the agent cannot see every holder yet. The pod is
-                // neither rejected nor released; it is asked again once a scan sees the tree.
-                events.push(AssignEvent::Failed {
-                    key: demand.key.clone(),
-                    requested: n,
-                    error: AllocationError::ScanIncomplete,
-                });
-                continue;
-            }
-            if let Err(error) = allocated {
-                undo.roll_back(&mut assignments);
-                events.truncate(first_event);
-                events.push(AssignEvent::Failed {
-                    key: demand.key.clone(),
-                    requested: n,
-                    error: error.clone(),
-                });
-                reject_pod(uid, demand, &error, &mut assignments, &mut events);
-                rejected_now.insert(uid.to_string());
-                break;
-            }
+        if !allocate_pod(
+            policy,
+            (pools, new_cpus),
+            (group, &present),
+            assignments,
+            events,
+        ) {
+            rejected_now.insert(uid.to_string());
         }
     }
-    // A pod seen asking and not rejected in this pass is admitted (or asks for nothing now).
-    let asking: BTreeSet<&str> = demands.iter().map(|d| d.key.pod_uid()).collect();
-    assignments.retain_rejections(|uid, _| rejected_now.contains(uid) || !asking.contains(uid));
-    (assignments, events)
+}
+
+/// Steps 5 and 6 for the containers of one pod (`group`), `present` the keys of every
+/// container in the tree. The first that cannot be met rejects the pod: what its other
+/// containers were given in this pass is undone and what they held is released. Whether the
+/// pod is admitted.
+fn allocate_pod(
+    policy: &StaticPolicy,
+    (pools, new_cpus): (&PoolCpus, NewCpus),
+    (group, present): (Vec<&ContainerDemand>, &BTreeSet<&AssignmentKey>),
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+) -> bool {
+    let mut undo = Undo::default();
+    let first_event = events.len();
+    for demand in group {
+        let Entitlement::Exclusive(n) = demand.entitlement else {
+            continue;
+        };
+        let allocated = allocate_one(
+            policy,
+            (pools, new_cpus),
+            demand,
+            n,
+            present,
+            assignments,
+            events,
+            &mut undo,
+        );
+        if let Err(AllocationError::ScanIncomplete) = allocated {
+            // Not kubelet's refusal: the agent cannot see every holder yet. The pod is
+            // neither rejected nor released; it is asked again once a scan sees the tree.
+            events.push(AssignEvent::Failed {
+                key: demand.key.clone(),
+                requested: n,
+                error: AllocationError::ScanIncomplete,
+            });
+            continue;
+        }
+        if let Err(error) = allocated {
+            undo.roll_back(assignments);
+            events.truncate(first_event);
+            events.push(AssignEvent::Failed {
+                key: demand.key.clone(),
+                requested: n,
+                error: error.clone(),
+            });
+            reject_pod(demand.key.pod_uid(), demand, &error, assignments, events);
+            return false;
+        }
+    }
+    true
 }
 
 /// Changes to the assignments that a pod's rejection takes back: each key with what it held
