@@ -506,34 +506,8 @@ fn keep_one(
             refresh_container_id(assignments, demand);
             wanted.map_or(KeptAs::Done, KeptAs::Short)
         }
-        // An in-place growth keeps what it holds and asks for the rest near it, as a
-        // short assignment does (step 4); until it can be given it keeps what it has.
-        (Entitlement::Exclusive(n), Some(cpus)) if n > cpus.len() => {
-            refresh_container_id(assignments, demand);
-            set_wanted(assignments, &demand.key, Some(n));
-            KeptAs::Growing(n)
-        }
-        // An in-place shrink gives back the cpus added last; below the original set it
-        // keeps whole cores of the original on its NUMA node (see `shrink_in_place`), so
-        // the container neither moves nor loses its memory locality. (A pick that fails
-        // is released and allocated afresh, below.)
-        (Entitlement::Exclusive(n), Some(cpus))
-            if shrink_in_place(policy, &cpus, assignments.grown(&demand.key), n).is_some() =>
-        {
-            let shrunk = shrink_in_place(policy, &cpus, assignments.grown(&demand.key), n)
-                .unwrap_or_default();
-            shrink(demand, cpus, shrunk, assignments, events);
-            KeptAs::Done
-        }
-        (Entitlement::Exclusive(_), Some(cpus)) => {
-            release(
-                &demand.key,
-                cpus,
-                ReleaseReason::Resized,
-                assignments,
-                events,
-            );
-            KeptAs::Pending
+        (Entitlement::Exclusive(n), Some(cpus)) => {
+            resize(policy, demand, (cpus, n), assignments, events)
         }
         (Entitlement::Shared, Some(cpus)) => {
             release(
@@ -548,6 +522,40 @@ fn keep_one(
         (Entitlement::Exclusive(_) | Entitlement::Unknown { .. }, None) => KeptAs::Pending,
         (Entitlement::Shared, None) => KeptAs::Done,
     }
+}
+
+/// Step 2 for a container resized in place from `cpus` to `n` (neither what it holds nor what
+/// it is short of).
+fn resize(
+    policy: &StaticPolicy,
+    demand: &ContainerDemand,
+    (cpus, n): (CpuSet, usize),
+    assignments: &mut Assignments,
+    events: &mut Vec<AssignEvent>,
+) -> KeptAs {
+    // An in-place growth keeps what it holds and asks for the rest near it, as a
+    // short assignment does (step 4); until it can be given it keeps what it has.
+    if n > cpus.len() {
+        refresh_container_id(assignments, demand);
+        set_wanted(assignments, &demand.key, Some(n));
+        return KeptAs::Growing(n);
+    }
+    // An in-place shrink gives back the cpus added last; below the original set it
+    // keeps whole cores of the original on its NUMA node (see `shrink_in_place`), so
+    // the container neither moves nor loses its memory locality. (A pick that fails
+    // is released and allocated afresh.)
+    if let Some(shrunk) = shrink_in_place(policy, &cpus, assignments.grown(&demand.key), n) {
+        shrink(demand, cpus, shrunk, assignments, events);
+        return KeptAs::Done;
+    }
+    release(
+        &demand.key,
+        cpus,
+        ReleaseReason::Resized,
+        assignments,
+        events,
+    );
+    KeptAs::Pending
 }
 
 /// An in-place shrink of `demand` from `from` to `kept`, what is left of its growth `steps`
