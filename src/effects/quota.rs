@@ -342,6 +342,31 @@ impl QuotaLift {
         }
     }
 
+    /// Writes `original` back to `path` if its file still reads unlimited: the model the
+    /// action was decided on may be older than a quota the runtime set since (an in-place
+    /// resize writes `cpu.shares` first and the quota after it; writing the original over
+    /// the new quota would put the container above the pod's new one, which the v1 kernel
+    /// then refuses to kubelet with EINVAL). A quota set since is its owner's and is
+    /// forgotten. Whether the original was put back.
+    fn restore_one(&mut self, path: &CgroupPath, original: &str, metrics: &mut Metrics) -> bool {
+        match self.read_limit(path) {
+            Ok(None) => {}
+            Ok(Some(_)) => {
+                self.lifted.remove(path);
+                self.in_force.remove(path);
+                return false;
+            }
+            // Gone, or unreadable for now: the next update decides again.
+            Err(_) => return false,
+        }
+        if self.write(path, original, metrics) != Some(false) {
+            return false;
+        }
+        self.lifted.remove(path);
+        self.in_force.remove(path);
+        true
+    }
+
     fn fail(&mut self, error: &CgroupError, metrics: &mut Metrics) {
         *metrics
             .write_errors
@@ -376,11 +401,7 @@ impl QuotaLift {
                     self.in_force.remove(&path);
                 }
                 Action::Restore(path, original) => {
-                    if self.write(&path, &original, metrics) == Some(false) {
-                        self.lifted.remove(&path);
-                        self.in_force.remove(&path);
-                        restored += 1;
-                    }
+                    restored += usize::from(self.restore_one(&path, &original, metrics));
                 }
                 Action::Lift(path, limit) => match self.write(&path, &limit.lift, metrics) {
                     Some(true) => {

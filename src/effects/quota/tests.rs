@@ -184,6 +184,37 @@ fn a_quota_set_again_is_lifted_with_its_new_original_or_left_to_its_owner() {
     assert!(quota_lift.saved().is_null());
 }
 
+/// The pin goes by an in-place resize: the runtime writes `cpu.shares` first and the new quota
+/// after it, so the pass that releases the container may have read it still unlimited. The
+/// quota the runtime wrote since is not overwritten with the original (which would put the
+/// container above the pod's new quota, refused to kubelet with EINVAL on v1); it is the
+/// runtime's, and forgotten. The pod, still unlimited, gets its original back.
+#[test]
+fn a_quota_the_runtime_set_after_the_model_was_read_is_not_overwritten_by_the_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cpu");
+    tree(&root, &[(POD, "250000"), (APP, "200000"), (SIDE, "50000")]);
+    let env = env(&root, None);
+    let mut quota_lift = effect(&env, &Recorded::default());
+    let (app, none) = (path(APP), Isolation::default());
+    update(quota_lift.as_mut(), &[(&app, &none)], false, &root);
+    assert_eq!([quota(&root, POD), quota(&root, APP)], ["-1", "-1"]);
+    // The model as the releasing pass read it: both still unlimited.
+    let stale = known(&root);
+    fs::write(root.join(APP).join("cpu.cfs_quota_us"), "50000\n").unwrap();
+    let topology = topology();
+    let wanted = Wanted {
+        containers: Vec::new(),
+        topology: &topology,
+        keep_cfs_quota: false,
+        cgroups: Some(&stale),
+    };
+    quota_lift.update(&wanted, false, &mut Metrics::default());
+    assert_eq!(quota(&root, APP), "50000");
+    assert_eq!(quota(&root, POD), "250000");
+    assert!(quota_lift.saved().is_null(), "{}", quota_lift.saved());
+}
+
 /// `--keep-cfs-quota`: only the pods that say `cpu-quota.crio.io: "disable"` are lifted; what
 /// an agent without the flag lifted before is put back (issue 23 item 27).
 #[test]
