@@ -22,13 +22,6 @@
 //! * **Bounded and never following symlinks**: `IN_DONT_FOLLOW | IN_ONLYDIR` on every watch,
 //!   symlinks skipped when listing, nothing deeper than [`MAX_WATCH_DEPTH`] below a root (the
 //!   scan's bound), at most [`MAX_WATCHED_DIRS`] directories per root.
-//! * **Structure before files.** Each time it looks, the watcher reads everything the kernel has
-//!   queued and handles the directories' comings and goings at once; the file modifications
-//!   (thousands of echoes of the agent's own writes in a rewrite of the shared pool) are set
-//!   aside, in order, and handed over [`FILE_EVENTS_PER_STEP`] at a time
-//!   with the kernel's queue read again in between. A cgroup created behind a batch of echoes
-//!   is therefore reported, and its arrival token sent, before those echoes, not after them
-//!   (inotify has one queue per instance, in order).
 //! * **Lost events become one rescan request.** `IN_Q_OVERFLOW` (the watches are re-synchronised
 //!   with the tree first), a directory that cannot be watched (e.g. `ENOSPC`, the watch limit), a
 //!   kubepods root that goes away, or a failed read each yield [`TreeEvent::Rescan`]. When the
@@ -44,7 +37,6 @@
 //! also brings a re-created root back under watch.
 
 use std::collections::hash_map::{HashMap, RandomState};
-use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::hash::BuildHasher;
@@ -108,14 +100,6 @@ const ANCHOR_MASK: WatchMask = WatchMask::CREATE
 
 /// Room for ~2,000 events per read: a burst costs few system calls.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
-/// File modifications handed over to the controller between two reads of the kernel's queue,
-/// so that a new cgroup waits for at most this many echoes in the watcher.
-pub const FILE_EVENTS_PER_STEP: usize = 256;
-/// Most file modifications set aside: beyond, the kernel's queue is left to hold them (and to
-/// overflow into a rescan, as it would without the setting aside). The channel's capacity.
-const MAX_PENDING_FILES: usize = 16_384;
-/// Room kept by the set-aside queue once emptied (a burst's peak is given back).
-const PENDING_FILES_KEPT: usize = 1024;
 /// Reads per wake-up before the stop pipe is looked at again.
 const READS_PER_WAKE: usize = 64;
 /// Consecutive failed reads after which the thread gives up (the controller sees the channel
@@ -560,41 +544,6 @@ impl Outbox {
     }
 }
 
-/// File modifications read from the kernel and not yet handed over, in the order read, every
-/// one of them: the controller counts foreign changes by their events (a fight with another
-/// writer is "more than `FIGHT_DRIFTS` changes within a second"), so none is merged here.
-#[derive(Debug, Default)]
-struct PendingFiles {
-    queue: VecDeque<(i32, InterfaceFile)>,
-}
-
-impl PendingFiles {
-    fn push(&mut self, wd: i32, file: InterfaceFile) {
-        self.queue.push_back((wd, file));
-    }
-
-    fn pop(&mut self) -> Option<(i32, InterfaceFile)> {
-        let next = self.queue.pop_front()?;
-        if self.queue.is_empty() {
-            self.queue.shrink_to(PENDING_FILES_KEPT);
-        }
-        Some(next)
-    }
-
-    fn len(&self) -> usize {
-        self.queue.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.queue.is_empty()
-    }
-
-    fn clear(&mut self) {
-        self.queue.clear();
-        self.queue.shrink_to(PENDING_FILES_KEPT);
-    }
-}
-
 /// Rate limit for recurring warnings: a warning per key and interval, debug lines in between.
 #[derive(Debug, Default)]
 struct Throttle {
@@ -652,8 +601,6 @@ pub struct Watcher {
     kubepods: Vec<CgroupPath>,
     table: DirTable<WatchDescriptor>,
     out: Outbox,
-    /// File modifications read and not yet handed over (see "Structure before files").
-    files: PendingFiles,
     /// Set by `IN_Q_OVERFLOW`: re-synchronise the watches at the end of the batch.
     resync_needed: bool,
     /// The rescan to request at the end of the batch.
@@ -746,7 +693,6 @@ impl Watcher {
                 disconnected: false,
                 arrivals: None,
             },
-            files: PendingFiles::default(),
             resync_needed: false,
             rescan: None,
             read_failures: 0,
@@ -1100,10 +1046,7 @@ impl Watcher {
         let mut buffer = vec![0u8; READ_BUFFER_BYTES];
         let mut retry = RETRY_MIN;
         loop {
-            let timeout = if !self.files.is_empty() {
-                // Set-aside file events to hand over: only a look at the stop pipe.
-                PollTimeout::ZERO
-            } else if self.out.full {
+            let timeout = if self.out.full {
                 PollTimeout::try_from(retry).unwrap_or(PollTimeout::MAX)
             } else {
                 PollTimeout::NONE
@@ -1129,7 +1072,7 @@ impl Watcher {
                 log::debug!("the watcher stops on request");
                 return Ok(());
             }
-            if events_ready || !self.files.is_empty() {
+            if events_ready {
                 self.drain(&mut buffer)?;
             }
             if self.out.full {
@@ -1146,21 +1089,9 @@ impl Watcher {
         }
     }
 
-    /// One step: reads what the kernel has queued (directories handled at once, file events set
-    /// aside), then hands over at most [`FILE_EVENTS_PER_STEP`] of the file events set aside.
+    /// Reads and handles what the kernel has queued, a bounded number of reads at a time.
     fn drain(&mut self, buffer: &mut [u8]) -> Result<(), WatchError> {
-        self.read_queued(buffer)?;
-        self.hand_over_files(FILE_EVENTS_PER_STEP);
-        Ok(())
-    }
-
-    /// Reads what the kernel has queued, a bounded number of reads at a time, unless
-    /// [`MAX_PENDING_FILES`] file events wait already.
-    fn read_queued(&mut self, buffer: &mut [u8]) -> Result<(), WatchError> {
         for _ in 0..READS_PER_WAKE {
-            if self.files.len() >= MAX_PENDING_FILES {
-                return Ok(());
-            }
             match self.inotify.read_events(buffer) {
                 Ok(events) => {
                     self.read_failures = 0;
@@ -1169,7 +1100,7 @@ impl Watcher {
                         self.overflowed();
                     }
                     for event in events {
-                        self.take(&event);
+                        self.handle(&event);
                     }
                     self.end_batch();
                 }
@@ -1187,51 +1118,6 @@ impl Watcher {
             }
         }
         Ok(())
-    }
-
-    /// Sets a modification of a cpuset or quota file aside; handles anything else at once, new
-    /// CPU settings included (`cpu.shares`, `cpu.weight`: a runtime's, never an echo, and an
-    /// arrival).
-    fn take(&mut self, event: &Event<&OsStr>) {
-        let mask = event.mask;
-        let file = event.name.and_then(watched_file);
-        let (true, false, Some(file)) = (
-            mask.contains(EventMask::MODIFY),
-            mask.contains(EventMask::ISDIR),
-            file,
-        ) else {
-            self.handle(event);
-            return;
-        };
-        let wd = event.wd.get_watch_descriptor_id();
-        if self.table.get(wd).is_none() {
-            // A watch dropped already (its directory removed or moved out), or an anchor's.
-            return;
-        }
-        match file {
-            InterfaceFile::CpuShares | InterfaceFile::CpuWeight => self.modified(wd, file),
-            _ => self.files.push(wd, file),
-        }
-    }
-
-    /// Hands over up to `budget` of the file events set aside, oldest first.
-    fn hand_over_files(&mut self, budget: usize) {
-        for _ in 0..budget {
-            let Some((wd, file)) = self.files.pop() else {
-                return;
-            };
-            self.modified(wd, file);
-        }
-    }
-
-    /// Reports `file` of the directory watched by `wd` modified; nothing when the directory
-    /// went away meanwhile (its removal was reported).
-    fn modified(&mut self, wd: i32, file: InterfaceFile) {
-        if let Some(cgroup) = self.table.path(wd, &self.kubepods) {
-            log::trace!("cg={cgroup} {file} modified");
-            self.out
-                .send(TreeEvent::Modified { cgroup, file }, &mut self.throttle);
-        }
     }
 
     /// After a batch of events: re-synchronise after an overflow, then ask for the rescan.
@@ -1300,13 +1186,10 @@ impl Watcher {
             );
         }
         self.resync_needed = true;
-        // The rescan reads every file again: what was set aside is covered.
-        self.files.clear();
         self.request_rescan(RescanReason::QueueOverflow);
     }
 
-    /// Turns one inotify event other than a file modification into bookkeeping and at most a
-    /// few tree events.
+    /// Turns one inotify event into bookkeeping and at most a few tree events.
     fn handle(&mut self, event: &Event<&OsStr>) {
         let mask = event.mask;
         let wd = event.wd.get_watch_descriptor_id();
@@ -1349,6 +1232,15 @@ impl Watcher {
             } else if mask.intersects(EventMask::DELETE | EventMask::MOVED_FROM) {
                 let moved = mask.contains(EventMask::MOVED_FROM);
                 self.child_gone(wd, name, moved);
+            }
+        } else if mask.contains(EventMask::MODIFY) {
+            let Some(file) = watched_file(name) else {
+                return;
+            };
+            if let Some(cgroup) = self.table.path(wd, &self.kubepods) {
+                log::trace!("cg={cgroup} {file} modified");
+                self.out
+                    .send(TreeEvent::Modified { cgroup, file }, &mut self.throttle);
             }
         }
     }
@@ -1648,9 +1540,6 @@ mod tests {
     fn pump(watcher: &mut Watcher) {
         let mut buffer = vec![0u8; READ_BUFFER_BYTES];
         watcher.drain(&mut buffer).unwrap();
-        while !watcher.files.is_empty() {
-            watcher.drain(&mut buffer).unwrap();
-        }
     }
 
     #[test]
@@ -1736,112 +1625,6 @@ mod tests {
         pump(&mut watcher);
         assert_eq!(rx.try_iter().count(), 1);
         assert!(arrivals.arrived(), "new CPU settings are an arrival");
-    }
-
-    /// Issue 24 (a): a cgroup created while thousands of echoes of the agent's own writes are
-    /// queued in the kernel (more than one read's worth) is reported, with its arrival token,
-    /// before those echoes are handed to the controller; and every echo still gets through.
-    #[test]
-    fn a_new_cgroup_is_reported_before_the_echoes_queued_ahead_of_it() {
-        let (tree, root) = kubepods_tree();
-        const ECHOES: usize = 3000;
-        for i in 0..ECHOES {
-            let dir = tree.path().join(format!("kubepods/c{i}"));
-            fs::create_dir(&dir).unwrap();
-            fs::write(dir.join("cpuset.cpus"), "0-3\n").unwrap();
-        }
-        let mut watcher = Watcher::new(vec![root]).unwrap();
-        let (tx, rx) = crossbeam_channel::bounded(2 * ECHOES);
-        watcher.out.sender = Some(tx);
-        let arrivals = watcher.arrivals();
-        // A rewrite of the shared pool: one echo per container, all queued in the kernel.
-        for i in 0..ECHOES {
-            let file = tree.path().join(format!("kubepods/c{i}/cpuset.cpus"));
-            fs::write(file, "4-7\n").unwrap();
-        }
-        fs::create_dir(tree.path().join("kubepods/new")).unwrap();
-        let mut buffer = vec![0u8; READ_BUFFER_BYTES];
-        let mut seen = Vec::new();
-        let mut token_with_first_event = None;
-        for _ in 0..ECHOES {
-            if seen.len() > ECHOES {
-                break;
-            }
-            watcher.drain(&mut buffer).unwrap();
-            for event in rx.try_iter() {
-                token_with_first_event.get_or_insert(arrivals.arrived());
-                seen.push(event);
-            }
-        }
-        let created = TreeEvent::Created {
-            cgroup: path("kubepods/new"),
-        };
-        let at = seen.iter().position(|e| *e == created);
-        assert_eq!(at, Some(0), "the new cgroup after {at:?} echoes");
-        assert_eq!(token_with_first_event, Some(true));
-        let echoes: std::collections::HashSet<String> =
-            seen[1..].iter().map(|e| format!("{e:?}")).collect();
-        assert_eq!(echoes.len(), ECHOES, "every echo once");
-        assert!(seen[1..].iter().all(|e| matches!(
-            e,
-            TreeEvent::Modified {
-                file: InterfaceFile::CpusetCpus,
-                ..
-            }
-        )));
-    }
-
-    /// A real `IN_Q_OVERFLOW` read behind set-aside file events: they are dropped (the rescan
-    /// reads every file again), the rescan is asked for ahead of anything else, and the watcher
-    /// goes on reporting what comes after.
-    #[test]
-    fn an_overflow_drops_the_set_aside_file_events_for_one_rescan() {
-        let max_queued: usize = fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap_or(16_384);
-        if max_queued > 100_000 {
-            println!("skipped: fs.inotify.max_queued_events is {max_queued}");
-            return;
-        }
-        let (tree, root) = kubepods_tree();
-        fs::create_dir(tree.path().join("kubepods/p")).unwrap();
-        let mut watcher = Watcher::new(vec![root]).unwrap();
-        let (tx, rx) = crossbeam_channel::unbounded();
-        watcher.out.sender = Some(tx);
-        // Alternating files, so that the kernel merges nothing: more than its queue holds.
-        let dir = tree.path().join("kubepods/p");
-        for i in 0..max_queued + 10 {
-            let name = ["cpuset.cpus", "cpuset.mems"][i % 2];
-            fs::write(dir.join(name), "0").unwrap();
-        }
-        let mut buffer = vec![0u8; READ_BUFFER_BYTES];
-        for _ in 0..max_queued {
-            if watcher.files.is_empty() && !rx.is_empty() {
-                break;
-            }
-            watcher.drain(&mut buffer).unwrap();
-        }
-        assert!(watcher.files.is_empty(), "set-aside events dropped");
-        let rescan = TreeEvent::Rescan {
-            reason: RescanReason::QueueOverflow,
-        };
-        let got: Vec<TreeEvent> = rx.try_iter().collect();
-        assert!(got.contains(&rescan), "{:?}", &got[..got.len().min(4)]);
-        assert!(
-            got.len() <= FILE_EVENTS_PER_STEP + 1,
-            "at most one step's events before the overflow was read: {}",
-            got.len()
-        );
-        fs::create_dir(dir.join("c")).unwrap();
-        pump(&mut watcher);
-        assert_eq!(
-            rx.try_iter().collect::<Vec<_>>(),
-            [TreeEvent::Created {
-                cgroup: path("kubepods/p/c")
-            }]
-        );
-        assert_eq!(kernel_watches(&watcher), 4, "anchor, kubepods, p and c");
     }
 
     /// Watches held by the watcher's inotify instance, as the kernel lists them.
