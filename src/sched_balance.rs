@@ -404,13 +404,21 @@ impl SchedBalance {
                 self.saved.flags.remove(&key);
                 continue;
             }
-            match self.write(&path, InterfaceFile::CpusetSchedLoadBalance, &original) {
+            match self
+                .fs
+                .write(&path, InterfaceFile::CpusetSchedLoadBalance, &original)
+            {
                 Ok(()) => {
                     outcome.written += 1;
                     self.saved.flags.remove(&key);
                     set_flag(&mut tree, &path, &original);
                 }
-                Err(e) => note(&mut outcome, e),
+                // Removed since the tree was read (a pod going): nothing is left to put back,
+                // and a record kept for it would outlive the pod in the checkpoint.
+                Err(e) if e.is_gone() || self.fs.is_gone(&path) => {
+                    self.saved.flags.remove(&key);
+                }
+                Err(e) => note(&mut outcome, error_chain(&e)),
             }
         }
         match (&self.host_cpus, wanted.is_empty()) {
@@ -1442,6 +1450,43 @@ mod tests {
             "4-7"
         );
         assert!(again.saved().is_empty(), "{:?}", again.saved());
+    }
+
+    /// A CI run (stop 33) kept a pod's flag record in the checkpoint after the pod went: the
+    /// pod's cgroup was read, then removed before its flag was written back, and the failed
+    /// write kept the record. A cgroup gone at the write has nothing to put back.
+    #[test]
+    fn a_cgroup_removed_before_its_flag_is_written_back_leaves_no_record() {
+        let dir = tempfile::tempdir().unwrap();
+        tree(
+            dir.path(),
+            &[
+                ("", "0-7", "1"),
+                ("kp", "0-7", "1"),
+                ("kp/pod", "0-7", "1"),
+                ("kp/pod/c", "2-3", "1"),
+            ],
+        );
+        let fs = CgroupFs::open(dir.path()).unwrap();
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V1,
+            path("kp"),
+            None,
+            SchedSaved::default(),
+        );
+        sched.apply(&[(path("kp/pod/c"), set("2-3"))]);
+        assert_eq!(sched.saved().flags.len(), 4, "{:?}", sched.saved());
+        // The pod is going: its container's cgroup is removed, and its own files (the state
+        // between an rmdir's start and end, as the restore sees it) are gone.
+        fs::remove_dir_all(dir.path().join("kp/pod/c")).unwrap();
+        fs::remove_file(dir.path().join("kp/pod/cpuset.sched_load_balance")).unwrap();
+        let outcome = sched.apply(&[]);
+        assert!(outcome.errors.is_empty(), "{outcome:?}");
+        assert!(sched.saved().is_empty(), "{:?}", sched.saved());
+        for rel in ["", "kp"] {
+            assert_eq!(read(dir.path(), rel, "cpuset.sched_load_balance"), "1");
+        }
     }
 
     /// Issue 23 item 5: a host cgroup made while its parent was confined copied the parent's
