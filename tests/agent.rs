@@ -1262,6 +1262,42 @@ fn agent_reset_widens_everything_and_restores_quotas() {
     node.assert_clean();
 }
 
+/// Polls `probe` for as long as the agent works: `None` once its threads have had no CPU time
+/// for `IDLE` while `probe` still fails (it has stopped short of what `probe` waits for), or
+/// after `CEILING` in all (it works on without getting there). A loaded machine slows the agent
+/// down; it does not make it idle for seconds, so this holds under load where a fixed time
+/// does not.
+fn while_working<T>(agent: &AgentProcess, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    const IDLE: Duration = Duration::from_secs(10);
+    const CEILING: Duration = Duration::from_secs(600);
+    let cpu_ns = || -> u64 {
+        let Ok(tasks) = fs::read_dir(format!("/proc/{}/task", agent.pid())) else {
+            return 0;
+        };
+        tasks
+            .flatten()
+            .filter_map(|t| fs::read_to_string(t.path().join("schedstat")).ok())
+            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let started = Instant::now();
+    let (mut last_cpu, mut last_progress) = (cpu_ns(), Instant::now());
+    while started.elapsed() < CEILING {
+        if let Some(found) = probe() {
+            return Some(found);
+        }
+        let now_cpu = cpu_ns();
+        if now_cpu != last_cpu {
+            (last_cpu, last_progress) = (now_cpu, Instant::now());
+        } else if last_progress.elapsed() >= IDLE {
+            println!("the agent has been idle for {IDLE:?}");
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
 #[test]
 fn agent_converges_after_an_inotify_queue_overflow() {
     let max_queued: usize = fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
@@ -1303,14 +1339,20 @@ fn agent_converges_after_an_inotify_queue_overflow() {
     flood.unwrap();
     println!("{count} directories created in {took:?}");
 
-    // A debug build takes seconds to scan 20,000 cgroups (more on a loaded machine).
-    let slow = Duration::from_secs(40);
-    agent.wait_for_log_within("rescanning the whole tree", slow);
+    // A debug build takes seconds to scan 20,000 cgroups, a loaded machine many more: each
+    // wait below lasts while the agent works (see `while_working`), not a fixed time.
+    let rescanning = while_working(&agent, || {
+        agent
+            .log()
+            .contains("rescanning the whole tree")
+            .then_some(())
+    });
+    assert!(rescanning.is_some(), "no rescan: {}", agent.log());
     let late = guaranteed("late", 2000);
     let started = Instant::now();
     let late_id = node.fake.start_pod(&late).unwrap().remove(0);
     // Files, not `status`: a debug build's `status` takes seconds to scan 20,000 cgroups.
-    let pinned = poll_until(slow, || {
+    let pinned = while_working(&agent, || {
         (node.cpus_of(&late, &late_id) == "1,9").then_some(())
     });
     assert!(pinned.is_some(), "late: {}", node.cpus_of(&late, &late_id));
@@ -1319,14 +1361,14 @@ fn agent_converges_after_an_inotify_queue_overflow() {
         started.elapsed()
     );
     assert_eq!(node.cpus_of(&early, &early_id), "8");
-    let rescans = poll_until(slow, || {
+    let rescans = while_working(&agent, || {
         Some(node.metric("cpusetd_rescans_total")).filter(|n| *n >= 1.0)
     });
     assert!(rescans.is_some(), "{:?}", node.metrics());
     // The shared pool's rewrites may follow the pin a moment later (held back while new
-    // cgroups arrive): converged within the limit.
+    // cgroups arrive): converged before the agent goes idle.
     let mut differing = Vec::new();
-    let converged = poll_until(slow, || {
+    let converged = while_working(&agent, || {
         let status = node.status().unwrap();
         differing = status
             .containers
