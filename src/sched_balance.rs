@@ -192,6 +192,9 @@ pub struct SchedBalance {
     /// cgroup v2 on a systemd host: host units are confined through systemd
     /// ([`crate::systemd_slices`]), never by writing their cpusets.
     systemd: Option<Systemctl>,
+    /// Host units whose last confinement through systemd failed: a quiet tick does not try
+    /// them again (a stalled systemd would cost a timeout every tick); a full reconcile does.
+    slices_failed: HashSet<String>,
 }
 
 /// One cpuset as read.
@@ -235,6 +238,7 @@ impl SchedBalance {
             online_seen: None,
             refused: BTreeMap::new(),
             systemd: None,
+            slices_failed: HashSet::new(),
         }
     }
 
@@ -328,6 +332,65 @@ impl SchedBalance {
         Some(outcome)
     }
 
+    /// Whether something outside kubepods that it changed reads otherwise now, while pods still
+    /// ask: a host unit or host cpuset no longer on the reserved cpus (an admin or a tool
+    /// rewrote it, through systemd or not), or a flag set back to 1. A few files read, for a
+    /// reconcile tick that found the kubepods tree unchanged (its snapshot does not cover the
+    /// host). Each moved file is said.
+    pub fn host_moved(&self) -> bool {
+        if self.last_wanted.as_ref().is_none_or(Vec::is_empty) {
+            return false;
+        }
+        // A v1 host cpuset is confined to some of the reserved cpus (empty: none to run on); a
+        // v2 unit to exactly them (empty: its parent's, every cpu).
+        let off_reserved = |key: &str, unit: bool| -> Option<String> {
+            let reserved = self.host_cpus.as_ref()?;
+            let path = CgroupPath::new(key).ok()?;
+            let now = self.read_trimmed(&path, InterfaceFile::CpusetCpus)?;
+            let cpus = CpuSet::parse(&now).ok()?;
+            let moved = if unit {
+                cpus != *reserved
+            } else {
+                !cpus.is_subset(reserved)
+            };
+            moved.then(|| {
+                format!(
+                    "{}: cpuset.cpus reads {now:?}",
+                    self.fs.host_path(&path).display()
+                )
+            })
+        };
+        let balancing = |key: &str| -> Option<String> {
+            let path = CgroupPath::new(key).ok()?;
+            let now = self.read_trimmed(&path, InterfaceFile::CpusetSchedLoadBalance)?;
+            (now != "0").then(|| {
+                format!(
+                    "{}: cpuset.sched_load_balance reads {now}",
+                    self.fs.host_path(&path).display()
+                )
+            })
+        };
+        let slices = self
+            .saved
+            .slices
+            .keys()
+            .filter(|key| !self.slices_failed.contains(*key));
+        let moved = slices
+            .filter_map(|key| off_reserved(key, true))
+            .chain(
+                self.saved
+                    .host
+                    .keys()
+                    .filter_map(|key| off_reserved(key, false)),
+            )
+            .chain(self.saved.flags.keys().filter_map(|key| balancing(key)))
+            .next();
+        if let Some(what) = &moved {
+            log::info!("{what} again, not what the agent set: set again now");
+        }
+        moved.is_some()
+    }
+
     /// Whether the root cpuset's cpus (on v1 the online ones) differ from the last round's.
     fn online_moved(&self) -> bool {
         let now = self
@@ -390,6 +453,27 @@ impl SchedBalance {
             wanted.iter().flat_map(|(path, _)| chain(path)).collect();
         // Flags no longer needed go back first (the root's first of all: every CPU balanced
         // again at once), then the host's cpusets, then the flags now needed, bottom-up.
+        self.restore_flags(&mut tree, &needed, &mut outcome);
+        match (&self.host_cpus, wanted.is_empty()) {
+            (Some(reserved), false) => {
+                let reserved = reserved.clone();
+                self.confine_host(&mut tree, &reserved, &mut outcome);
+            }
+            _ => self.restore_host(&mut tree, &mut outcome),
+        }
+        self.turn_flags_off(&mut tree, &needed, &mut outcome);
+        self.judge(&tree, wanted);
+        outcome
+    }
+
+    /// Each flag set to 0 that `needed` no longer holds gets its original back, top-down; a
+    /// cgroup gone since has nothing to put back, and its record goes.
+    fn restore_flags(
+        &mut self,
+        tree: &mut BTreeMap<CgroupPath, Node>,
+        needed: &BTreeSet<CgroupPath>,
+        outcome: &mut SchedOutcome,
+    ) {
         let mut restore: Vec<(CgroupPath, String)> = self
             .saved
             .flags
@@ -411,26 +495,16 @@ impl SchedBalance {
                 Ok(()) => {
                     outcome.written += 1;
                     self.saved.flags.remove(&key);
-                    set_flag(&mut tree, &path, &original);
+                    set_flag(tree, &path, &original);
                 }
                 // Removed since the tree was read (a pod going): nothing is left to put back,
                 // and a record kept for it would outlive the pod in the checkpoint.
                 Err(e) if e.is_gone() || self.fs.is_gone(&path) => {
                     self.saved.flags.remove(&key);
                 }
-                Err(e) => note(&mut outcome, error_chain(&e)),
+                Err(e) => note(outcome, error_chain(&e)),
             }
         }
-        match (&self.host_cpus, wanted.is_empty()) {
-            (Some(reserved), false) => {
-                let reserved = reserved.clone();
-                self.confine_host(&mut tree, &reserved, &mut outcome);
-            }
-            _ => self.restore_host(&mut tree, &mut outcome),
-        }
-        self.turn_flags_off(&mut tree, &needed, &mut outcome);
-        self.judge(&tree, wanted);
-        outcome
     }
 
     /// cgroup v2: the partitions, and the host units through systemd: confined before any
@@ -843,14 +917,19 @@ impl SchedBalance {
             match done {
                 Ok(()) => {
                     outcome.written += 1;
+                    self.slices_failed.remove(&key(&path));
                     log::info!("{unit} confined to cpus {reserved} through systemd (AllowedCPUs, --runtime)");
                 }
                 // One stall a pass at most: the next pins wait no longer than one timeout.
                 Err(e) if is_stall(&e) => {
+                    self.slices_failed.insert(key(&path));
                     note(outcome, e);
                     break;
                 }
-                Err(e) => note(outcome, e),
+                Err(e) => {
+                    self.slices_failed.insert(key(&path));
+                    note(outcome, e);
+                }
             }
         }
     }
@@ -1452,6 +1531,50 @@ mod tests {
         assert!(again.saved().is_empty(), "{:?}", again.saved());
     }
 
+    /// v1: a confined host cpuset given cpus outside the reserved ones, or a flag set back to
+    /// 1, is seen by a quiet tick's few reads; narrowed further by its owner is not a move.
+    #[test]
+    fn a_host_cpuset_widened_or_a_flag_set_back_is_seen_on_a_quiet_tick() {
+        let dir = tempfile::tempdir().unwrap();
+        tree(
+            dir.path(),
+            &[
+                ("", "0-7", "1"),
+                ("kp", "0-7", "1"),
+                ("kp/pod", "0-7", "1"),
+                ("kp/pod/c", "2-3", "1"),
+                ("system.slice", "0-7", "1"),
+            ],
+        );
+        let fs = CgroupFs::open(dir.path()).unwrap();
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V1,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        );
+        let c = [(path("kp/pod/c"), set("2-3"))];
+        sched.update(&c, false).unwrap();
+        assert_eq!(read(dir.path(), "system.slice", "cpuset.cpus"), "0-1");
+        assert!(!sched.host_moved());
+        let write = |rel: &str, file: &str, value: &str| {
+            fs::write(dir.path().join(rel).join(file), value).unwrap();
+        };
+        write("system.slice", "cpuset.cpus", "1");
+        assert!(!sched.host_moved(), "narrowed by its owner");
+        write("system.slice", "cpuset.cpus", "0-7");
+        assert!(sched.host_moved());
+        sched.update(&c, true).unwrap();
+        assert_eq!(read(dir.path(), "system.slice", "cpuset.cpus"), "0-1");
+        assert!(!sched.host_moved());
+        write("kp", "cpuset.sched_load_balance", "1");
+        assert!(sched.host_moved());
+        sched.update(&c, true).unwrap();
+        assert_eq!(read(dir.path(), "kp", "cpuset.sched_load_balance"), "0");
+        assert!(!sched.host_moved());
+    }
+
     /// A CI run (stop 33) kept a pod's flag record in the checkpoint after the pod went: the
     /// pod's cgroup was read, then removed before its flag was written back, and the failed
     /// write kept the record. A cgroup gone at the write has nothing to put back.
@@ -2011,6 +2134,46 @@ mod tests {
         assert_eq!(sched.saved().slices.len(), 3);
         // The partition itself is unaffected.
         assert_eq!(sched.saved().isolated, set("2-3"));
+    }
+
+    /// Issue 25 item 3: a unit systemd is asked to widen while pods still ask (an admin, another
+    /// tool) reads otherwise at the next quiet tick, which confines it again through systemd.
+    /// A unit systemd refused is left to the full reconcile: a stalled systemd must not cost a
+    /// timeout every tick.
+    #[test]
+    fn a_unit_widened_through_systemd_is_seen_on_a_quiet_tick_and_confined_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fs, systemctl) = systemd_host(dir.path(), false);
+        let root = dir.path().join("cg");
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V2,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        )
+        .with_systemd(systemctl);
+        let c = [(path("kp/pod/c"), set("2-3"))];
+        sched.update(&c, false).unwrap();
+        assert_eq!(read(&root, "user.slice", "cpuset.cpus"), "0-1");
+        assert!(!sched.host_moved());
+        // `systemctl set-property --runtime user.slice AllowedCPUs=0-7`, and an emptied file
+        // (v2: its parent's cpus, every one).
+        fs::write(root.join("user.slice/cpuset.cpus"), "0-7\n").unwrap();
+        assert!(sched.host_moved());
+        fs::write(root.join("user.slice/cpuset.cpus"), "\n").unwrap();
+        assert!(sched.host_moved());
+        sched.update(&c, true).unwrap();
+        assert_eq!(read(&root, "user.slice", "cpuset.cpus"), "0-1");
+        assert!(!sched.host_moved());
+        // A unit systemd did not confine: not tried again at every tick.
+        sched.slices_failed.insert("init.scope".into());
+        fs::write(root.join("init.scope/cpuset.cpus"), "0-7\n").unwrap();
+        assert!(!sched.host_moved());
+        // Nothing asks: nothing has moved (the record is being given back).
+        sched.update(&[], false).unwrap();
+        fs::write(root.join("user.slice/cpuset.cpus"), "0-7\n").unwrap();
+        assert!(!sched.host_moved());
     }
 
     /// What Linux 6.12 does (issue 25, the VM's `sched-v2`): the exclusive cpus down the chain

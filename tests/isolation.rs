@@ -380,6 +380,48 @@ fn cpu_load_balancing_annotation_takes_the_cpus_out_of_every_sched_domain_and_gi
     assert!(!saved.contains("\"sched\""), "{saved}");
 }
 
+/// Issue 25 item 3: a host cgroup someone widens while a pod asks for `--isolate-host` (an admin,
+/// a tool, systemd asked to) is confined again at the next reconcile tick, a quiet one included:
+/// a quiet tick's snapshot covers kubepods only, so before this only a full reconcile (every
+/// sixth tick) saw it. A flag set back to 1 the same way.
+#[test]
+fn a_host_cgroup_widened_while_confined_is_confined_again_on_a_quiet_tick() {
+    let node = TestNode::new(CgroupVersion::V1);
+    add_host_cgroups(&node);
+    let mut agent = node.start_agent(&["--isolate-host", "--cpu-manager-reconcile-period", "1s"]);
+    let (_rt, id) = start_lb_pod(&node, "disable");
+    node.wait_cpus(&id, "1,9");
+    node.wait_status("in force", |s| {
+        s.by_id(&id)
+            .is_some_and(|r| r.isolation == ["cpu-load-balancing"])
+    });
+    let full = || node.metric("cpusetd_reconciles_without_pass_total");
+    let quiet = || node.metric("cpusetd_quiet_reconciles_total");
+    for (rel, file, widened, confined) in [
+        ("system.slice", "cpuset.cpus", "0-15", "0"),
+        ("kubepods", "cpuset.sched_load_balance", "1", "0"),
+    ] {
+        // Just after a full reconcile: the next five ticks are quiet ones.
+        let since = full();
+        let after_full = poll_until(DEADLINE, || (full() > since).then(full));
+        let (full_before, quiet_before) = (after_full.unwrap(), quiet());
+        fs::write(node.fake.file(rel, file), format!("{widened}\n")).unwrap();
+        let back = poll_until(DEADLINE, || {
+            (cpuset_file(&node, rel, file) == confined).then_some(())
+        });
+        assert!(back.is_some(), "{rel} {file}: {}", agent.log());
+        assert_eq!(full(), full_before, "set again by a full reconcile");
+        assert!(quiet() > quiet_before, "{:?}", node.metrics());
+        assert!(
+            !agent.log_lines(&format!("{rel}: {file} reads")).is_empty(),
+            "{}",
+            agent.log()
+        );
+    }
+    assert!(agent.stop().success());
+    assert_no_host_refusal(&node);
+}
+
 /// Without `--isolate-host` a host cgroup on every CPU keeps them balanced: the chain is set,
 /// the host left alone, and status says why it is not in force and what would fix it.
 #[test]

@@ -734,8 +734,8 @@ if [ "$mode" = v2 ] && [ "$pods_ok" = yes ] && [ -n "$exclusive" ]; then
         systemctl restart e2e-ordinary.service
         held_after held-service-restart "systemctl restart e2e-ordinary"
         # systemd itself rewriting a slice's cpuset (here: asked to, as an admin or another
-        # tool would): the agent notices at its next full reconcile and confines it again
-        # through systemd.
+        # tool would): the agent notices at its next reconcile tick (a quiet one reads the
+        # units it confined) and confines it again through systemd.
         confined_logs=$(journalctl -u cpusetd.service --no-pager -o cat | grep -c 'user.slice confined' || true)
         systemctl set-property --runtime user.slice AllowedCPUs="$all_cpus"
         log "user.slice rewritten by systemd: $(slices_now)"
@@ -744,9 +744,7 @@ if [ "$mode" = v2 ] && [ "$pods_ok" = yes ] && [ -n "$exclusive" ]; then
             log "repaired: $(slices_now)"
             held_after slice-drift-repaired "systemd rewrote user.slice's cpuset"
         else
-            # Not a check (see DECISIONS, "A slice systemd rewrites"): the agent confines a
-            # rewritten slice again only at a full reconcile, which can come after CONVERGE.
-            log "NOT repaired within ${CONVERGE}s: after set-property user.slice AllowedCPUs=$all_cpus: slices $(slices_now)"
+            fail slice-drift-repaired "not confined again within ${CONVERGE}s after set-property user.slice AllowedCPUs=$all_cpus: slices $(slices_now); $(journalctl -u cpusetd.service --no-pager -o cat | grep -E 'user.slice' | tail -n 2 | tr '\n' ' ')"
         fi
         # kill -9 of the agent: systemd restarts it (Restart=on-failure); nothing moves.
         systemctl kill -s KILL cpusetd.service

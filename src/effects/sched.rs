@@ -66,10 +66,11 @@ impl Effect for Sched {
         self.report(metrics);
     }
 
-    /// Its state is the cpuset tree: a full reconcile re-applies it, a quiet tick does not
-    /// read the whole hierarchy.
+    /// Its state is the cpuset tree: a full reconcile re-applies it; a quiet tick (which does
+    /// not read the whole hierarchy) only when what it set outside kubepods reads otherwise
+    /// (a host unit systemd was asked to widen, a flag set back: a few files read).
     fn on_quiet_ticks(&self) -> bool {
-        false
+        self.0.host_moved()
     }
 
     fn say_support(&self) {
