@@ -55,6 +55,7 @@ use crate::cgroupfs::{
 use crate::checkpoint::host::HostJournal;
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
+use crate::planner::{order, Step};
 use crate::systemd_slices::{is_stall, unit_of, Systemctl};
 
 /// What to restore, and what is in force now.
@@ -481,7 +482,7 @@ impl SchedBalance {
             .filter_map(|(p, orig)| CgroupPath::new(p).ok().map(|p| (p, orig.clone())))
             .filter(|(p, _)| !needed.contains(p))
             .collect();
-        restore.sort_by_key(|(p, _)| p.depth());
+        order::parents_first(&mut restore, |(p, _)| p);
         for (path, original) in restore {
             let key = key(&path);
             if !tree.contains_key(&path) {
@@ -546,7 +547,7 @@ impl SchedBalance {
         outcome: &mut SchedOutcome,
     ) {
         let mut needed_deepest_first: Vec<&CgroupPath> = needed.iter().collect();
-        needed_deepest_first.sort_by_key(|p| std::cmp::Reverse(p.depth()));
+        order::children_first(&mut needed_deepest_first, |p| *p);
         let mut planned = Vec::new();
         for path in needed_deepest_first {
             let Some(node) = tree.get(path) else {
@@ -816,7 +817,7 @@ impl SchedBalance {
         target: &BTreeMap<CgroupPath, CpuSet>,
         outcome: &mut SchedOutcome,
     ) {
-        plan.sort_by_key(|(p, ..)| std::cmp::Reverse(p.depth()));
+        order::children_first(plan, |(p, ..)| p);
         for (path, text, current, desired) in plan.iter_mut() {
             let narrowed = current.intersection(desired);
             if narrowed != *current {
@@ -833,7 +834,7 @@ impl SchedBalance {
                 }
             }
         }
-        plan.reverse();
+        order::parents_first(plan, |(p, ..)| p);
         for (path, text, current, desired) in plan.iter() {
             if current != desired {
                 match self.write_exclusive(path, desired) {
@@ -1004,58 +1005,50 @@ impl SchedBalance {
     }
 
     /// Every host cpuset (outside kubepods and its ancestors) that has CPUs gets the reserved
-    /// ones it had (all of them where it had none): children first, each one's cpus recorded
-    /// first (write-ahead).
+    /// ones it had (`plan_host_confinement`), each one's cpus recorded first (write-ahead),
+    /// in the planner's order (`order::tree_steps`: children narrowed before their parents).
     fn confine_host(
         &mut self,
         tree: &mut BTreeMap<CgroupPath, Node>,
         reserved: &CpuSet,
         outcome: &mut SchedOutcome,
     ) {
-        let planned = self.plan_host_confinement(tree, reserved, outcome);
-        if planned.is_empty() {
+        let (steps, records) = self.plan_host_confinement(tree, reserved, outcome);
+        if steps.is_empty() {
             return;
         }
         if let Err(e) = self.write_ahead() {
             note(outcome, e);
-            for (_, key, _, _) in planned.iter().filter(|p| p.3) {
+            for (key, _) in records.values().filter(|(_, new)| *new) {
                 self.saved.host.remove(key);
             }
             return;
         }
-        for (path, key, confined, new) in planned {
-            match self.write(&path, InterfaceFile::CpusetCpus, &confined.to_string()) {
-                Ok(()) => {
-                    outcome.written += 1;
-                    if let Some(n) = tree.get_mut(&path) {
-                        n.cpus_text = Some(confined.to_string());
-                        n.cpus = confined;
-                    }
-                }
-                Err(e) => {
-                    note(outcome, e);
-                    if new {
-                        self.saved.host.remove(&key);
-                    }
-                }
+        let (written, failed) = self.write_host_steps(steps, tree, &HashSet::new(), outcome);
+        // A cgroup left as it was keeps no record made for it only now.
+        for (path, (key, new)) in &records {
+            if *new && failed.contains(path) && !written.contains_key(path) {
+                self.saved.host.remove(key);
             }
         }
     }
 
-    /// The host cpusets to confine, children first: (cgroup, its key, the confined cpus,
-    /// whether its original is recorded only now). Each one's original is recorded here.
+    /// The host cpusets to confine, as ordered steps, and per cgroup confined its record's key
+    /// and whether it is recorded only now (each one's original is recorded here). Each gets
+    /// its original cpus within the reserved ones and within what its parent gets (the root's
+    /// cpus at the top), all of those where that leaves none; one without cpus (v1: never set
+    /// up) is left alone.
     fn plan_host_confinement(
         &mut self,
         tree: &BTreeMap<CgroupPath, Node>,
         reserved: &CpuSet,
         outcome: &mut SchedOutcome,
-    ) -> Vec<(CgroupPath, String, CpuSet, bool)> {
-        let mut host: Vec<CgroupPath> = tree.keys().filter(|p| self.is_host(p)).cloned().collect();
-        host.sort_by_key(|p| std::cmp::Reverse(p.depth()));
-        let mut planned: Vec<(CgroupPath, String, CpuSet, bool)> = Vec::new();
-        for path in host {
-            let node = &tree[&path];
-            if node.cpus.is_empty() {
+    ) -> (Vec<Step>, BTreeMap<CgroupPath, (String, bool)>) {
+        let mut confined: BTreeMap<CgroupPath, CpuSet> = BTreeMap::new();
+        let mut records = BTreeMap::new();
+        // Parents first (a path sorts before its descendants): a parent's value is known.
+        for (path, node) in tree {
+            if !self.is_host(path) || node.cpus.is_empty() {
                 continue;
             }
             let Some(key) = path.to_str().map(str::to_string) else {
@@ -1073,68 +1066,48 @@ impl SchedBalance {
                 .or_else(|| node.cpus_text.clone())
                 .unwrap_or_default();
             let original = CpuSet::parse(&original_text).unwrap_or_else(|_| node.cpus.clone());
-            let mut confined = original.intersection(reserved);
-            if confined.is_empty() {
-                confined = reserved.clone();
+            let parent = path.parent().and_then(|p| {
+                confined
+                    .get(&p)
+                    .or_else(|| tree.get(&p).map(|n| &n.cpus))
+                    .map(|cpus| cpus.intersection(reserved))
+            });
+            let within = parent
+                .filter(|cpus| !cpus.is_empty())
+                .unwrap_or_else(|| reserved.clone());
+            let mut value = original.intersection(&within);
+            if value.is_empty() {
+                value = within;
             }
-            if confined == node.cpus {
-                continue;
+            if value != node.cpus {
+                let new = !self.saved.host.contains_key(&key);
+                self.saved.host.entry(key.clone()).or_insert(original_text);
+                records.insert(path.clone(), (key, new));
             }
-            let new = !self.saved.host.contains_key(&key);
-            self.saved.host.entry(key.clone()).or_insert(original_text);
-            planned.push((path, key, confined, new));
+            confined.insert(path.clone(), value);
         }
-        planned
+        if records.is_empty() {
+            return (Vec::new(), records);
+        }
+        let steps = order::tree_steps(InterfaceFile::CpusetCpus, &cpus_tree(tree, &confined));
+        (steps, records)
     }
 
-    /// The host cpusets get back what they had, parents first, without the cpus that are not
-    /// online (the root's cpus on v1; the kernel refuses others with EINVAL): a record stays
-    /// until its cpus are all back. A host cgroup made while its parent was confined copied the
-    /// parent's narrowed cpus (runc, libvirt and systemd copy them): it gets what its parent
-    /// gets back. One its maker narrowed further (not its parent's cpus) keeps its own.
+    /// The host cpusets get back what they had (`plan_host_restore`), in the planner's order
+    /// (`order::tree_steps`: parents widened first): a record stays until its cpus are all
+    /// back.
     fn restore_host(&mut self, tree: &mut BTreeMap<CgroupPath, Node>, outcome: &mut SchedOutcome) {
-        let online = tree
-            .get(&CgroupPath::root())
-            .map(|root| root.cpus.clone())
-            .filter(|cpus| !cpus.is_empty());
-        // The confined cgroups and everything below them (`reset` does not know kubepods).
-        let confined_or_below = |path: &CgroupPath| {
-            chain(path)
-                .iter()
-                .any(|p| self.saved.host.contains_key(&key(p)))
-        };
-        let mut host: Vec<CgroupPath> = tree
-            .keys()
-            .filter(|p| confined_or_below(p))
-            .cloned()
-            .collect();
-        host.sort_by_key(CgroupPath::depth);
-        // Each cgroup's cpus before this round, and those it is given.
-        let before: BTreeMap<CgroupPath, CpuSet> = host
-            .iter()
-            .map(|p| (p.clone(), tree[p].cpus.clone()))
-            .collect();
-        let mut given: BTreeMap<CgroupPath, CpuSet> = BTreeMap::new();
-        for path in host {
+        let (steps, targets, follows) = self.plan_host_restore(tree);
+        let (written, _) = self.write_host_steps(steps, tree, &follows, outcome);
+        for (path, cpus) in written {
             let key = key(&path);
-            let Some(target) = self.restore_target(&path, online.as_ref(), &before, &given) else {
-                continue;
-            };
-            match self.write(&path, InterfaceFile::CpusetCpus, &target.to_string()) {
-                Ok(()) => {
-                    outcome.written += 1;
-                    if let Some(original) = self.saved.host.get(&key) {
-                        if CpuSet::parse(original).is_ok_and(|o| o == target) {
-                            self.saved.host.remove(&key);
-                        }
+            // Its last write gave it its target, which is all of its original.
+            if targets.get(&path) == Some(&cpus) {
+                if let Some(original) = self.saved.host.get(&key) {
+                    if CpuSet::parse(original).is_ok_and(|o| o == cpus) {
+                        self.saved.host.remove(&key);
                     }
-                    if let Some(n) = tree.get_mut(&path) {
-                        n.cpus_text = Some(target.to_string());
-                        n.cpus = target.clone();
-                    }
-                    given.insert(path, target);
                 }
-                Err(e) => note(outcome, e),
             }
         }
         // Records of cgroups that are gone have nothing left to restore.
@@ -1142,9 +1115,93 @@ impl SchedBalance {
         self.saved.host.retain(|k, _| known.contains(k));
     }
 
+    /// What `restore_host` writes, in order; each cgroup's target (`restore_target`: without
+    /// the cpus that are not online, the root's cpus on v1, which the kernel refuses to others
+    /// with EINVAL); and the cgroups that follow their parent: a host cgroup made while its
+    /// parent was confined copied the parent's narrowed cpus (runc, libvirt and systemd copy
+    /// them) and gets what its parent gets back. One its maker narrowed further keeps its own.
+    fn plan_host_restore(
+        &mut self,
+        tree: &BTreeMap<CgroupPath, Node>,
+    ) -> (Vec<Step>, BTreeMap<CgroupPath, CpuSet>, HashSet<CgroupPath>) {
+        let online = tree
+            .get(&CgroupPath::root())
+            .map(|root| root.cpus.clone())
+            .filter(|cpus| !cpus.is_empty());
+        // The confined cgroups and everything below them (`reset` does not know kubepods),
+        // parents first (a path sorts before its descendants).
+        let confined_or_below = |path: &CgroupPath| {
+            chain(path)
+                .iter()
+                .any(|p| self.saved.host.contains_key(&key(p)))
+        };
+        let host: Vec<CgroupPath> = tree
+            .keys()
+            .filter(|p| confined_or_below(p))
+            .cloned()
+            .collect();
+        // Each cgroup's cpus before this round, and those it is to get.
+        let before: BTreeMap<CgroupPath, CpuSet> = host
+            .iter()
+            .map(|p| (p.clone(), tree[p].cpus.clone()))
+            .collect();
+        let (mut targets, mut follows) = (BTreeMap::new(), HashSet::new());
+        for path in host {
+            let recorded = self.saved.host.contains_key(&key(&path));
+            if let Some(target) = self.restore_target(&path, online.as_ref(), &before, &targets) {
+                if !recorded {
+                    follows.insert(path.clone());
+                }
+                targets.insert(path, target);
+            }
+        }
+        if targets.is_empty() {
+            return (Vec::new(), targets, follows);
+        }
+        let steps = order::tree_steps(InterfaceFile::CpusetCpus, &cpus_tree(tree, &targets));
+        (steps, targets, follows)
+    }
+
+    /// Makes `steps` (host `cpuset.cpus`) in their order, the tree read kept as written. A
+    /// cgroup whose write failed gets no more writes, nor does one of `follows` whose parent
+    /// got none (it was to get what its parent gets). Returns each cgroup's last value
+    /// written, and the cgroups left out (failed or skipped).
+    fn write_host_steps(
+        &self,
+        steps: Vec<Step>,
+        tree: &mut BTreeMap<CgroupPath, Node>,
+        follows: &HashSet<CgroupPath>,
+        outcome: &mut SchedOutcome,
+    ) -> (BTreeMap<CgroupPath, CpuSet>, HashSet<CgroupPath>) {
+        let mut written: BTreeMap<CgroupPath, CpuSet> = BTreeMap::new();
+        let mut stopped: HashSet<CgroupPath> = HashSet::new();
+        for step in steps {
+            let parent_stopped = step.path.parent().is_some_and(|p| stopped.contains(&p));
+            if stopped.contains(&step.path) || (parent_stopped && follows.contains(&step.path)) {
+                stopped.insert(step.path);
+                continue;
+            }
+            match self.write(&step.path, step.file, &step.value) {
+                Ok(()) => {
+                    outcome.written += 1;
+                    let cpus = CpuSet::parse(&step.value).unwrap_or_default();
+                    if let Some(n) = tree.get_mut(&step.path) {
+                        n.cpus_text = Some(step.value);
+                        n.cpus = cpus.clone();
+                    }
+                    written.insert(step.path, cpus);
+                }
+                Err(e) => {
+                    note(outcome, e);
+                    stopped.insert(step.path);
+                }
+            }
+        }
+        (written, stopped)
+    }
     /// What one host cgroup gets back this round, if anything: its recorded cpus that are
     /// online (dropping a record that is unreadable or already all back), or, where it has no
-    /// record and still holds its parent's narrowed cpus, what its parent was given.
+    /// record and still holds its parent's narrowed cpus, what its parent is given (`given`).
     fn restore_target(
         &mut self,
         path: &CgroupPath,
@@ -1316,6 +1373,21 @@ fn same_cpus(a: &str, b: &str) -> bool {
 /// A recorded cgroup's key (only UTF-8 paths are recorded).
 fn key(path: &CgroupPath) -> String {
     path.to_str().unwrap_or_default().to_string()
+}
+
+/// Every cpuset of `tree` (parents first) with its cpus now and those `desired` gives it
+/// (none: left alone): the tree `order::tree_steps` orders the host cpusets' writes in, their
+/// parents (the root, which is never written, included) counted as they are.
+fn cpus_tree(
+    tree: &BTreeMap<CgroupPath, Node>,
+    desired: &BTreeMap<CgroupPath, CpuSet>,
+) -> Vec<order::PathNode> {
+    tree.iter()
+        .map(|(path, node)| {
+            let wanted = desired.get(path).cloned().unwrap_or_default();
+            (path.clone(), node.cpus.clone(), wanted)
+        })
+        .collect()
 }
 
 /// The cgroup and every ancestor up to the root, the root included.

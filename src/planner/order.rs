@@ -246,6 +246,87 @@ pub fn repairs(repairs: impl IntoIterator<Item = (CgroupPath, CpuSet)>) -> Write
     WritePlan { steps, urgent }
 }
 
+/// A cgroup of a tree given by path (see [`tree_steps`]): its path, its set now and the set
+/// wanted (empty: left alone).
+pub type PathNode = (CgroupPath, CpuSet, CpuSet);
+
+/// The steps that take each cgroup of `tree` from its `file`'s set now to the one wanted, in
+/// the plan's order ([`order_writes`]: widen top-down, then narrow bottom-up, so that every
+/// single write keeps each child within its parent); nothing where nothing changes. `tree`
+/// lists parents before children; a cgroup whose parent is not listed is a top of its own
+/// (list the parents, left alone, for their sets to count). Not urgent. What the host
+/// cpusets of `--isolate-host` (`sched_balance`, outside the scan) are written in: confined to
+/// the reserved cpus, and given their own back.
+pub fn tree_steps(file: InterfaceFile, tree: &[PathNode]) -> Vec<Step> {
+    let index: HashMap<&[u8], usize> = tree
+        .iter()
+        .enumerate()
+        .map(|(i, (path, ..))| (path.as_bytes(), i))
+        .collect();
+    let nodes: Vec<SetNode> = tree
+        .iter()
+        .enumerate()
+        .map(|(i, (path, current, desired))| SetNode {
+            parent: path
+                .parent_bytes()
+                .and_then(|p| index.get(p).copied())
+                .filter(|&p| p < i),
+            current: current.clone(),
+            desired: desired.clone(),
+        })
+        .collect();
+    order_writes(&nodes)
+        .into_iter()
+        .map(|w| {
+            Step::new(
+                tree[w.node].0.clone(),
+                file,
+                w.value.to_string(),
+                w.phase.into(),
+            )
+        })
+        .collect()
+}
+
+impl From<Phase> for WriteStep {
+    fn from(phase: Phase) -> WriteStep {
+        match phase {
+            Phase::Widen => WriteStep::Widen,
+            Phase::Narrow => WriteStep::Narrow,
+        }
+    }
+}
+
+/// Parents before children (by depth; among cgroups of one depth the order is kept). The
+/// order of the per-cgroup files whose value below must fit within the value above:
+/// * `cpuset.sched_load_balance` put back (`sched_balance`, v1): while the root cpuset
+///   balances, the kernel makes one scheduler domain of every cpu whatever the flags below
+///   say (`generate_sched_domains`); the root's flag first makes every cpu balanced again at
+///   the first write, and the writes below it change no domain. Stopped half way (an error),
+///   the cpus are balanced already. The kernel itself takes the flags in any order.
+/// * `cpuset.cpus.exclusive` claimed (`sched_balance`, v2): a cgroup's exclusive cpus must
+///   be within its parent's (the kernel refuses others, EINVAL), so the chain is claimed from
+///   kubepods down to the container.
+pub fn parents_first<T>(items: &mut [T], path: impl Fn(&T) -> &CgroupPath) {
+    items.sort_by_key(|item| path(item).depth());
+}
+
+/// Children before parents (by depth, deepest first; among cgroups of one depth the order is
+/// kept). The reverse of [`parents_first`], for:
+/// * `cpuset.sched_load_balance` turned off (`sched_balance`, v1): the domains change only
+///   once the whole chain up to the root is 0 (while the root balances every cpu is in one
+///   domain), so the container's flag first and the root's last leaves the domains as they
+///   are until the last write, which changes them once, into the final shape. Stopped half way
+///   (an error), the root still balances: nothing changed in effect. The kernel itself takes
+///   the flags in any order.
+/// * `cpuset.cpus.exclusive` released (`sched_balance`, v2): a parent's exclusive cpus must
+///   keep every child's (the kernel refuses the write, EBUSY), and a sibling can claim cpus
+///   only once no other sibling holds them (EINVAL), so every release, from the container up,
+///   comes before any claim.
+pub fn children_first<T>(items: &mut [T], path: impl Fn(&T) -> &CgroupPath) {
+    items.sort_by_key(|item| std::cmp::Reverse(path(item).depth()));
+}
+
 /// A cgroup below the scan's depth limit as the writer read it (the plan never saw it), and
 /// what its file holds.
 pub type Unseen = (CgroupPath, CpuSet);
@@ -644,6 +725,64 @@ mod tests {
         Ok(())
     }
 
+    /// `--isolate-host`'s confinement (`sched_balance::plan_host_confinement`): below node 0
+    /// (the root, never written), each cgroup with cpus keeps its reserved cpus within what its
+    /// parent gets (the root's at the top), all of those where it has none; one without cpus is
+    /// left alone (empty).
+    fn host_confined(nodes: &[SetNode], reserved: &CpuSet) -> Vec<CpuSet> {
+        let mut confined: Vec<CpuSet> = Vec::with_capacity(nodes.len());
+        for n in nodes {
+            let Some(p) = n.parent.filter(|_| !n.current.is_empty()) else {
+                confined.push(CpuSet::new());
+                continue;
+            };
+            let parent = if confined[p].is_empty() {
+                &nodes[p].current
+            } else {
+                &confined[p]
+            };
+            let mut within = parent.intersection(reserved);
+            if within.is_empty() {
+                within = reserved.clone();
+            }
+            let kept = n.current.intersection(&within);
+            confined.push(if kept.is_empty() { within } else { kept });
+        }
+        confined
+    }
+
+    /// Makes `tree`'s steps ([`tree_steps`]) on a checker holding its current sets, each write
+    /// one the kernel must accept; returns what every cgroup holds after.
+    fn make_tree_steps(
+        tree: &[PathNode],
+        parents: &[Option<usize>],
+    ) -> Result<Vec<CpuSet>, TestCaseError> {
+        let node_of: HashMap<&CgroupPath, usize> =
+            tree.iter().enumerate().map(|(i, (p, ..))| (p, i)).collect();
+        let nodes: Vec<SetNode> = tree
+            .iter()
+            .zip(parents)
+            .map(|((_, current, desired), &parent)| SetNode {
+                parent,
+                current: current.clone(),
+                desired: desired.clone(),
+            })
+            .collect();
+        let steps = tree_steps(InterfaceFile::CpusetCpus, tree);
+        let mut checker = NestingChecker::new(&nodes);
+        for s in &steps {
+            prop_assert_eq!(s.file, InterfaceFile::CpusetCpus);
+            prop_assert!(!s.urgent);
+            let (value, node) = (CpuSet::parse(&s.value).unwrap(), node_of[&s.path]);
+            // Only a cgroup with a set wanted is written (never the root, never an empty one).
+            prop_assert!(!tree[node].2.is_empty(), "{} written", s.path);
+            if let Err(e) = checker.write(node, &value) {
+                return Err(TestCaseError::fail(format!("{e} in {steps:?}")));
+            }
+        }
+        Ok((0..tree.len()).map(|i| checker.value(i).clone()).collect())
+    }
+
     proptest! {
         /// The plan's urgent steps first (and what they depend on), then the rest: the whole
         /// order and its urgent prefix (the writer's smallest budget) keep every write valid,
@@ -712,6 +851,69 @@ mod tests {
             for (i, n) in nodes.iter().enumerate() {
                 let held = checker.value(i);
                 prop_assert!(held.is_subset(&value) || n.current.is_empty(), "{i}: {held}");
+            }
+        }
+
+        /// `--isolate-host`'s host cpusets (`sched_balance`) through [`tree_steps`]: confined to
+        /// reserved cpus, then given back their own, with the cgroups made during the
+        /// confinement (which copied their parent's narrowed cpus) given what their parent
+        /// gets: every single write is one the kernel accepts, the root is never written, and
+        /// each phase ends where it should.
+        #[test]
+        fn host_confinement_and_its_undoing_keep_children_within_parents(
+            nodes in arb_tree(),
+            reserved_bits in any::<u16>(),
+            made_bits in any::<u32>(),
+        ) {
+            let paths = tree_paths(&nodes);
+            let parents: Vec<Option<usize>> = nodes.iter().map(|n| n.parent).collect();
+            let root = &nodes[0].current;
+            let mut reserved: CpuSet =
+                root.iter().filter(|c| reserved_bits & (1 << (c % 16)) != 0).collect();
+            if reserved.is_empty() {
+                reserved = root.clone();
+            }
+            let confined = host_confined(&nodes, &reserved);
+            let tree: Vec<PathNode> = paths
+                .iter()
+                .zip(&nodes)
+                .zip(&confined)
+                .map(|((p, n), c)| (p.clone(), n.current.clone(), c.clone()))
+                .collect();
+            let held = make_tree_steps(&tree, &parents)?;
+            for (i, n) in nodes.iter().enumerate() {
+                let expect = if confined[i].is_empty() { &n.current } else { &confined[i] };
+                prop_assert_eq!(&held[i], expect, "{}", i);
+                prop_assert!(i == 0 || held[i].is_subset(&reserved) || n.current.is_empty());
+            }
+            // Made during the confinement: a leaf without cpus copies its parent's.
+            let has_child: HashSet<usize> = parents.iter().flatten().copied().collect();
+            let made: Vec<bool> = (0..nodes.len())
+                .map(|i| {
+                    nodes[i].current.is_empty()
+                        && !has_child.contains(&i)
+                        && nodes[i].parent.is_some_and(|p| !held[p].is_empty())
+                        && made_bits & (1 << (i % 32)) != 0
+                })
+                .collect();
+            let back: Vec<PathNode> = tree
+                .iter()
+                .enumerate()
+                .map(|(i, (path, original, _))| {
+                    let parent = nodes[i].parent.unwrap_or(0);
+                    let (now, wanted) = match (i, made[i]) {
+                        (0, _) => (held[0].clone(), CpuSet::new()),
+                        (_, true) => (held[parent].clone(), nodes[parent].current.clone()),
+                        _ => (held[i].clone(), original.clone()),
+                    };
+                    (path.clone(), now, wanted)
+                })
+                .collect();
+            let after = make_tree_steps(&back, &parents)?;
+            for (i, n) in nodes.iter().enumerate() {
+                let parent = n.parent.unwrap_or(0);
+                let expect = if made[i] { &nodes[parent].current } else { &n.current };
+                prop_assert_eq!(&after[i], expect, "{}", i);
             }
         }
 
