@@ -11,8 +11,10 @@
 //! (the kernel gives each new cpuset 1), so the shared pool, other pods' CPUs and the host's
 //! CPUs stay balanced. Host cgroups outside kubepods that span every CPU (`system.slice` …)
 //! still balance over the container's CPUs: with `--isolate-host` they are confined to the
-//! reserved CPUs (children before parents, as the kernel requires) and given their own CPUs
-//! back afterwards (parents first). Nothing is changed while no such container exists.
+//! reserved CPUs and given their own CPUs back afterwards, in the planner's order
+//! (`order::tree_steps`: narrowed children first and widened parents first, as the kernel
+//! requires). Nothing is changed while no such container exists. Every write order here comes
+//! from `planner::order`.
 //!
 //! What the agent changed is recorded ([`SchedSaved`], kept in the checkpoint, and each
 //! original in `host.json` before it is changed: [`crate::checkpoint::host`]), so a restart or
@@ -1480,7 +1482,10 @@ mod tests {
     }
 
     /// A v1 cpuset tree: (path, cpus, flag).
+    /// A v1 cpuset tree whose writes the fake kernel's rules check (a write order the kernel
+    /// refuses fails the test).
     fn tree(dir: &Path, cgroups: &[(&str, &str, &str)]) {
+        crate::cgroupfs::fake_kernel::enable_for_test(dir);
         for (rel, cpus, flag) in cgroups {
             let d = dir.join(rel);
             fs::create_dir_all(&d).unwrap();
@@ -1682,6 +1687,56 @@ mod tests {
         for rel in ["", "kp"] {
             assert_eq!(read(dir.path(), rel, "cpuset.sched_load_balance"), "1");
         }
+    }
+
+    /// A host cgroup holding none of the reserved cpus under a parent that keeps only some of
+    /// them gets what its parent keeps (all the reserved ones would not be within its parent:
+    /// EACCES, and the parent's narrowing EBUSY); both get their own back, in the planner's
+    /// order (`order::tree_steps`).
+    #[test]
+    fn a_host_cgroup_without_reserved_cpus_gets_what_its_parent_keeps() {
+        let dir = tempfile::tempdir().unwrap();
+        tree(
+            dir.path(),
+            &[
+                ("", "0-7", "1"),
+                ("kp", "0-7", "1"),
+                ("kp/c", "2-3", "1"),
+                ("system.slice", "1-7", "1"),
+                ("system.slice/a.service", "4-7", "1"),
+                ("system.slice/a.service/payload", "5", "1"),
+            ],
+        );
+        let fs = CgroupFs::open(dir.path()).unwrap();
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V1,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        );
+        let outcome = sched.apply(&[(path("kp/c"), set("2-3"))]);
+        assert!(outcome.errors.is_empty(), "{outcome:?}");
+        for rel in [
+            "system.slice",
+            "system.slice/a.service",
+            "system.slice/a.service/payload",
+        ] {
+            assert_eq!(read(dir.path(), rel, "cpuset.cpus"), "1", "{rel}");
+        }
+        assert_eq!(sched.saved().isolated, set("2-3"));
+        let outcome = sched.apply(&[]);
+        assert!(outcome.errors.is_empty(), "{outcome:?}");
+        assert_eq!(read(dir.path(), "system.slice", "cpuset.cpus"), "1-7");
+        assert_eq!(
+            read(dir.path(), "system.slice/a.service", "cpuset.cpus"),
+            "4-7"
+        );
+        assert_eq!(
+            read(dir.path(), "system.slice/a.service/payload", "cpuset.cpus"),
+            "5"
+        );
+        assert!(sched.saved().is_empty(), "{:?}", sched.saved());
     }
 
     /// Issue 23 item 5: a host cgroup made while its parent was confined copied the parent's
