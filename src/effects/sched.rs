@@ -35,10 +35,14 @@ pub fn build(env: &Env<'_>, recorded: &Recorded<'_>) -> Option<Box<dyn Effect>> 
     let systemd = fs.root().starts_with("/sys/fs/cgroup")
         && is_systemd_host(&fs, version, Path::new("/run/systemd/system"));
     let sched = SchedBalance::new(fs, version, kubepods, env.isolate_host.clone(), saved);
-    let sched = if systemd {
-        sched.with_systemd(Systemctl::default())
-    } else {
-        sched
+    // The agent asks systemd on a thread of its own (a stalled systemd holds no pass);
+    // `reset` asks in its own thread.
+    let sched = match (systemd, &env.effect_done) {
+        (false, _) => sched,
+        (true, Some(done)) => {
+            sched.with_systemd_in_background(Systemctl::default(), Some(done.clone()))
+        }
+        (true, None) => sched.with_systemd(Systemctl::default()),
     };
     let sched = match &env.journal {
         Some(journal) => sched.with_journal(journal.clone()),
@@ -75,6 +79,13 @@ impl Effect for Sched {
 
     fn say_support(&self) {
         self.0.say_support();
+    }
+
+    /// The host units' answers from systemd's thread: confined (or given back) only now.
+    fn sync(&mut self, metrics: &mut Metrics) -> bool {
+        let changed = self.0.sync();
+        self.report(metrics);
+        changed
     }
 
     fn report(&self, metrics: &mut Metrics) {
