@@ -215,6 +215,8 @@ pub struct SchedBalance {
     /// What the partitions' last round said is not in force (the rest of `not_in_force` is
     /// the host units').
     v2_why: Option<String>,
+    /// Units systemd changed as asked, taken in by `sync` and not yet counted in the metrics.
+    synced_writes: usize,
 }
 
 /// One cpuset as read.
@@ -264,6 +266,7 @@ impl SchedBalance {
             slices_not_confined: BTreeMap::new(),
             slices_confining: false,
             v2_why: None,
+            synced_writes: 0,
         }
     }
 
@@ -312,6 +315,7 @@ impl SchedBalance {
         }
         self.say_slices_not_in_force();
         self.say(&outcome);
+        self.synced_writes += outcome.written;
         let changed = self.saved != before;
         if changed && self.saved.originals() != before.originals() {
             if let Err(e) = self.write_ahead() {
@@ -319,6 +323,11 @@ impl SchedBalance {
             }
         }
         changed
+    }
+
+    /// The units systemd changed as asked that `sync` took in since the last call.
+    pub fn take_synced_writes(&mut self) -> usize {
+        std::mem::take(&mut self.synced_writes)
     }
 
     /// Makes what `saved` records durable. `Err`: the change it is about to make must not be.
@@ -2297,7 +2306,9 @@ mod tests {
     #[test]
     fn a_slow_systemd_answers_on_its_own_thread_and_holds_no_pass() {
         let dir = tempfile::tempdir().unwrap();
-        let body = "sleep 3\ncpus=${5#AllowedCPUs=}; echo \"$cpus\" >\"$ROOT/$4/cpuset.cpus\"";
+        // system.slice's confinement takes 3 s (the others answer at once).
+        let body = "[ \"$4 $5\" = 'system.slice AllowedCPUs=0-1' ] && sleep 3\n\
+             cpus=${5#AllowedCPUs=}; echo \"$cpus\" >\"$ROOT/$4/cpuset.cpus\"";
         let (fs, systemctl) = systemd_host_with(dir.path(), body, Duration::from_secs(5));
         let root = dir.path().join("cg");
         let (mut sched, answered) = background(fs, systemctl);
@@ -2325,6 +2336,7 @@ mod tests {
             "in force only once taken in"
         );
         assert!(sched.sync());
+        assert_eq!(sched.take_synced_writes(), 3);
         let confined: Vec<&str> = sched.saved().confined.iter().map(String::as_str).collect();
         assert_eq!(confined, ["init.scope", "system.slice", "user.slice"]);
         for unit in ["system.slice", "user.slice", "init.scope"] {

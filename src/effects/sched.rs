@@ -31,6 +31,9 @@ pub fn build(env: &Env<'_>, recorded: &Recorded<'_>) -> Option<Box<dyn Effect>> 
         saved.exclusive = host.exclusive;
         saved.slices = host.slices;
     }
+    // Confined counts only for a unit still recorded (the host record may be newer).
+    let slices = &saved.slices;
+    saved.confined.retain(|unit| slices.contains_key(unit));
     // systemd's slices live on the real cgroup mount only (a fake tree never reaches systemd).
     let systemd = fs.root().starts_with("/sys/fs/cgroup")
         && is_systemd_host(&fs, version, Path::new("/run/systemd/system"));
@@ -84,6 +87,7 @@ impl Effect for Sched {
     /// The host units' answers from systemd's thread: confined (or given back) only now.
     fn sync(&mut self, metrics: &mut Metrics) -> bool {
         let changed = self.0.sync();
+        metrics.sched_balance_writes += self.0.take_synced_writes() as u64;
         self.report(metrics);
         changed
     }
