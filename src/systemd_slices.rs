@@ -19,8 +19,6 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -35,8 +33,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Systemctl {
     program: PathBuf,
     timeout: Duration,
-    /// Set when the agent stops: a call still waiting is killed at once.
-    cancel: Option<Arc<AtomicBool>>,
+    /// Disconnected when the agent stops: a call still waiting is killed at once.
+    cancel: Option<crossbeam_channel::Receiver<()>>,
 }
 
 impl Default for Systemctl {
@@ -100,11 +98,7 @@ impl Systemctl {
             .spawn()
             .map_err(|e| format!("could not be run ({}: {e})", self.program.display()))?;
         let deadline = Instant::now() + self.timeout;
-        let cancelled = || {
-            self.cancel
-                .as_ref()
-                .is_some_and(|c| c.load(Ordering::Relaxed))
-        };
+        let cancelled = || self.cancel.as_ref().is_some_and(is_stopped);
         let status = loop {
             match child.try_wait() {
                 Ok(Some(status)) => break status,
@@ -165,28 +159,19 @@ pub struct SliceDone {
 }
 
 /// The thread that asks systemd for the host units' cpus (`--isolate-host`, the agent): a
-/// stalled systemd holds it, never the controller. The controller leaves each unit's want in a
-/// slot ([`SlicesWorker::request`]: a newer one replaces one not yet taken; the thread asks
-/// one at a time, so one call is in flight per unit) and goes on; the thread calls
-/// `systemctl`, reads the unit's `cpuset.cpus` back, keeps the answer for
-/// [`SlicesWorker::take_done`] and signals `done`.
+/// stalled systemd holds it, never the controller. A handle with typed messages: the
+/// controller sends each unit's want ([`SlicesWorker::request`]) and goes on; the thread
+/// takes every want sent so far (a newer one replacing its unit's older one not yet asked),
+/// asks one at a time (so one call is in flight per unit), reads the unit's `cpuset.cpus`
+/// back, sends the answer ([`SlicesWorker::take_done`]) and signals `done`.
 #[derive(Debug)]
 pub struct SlicesWorker {
-    shared: Arc<(Mutex<WorkerState>, Condvar)>,
-    /// Kills a call in flight when the worker is dropped (the agent stops).
-    cancel: Arc<AtomicBool>,
+    wants: Option<crossbeam_channel::Sender<SliceWant>>,
+    answers: crossbeam_channel::Receiver<SliceDone>,
+    /// Never sent on: dropped when the worker is (the agent stops), which kills a call in
+    /// flight at once.
+    stop: Option<crossbeam_channel::Sender<()>>,
     thread: Option<JoinHandle<()>>,
-}
-
-#[derive(Debug, Default)]
-struct WorkerState {
-    /// Each unit's latest want not yet taken by the thread.
-    queued: BTreeMap<String, SliceWant>,
-    /// Answers the controller has not taken yet, in the order they came.
-    done: Vec<SliceDone>,
-    /// The thread is asking systemd now.
-    busy: bool,
-    stop: bool,
 }
 
 impl SlicesWorker {
@@ -198,23 +183,21 @@ impl SlicesWorker {
         fs: CgroupFs,
         done: Option<crossbeam_channel::Sender<()>>,
     ) -> Option<SlicesWorker> {
-        let cancel = Arc::new(AtomicBool::new(false));
-        systemctl.cancel = Some(cancel.clone());
-        let shared = Arc::new((Mutex::new(WorkerState::default()), Condvar::new()));
-        let theirs = shared.clone();
+        let (wants, wanted) = crossbeam_channel::unbounded::<SliceWant>();
+        let (answer, answers) = crossbeam_channel::unbounded::<SliceDone>();
+        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+        systemctl.cancel = Some(stopped.clone());
         let thread = thread::Builder::new()
             .name("systemd-slices".into())
             .spawn(move || {
-                while let Some(want) = next_want(&theirs) {
+                let mut queued: BTreeMap<String, SliceWant> = BTreeMap::new();
+                while let Some(want) = next_want(&wanted, &mut queued, &stopped) {
                     let result = systemctl
                         .set_allowed_cpus(&want.unit, &want.cpus)
                         .and_then(|()| expect_cpus(&fs, &want.path, &want.unit, &want.cpus));
-                    let (lock, cvar) = &*theirs;
-                    let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
-                    state.done.push(SliceDone { want, result });
-                    state.busy = false;
-                    cvar.notify_all();
-                    drop(state);
+                    if answer.send(SliceDone { want, result }).is_err() {
+                        return;
+                    }
                     if let Some(done) = &done {
                         let _ = done.try_send(());
                     }
@@ -222,8 +205,9 @@ impl SlicesWorker {
             });
         match thread {
             Ok(thread) => Some(SlicesWorker {
-                shared,
-                cancel,
+                wants: Some(wants),
+                answers,
+                stop: Some(stop),
                 thread: Some(thread),
             }),
             Err(e) => {
@@ -233,67 +217,62 @@ impl SlicesWorker {
         }
     }
 
-    /// Leaves `want` for the thread (replacing its unit's want not yet taken); returns at once.
+    /// Sends `want` to the thread (replacing its unit's want not yet asked); returns at once.
     pub fn request(&self, want: SliceWant) {
-        let (lock, cvar) = &*self.shared;
-        let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
-        state.queued.insert(want.unit.clone(), want);
-        cvar.notify_all();
+        if let Some(wants) = &self.wants {
+            let _ = wants.send(want);
+        }
     }
 
     /// The answers since the last call, in the order they came.
     pub fn take_done(&self) -> Vec<SliceDone> {
-        let (lock, _) = &*self.shared;
-        std::mem::take(&mut lock.lock().unwrap_or_else(|e| e.into_inner()).done)
+        self.answers.try_iter().collect()
     }
 
-    /// Waits until every want was taken and answered (or `timeout`); whether it was.
-    pub fn wait_idle(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let (lock, cvar) = &*self.shared;
-        let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
-        while state.busy || !state.queued.is_empty() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            state = cvar
-                .wait_timeout(state, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        true
+    /// How many answers wait to be taken.
+    pub fn answered(&self) -> usize {
+        self.answers.len()
     }
 }
 
 impl Drop for SlicesWorker {
     /// Stops the thread: a call in flight is killed (the unit stays as it is, its record kept
-    /// for the next start or `reset`), the wants not taken are dropped.
+    /// for the next start or `reset`), the wants not asked are dropped.
     fn drop(&mut self) {
-        let (lock, cvar) = &*self.shared;
-        lock.lock().unwrap_or_else(|e| e.into_inner()).stop = true;
-        self.cancel.store(true, Ordering::Relaxed);
-        cvar.notify_all();
+        self.wants.take();
+        self.stop.take();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
 }
 
-/// The next want for the thread, once there is one; `None` to stop.
-fn next_want(shared: &(Mutex<WorkerState>, Condvar)) -> Option<SliceWant> {
-    let (lock, cvar) = shared;
-    let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
-    loop {
-        if state.stop {
-            return None;
-        }
-        if let Some((_, want)) = state.queued.pop_first() {
-            state.busy = true;
-            return Some(want);
-        }
-        state = cvar.wait(state).unwrap_or_else(|e| e.into_inner());
+/// The next want to ask: every want sent so far taken into `queued` (each unit's latest),
+/// waiting for one when none is queued; `None` once the worker is dropped.
+fn next_want(
+    wanted: &crossbeam_channel::Receiver<SliceWant>,
+    queued: &mut BTreeMap<String, SliceWant>,
+    stopped: &crossbeam_channel::Receiver<()>,
+) -> Option<SliceWant> {
+    if queued.is_empty() {
+        let want = wanted.recv().ok()?;
+        queued.insert(want.unit.clone(), want);
     }
+    for want in wanted.try_iter() {
+        queued.insert(want.unit.clone(), want);
+    }
+    if is_stopped(stopped) {
+        return None;
+    }
+    queued.pop_first().map(|(_, want)| want)
+}
+
+/// Whether the worker holding the other end of `stopped` is gone.
+fn is_stopped(stopped: &crossbeam_channel::Receiver<()>) -> bool {
+    matches!(
+        stopped.try_recv(),
+        Err(crossbeam_channel::TryRecvError::Disconnected)
+    )
 }
 
 /// `cpuset.cpus` of `unit` (at `path`) reads `want`: systemd did what it was asked.
@@ -437,7 +416,11 @@ mod tests {
         }
         worker.request(want("user.slice", "0-1"));
         worker.request(want("user.slice", "0-3"));
-        assert!(worker.wait_idle(Duration::from_secs(10)));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while worker.answered() < 2 {
+            assert!(Instant::now() < deadline);
+            thread::sleep(Duration::from_millis(5));
+        }
         assert!(answered.try_recv().is_ok());
         let done = worker.take_done();
         let answers: Vec<(&str, &str, bool)> = done
