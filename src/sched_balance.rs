@@ -58,7 +58,9 @@ use crate::checkpoint::host::HostJournal;
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
 use crate::planner::{order, Step};
-use crate::systemd_slices::{is_stall, unit_of, Systemctl};
+use crate::systemd_slices::{
+    expect_cpus, is_stall, same_cpus, unit_of, SliceDone, SliceWant, SlicesWorker, Systemctl,
+};
 
 /// What to restore, and what is in force now.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,6 +93,10 @@ pub struct SchedSaved {
     /// and systemd 252 writes nothing for an emptied `AllowedCPUs=` (the node-e2e guest).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub slices: BTreeMap<String, String>,
+    /// The host units of `slices` whose `cpuset.cpus` read the reserved cpus after systemd
+    /// was asked (in force); not an original, so not in `host.json`.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub confined: BTreeSet<String>,
 }
 
 impl SchedSaved {
@@ -99,6 +105,7 @@ impl SchedSaved {
         let originals = SchedSaved {
             isolated: CpuSet::new(),
             not_in_force: None,
+            confined: BTreeSet::new(),
             ..self.clone()
         };
         crate::effects::to_saved(&originals, originals.is_empty())
@@ -113,6 +120,7 @@ impl SchedSaved {
             && self.partitions.is_empty()
             && self.exclusive.is_empty()
             && self.slices.is_empty()
+            && self.confined.is_empty()
     }
 
     /// Something to put back (flags, host cpusets, partitions, exclusive cpus).
@@ -198,6 +206,20 @@ pub struct SchedBalance {
     /// Host units whose last confinement through systemd failed: a quiet tick does not try
     /// them again (a stalled systemd would cost a timeout every tick); a full reconcile does.
     slices_failed: HashSet<String>,
+    /// The agent: systemd is asked on a thread of its own ([`SlicesWorker`]), its answers
+    /// taken in by [`SchedBalance::sync`]. `None`: asked here (`reset`, the library).
+    slices_worker: Option<SlicesWorker>,
+    /// Each unit's latest want handed to the worker and not answered yet (never asked twice).
+    slices_pending: BTreeMap<String, SliceWant>,
+    /// Host units not confined while pods ask, with why (said through `not_in_force`).
+    slices_not_confined: BTreeMap<String, String>,
+    /// Whether the last round confined the host units (rather than gave them back).
+    slices_confining: bool,
+    /// What the partitions' last round said is not in force (the rest of `not_in_force` is
+    /// the host units').
+    v2_why: Option<String>,
+    /// Units systemd changed as asked, taken in by `sync` and not yet counted in the metrics.
+    synced_writes: usize,
 }
 
 /// One cpuset as read.
@@ -242,6 +264,12 @@ impl SchedBalance {
             refused: BTreeMap::new(),
             systemd: None,
             slices_failed: HashSet::new(),
+            slices_worker: None,
+            slices_pending: BTreeMap::new(),
+            slices_not_confined: BTreeMap::new(),
+            slices_confining: false,
+            v2_why: None,
+            synced_writes: 0,
         }
     }
 
@@ -257,6 +285,52 @@ impl SchedBalance {
     pub fn with_systemd(mut self, systemctl: Systemctl) -> SchedBalance {
         self.systemd = Some(systemctl);
         self
+    }
+
+    /// As [`SchedBalance::with_systemd`], systemd asked on a thread of its own (the agent: a
+    /// stalled systemd never holds a pass); `done` is signalled after each answer, which
+    /// [`SchedBalance::sync`] takes in.
+    pub fn with_systemd_in_background(
+        mut self,
+        systemctl: Systemctl,
+        done: Option<crossbeam_channel::Sender<()>>,
+    ) -> SchedBalance {
+        self.slices_worker = SlicesWorker::start(systemctl.clone(), self.fs.clone(), done);
+        self.systemd = Some(systemctl);
+        self
+    }
+
+    /// Takes in what the systemd thread answered since the last call: a unit counts as
+    /// confined (or its record goes) only now; each failure said once. Whether what is saved
+    /// changed (the checkpoint must say so; `host.json` is brought up to date here).
+    pub fn sync(&mut self) -> bool {
+        let Some(worker) = &self.slices_worker else {
+            return false;
+        };
+        let done = worker.take_done();
+        if done.is_empty() {
+            return false;
+        }
+        let before = self.saved.clone();
+        let mut outcome = SchedOutcome::default();
+        for SliceDone { want, result } in done {
+            self.slice_done(&want, result, &mut outcome);
+        }
+        self.say_slices_not_in_force();
+        self.say(&outcome);
+        self.synced_writes += outcome.written;
+        let changed = self.saved != before;
+        if changed && self.saved.originals() != before.originals() {
+            if let Err(e) = self.write_ahead() {
+                log::warn!("{e}");
+            }
+        }
+        changed
+    }
+
+    /// The units systemd changed as asked that `sync` took in since the last call.
+    pub fn take_synced_writes(&mut self) -> usize {
+        std::mem::take(&mut self.synced_writes)
     }
 
     /// Makes what `saved` records durable. `Err`: the change it is about to make must not be.
@@ -321,6 +395,12 @@ impl SchedBalance {
                 }
             );
         }
+        self.say(&outcome);
+        Some(outcome)
+    }
+
+    /// Says what is not in force and each failure, once each.
+    fn say(&mut self, outcome: &SchedOutcome) {
         let said = &mut self.said;
         if let Some(why) = &self.saved.not_in_force {
             if said.insert(why.clone()) {
@@ -332,7 +412,6 @@ impl SchedBalance {
                 log::warn!("cannot change scheduler load balancing: {error}");
             }
         }
-        Some(outcome)
     }
 
     /// Whether something outside kubepods that it changed reads otherwise now, while pods still
@@ -373,11 +452,10 @@ impl SchedBalance {
                 )
             })
         };
-        let slices = self
-            .saved
-            .slices
-            .keys()
-            .filter(|key| !self.slices_failed.contains(*key));
+        let slices =
+            self.saved.slices.keys().filter(|key| {
+                self.saved.confined.contains(*key) && !self.slices_failed.contains(*key)
+            });
         let moved = slices
             .filter_map(|key| off_reserved(key, true))
             .chain(
@@ -522,17 +600,8 @@ impl SchedBalance {
         if wanted.is_empty() {
             self.systemd_slices(wanted, &mut outcome);
         }
-        // In force only where read back: a unit systemd did not confine is said in `status`.
-        if !early.errors.is_empty() {
-            let why = format!(
-                "host units not confined to the reserved cpus through systemd: {}",
-                early.errors.join("; ")
-            );
-            self.saved.not_in_force = Some(match self.saved.not_in_force.take() {
-                Some(partitions) => format!("{partitions}; {why}"),
-                None => why,
-            });
-        }
+        self.v2_why = self.saved.not_in_force.clone();
+        self.say_slices_not_in_force();
         outcome.written += early.written;
         for error in early.errors {
             note(&mut outcome, error);
@@ -870,15 +939,20 @@ impl SchedBalance {
         match (&self.host_cpus, wanted.is_empty()) {
             (Some(reserved), false) => {
                 let reserved = reserved.clone();
+                self.slices_confining = true;
                 self.confine_slices(&systemctl, &reserved, outcome);
             }
-            _ => self.restore_slices(&systemctl, outcome),
+            _ => {
+                self.slices_confining = false;
+                self.slices_not_confined.clear();
+                self.restore_slices(&systemctl, outcome);
+            }
         }
     }
 
     /// Each host unit not yet confined: its `cpuset.cpus` recorded first (write-ahead), then
-    /// `AllowedCPUs=<reserved>` through systemd and the file read back. A record stays when
-    /// systemd fails (restoring what it had is harmless; losing it is not).
+    /// systemd asked for `AllowedCPUs=<reserved>` (see [`SchedBalance::ask_slice`]). A record
+    /// stays when systemd fails (restoring what it had is harmless; losing it is not).
     fn confine_slices(
         &mut self,
         systemctl: &Systemctl,
@@ -887,7 +961,20 @@ impl SchedBalance {
     ) {
         let mut planned = Vec::new();
         for (path, unit, text) in self.host_units() {
-            if CpuSet::parse(&text).is_ok_and(|now| now == *reserved) {
+            let key = key(&path);
+            let want = SliceWant {
+                path: path.clone(),
+                unit: unit.clone(),
+                cpus: reserved.to_string(),
+                confine: true,
+            };
+            let pending = self.slices_pending.get(&key);
+            if pending == Some(&want) {
+                continue; // asked already: its answer is taken in by `sync`
+            }
+            if pending.is_none() && CpuSet::parse(&text).is_ok_and(|now| now == *reserved) {
+                self.slices_not_confined.remove(&key);
+                self.saved.confined.insert(key);
                 continue;
             }
             let give_back = if text.is_empty() {
@@ -897,42 +984,28 @@ impl SchedBalance {
                 text
             };
             if give_back.is_empty() {
-                note(
-                    outcome,
-                    format!("{unit}: no cpus to give back can be read: left alone"),
-                );
+                let why = format!("{unit}: no cpus to give back can be read: left alone");
+                self.slices_not_confined.insert(key, why.clone());
+                note(outcome, why);
                 continue;
             }
-            self.saved.slices.entry(key(&path)).or_insert(give_back);
-            planned.push((path, unit));
+            self.saved.slices.entry(key).or_insert(give_back);
+            planned.push(want);
         }
         if planned.is_empty() {
             return;
         }
         if let Err(e) = self.write_ahead() {
+            for want in &planned {
+                self.slices_not_confined.insert(key(&want.path), e.clone());
+            }
             note(outcome, e);
             return;
         }
-        for (path, unit) in planned {
-            let done = systemctl
-                .set_allowed_cpus(&unit, &reserved.to_string())
-                .and_then(|()| self.expect_cpus(&path, &unit, &reserved.to_string()));
-            match done {
-                Ok(()) => {
-                    outcome.written += 1;
-                    self.slices_failed.remove(&key(&path));
-                    log::info!("{unit} confined to cpus {reserved} through systemd (AllowedCPUs, --runtime)");
-                }
-                // One stall a pass at most: the next pins wait no longer than one timeout.
-                Err(e) if is_stall(&e) => {
-                    self.slices_failed.insert(key(&path));
-                    note(outcome, e);
-                    break;
-                }
-                Err(e) => {
-                    self.slices_failed.insert(key(&path));
-                    note(outcome, e);
-                }
+        for want in planned {
+            // One stall a pass at most: the next pins wait no longer than one timeout.
+            if self.ask_slice(systemctl, want, outcome) {
+                break;
             }
         }
     }
@@ -943,36 +1016,120 @@ impl SchedBalance {
     fn restore_slices(&mut self, systemctl: &Systemctl, outcome: &mut SchedOutcome) {
         for (key, original) in self.saved.slices.clone() {
             let path = CgroupPath::new(&key).ok();
-            let Some((path, unit)) = path.and_then(|p| unit_of(&p).map(|u| (p, u))) else {
+            let unit = path.and_then(|p| unit_of(&p).map(|u| (p, u)));
+            let now = unit
+                .as_ref()
+                .and_then(|(p, _)| self.read_trimmed(p, InterfaceFile::CpusetCpus));
+            let (Some((path, unit)), Some(now)) = (unit, now) else {
                 self.saved.slices.remove(&key);
+                self.saved.confined.remove(&key);
                 continue;
             };
-            let Some(now) = self.read_trimmed(&path, InterfaceFile::CpusetCpus) else {
-                self.saved.slices.remove(&key);
-                continue;
+            let want = SliceWant {
+                path,
+                unit,
+                cpus: original.clone(),
+                confine: false,
             };
-            if same_cpus(&now, &original) {
-                self.saved.slices.remove(&key);
+            let pending = self.slices_pending.get(&key);
+            if pending == Some(&want) {
                 continue;
             }
-            let done = systemctl
-                .set_allowed_cpus(&unit, &original)
-                .and_then(|()| self.expect_cpus(&path, &unit, &original));
-            match done {
-                Ok(()) => {
-                    outcome.written += 1;
-                    self.saved.slices.remove(&key);
-                    log::info!(
-                        "{unit} has its cpus back through systemd: cpuset.cpus {original:?}"
-                    );
-                }
-                Err(e) if is_stall(&e) => {
-                    note(outcome, e);
-                    break;
-                }
-                Err(e) => note(outcome, e),
+            if pending.is_none() && same_cpus(&now, &original) {
+                self.saved.slices.remove(&key);
+                self.saved.confined.remove(&key);
+                continue;
+            }
+            if self.ask_slice(systemctl, want, outcome) {
+                break;
             }
         }
+    }
+
+    /// Asks systemd for `want`: on the worker's thread when there is one (its answer taken in
+    /// by [`SchedBalance::sync`]), else here, the call killed at its timeout. Whether it
+    /// stalled (the other units of the pass are not asked then).
+    fn ask_slice(
+        &mut self,
+        systemctl: &Systemctl,
+        want: SliceWant,
+        outcome: &mut SchedOutcome,
+    ) -> bool {
+        if let Some(worker) = &self.slices_worker {
+            self.slices_pending.insert(key(&want.path), want.clone());
+            worker.request(want);
+            return false;
+        }
+        let result = systemctl
+            .set_allowed_cpus(&want.unit, &want.cpus)
+            .and_then(|()| expect_cpus(&self.fs, &want.path, &want.unit, &want.cpus));
+        let stalled = result.as_ref().is_err_and(|e| is_stall(e));
+        self.slice_done(&want, result, outcome);
+        stalled
+    }
+
+    /// Takes in what came of asking systemd for `want` (read back): a unit is confined, or its
+    /// record goes, only now; a failure is noted (and while confining, said in `not_in_force`).
+    fn slice_done(
+        &mut self,
+        want: &SliceWant,
+        result: Result<(), String>,
+        outcome: &mut SchedOutcome,
+    ) {
+        let key = key(&want.path);
+        if self.slices_pending.get(&key) == Some(want) {
+            self.slices_pending.remove(&key);
+        }
+        let (unit, cpus) = (&want.unit, &want.cpus);
+        match (result, want.confine) {
+            (Ok(()), true) => {
+                outcome.written += 1;
+                self.slices_failed.remove(&key);
+                self.slices_not_confined.remove(&key);
+                self.saved.confined.insert(key);
+                log::info!(
+                    "{unit} confined to cpus {cpus} through systemd (AllowedCPUs, --runtime)"
+                );
+            }
+            (Ok(()), false) => {
+                outcome.written += 1;
+                self.saved.confined.remove(&key);
+                // A newer want queued (pods ask again): the record stays for it.
+                if !self.slices_pending.contains_key(&key) {
+                    self.saved.slices.remove(&key);
+                }
+                log::info!("{unit} has its cpus back through systemd: cpuset.cpus {cpus:?}");
+            }
+            (Err(e), true) => {
+                self.slices_failed.insert(key.clone());
+                self.saved.confined.remove(&key);
+                if self.slices_confining {
+                    self.slices_not_confined.insert(key, e.clone());
+                }
+                note(outcome, e);
+            }
+            (Err(e), false) => note(outcome, e),
+        }
+    }
+
+    /// `not_in_force`: the partitions' last word, and the host units not confined while pods
+    /// ask (in force only where read back; said in `status`).
+    fn say_slices_not_in_force(&mut self) {
+        let slices = (!self.slices_not_confined.is_empty()).then(|| {
+            let whys: Vec<&str> = self
+                .slices_not_confined
+                .values()
+                .map(String::as_str)
+                .collect();
+            format!(
+                "host units not confined to the reserved cpus through systemd: {}",
+                whys.join("; ")
+            )
+        });
+        self.saved.not_in_force = match (self.v2_why.clone(), slices) {
+            (Some(partitions), Some(slices)) => Some(format!("{partitions}; {slices}")),
+            (partitions, slices) => partitions.or(slices),
+        };
     }
 
     /// The host units directly below the root, each with its `cpuset.cpus` now.
@@ -992,18 +1149,6 @@ impl SchedBalance {
                 Some((p, unit, text))
             })
             .collect()
-    }
-
-    /// `cpuset.cpus` of a unit reads `want` (systemd did what it was asked).
-    fn expect_cpus(&self, path: &CgroupPath, unit: &str, want: &str) -> Result<(), String> {
-        match self.read_trimmed(path, InterfaceFile::CpusetCpus) {
-            Some(now) if same_cpus(&now, want) => Ok(()),
-            now => Err(format!(
-                "{}: cpuset.cpus reads {:?} after systemd was asked for AllowedCPUs={want} on {unit}",
-                self.fs.host_path(path).display(),
-                now.unwrap_or_default()
-            )),
-        }
     }
 
     /// Every host cpuset (outside kubepods and its ancestors) that has CPUs gets the reserved
@@ -1364,12 +1509,6 @@ impl SchedBalance {
         }
         tree
     }
-}
-
-/// Two cpu lists as the kernel or systemd print them name the same cpus (empty is empty).
-fn same_cpus(a: &str, b: &str) -> bool {
-    a.trim() == b.trim()
-        || matches!((CpuSet::parse(a.trim()), CpuSet::parse(b.trim())), (Ok(x), Ok(y)) if x == y)
 }
 
 /// A recorded cgroup's key (only UTF-8 paths are recorded).
@@ -2261,6 +2400,200 @@ mod tests {
         assert_eq!(sched.saved().slices.len(), 3);
         // The partition itself is unaffected.
         assert_eq!(sched.saved().isolated, set("2-3"));
+    }
+
+    /// [`systemd_host_with`] asked on a thread of its own (the agent's way), the answers
+    /// signalled on the returned channel.
+    fn background(
+        fs: CgroupFs,
+        systemctl: Systemctl,
+    ) -> (SchedBalance, crossbeam_channel::Receiver<()>) {
+        let (done, answered) = crossbeam_channel::bounded(1);
+        let sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V2,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        )
+        .with_systemd_in_background(systemctl, Some(done));
+        (sched, answered)
+    }
+
+    /// Waits (20 s at most) until systemd's thread sent `answers` answers.
+    fn wait_answered(sched: &SchedBalance, answers: usize) {
+        let worker = sched.slices_worker.as_ref().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while worker.answered() < answers {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}",
+                worker.answered()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Issue 24 item 2: in the agent a systemd that takes 3 s to answer holds no pass (a new
+    /// pod's pin does not wait behind it): `update` returns at once, the record written
+    /// ahead; the units count as confined only once the thread's answers are taken in by
+    /// `sync`, and each unit is asked once while its answer is pending. Giving back goes the
+    /// same way: the records go only when the answers are taken in.
+    #[test]
+    fn a_slow_systemd_answers_on_its_own_thread_and_holds_no_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        // system.slice's confinement takes 3 s (the others answer at once).
+        let body = "[ \"$4 $5\" = 'system.slice AllowedCPUs=0-1' ] && sleep 3\n\
+             cpus=${5#AllowedCPUs=}; echo \"$cpus\" >\"$ROOT/$4/cpuset.cpus\"";
+        let (fs, systemctl) = systemd_host_with(dir.path(), body, Duration::from_secs(5));
+        let root = dir.path().join("cg");
+        let (mut sched, answered) = background(fs, systemctl);
+        let c = [(path("kp/pod/c"), set("2-3"))];
+        let started = std::time::Instant::now();
+        let outcome = sched.update(&c, false).unwrap();
+        // A full reconcile meanwhile: nothing asked twice.
+        sched.update(&c, true).unwrap();
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(1), "{took:?}");
+        assert!(outcome.errors.is_empty(), "{outcome:?}");
+        assert_eq!(
+            sched.saved().slices.len(),
+            3,
+            "recorded before systemd is asked"
+        );
+        assert!(sched.saved().confined.is_empty(), "{:?}", sched.saved());
+        assert_eq!(sched.saved().not_in_force, None);
+        assert!(!sched.host_moved(), "a unit not yet confined has not moved");
+        assert!(!sched.sync(), "nothing answered yet");
+        wait_answered(&sched, 3);
+        assert!(answered.try_recv().is_ok());
+        assert!(
+            sched.saved().confined.is_empty(),
+            "in force only once taken in"
+        );
+        assert!(sched.sync());
+        assert_eq!(sched.take_synced_writes(), 3);
+        let confined: Vec<&str> = sched.saved().confined.iter().map(String::as_str).collect();
+        assert_eq!(confined, ["init.scope", "system.slice", "user.slice"]);
+        for unit in ["system.slice", "user.slice", "init.scope"] {
+            assert_eq!(read(&root, unit, "cpuset.cpus"), "0-1", "{unit}");
+        }
+        let calls = fs::read_to_string(dir.path().join("calls")).unwrap();
+        assert_eq!(calls.lines().count(), 3, "{calls}");
+        // Widened by someone: a quiet tick sees it, the unit is asked again.
+        fs::write(root.join("user.slice/cpuset.cpus"), "0-7\n").unwrap();
+        assert!(sched.host_moved());
+        fs::write(root.join("user.slice/cpuset.cpus"), "0-1\n").unwrap();
+        // The pod goes: the records stay until systemd's answers are taken in.
+        let started = std::time::Instant::now();
+        sched.update(&[], false).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(sched.saved().slices.len(), 3);
+        wait_answered(&sched, 3);
+        assert!(sched.sync());
+        assert!(sched.saved().is_empty(), "{:?}", sched.saved());
+        for unit in ["system.slice", "user.slice", "init.scope"] {
+            assert_eq!(read(&root, unit, "cpuset.cpus"), "0-7", "{unit}");
+        }
+    }
+
+    /// A refusal and a stall answered on systemd's thread: taken in by `sync`, said in
+    /// `not_in_force` (and the log, once each), the units not counted as confined, not tried
+    /// again on a quiet tick, their records kept; the unit that did answer is confined.
+    #[test]
+    fn a_refusal_and_a_stall_on_systemd_s_thread_are_said_through_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = "case $4 in\n\
+             system.slice) echo 'Failed to set unit properties: Access denied' >&2; exit 1;;\n\
+             user.slice) exec sleep 30;;\n\
+             esac\n\
+             cpus=${5#AllowedCPUs=}; echo \"$cpus\" >\"$ROOT/$4/cpuset.cpus\"";
+        let (fs, systemctl) = systemd_host_with(dir.path(), body, Duration::from_millis(300));
+        let (mut sched, _answered) = background(fs, systemctl);
+        let c = [(path("kp/pod/c"), set("2-3"))];
+        let outcome = sched.update(&c, false).unwrap();
+        assert!(outcome.errors.is_empty(), "{outcome:?}");
+        wait_answered(&sched, 3);
+        assert!(sched.sync());
+        let why = sched.saved().not_in_force.clone().unwrap_or_default();
+        assert!(
+            why.contains("host units not confined to the reserved cpus through systemd")
+                && why.contains("system.slice AllowedCPUs=0-1")
+                && why.contains("Access denied")
+                && why.contains("user.slice AllowedCPUs=0-1")
+                && why.contains("did not finish within"),
+            "{why}"
+        );
+        assert!(sched.said.contains(&why), "said once");
+        let confined: Vec<&str> = sched.saved().confined.iter().map(String::as_str).collect();
+        assert_eq!(confined, ["init.scope"]);
+        assert_eq!(sched.saved().slices.len(), 3);
+        assert!(sched.slices_failed.contains("system.slice"));
+        assert!(sched.slices_failed.contains("user.slice"));
+        assert!(
+            !sched.host_moved(),
+            "the units systemd failed are left to a full reconcile"
+        );
+        // The partition itself is unaffected.
+        assert_eq!(sched.saved().isolated, set("2-3"));
+    }
+
+    /// Write-ahead holds on systemd's thread too: each unit's record is in `host.json` before
+    /// the thread asks systemd.
+    #[test]
+    fn host_units_are_recorded_before_systemd_s_thread_asks() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let seen = dir.path().join("seen");
+        let body = format!(
+            "cat {}/host.json >>{} 2>/dev/null || echo NO-RECORD >>{}\n\
+             cpus=${{5#AllowedCPUs=}}; echo \"$cpus\" >\"$ROOT/$4/cpuset.cpus\"",
+            state.display(),
+            seen.display(),
+            seen.display()
+        );
+        let (fs, systemctl) = systemd_host_with(dir.path(), &body, Duration::from_secs(5));
+        let (sched, _answered) = background(fs, systemctl);
+        let mut sched = sched.with_journal(HostJournal::new(&state, None));
+        sched
+            .update(&[(path("kp/pod/c"), set("2-3"))], false)
+            .unwrap();
+        wait_answered(&sched, 3);
+        assert!(sched.sync());
+        let seen_text = fs::read_to_string(&seen).unwrap();
+        assert!(!seen_text.contains("NO-RECORD"), "{seen_text}");
+        let first: serde_json::Value = serde_json::Deserializer::from_str(&seen_text)
+            .into_iter()
+            .next()
+            .unwrap()
+            .unwrap();
+        let slices = &first["effects"][crate::effects::sched::NAME]["slices"];
+        for unit in ["system.slice", "user.slice", "init.scope"] {
+            assert_eq!(slices[unit], "0-7", "{unit}: {first}");
+        }
+        assert_eq!(sched.saved().confined.len(), 3);
+    }
+
+    /// The agent stopping while systemd stalls: the call in flight is killed, nothing hangs.
+    #[test]
+    fn a_call_in_flight_is_killed_when_the_agent_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fs, systemctl) = systemd_host_with(
+            dir.path(),
+            "exec sleep 30",
+            crate::systemd_slices::DEFAULT_TIMEOUT,
+        );
+        let (mut sched, _answered) = background(fs, systemctl);
+        sched
+            .update(&[(path("kp/pod/c"), set("2-3"))], false)
+            .unwrap();
+        while !dir.path().join("calls").exists() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let started = std::time::Instant::now();
+        drop(sched);
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(1), "{took:?}");
     }
 
     /// Issue 25 item 3: a unit systemd is asked to widen while pods still ask (an admin, another

@@ -15,12 +15,15 @@
 //! holds a `system.slice`. Whether `systemctl` answers is known at its first call: an error
 //! then names the slice and the fix, and nothing is written behind systemd's back instead.
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::cgroupfs::{CgroupFs, CgroupPath, CgroupVersion, FileKind};
+use crate::cgroupfs::{CgroupFs, CgroupPath, CgroupVersion, FileKind, InterfaceFile};
+use crate::cpuset::CpuSet;
 
 /// How long one `systemctl` call may take before it is killed.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -30,6 +33,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Systemctl {
     program: PathBuf,
     timeout: Duration,
+    /// Disconnected when the agent stops: a call still waiting is killed at once.
+    cancel: Option<crossbeam_channel::Receiver<()>>,
 }
 
 impl Default for Systemctl {
@@ -37,6 +42,7 @@ impl Default for Systemctl {
         Systemctl {
             program: PathBuf::from("systemctl"),
             timeout: DEFAULT_TIMEOUT,
+            cancel: None,
         }
     }
 }
@@ -47,6 +53,7 @@ impl Systemctl {
         Systemctl {
             program: program.into(),
             timeout,
+            cancel: None,
         }
     }
 
@@ -91,15 +98,19 @@ impl Systemctl {
             .spawn()
             .map_err(|e| format!("could not be run ({}: {e})", self.program.display()))?;
         let deadline = Instant::now() + self.timeout;
+        let cancelled = || self.cancel.as_ref().is_some_and(is_stopped);
         let status = loop {
             match child.try_wait() {
                 Ok(Some(status)) => break status,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
+                Ok(None) if Instant::now() < deadline && !cancelled() => {
+                    thread::sleep(Duration::from_millis(5))
                 }
                 Ok(None) => {
                     let _ = child.kill();
                     let _ = child.wait();
+                    if cancelled() {
+                        return Err(format!("{STOPPED} (killed)"));
+                    }
                     return Err(format!(
                         "{STALLED} {:?} (killed; systemd did not answer)",
                         self.timeout
@@ -119,11 +130,171 @@ impl Systemctl {
 /// What a [`Systemctl`] error says when the call was killed at its timeout.
 const STALLED: &str = "did not finish within";
 
+/// What a [`Systemctl`] error says when the call was killed because the agent stops.
+const STOPPED: &str = "was cut short by the agent stopping";
+
 /// Whether `error` (from [`Systemctl::set_allowed_cpus`]) is a call killed at its timeout:
 /// systemd is not answering, so the other units of the same pass are not asked (a pass waits
 /// one timeout at most).
 pub fn is_stall(error: &str) -> bool {
     error.contains(STALLED)
+}
+
+/// What one host unit is to get from systemd: the reserved cpus (`confine`), or the cpus it
+/// had before (given back).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceWant {
+    pub path: CgroupPath,
+    pub unit: String,
+    /// The `AllowedCPUs=` asked for: what its `cpuset.cpus` must read back.
+    pub cpus: String,
+    pub confine: bool,
+}
+
+/// What came of one [`SliceWant`]: `Ok` once the unit's `cpuset.cpus` reads what was asked.
+#[derive(Debug, Clone)]
+pub struct SliceDone {
+    pub want: SliceWant,
+    pub result: Result<(), String>,
+}
+
+/// The thread that asks systemd for the host units' cpus (`--isolate-host`, the agent): a
+/// stalled systemd holds it, never the controller. A handle with typed messages: the
+/// controller sends each unit's want ([`SlicesWorker::request`]) and goes on; the thread
+/// takes every want sent so far (a newer one replacing its unit's older one not yet asked),
+/// asks one at a time (so one call is in flight per unit), reads the unit's `cpuset.cpus`
+/// back, sends the answer ([`SlicesWorker::take_done`]) and signals `done`.
+#[derive(Debug)]
+pub struct SlicesWorker {
+    wants: Option<crossbeam_channel::Sender<SliceWant>>,
+    answers: crossbeam_channel::Receiver<SliceDone>,
+    /// Never sent on: dropped when the worker is (the agent stops), which kills a call in
+    /// flight at once.
+    stop: Option<crossbeam_channel::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl SlicesWorker {
+    /// Starts the thread: `systemctl` asks, `fs` reads back; `done` gets a message after each
+    /// answer (a full channel already says so). `None` when no thread can be started (the
+    /// caller asks in its own thread then).
+    pub fn start(
+        mut systemctl: Systemctl,
+        fs: CgroupFs,
+        done: Option<crossbeam_channel::Sender<()>>,
+    ) -> Option<SlicesWorker> {
+        let (wants, wanted) = crossbeam_channel::unbounded::<SliceWant>();
+        let (answer, answers) = crossbeam_channel::unbounded::<SliceDone>();
+        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+        systemctl.cancel = Some(stopped.clone());
+        let thread = thread::Builder::new()
+            .name("systemd-slices".into())
+            .spawn(move || {
+                let mut queued: BTreeMap<String, SliceWant> = BTreeMap::new();
+                while let Some(want) = next_want(&wanted, &mut queued, &stopped) {
+                    let result = systemctl
+                        .set_allowed_cpus(&want.unit, &want.cpus)
+                        .and_then(|()| expect_cpus(&fs, &want.path, &want.unit, &want.cpus));
+                    if answer.send(SliceDone { want, result }).is_err() {
+                        return;
+                    }
+                    if let Some(done) = &done {
+                        let _ = done.try_send(());
+                    }
+                }
+            });
+        match thread {
+            Ok(thread) => Some(SlicesWorker {
+                wants: Some(wants),
+                answers,
+                stop: Some(stop),
+                thread: Some(thread),
+            }),
+            Err(e) => {
+                log::warn!("cannot start the thread that asks systemd for the host units' cpus ({e}): asked on the controller's thread");
+                None
+            }
+        }
+    }
+
+    /// Sends `want` to the thread (replacing its unit's want not yet asked); returns at once.
+    pub fn request(&self, want: SliceWant) {
+        if let Some(wants) = &self.wants {
+            let _ = wants.send(want);
+        }
+    }
+
+    /// The answers since the last call, in the order they came.
+    pub fn take_done(&self) -> Vec<SliceDone> {
+        self.answers.try_iter().collect()
+    }
+
+    /// How many answers wait to be taken.
+    pub fn answered(&self) -> usize {
+        self.answers.len()
+    }
+}
+
+impl Drop for SlicesWorker {
+    /// Stops the thread: a call in flight is killed (the unit stays as it is, its record kept
+    /// for the next start or `reset`), the wants not asked are dropped.
+    fn drop(&mut self) {
+        self.wants.take();
+        self.stop.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The next want to ask: every want sent so far taken into `queued` (each unit's latest),
+/// waiting for one when none is queued; `None` once the worker is dropped.
+fn next_want(
+    wanted: &crossbeam_channel::Receiver<SliceWant>,
+    queued: &mut BTreeMap<String, SliceWant>,
+    stopped: &crossbeam_channel::Receiver<()>,
+) -> Option<SliceWant> {
+    if queued.is_empty() {
+        let want = wanted.recv().ok()?;
+        queued.insert(want.unit.clone(), want);
+    }
+    for want in wanted.try_iter() {
+        queued.insert(want.unit.clone(), want);
+    }
+    if is_stopped(stopped) {
+        return None;
+    }
+    queued.pop_first().map(|(_, want)| want)
+}
+
+/// Whether the worker holding the other end of `stopped` is gone.
+fn is_stopped(stopped: &crossbeam_channel::Receiver<()>) -> bool {
+    matches!(
+        stopped.try_recv(),
+        Err(crossbeam_channel::TryRecvError::Disconnected)
+    )
+}
+
+/// `cpuset.cpus` of `unit` (at `path`) reads `want`: systemd did what it was asked.
+pub fn expect_cpus(fs: &CgroupFs, path: &CgroupPath, unit: &str, want: &str) -> Result<(), String> {
+    let now = fs
+        .read(path, InterfaceFile::CpusetCpus)
+        .ok()
+        .map(|t| t.trim().to_string());
+    match now {
+        Some(now) if same_cpus(&now, want) => Ok(()),
+        now => Err(format!(
+            "{}: cpuset.cpus reads {:?} after systemd was asked for AllowedCPUs={want} on {unit}",
+            fs.host_path(path).display(),
+            now.unwrap_or_default()
+        )),
+    }
+}
+
+/// Two cpu lists as the kernel or systemd print them name the same cpus (empty is empty).
+pub fn same_cpus(a: &str, b: &str) -> bool {
+    a.trim() == b.trim()
+        || matches!((CpuSet::parse(a.trim()), CpuSet::parse(b.trim())), (Ok(x), Ok(y)) if x == y)
 }
 
 /// Whether systemd owns the host cgroups of this hierarchy (see the module's documentation);
@@ -214,6 +385,58 @@ mod tests {
             err.contains("did not finish within") && err.contains("user.slice is left"),
             "{err}"
         );
+    }
+
+    /// One call at a time, each unit's latest want: one not yet taken is replaced by a newer.
+    #[test]
+    fn a_newer_want_replaces_one_not_yet_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("cg");
+        for unit in ["system.slice", "user.slice"] {
+            fs::create_dir_all(root.join(unit)).unwrap();
+            fs::write(root.join(unit).join("cpuset.cpus"), "0-7\n").unwrap();
+        }
+        let body = format!(
+            "sleep 0.3; echo \"${{5#AllowedCPUs=}}\" >{}/$4/cpuset.cpus",
+            root.display()
+        );
+        let systemctl = Systemctl::with_program(fake(dir.path(), &body), DEFAULT_TIMEOUT);
+        let (done, answered) = crossbeam_channel::bounded(1);
+        let fs_ = CgroupFs::open(&root).unwrap();
+        let worker = SlicesWorker::start(systemctl, fs_, Some(done)).unwrap();
+        let want = |unit: &str, cpus: &str| SliceWant {
+            path: CgroupPath::new(unit).unwrap(),
+            unit: unit.to_string(),
+            cpus: cpus.to_string(),
+            confine: true,
+        };
+        worker.request(want("system.slice", "0-1"));
+        while !dir.path().join("calls").exists() {
+            thread::sleep(Duration::from_millis(5));
+        }
+        worker.request(want("user.slice", "0-1"));
+        worker.request(want("user.slice", "0-3"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while worker.answered() < 2 {
+            assert!(Instant::now() < deadline);
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert!(answered.try_recv().is_ok());
+        let done = worker.take_done();
+        let answers: Vec<(&str, &str, bool)> = done
+            .iter()
+            .map(|d| (d.want.unit.as_str(), d.want.cpus.as_str(), d.result.is_ok()))
+            .collect();
+        assert_eq!(
+            answers,
+            [("system.slice", "0-1", true), ("user.slice", "0-3", true)]
+        );
+        assert_eq!(
+            fs::read_to_string(dir.path().join("calls")).unwrap(),
+            "--no-ask-password set-property --runtime system.slice AllowedCPUs=0-1\n\
+             --no-ask-password set-property --runtime user.slice AllowedCPUs=0-3\n"
+        );
+        assert!(worker.take_done().is_empty());
     }
 
     #[test]

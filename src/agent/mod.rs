@@ -163,9 +163,10 @@ struct Agent {
     /// The watcher's arrival tokens, forgotten each time the event channel is drained (see
     /// [`forget`]): a token left means an event waits, and a pass's long rewrite stops for it.
     arrivals: Option<Arrivals>,
-    /// irqbalance is told by a thread of its own (nothing on the way to a pin waits for it),
-    /// which says here when what it was told changed, for the checkpoint.
-    irqbalance_told: Receiver<()>,
+    /// Effects that wait on something outside the kernel do so on a thread of their own
+    /// (irqbalance's socket, systemd's `systemctl`: nothing on the way to a pin waits for
+    /// them), which says here when it has something new, taken in by `sync_effects`.
+    effect_done: Receiver<()>,
     notifier: Notifier,
     /// systemd's watchdog: half its period, and the next ping.
     watchdog: Option<(Duration, Instant)>,
@@ -176,7 +177,7 @@ struct Threads {
     watcher: Option<WatcherHandle>,
     pod_resources: Option<crate::podresources::PodResourcesServer>,
     /// Kept here, so the event channel never reads as closed without a watcher, nor the
-    /// irqbalance channel were that thread gone.
+    /// effects' channel were their threads gone.
     _senders: (Option<Sender<TreeEvent>>, Sender<()>),
 }
 
@@ -214,13 +215,13 @@ impl Agent {
         );
         // Watch before the first scan, so nothing created in between is missed.
         let mut watcher = open_watcher(&config.layout, config.reconcile_period)?;
-        let (irqbalance_tx, irqbalance_told) = bounded::<()>(1);
+        let (done_tx, effect_done) = bounded::<()>(1);
         let mut controller = build_controller(
             config.parts,
             restored,
             &config.state_dir,
             host,
-            irqbalance_tx.clone(),
+            done_tx.clone(),
         );
         controller.metrics.without_inotify = watcher.is_none();
         let arrivals = watcher.as_mut().map(Watcher::arrivals);
@@ -249,14 +250,14 @@ impl Agent {
             reconciler: Reconciler::spawn(scanner, config.reconcile_period, every_tick_full),
             control,
             arrivals,
-            irqbalance_told,
+            effect_done,
             notifier: config.notifier,
             watchdog: None,
         };
         let threads = Threads {
             watcher,
             pod_resources,
-            _senders: (idle_events, irqbalance_tx),
+            _senders: (idle_events, done_tx),
         };
         Ok((agent.ready(), threads))
     }
@@ -277,8 +278,7 @@ impl Agent {
         // Clones of the receivers (cheap), so the arms can borrow `self` mutably.
         let (events, control) = (self.events.clone(), self.control.clone());
         let ticks = self.reconciler.ticks().clone();
-        let (replies, irqbalance_told) =
-            (self.persist.replies().clone(), self.irqbalance_told.clone());
+        let (replies, effect_done) = (self.persist.replies().clone(), self.effect_done.clone());
         loop {
             let wake = self.wake_in();
             select! {
@@ -290,7 +290,7 @@ impl Agent {
                     let Ok(tick) = tick else { return Err(AgentError::ThreadGone("reconcile")) };
                     self.on_tick(tick);
                 }
-                recv(irqbalance_told) -> _ => {
+                recv(effect_done) -> _ => {
                     let changed = self.controller.sync_effects();
                     self.persist.owe(changed);
                 }
@@ -465,7 +465,7 @@ fn open_watcher(layout: &CgroupLayout, period: Duration) -> Result<Option<Watche
 /// scan and without the lock, threads or watcher: how tests and benchmarks drive it in
 /// process, on `config`'s roots (a test's fake sysfs and procfs). With no watcher there are no
 /// arrivals, as in `run` without inotify ([`Controller::watch_arrivals`] takes a test's own);
-/// irqbalance's thread tells a channel nobody reads.
+/// the effects' threads (irqbalance, systemd) tell a channel nobody reads.
 pub fn in_process(config: AgentConfig) -> Controller {
     let host = HostConfig {
         proc_root: config.proc_root,
@@ -476,14 +476,8 @@ pub fn in_process(config: AgentConfig) -> Controller {
         hotplug: config.hotplug,
     };
     let restored = restore(&config.state_dir, &config.parts, &config.options);
-    let (irqbalance_told, _) = bounded::<()>(1);
-    build_controller(
-        config.parts,
-        restored,
-        &config.state_dir,
-        host,
-        irqbalance_told,
-    )
+    let (effect_done, _) = bounded::<()>(1);
+    build_controller(config.parts, restored, &config.state_dir, host, effect_done)
 }
 
 /// The controller, with what the checkpoint and the host record restored, and its host
@@ -493,7 +487,7 @@ fn build_controller(
     restored: Restored,
     state_dir: &std::path::Path,
     host: HostConfig,
-    irqbalance_told: Sender<()>,
+    effect_done: Sender<()>,
 ) -> Controller {
     parts.assignments = restored.assignments;
     let (hierarchy, kubepods) = (parts.hierarchy.clone(), parts.scanner.kubepods().clone());
@@ -513,7 +507,7 @@ fn build_controller(
         cpu: Some(hierarchy.cpu.clone()),
         isolate_host: host.isolate_host,
         journal: Some(journal),
-        irqbalance_told: Some(irqbalance_told),
+        effect_done: Some(effect_done),
     };
     let recorded = crate::effects::Recorded {
         checkpoint: Some(&restored.effects),

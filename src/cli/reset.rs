@@ -230,7 +230,7 @@ fn restore_effects(
         cpu: hierarchies.map(|(_, cpu, _)| cpu),
         isolate_host: None,
         journal: None,
-        irqbalance_told: None,
+        effect_done: None,
     };
     let recorded = crate::effects::Recorded {
         checkpoint: checkpoint.as_ref(),

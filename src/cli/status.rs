@@ -372,7 +372,7 @@ fn recorded_effects(
         cpu: Some(node.hierarchy.cpu.clone()),
         isolate_host: None,
         journal: None,
-        irqbalance_told: None,
+        effect_done: None,
     };
     let recorded = crate::effects::Recorded {
         checkpoint: Some(recorded),

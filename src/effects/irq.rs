@@ -31,7 +31,7 @@ pub fn build(env: &Env<'_>, recorded: &Recorded<'_>) -> Option<Box<dyn Effect>> 
         saved.irqs = host.irqs;
         saved.irqbalance = host.irqbalance;
     }
-    let affinity = match &env.irqbalance_told {
+    let affinity = match &env.effect_done {
         Some(told) => {
             IrqAffinity::with_irqbalance_in_background(env.proc_root, saved, Some(told.clone()))
         }

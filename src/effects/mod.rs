@@ -12,8 +12,9 @@
 //! what [`Effect::saved`] returns in one map keyed by effect name ([`EffectState`]).
 //!
 //! Effects run after the pin writes of a pass, never on the way from a new pod to its pin;
-//! one that waits on something outside the kernel (irqbalance's socket) does so on a thread
-//! of its own, and every file it reads is read through [`crate::bounded`].
+//! one that waits on something outside the kernel (irqbalance's socket, systemd's
+//! `systemctl`) does so on a thread of its own, and every file it reads is read through
+//! [`crate::bounded`].
 //!
 //! Adding an effect: one file here implementing [`Effect`] with a `build` function, and one
 //! line in [`LIST`].
@@ -103,9 +104,10 @@ pub struct Env<'a> {
     /// Where each original is recorded before it is changed (`None`: only in memory, as for
     /// `reset` and `status`).
     pub journal: Option<HostJournal>,
-    /// The agent: irqbalance is told by a thread of its own, which signals here when what it
-    /// told changed. `None`: told in the caller's thread (`reset`).
-    pub irqbalance_told: Option<crossbeam_channel::Sender<()>>,
+    /// The agent: what waits outside the kernel (irqbalance's socket, systemd's `systemctl`)
+    /// runs on a thread of the effect's own, which signals here when it has something new for
+    /// [`Effect::sync`]. `None`: done in the caller's thread (`reset`).
+    pub effect_done: Option<crossbeam_channel::Sender<()>>,
 }
 
 /// What earlier runs recorded: the checkpoint's map and the host record's, which is written

@@ -31,14 +31,21 @@ pub fn build(env: &Env<'_>, recorded: &Recorded<'_>) -> Option<Box<dyn Effect>> 
         saved.exclusive = host.exclusive;
         saved.slices = host.slices;
     }
+    // Confined counts only for a unit still recorded (the host record may be newer).
+    let slices = &saved.slices;
+    saved.confined.retain(|unit| slices.contains_key(unit));
     // systemd's slices live on the real cgroup mount only (a fake tree never reaches systemd).
     let systemd = fs.root().starts_with("/sys/fs/cgroup")
         && is_systemd_host(&fs, version, Path::new("/run/systemd/system"));
     let sched = SchedBalance::new(fs, version, kubepods, env.isolate_host.clone(), saved);
-    let sched = if systemd {
-        sched.with_systemd(Systemctl::default())
-    } else {
-        sched
+    // The agent asks systemd on a thread of its own (a stalled systemd holds no pass);
+    // `reset` asks in its own thread.
+    let sched = match (systemd, &env.effect_done) {
+        (false, _) => sched,
+        (true, Some(done)) => {
+            sched.with_systemd_in_background(Systemctl::default(), Some(done.clone()))
+        }
+        (true, None) => sched.with_systemd(Systemctl::default()),
     };
     let sched = match &env.journal {
         Some(journal) => sched.with_journal(journal.clone()),
@@ -75,6 +82,14 @@ impl Effect for Sched {
 
     fn say_support(&self) {
         self.0.say_support();
+    }
+
+    /// The host units' answers from systemd's thread: confined (or given back) only now.
+    fn sync(&mut self, metrics: &mut Metrics) -> bool {
+        let changed = self.0.sync();
+        metrics.sched_balance_writes += self.0.take_synced_writes() as u64;
+        self.report(metrics);
+        changed
     }
 
     fn report(&self, metrics: &mut Metrics) {

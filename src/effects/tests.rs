@@ -65,7 +65,7 @@ fn env<'a>(proc_root: &'a Path, sysfs: &'a Path) -> Env<'a> {
         cpu: None,
         isolate_host: None,
         journal: None,
-        irqbalance_told: None,
+        effect_done: None,
     }
 }
 

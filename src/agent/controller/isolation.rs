@@ -58,8 +58,9 @@ impl Controller {
         }
     }
 
-    /// Takes in what the effects' own threads (irqbalance) did since the last look (nothing is
-    /// read or written); whether the checkpoint must say something new.
+    /// Takes in what the effects' own threads (irqbalance, systemd) did since the last look
+    /// (nothing is read or written but the host record); whether the checkpoint must say
+    /// something new.
     pub fn sync_effects(&mut self) -> bool {
         let mut changed = false;
         for effect in &mut self.effects {

@@ -73,7 +73,7 @@ fn env<'a>(root: &Path, journal: Option<HostJournal>) -> Env<'a> {
         cpu: Some(fs),
         isolate_host: None,
         journal,
-        irqbalance_told: None,
+        effect_done: None,
     }
 }
 
