@@ -410,11 +410,14 @@ fn a_host_cgroup_widened_while_confined_is_confined_again_on_a_quiet_tick() {
             (cpuset_file(&node, rel, file) == confined).then_some(())
         });
         assert!(back.is_some(), "{rel} {file}: {}", agent.log());
-        assert_eq!(full(), full_before, "set again by a full reconcile");
-        assert!(quiet() > quiet_before, "{:?}", node.metrics());
+        // Only a quiet tick says it (`SchedBalance::host_moved`): a full reconcile re-applies
+        // without looking. The counters are published after the tick, so they are read last,
+        // and only to show which came first.
         assert!(
             !agent.log_lines(&format!("{rel}: {file} reads")).is_empty(),
-            "{}",
+            "set again by a full reconcile ({} full, {} quiet since): {}",
+            full() - full_before,
+            quiet() - quiet_before,
             agent.log()
         );
     }
