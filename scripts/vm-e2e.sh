@@ -36,6 +36,7 @@
 #   VM_E2E_TIMEOUT     seconds per boot before qemu is killed (default 600: TCG on a loaded host)
 #   VM_E2E_BENCH_SAMPLES  samples of bench-v2 (default 100)
 #   GUEST_V2_BIN       bench-v2: use this guest_v2 bench binary instead of `cargo bench --no-run`
+# VM_E2E_DEPS_ONLY=1 installs what is missing and stops (CI: no apt-get beside another script's).
 # As root with apt-get it installs what is missing: qemu-system-x86, Linux 6.12
 # (linux-image-6.12.*+deb12-amd64-unsigned, bookworm-security), Linux 6.1 (linux-image-amd64,
 # when a 6.1 scenario runs), busybox-static, cpio. Build products go to target/vm-e2e/.
@@ -109,6 +110,7 @@ command -v python3 >/dev/null || {
     echo "vm-e2e: python3 is needed to judge the results" >&2
     exit 1
 }
+[ "${VM_E2E_DEPS_ONLY:-}" = 1 ] && exit 0
 
 # The image's config has what the guest needs (all built in on Debian; a module would have to be
 # copied into the initramfs and loaded).

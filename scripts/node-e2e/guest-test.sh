@@ -182,6 +182,7 @@ fi
 
 # --- containerd with the systemd cgroup driver, local images -----------------------------------
 phase "containerd"
+image_listed() { ctr -n k8s.io images ls -q 2>/dev/null | grep -qxF "$1"; }
 crikubelet=()
 if [ -x "$E2E/bin/crikubelet" ]; then
     crikubelet=("$E2E/bin/crikubelet" --driver systemd)
@@ -198,8 +199,10 @@ if [ "${#crikubelet[@]}" -gt 0 ]; then
     sed "s|SANDBOX_IMAGE|$pause|" "$E2E/containerd.toml" >/etc/containerd/config.toml
     systemctl restart containerd.service
     wait_until 30 ctr version >/dev/null 2>&1 || failed_setup containerd "containerd did not come back"
-    if ! ctr -n k8s.io images ls -q | grep -qxF "$pause"; then
-        failed_setup containerd "$pause is not in containerd's k8s.io namespace"
+    # Listed once containerd answers for its images too (right after a restart, `ctr version`
+    # answered while `images ls` did not list it yet in a side-by-side run).
+    if ! wait_until 30 image_listed "$pause"; then
+        failed_setup containerd "$pause is not in containerd's k8s.io namespace: $(ctr -n k8s.io images ls -q 2>&1 | tr '\n' ' ')"
     fi
 fi
 if containerd config dump | grep -q 'SystemdCgroup = true'; then
