@@ -52,15 +52,17 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use serde::{Deserialize, Serialize};
 
 use crate::cgroupfs::{
-    CgroupFs, CgroupPath, CgroupVersion, FileKind, InterfaceFile, MAX_SCAN_CGROUPS, MAX_SCAN_DEPTH,
+    CgroupFs, CgroupPath, CgroupVersion, FileKind, Hierarchy, InterfaceFile, MAX_SCAN_CGROUPS,
+    MAX_SCAN_DEPTH,
 };
 use crate::checkpoint::host::HostJournal;
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
-use crate::planner::{order, Step};
+use crate::planner::{order, Known, Step};
 use crate::systemd_slices::{
     expect_cpus, is_stall, same_cpus, unit_of, SliceDone, SliceWant, SlicesWorker, Systemctl,
 };
+use crate::writer::{self, Done};
 
 /// What to restore, and what is in force now.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -154,6 +156,14 @@ impl Support {
         match self {
             Support::V1 | Support::V2RemotePartitions => None,
             Support::V2WithoutExclusive => Some(V2_REFUSAL),
+        }
+    }
+
+    /// The hierarchy's version.
+    pub fn version(self) -> CgroupVersion {
+        match self {
+            Support::V1 => CgroupVersion::V1,
+            Support::V2WithoutExclusive | Support::V2RemotePartitions => CgroupVersion::V2,
         }
     }
 
@@ -1171,7 +1181,7 @@ impl SchedBalance {
             }
             return;
         }
-        let (written, failed) = self.write_host_steps(steps, tree, &HashSet::new(), outcome);
+        let (written, failed) = self.write_host_steps(steps, tree, outcome);
         // A cgroup left as it was keeps no record made for it only now.
         for (path, (key, new)) in &records {
             if *new && failed.contains(path) && !written.contains_key(path) {
@@ -1244,8 +1254,8 @@ impl SchedBalance {
     /// (`order::tree_steps`: parents widened first): a record stays until its cpus are all
     /// back.
     fn restore_host(&mut self, tree: &mut BTreeMap<CgroupPath, Node>, outcome: &mut SchedOutcome) {
-        let (steps, targets, follows) = self.plan_host_restore(tree);
-        let (written, _) = self.write_host_steps(steps, tree, &follows, outcome);
+        let (steps, targets) = self.plan_host_restore(tree);
+        let (written, _) = self.write_host_steps(steps, tree, outcome);
         for (path, cpus) in written {
             let key = key(&path);
             // Its last write gave it its target, which is all of its original.
@@ -1264,13 +1274,14 @@ impl SchedBalance {
 
     /// What `restore_host` writes, in order; each cgroup's target (`restore_target`: without
     /// the cpus that are not online, the root's cpus on v1, which the kernel refuses to others
-    /// with EINVAL); and the cgroups that follow their parent: a host cgroup made while its
-    /// parent was confined copied the parent's narrowed cpus (runc, libvirt and systemd copy
-    /// them) and gets what its parent gets back. One its maker narrowed further keeps its own.
+    /// with EINVAL; or, for a cgroup that follows its parent, what the parent gets: a host
+    /// cgroup made while its parent was confined copied the parent's narrowed cpus (runc,
+    /// libvirt and systemd copy them) and gets what its parent gets back. One its maker
+    /// narrowed further keeps its own.
     fn plan_host_restore(
         &mut self,
         tree: &BTreeMap<CgroupPath, Node>,
-    ) -> (Vec<Step>, BTreeMap<CgroupPath, CpuSet>, HashSet<CgroupPath>) {
+    ) -> (Vec<Step>, BTreeMap<CgroupPath, CpuSet>) {
         let online = tree
             .get(&CgroupPath::root())
             .map(|root| root.cpus.clone())
@@ -1292,60 +1303,64 @@ impl SchedBalance {
             .iter()
             .map(|p| (p.clone(), tree[p].cpus.clone()))
             .collect();
-        let (mut targets, mut follows) = (BTreeMap::new(), HashSet::new());
+        let mut targets = BTreeMap::new();
         for path in host {
-            let recorded = self.saved.host.contains_key(&key(&path));
             if let Some(target) = self.restore_target(&path, online.as_ref(), &before, &targets) {
-                if !recorded {
-                    follows.insert(path.clone());
-                }
                 targets.insert(path, target);
             }
         }
         if targets.is_empty() {
-            return (Vec::new(), targets, follows);
+            return (Vec::new(), targets);
         }
         let steps = order::tree_steps(InterfaceFile::CpusetCpus, &cpus_tree(tree, &targets));
-        (steps, targets, follows)
+        (steps, targets)
     }
 
-    /// Makes `steps` (host `cpuset.cpus`) in their order, the tree read kept as written. A
-    /// cgroup whose write failed gets no more writes, nor does one of `follows` whose parent
-    /// got none (it was to get what its parent gets). Returns each cgroup's last value
-    /// written, and the cgroups left out (failed or skipped).
+    /// Makes `steps` (host `cpuset.cpus`) through the writer ([`writer::execute_all`], all
+    /// of them, in their order: the writer decides nothing), the tree read kept as written. The
+    /// writer knows nothing of this tree beyond the steps ([`Known::nothing`]): before each
+    /// narrowing it reads the children, so one made since the tree was read is not narrowed
+    /// over (the kernel would refuse it), and nothing is written below a cgroup whose write was
+    /// refused or that is gone (a cgroup that follows its parent gets nothing its parent did
+    /// not get). Returns each cgroup's last value written, and the cgroups with a step not
+    /// made.
     fn write_host_steps(
         &self,
         steps: Vec<Step>,
         tree: &mut BTreeMap<CgroupPath, Node>,
-        follows: &HashSet<CgroupPath>,
         outcome: &mut SchedOutcome,
     ) -> (BTreeMap<CgroupPath, CpuSet>, HashSet<CgroupPath>) {
         let mut written: BTreeMap<CgroupPath, CpuSet> = BTreeMap::new();
         let mut stopped: HashSet<CgroupPath> = HashSet::new();
-        for step in steps {
-            let parent_stopped = step.path.parent().is_some_and(|p| stopped.contains(&p));
-            if stopped.contains(&step.path) || (parent_stopped && follows.contains(&step.path)) {
+        let hierarchy = Hierarchy {
+            version: self.support.version(),
+            cpuset: self.fs.clone(),
+            cpu: self.fs.clone(),
+        };
+        let executed = writer::execute_all(&hierarchy, steps.into(), &Known::nothing());
+        for Done {
+            step,
+            outcome: done,
+        } in executed.done
+        {
+            if !matches!(done, writer::Outcome::Written) {
+                if let Some(why) = host_step_failure(&step, &done) {
+                    note(outcome, why);
+                }
                 stopped.insert(step.path);
                 continue;
             }
-            match self.write(&step.path, step.file, &step.value) {
-                Ok(()) => {
-                    outcome.written += 1;
-                    let cpus = CpuSet::parse(&step.value).unwrap_or_default();
-                    if let Some(n) = tree.get_mut(&step.path) {
-                        n.cpus_text = Some(step.value);
-                        n.cpus = cpus.clone();
-                    }
-                    written.insert(step.path, cpus);
-                }
-                Err(e) => {
-                    note(outcome, e);
-                    stopped.insert(step.path);
-                }
+            outcome.written += 1;
+            let cpus = CpuSet::parse(&step.value).unwrap_or_default();
+            if let Some(n) = tree.get_mut(&step.path) {
+                n.cpus_text = Some(step.value);
+                n.cpus = cpus.clone();
             }
+            written.insert(step.path, cpus);
         }
         (written, stopped)
     }
+
     /// What one host cgroup gets back this round, if anything: its recorded cpus that are
     /// online (dropping a record that is unreadable or already all back), or, where it has no
     /// record and still holds its parent's narrowed cpus, what its parent is given (`given`).
@@ -1548,6 +1563,35 @@ fn set_flag(tree: &mut BTreeMap<CgroupPath, Node>, path: &CgroupPath, value: &st
     }
 }
 
+/// What to say of a host step the writer did not make (`None`: nothing to say: its cgroup is
+/// gone, or a write above it was refused and said).
+fn host_step_failure(step: &Step, done: &writer::Outcome) -> Option<String> {
+    use writer::Outcome;
+    let path = &step.path;
+    match done {
+        Outcome::Written | Outcome::Gone | Outcome::UnderGone | Outcome::Skipped => None,
+        Outcome::Refused { error, .. } | Outcome::RefusedEmpty { error, .. } => {
+            Some(error_chain(error))
+        }
+        Outcome::ChildInTheWay {
+            child: Some(child), ..
+        } => Some(format!(
+            "{path}: not narrowed to {}: {child} holds more cpus (a cgroup made below it since it was read, or below the depth it is read to; tried again at the next round)",
+            step.value
+        )),
+        Outcome::ChildInTheWay { child: None, .. } | Outcome::UnseenInTheWay { .. } => {
+            Some(format!(
+                "{path}: not narrowed to {}: a cgroup below it holds more cpus (tried again at the next round)",
+                step.value
+            ))
+        }
+        Outcome::Settling | Outcome::LeftToRuntime | Outcome::HeldBack => Some(format!(
+            "{path}: {} not written this round (tried again at the next)",
+            step.value
+        )),
+    }
+}
+
 fn note(outcome: &mut SchedOutcome, error: String) {
     if outcome.errors.len() < 3 {
         outcome.errors.push(error);
@@ -1745,6 +1789,57 @@ mod tests {
             "4-7"
         );
         assert!(again.saved().is_empty(), "{:?}", again.saved());
+    }
+
+    /// The host cpusets are written by the writer (`writer::execute_all`), which reads a
+    /// cgroup's children before narrowing it: a host cgroup below the depth the tree is read to
+    /// holds more, so the chain above it is not narrowed over it (the kernel would refuse each
+    /// write with EBUSY), the error names it, and the other host cgroups are confined.
+    #[test]
+    fn a_host_cgroup_the_tree_did_not_reach_holds_its_parents_and_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let deep: Vec<String> = (1..=MAX_SCAN_DEPTH)
+            .map(|depth| {
+                let names: Vec<String> = (1..=depth).map(|d| format!("d{d}")).collect();
+                format!("system.slice/{}", names.join("/"))
+            })
+            .collect();
+        let mut cgroups = vec![
+            ("", "0-7", "1"),
+            ("kp", "0-7", "1"),
+            ("kp/pod", "0-7", "1"),
+            ("kp/pod/c", "2-3", "1"),
+            ("system.slice", "0-7", "1"),
+            ("user.slice", "0-7", "1"),
+        ];
+        cgroups.extend(deep.iter().map(|p| (p.as_str(), "0-7", "1")));
+        tree(dir.path(), &cgroups);
+        let deepest = deep.last().unwrap();
+        assert_eq!(
+            path(deepest).depth(),
+            MAX_SCAN_DEPTH + 1,
+            "below the tree read"
+        );
+        let mut sched = SchedBalance::new(
+            CgroupFs::open(dir.path()).unwrap(),
+            CgroupVersion::V1,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        );
+        let outcome = sched.apply(&[(path("kp/pod/c"), set("2-3"))]);
+        assert_eq!(read(dir.path(), "user.slice", "cpuset.cpus"), "0-1");
+        for rel in deep.iter().map(String::as_str).chain(["system.slice"]) {
+            assert_eq!(read(dir.path(), rel, "cpuset.cpus"), "0-7", "{rel}");
+        }
+        let holder = format!("{} holds", deep[deep.len() - 1]);
+        assert!(
+            outcome.errors.iter().any(|e| e.contains(&holder)),
+            "{outcome:?}"
+        );
+        let key = |rel: &str| rel.to_string();
+        assert!(sched.saved().host.contains_key(&key("user.slice")));
+        assert!(!sched.saved().host.contains_key(&key("system.slice")));
     }
 
     /// v1: a confined host cpuset given cpus outside the reserved ones, or a flag set back to
