@@ -230,6 +230,26 @@ pub struct SchedBalance {
     v2_why: Option<String>,
     /// Units systemd changed as asked, taken in by `sync` and not yet counted in the metrics.
     synced_writes: usize,
+    /// How many times each host file it set was found moved while pods ask ([`host_moved`]);
+    /// forgotten when no pod asks.
+    ///
+    /// [`host_moved`]: SchedBalance::host_moved
+    host_moves: BTreeMap<String, u32>,
+}
+
+/// The time a host file found moved again is said as a fight ([`SchedBalance::host_moved`]).
+pub const FIGHT_SAID: u32 = 3;
+/// After that, every how many times it is said again (an hour of 10 s ticks).
+pub const FIGHT_SAID_AGAIN: u32 = 360;
+
+/// How a host file found moved for the `times`th time is said.
+fn move_said(times: u32) -> log::Level {
+    match times {
+        1 => log::Level::Info,
+        FIGHT_SAID => log::Level::Warn,
+        t if t > FIGHT_SAID && (t - FIGHT_SAID) % FIGHT_SAID_AGAIN == 0 => log::Level::Warn,
+        _ => log::Level::Debug,
+    }
 }
 
 /// One cpuset as read.
@@ -280,6 +300,7 @@ impl SchedBalance {
             slices_confining: false,
             v2_why: None,
             synced_writes: 0,
+            host_moves: BTreeMap::new(),
         }
     }
 
@@ -378,6 +399,9 @@ impl SchedBalance {
     ) -> Option<SchedOutcome> {
         let changed = self.last_wanted.as_deref() != Some(wanted);
         self.last_wanted = Some(wanted.to_vec());
+        if wanted.is_empty() {
+            self.host_moves.clear();
+        }
         // Host cpusets still owed cpus that were offline: tried at the first pass after the
         // root's cpus (the online ones) changed, so cpus back online are given back at once.
         let owed = wanted.is_empty() && !self.saved.host.is_empty() && self.online_moved();
@@ -428,14 +452,17 @@ impl SchedBalance {
     /// ask: a host unit or host cpuset no longer on the reserved cpus (an admin or a tool
     /// rewrote it, through systemd or not), or a flag set back to 1. A few files read, for a
     /// reconcile tick that found the kubepods tree unchanged (its snapshot does not cover the
-    /// host). Each moved file is said.
-    pub fn host_moved(&self) -> bool {
+    /// host). The first moved file found is said: at info the first time, with a warning that
+    /// something fights the agent the [`FIGHT_SAID`]th time, then at debug but every
+    /// [`FIGHT_SAID_AGAIN`]th time (a tool that keeps setting a slice back would otherwise
+    /// fill the log a line a tick).
+    pub fn host_moved(&mut self) -> bool {
         if self.last_wanted.as_ref().is_none_or(Vec::is_empty) {
             return false;
         }
         // A v1 host cpuset is confined to some of the reserved cpus (empty: none to run on); a
         // v2 unit to exactly them (empty: its parent's, every cpu).
-        let off_reserved = |key: &str, unit: bool| -> Option<String> {
+        let off_reserved = |key: &str, unit: bool| -> Option<(String, String)> {
             let reserved = self.host_cpus.as_ref()?;
             let path = CgroupPath::new(key).ok()?;
             let now = self.read_trimmed(&path, InterfaceFile::CpusetCpus)?;
@@ -446,20 +473,18 @@ impl SchedBalance {
                 !cpus.is_subset(reserved)
             };
             moved.then(|| {
-                format!(
-                    "{}: cpuset.cpus reads {now:?}",
-                    self.fs.host_path(&path).display()
-                )
+                let file = format!("{}", self.fs.host_path(&path).display());
+                let what = format!("{file}: cpuset.cpus reads {now:?}");
+                (file + "/cpuset.cpus", what)
             })
         };
-        let balancing = |key: &str| -> Option<String> {
+        let balancing = |key: &str| -> Option<(String, String)> {
             let path = CgroupPath::new(key).ok()?;
             let now = self.read_trimmed(&path, InterfaceFile::CpusetSchedLoadBalance)?;
             (now != "0").then(|| {
-                format!(
-                    "{}: cpuset.sched_load_balance reads {now}",
-                    self.fs.host_path(&path).display()
-                )
+                let file = format!("{}", self.fs.host_path(&path).display());
+                let what = format!("{file}: cpuset.sched_load_balance reads {now}");
+                (file + "/cpuset.sched_load_balance", what)
             })
         };
         let slices =
@@ -476,10 +501,19 @@ impl SchedBalance {
             )
             .chain(self.saved.flags.keys().filter_map(|key| balancing(key)))
             .next();
-        if let Some(what) = &moved {
-            log::info!("{what} again, not what the agent set: set again now");
+        let Some((file, what)) = moved else {
+            return false;
+        };
+        let times = self.host_moves.entry(file).or_default();
+        *times += 1;
+        match move_said(*times) {
+            log::Level::Info => log::info!("{what} again, not what the agent set: set again now"),
+            log::Level::Warn => log::warn!(
+                "{what} again, not what the agent set, {times} times while pods ask: something keeps setting it back (a tool or an admin); the agent sets it again each time — stop that, or leave the host to it (no --isolate-host, no cpu-load-balancing annotation)"
+            ),
+            level => log::log!(level, "{what} again ({times} times): set again now"),
         }
-        moved.is_some()
+        true
     }
 
     /// Whether the root cpuset's cpus (on v1 the online ones) differ from the last round's.
@@ -1884,6 +1918,54 @@ mod tests {
         sched.update(&c, true).unwrap();
         assert_eq!(read(dir.path(), "kp", "cpuset.sched_load_balance"), "0");
         assert!(!sched.host_moved());
+    }
+
+    /// A tool that keeps setting a confined host cpuset back is fought every tick, but said at
+    /// info once, as a fight the [`FIGHT_SAID`]th time, then rarely: not a line a tick.
+    #[test]
+    fn a_host_file_set_back_again_and_again_is_said_as_a_fight_not_every_tick() {
+        let dir = tempfile::tempdir().unwrap();
+        tree(
+            dir.path(),
+            &[
+                ("", "0-7", "1"),
+                ("kp", "0-7", "1"),
+                ("kp/pod", "0-7", "1"),
+                ("kp/pod/c", "2-3", "1"),
+                ("system.slice", "0-7", "1"),
+            ],
+        );
+        let fs = CgroupFs::open(dir.path()).unwrap();
+        let mut sched = SchedBalance::new(
+            fs,
+            CgroupVersion::V1,
+            path("kp"),
+            Some(set("0-1")),
+            SchedSaved::default(),
+        );
+        let c = [(path("kp/pod/c"), set("2-3"))];
+        sched.update(&c, false).unwrap();
+        for round in 1..=5 {
+            fs::write(dir.path().join("system.slice/cpuset.cpus"), "0-7").unwrap();
+            assert!(sched.host_moved(), "round {round}");
+            sched.update(&c, true).unwrap();
+            assert_eq!(read(dir.path(), "system.slice", "cpuset.cpus"), "0-1");
+        }
+        let file = format!("{}/system.slice/cpuset.cpus", dir.path().display());
+        assert_eq!(
+            sched.host_moves.get(&file),
+            Some(&5),
+            "{:?}",
+            sched.host_moves
+        );
+        let said: Vec<log::Level> = (1..=5).map(move_said).collect();
+        use log::Level::{Debug, Info, Warn};
+        assert_eq!(said, [Info, Debug, Warn, Debug, Debug]);
+        assert_eq!(move_said(FIGHT_SAID + FIGHT_SAID_AGAIN), Warn);
+        assert_eq!(move_said(FIGHT_SAID + FIGHT_SAID_AGAIN + 1), Debug);
+        // No pod asks: the count is forgotten.
+        sched.update(&[], false).unwrap();
+        assert!(sched.host_moves.is_empty());
     }
 
     /// A CI run (stop 33) kept a pod's flag record in the checkpoint after the pod went: the

@@ -57,12 +57,13 @@ pub trait Effect: std::fmt::Debug + Send {
     /// Whether a reconcile tick that found the cgroup tree unchanged re-applies it: what it
     /// changes can move without the tree moving (IRQs registered since, a restarted
     /// irqbalance, a governor set back). An effect whose state is the cpuset tree says no: a
-    /// full reconcile re-applies it.
-    fn on_quiet_ticks(&self) -> bool {
+    /// full reconcile re-applies it. It may read to find out (and count what it found).
+    fn on_quiet_ticks(&mut self) -> bool {
         true
     }
-    /// Takes in what a thread of its own did since the last look (nothing read or written);
-    /// whether what is to be saved changed.
+    /// Takes in what a thread of its own did since the last look (no cgroup or kernel file is
+    /// read or written; where an answer changes what is recorded, the host record is written
+    /// ahead, as by `update`); whether what is to be saved changed.
     fn sync(&mut self, _metrics: &mut Metrics) -> bool {
         false
     }

@@ -458,7 +458,7 @@ impl Effect for QuotaLift {
     }
 
     /// Its state is the cgroup tree: a full reconcile re-applies it.
-    fn on_quiet_ticks(&self) -> bool {
+    fn on_quiet_ticks(&mut self) -> bool {
         false
     }
 

@@ -76,7 +76,7 @@ impl Effect for Sched {
     /// Its state is the cpuset tree: a full reconcile re-applies it; a quiet tick (which does
     /// not read the whole hierarchy) only when what it set outside kubepods reads otherwise
     /// (a host unit systemd was asked to widen, a flag set back: a few files read).
-    fn on_quiet_ticks(&self) -> bool {
+    fn on_quiet_ticks(&mut self) -> bool {
         self.0.host_moved()
     }
 

@@ -29,7 +29,11 @@ impl Controller {
     }
 
     /// [`Controller::update_effects`] of the effects `which` names.
-    fn update_effects_where(&mut self, always: bool, which: impl Fn(&dyn Effect) -> bool) {
+    fn update_effects_where(
+        &mut self,
+        always: bool,
+        mut which: impl FnMut(&mut dyn Effect) -> bool,
+    ) {
         if self.effects.is_empty() {
             return;
         }
@@ -43,7 +47,10 @@ impl Controller {
             model,
         );
         let mut written = Vec::new();
-        for effect in self.effects.iter_mut().filter(|e| which(e.as_ref())) {
+        for effect in self.effects.iter_mut() {
+            if !which(effect.as_mut()) {
+                continue;
+            }
             effect.update(&wanted, always, &mut self.metrics);
             written.extend(effect.take_written());
         }
