@@ -1157,14 +1157,22 @@ impl SchedBalance {
     }
 
     /// `not_in_force`: the partitions' last word, and the host units not confined while pods
-    /// ask (in force only where read back; said in `status`).
+    /// ask (in force only where read back; said in `status`): those systemd refused or that
+    /// cannot be read, and those asked whose answer has not come yet.
     fn say_slices_not_in_force(&mut self) {
-        let slices = (!self.slices_not_confined.is_empty()).then(|| {
-            let whys: Vec<&str> = self
-                .slices_not_confined
-                .values()
-                .map(String::as_str)
-                .collect();
+        let pending = self
+            .slices_pending
+            .values()
+            .filter(|want| want.confine && self.slices_confining)
+            .filter(|want| !self.slices_not_confined.contains_key(&key(&want.path)))
+            .map(|want| format!("{}: asked, systemd has not answered yet", want.unit));
+        let whys: Vec<String> = self
+            .slices_not_confined
+            .values()
+            .cloned()
+            .chain(pending)
+            .collect();
+        let slices = (!whys.is_empty()).then(|| {
             format!(
                 "host units not confined to the reserved cpus through systemd: {}",
                 whys.join("; ")
@@ -2639,7 +2647,12 @@ mod tests {
             "recorded before systemd is asked"
         );
         assert!(sched.saved().confined.is_empty(), "{:?}", sched.saved());
-        assert_eq!(sched.saved().not_in_force, None);
+        // `status` says why they are not in force yet.
+        let why = sched.saved().not_in_force.clone().unwrap_or_default();
+        for unit in ["init.scope", "system.slice", "user.slice"] {
+            let pending = format!("{unit}: asked, systemd has not answered yet");
+            assert!(why.contains(&pending), "{why}");
+        }
         assert!(!sched.host_moved(), "a unit not yet confined has not moved");
         assert!(!sched.sync(), "nothing answered yet");
         wait_answered(&sched, 3);
@@ -2649,6 +2662,7 @@ mod tests {
             "in force only once taken in"
         );
         assert!(sched.sync());
+        assert_eq!(sched.saved().not_in_force, None, "all answered");
         assert_eq!(sched.take_synced_writes(), 3);
         let confined: Vec<&str> = sched.saved().confined.iter().map(String::as_str).collect();
         assert_eq!(confined, ["init.scope", "system.slice", "user.slice"]);
