@@ -1884,13 +1884,11 @@ mod tests {
         assert!(!sched.saved().host.contains_key(&key("system.slice")));
     }
 
-    /// v1: a confined host cpuset given cpus outside the reserved ones, or a flag set back to
-    /// 1, is seen by a quiet tick's few reads; narrowed further by its owner is not a move.
-    #[test]
-    fn a_host_cpuset_widened_or_a_flag_set_back_is_seen_on_a_quiet_tick() {
-        let dir = tempfile::tempdir().unwrap();
+    /// v1: a pod's container (`kp/pod/c`, cpus 2-3) out of load balancing and `system.slice`
+    /// confined to the reserved cpus 0-1 (`--isolate-host`); the effect and what it was asked.
+    fn confined_pod_and_system_slice(dir: &Path) -> (SchedBalance, [(CgroupPath, CpuSet); 1]) {
         tree(
-            dir.path(),
+            dir,
             &[
                 ("", "0-7", "1"),
                 ("kp", "0-7", "1"),
@@ -1899,7 +1897,7 @@ mod tests {
                 ("system.slice", "0-7", "1"),
             ],
         );
-        let fs = CgroupFs::open(dir.path()).unwrap();
+        let fs = CgroupFs::open(dir).unwrap();
         let mut sched = SchedBalance::new(
             fs,
             CgroupVersion::V1,
@@ -1909,6 +1907,15 @@ mod tests {
         );
         let c = [(path("kp/pod/c"), set("2-3"))];
         sched.update(&c, false).unwrap();
+        (sched, c)
+    }
+
+    /// v1: a confined host cpuset given cpus outside the reserved ones, or a flag set back to
+    /// 1, is seen by a quiet tick's few reads; narrowed further by its owner is not a move.
+    #[test]
+    fn a_host_cpuset_widened_or_a_flag_set_back_is_seen_on_a_quiet_tick() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut sched, c) = confined_pod_and_system_slice(dir.path());
         assert_eq!(read(dir.path(), "system.slice", "cpuset.cpus"), "0-1");
         assert!(!sched.host_moved());
         let write = |rel: &str, file: &str, value: &str| {
@@ -1933,26 +1940,7 @@ mod tests {
     #[test]
     fn a_host_file_set_back_again_and_again_is_said_as_a_fight_not_every_tick() {
         let dir = tempfile::tempdir().unwrap();
-        tree(
-            dir.path(),
-            &[
-                ("", "0-7", "1"),
-                ("kp", "0-7", "1"),
-                ("kp/pod", "0-7", "1"),
-                ("kp/pod/c", "2-3", "1"),
-                ("system.slice", "0-7", "1"),
-            ],
-        );
-        let fs = CgroupFs::open(dir.path()).unwrap();
-        let mut sched = SchedBalance::new(
-            fs,
-            CgroupVersion::V1,
-            path("kp"),
-            Some(set("0-1")),
-            SchedSaved::default(),
-        );
-        let c = [(path("kp/pod/c"), set("2-3"))];
-        sched.update(&c, false).unwrap();
+        let (mut sched, c) = confined_pod_and_system_slice(dir.path());
         for round in 1..=5 {
             fs::write(dir.path().join("system.slice/cpuset.cpus"), "0-7").unwrap();
             assert!(sched.host_moved(), "round {round}");
