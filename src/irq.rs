@@ -190,12 +190,14 @@ impl IrqAffinity {
         }
     }
 
-    /// Takes in what the irqbalance thread told since (for the checkpoint); whether it changed.
+    /// Takes in what the irqbalance thread answered since (for the checkpoint); whether what
+    /// was told changed.
     pub fn sync_irqbalance(&mut self) -> bool {
-        let Teller::Background(worker) = &self.irqbalance else {
+        let Teller::Background(worker) = &mut self.irqbalance else {
             return false;
         };
-        let told = worker.saved();
+        worker.take_answers();
+        let told = worker.saved().cloned();
         let changed = told != self.saved.irqbalance;
         self.saved.irqbalance = told;
         if changed {

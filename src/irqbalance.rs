@@ -20,7 +20,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -320,27 +320,45 @@ impl Irqbalance {
 }
 
 /// irqbalance told from a thread of its own, so that no exchange with it (a daemon that
-/// accepts and never answers holds one for [`TIMEOUT`]) ever waits in the agent's controller:
-/// the controller leaves the CPUs to keep free in a slot ([`IrqbalanceWorker::request`], the
-/// latest replaces one not yet taken) and goes on; the thread tells the daemon and says what
-/// came of it in the log (each line once). What was told ([`IrqbalanceWorker::saved`]) is read
-/// back by the controller for the checkpoint; `told` is signalled when it changed.
+/// accepts and never answers holds one for [`TIMEOUT`]) ever waits in the agent's controller.
+/// A handle with typed messages, as [`crate::systemd_slices::SlicesWorker`]: the controller
+/// sends the CPUs to keep free ([`IrqbalanceWorker::request`]) and goes on; the thread takes
+/// every want sent so far (the latest replaces those not yet taken), tells the daemon, says
+/// what came of it in the log (each line once) and sends an answer ([`IrqbalanceAnswer`]:
+/// what was told and whether that changed), signalling `told` when it did. The controller
+/// takes the answers in ([`IrqbalanceWorker::take_answers`]); what was told as the latest
+/// answer taken in says ([`IrqbalanceWorker::saved`]) is kept here, for the checkpoint.
 #[derive(Debug)]
 pub struct IrqbalanceWorker {
-    shared: Arc<(Mutex<WorkerState>, Condvar)>,
+    wants: Option<crossbeam_channel::Sender<CpuSet>>,
+    answers: crossbeam_channel::Receiver<IrqbalanceAnswer>,
+    /// Never sent on: dropped when the worker is, so the thread starts no further exchange.
+    stop: Option<crossbeam_channel::Sender<()>>,
     thread: Option<JoinHandle<()>>,
+    /// What was told, as the latest answer taken in says (at the start: an earlier run's).
+    saved: Option<IrqbalanceSaved>,
+    /// Wants sent whose answer is not taken in yet.
+    unanswered: usize,
 }
 
-#[derive(Debug, Default)]
-struct WorkerState {
-    /// The CPUs to keep free, not yet taken by the thread.
-    wanted: Option<CpuSet>,
-    /// What was told (the checkpoint's).
-    saved: Option<IrqbalanceSaved>,
-    /// The thread is telling the daemon now.
-    busy: bool,
-    stop: bool,
+/// What the irqbalance thread answers for the wants it took at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IrqbalanceAnswer {
+    /// The CPUs to keep free it acted on: the latest of the wants it took.
+    pub keep_free: CpuSet,
+    /// How many wants this answers (the older ones were replaced before they were taken).
+    pub wants: usize,
+    /// What came of it.
+    pub outcome: IrqbalanceOutcome,
+    /// What was told after it (the checkpoint's).
+    pub saved: Option<IrqbalanceSaved>,
+    /// Whether `saved` changed with it.
+    pub changed: bool,
 }
+
+/// How long dropping the worker waits for its thread: one still in an exchange with a
+/// daemon that does not answer is left to end by its own [`TIMEOUT`].
+const STOP_WAIT: Duration = Duration::from_millis(100);
 
 impl IrqbalanceWorker {
     /// Starts the thread; `saved` is what an earlier run told. `told` gets a message each time
@@ -350,44 +368,14 @@ impl IrqbalanceWorker {
         saved: Option<IrqbalanceSaved>,
         told: Option<crossbeam_channel::Sender<()>>,
     ) -> IrqbalanceWorker {
-        let shared = Arc::new((
-            Mutex::new(WorkerState {
-                saved,
-                ..WorkerState::default()
-            }),
-            Condvar::new(),
-        ));
-        let mut irqbalance = Irqbalance::new(proc_root);
-        let theirs = shared.clone();
+        let (wants, wanted) = crossbeam_channel::unbounded::<CpuSet>();
+        let (answer, answers) = crossbeam_channel::unbounded::<IrqbalanceAnswer>();
+        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+        let irqbalance = Irqbalance::new(proc_root);
+        let theirs = saved.clone();
         let thread = thread::Builder::new()
             .name("irqbalance-teller".into())
-            .spawn(move || {
-                let mut said: Option<String> = None;
-                while let Some((wanted, mut saved)) = next_request(&theirs) {
-                    let before = saved.clone();
-                    let outcome = irqbalance.apply(&wanted, &mut saved);
-                    if let Some(line) = outcome.describe() {
-                        if said.as_ref() != Some(&line) {
-                            if outcome.is_warning() {
-                                log::warn!("{line}");
-                            } else {
-                                log::info!("{line}");
-                            }
-                            said = Some(line);
-                        }
-                    }
-                    let changed = saved != before;
-                    let (lock, cvar) = &*theirs;
-                    let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
-                    state.saved = saved;
-                    state.busy = false;
-                    cvar.notify_all();
-                    drop(state);
-                    if let (true, Some(told)) = (changed, &told) {
-                        let _ = told.try_send(());
-                    }
-                }
-            });
+            .spawn(move || tell(irqbalance, theirs, &wanted, &stopped, &answer, told));
         let thread = match thread {
             Ok(thread) => Some(thread),
             Err(e) => {
@@ -395,78 +383,152 @@ impl IrqbalanceWorker {
                 None
             }
         };
-        IrqbalanceWorker { shared, thread }
+        IrqbalanceWorker {
+            wants: Some(wants),
+            answers,
+            stop: Some(stop),
+            thread,
+            saved,
+            unanswered: 0,
+        }
     }
 
-    /// Asks the thread to make the daemon ban its own CPUs plus `keep_free` (see
-    /// [`Irqbalance::apply`]); returns at once.
-    pub fn request(&self, keep_free: &CpuSet) {
-        let (lock, cvar) = &*self.shared;
-        let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
-        if keep_free.is_empty() && state.saved.is_none() && !state.busy {
-            // Nothing to keep free and nothing told: nothing to do (not even a look).
-            state.wanted = None;
+    /// Sends the thread the CPUs to keep free (see [`Irqbalance::apply`]); returns at once.
+    /// Nothing to keep free, nothing told and no answer still to take in: nothing is sent
+    /// (the daemon is not even looked at).
+    pub fn request(&mut self, keep_free: &CpuSet) {
+        if keep_free.is_empty() && self.saved.is_none() && self.unanswered == 0 {
             return;
         }
-        state.wanted = Some(keep_free.clone());
-        cvar.notify_all();
+        if let Some(wants) = &self.wants {
+            // A thread that is gone (or never started) answers nothing: `wait_idle` says so.
+            let _ = wants.send(keep_free.clone());
+        }
+        self.unanswered += 1;
     }
 
-    /// What was told so far.
-    pub fn saved(&self) -> Option<IrqbalanceSaved> {
-        let (lock, _) = &*self.shared;
-        lock.lock().unwrap_or_else(|e| e.into_inner()).saved.clone()
+    /// The answers since the last call, in the order they came, taken in: [`Self::saved`]
+    /// is what the last of them says.
+    pub fn take_answers(&mut self) -> Vec<IrqbalanceAnswer> {
+        let answers: Vec<IrqbalanceAnswer> = self.answers.try_iter().collect();
+        for answer in &answers {
+            self.take_in(answer);
+        }
+        answers
     }
 
-    /// Waits until every request was taken and answered (or `timeout`); whether it was.
-    pub fn wait_idle(&self, timeout: Duration) -> bool {
+    fn take_in(&mut self, answer: &IrqbalanceAnswer) {
+        self.unanswered = self.unanswered.saturating_sub(answer.wants);
+        self.saved = answer.saved.clone();
+    }
+
+    /// How many answers wait to be taken in.
+    pub fn answered(&self) -> usize {
+        self.answers.len()
+    }
+
+    /// What was told, as the latest answer taken in says.
+    pub fn saved(&self) -> Option<&IrqbalanceSaved> {
+        self.saved.as_ref()
+    }
+
+    /// Takes answers in until every want sent is answered (or `timeout`); whether it was.
+    pub fn wait_idle(&mut self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        let (lock, cvar) = &*self.shared;
-        let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
-        while state.busy || state.wanted.is_some() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || self.thread.is_none() {
-                return false;
+        self.take_answers();
+        while self.unanswered > 0 {
+            match self.answers.recv_deadline(deadline) {
+                Ok(answer) => self.take_in(&answer),
+                // Out of time, or the thread is gone.
+                Err(_) => return false,
             }
-            state = cvar
-                .wait_timeout(state, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
         }
         true
     }
 }
 
 impl Drop for IrqbalanceWorker {
-    /// Stops the thread; one still in an exchange is left to end by its own timeout.
+    /// Stops the thread: the wants not yet taken are dropped; one still in an exchange is
+    /// waited for [`STOP_WAIT`] at most, then left to end by its own timeout.
     fn drop(&mut self) {
-        let (lock, cvar) = &*self.shared;
-        lock.lock().unwrap_or_else(|e| e.into_inner()).stop = true;
-        cvar.notify_all();
-        if let Some(thread) = self.thread.take() {
-            if thread.is_finished() || self.wait_idle(Duration::from_millis(100)) {
-                let _ = thread.join();
+        self.stop.take();
+        self.wants.take();
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        let deadline = Instant::now() + STOP_WAIT;
+        loop {
+            match self.answers.recv_deadline(deadline) {
+                Ok(_) => continue,
+                // Its end of the answers is gone with it: it has ended.
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    let _ = thread.join();
+                    return;
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => return,
             }
         }
     }
 }
 
-/// The next request for the thread (and what was told), once there is one; `None` to stop.
-fn next_request(
-    shared: &(Mutex<WorkerState>, Condvar),
-) -> Option<(CpuSet, Option<IrqbalanceSaved>)> {
-    let (lock, cvar) = shared;
-    let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
-    loop {
-        if state.stop {
-            return None;
+/// The irqbalance thread: tells the daemon each want it takes ([`next_want`]), starting from
+/// what an earlier run told (`saved`), and answers; until the worker is dropped.
+fn tell(
+    mut irqbalance: Irqbalance,
+    mut saved: Option<IrqbalanceSaved>,
+    wanted: &crossbeam_channel::Receiver<CpuSet>,
+    stopped: &crossbeam_channel::Receiver<()>,
+    answer: &crossbeam_channel::Sender<IrqbalanceAnswer>,
+    told: Option<crossbeam_channel::Sender<()>>,
+) {
+    let mut said: Option<String> = None;
+    while let Some((keep_free, wants)) = next_want(wanted, stopped) {
+        let before = saved.clone();
+        let outcome = irqbalance.apply(&keep_free, &mut saved);
+        if let Some(line) = outcome.describe() {
+            if said.as_ref() != Some(&line) {
+                if outcome.is_warning() {
+                    log::warn!("{line}");
+                } else {
+                    log::info!("{line}");
+                }
+                said = Some(line);
+            }
         }
-        if let Some(wanted) = state.wanted.take() {
-            state.busy = true;
-            return Some((wanted, state.saved.clone()));
+        let changed = saved != before;
+        let answered = answer.send(IrqbalanceAnswer {
+            keep_free,
+            wants,
+            outcome,
+            saved: saved.clone(),
+            changed,
+        });
+        if answered.is_err() {
+            return;
         }
-        state = cvar.wait(state).unwrap_or_else(|e| e.into_inner());
+        if let (true, Some(told)) = (changed, &told) {
+            let _ = told.try_send(());
+        }
     }
+}
+
+/// The next CPUs to keep free, the latest of every want sent so far, and how many wants that
+/// was; waiting for one when none was sent. `None` once the worker is dropped.
+fn next_want(
+    wanted: &crossbeam_channel::Receiver<CpuSet>,
+    stopped: &crossbeam_channel::Receiver<()>,
+) -> Option<(CpuSet, usize)> {
+    let mut latest = wanted.recv().ok()?;
+    let mut wants = 1;
+    for newer in wanted.try_iter() {
+        latest = newer;
+        wants += 1;
+    }
+    let gone = matches!(
+        stopped.try_recv(),
+        Err(crossbeam_channel::TryRecvError::Disconnected)
+    );
+    (!gone).then_some((latest, wants))
 }
 
 fn talk(socket: &Path, command: &str) -> io::Result<String> {
@@ -716,6 +778,17 @@ mod tests {
 
     impl FakeDaemon {
         fn start(root: &Path, pid: u32, own: &str, answers: bool) -> FakeDaemon {
+            FakeDaemon::start_slow(root, pid, own, answers, Duration::ZERO)
+        }
+
+        /// As [`FakeDaemon::start`], each command read `delay` after its connection.
+        fn start_slow(
+            root: &Path,
+            pid: u32,
+            own: &str,
+            answers: bool,
+            delay: Duration,
+        ) -> FakeDaemon {
             run_process(root, pid);
             let dir = root.join("run/irqbalance");
             fs::create_dir_all(&dir).unwrap();
@@ -727,6 +800,7 @@ mod tests {
                 let mut banned = own.clone();
                 for stream in listener.incoming() {
                     let mut stream = stream.unwrap();
+                    thread::sleep(delay);
                     let mut buf = [0u8; 500];
                     let n = stream.read(&mut buf).unwrap();
                     let command = String::from_utf8_lossy(&buf[..n]).into_owned();
@@ -1105,5 +1179,144 @@ mod tests {
         );
         assert!(started.elapsed() < TIMEOUT * 2, "{:?}", started.elapsed());
         assert_eq!(saved, None);
+    }
+
+    /// Waits (10 s at most) until `until` holds.
+    fn wait_for(mut until: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !until() {
+            assert!(Instant::now() < deadline, "not within 10 s");
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// One exchange at a time, with the latest want: one not yet taken is replaced by a
+    /// newer (the daemon never hears of it), and one answer says so for both.
+    #[test]
+    fn a_newer_want_replaces_one_not_yet_taken() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = proc_of(&root);
+        let slow = Duration::from_millis(500);
+        let daemon = FakeDaemon::start_slow(root.path(), 77, "0", true, slow);
+        let mut worker = IrqbalanceWorker::start(&proc, None, None);
+        worker.request(&set("1"));
+        // Taken: the thread is in its exchanges for cpu 1 (one more to go, half a second).
+        wait_for(|| !daemon.commands().is_empty());
+        worker.request(&set("2"));
+        worker.request(&set("2-3"));
+        wait_for(|| worker.answered() == 2);
+        let answers: Vec<(CpuSet, usize, bool)> = worker
+            .take_answers()
+            .into_iter()
+            .map(|a| (a.keep_free, a.wants, a.changed))
+            .collect();
+        assert_eq!(answers, [(set("1"), 1, true), (set("2-3"), 2, true)]);
+        assert_eq!(
+            daemon.commands(),
+            ["setup", "settings cpus 0-1", "settings cpus 0,2-3"]
+        );
+        assert_eq!(worker.saved().map(|s| s.banned.clone()), Some(set("0,2-3")));
+        assert!(worker.wait_idle(Duration::ZERO), "every want answered");
+    }
+
+    /// What the thread told reaches the handle as an answer on its channel: `saved` (the
+    /// checkpoint's) changes only once it is taken in, `told` is signalled only when what was
+    /// told changed, and with nothing to keep free and nothing told nothing is sent.
+    #[test]
+    fn answers_come_through_the_channel_and_change_saved_only_once_taken_in() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = proc_of(&root);
+        let daemon = FakeDaemon::start(root.path(), 88, "5", true);
+        let (done, told) = crossbeam_channel::bounded(1);
+        let mut worker = IrqbalanceWorker::start(&proc, None, Some(done));
+        worker.request(&set("2"));
+        told.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(worker.answered(), 1);
+        assert_eq!(worker.saved(), None, "not taken in yet");
+        let answers = worker.take_answers();
+        let expected = IrqbalanceSaved {
+            pid: 88,
+            started: None,
+            original: set("5"),
+            banned: set("2,5"),
+        };
+        assert_eq!(answers.len(), 1);
+        assert!(answers[0].changed);
+        assert_eq!(answers[0].saved.as_ref(), Some(&expected));
+        assert!(matches!(
+            answers[0].outcome,
+            IrqbalanceOutcome::Banned { .. }
+        ));
+        assert_eq!(worker.saved(), Some(&expected));
+        // The same again: answered, unchanged, not signalled.
+        worker.request(&set("2"));
+        assert!(worker.wait_idle(Duration::from_secs(10)));
+        assert!(told.try_recv().is_err());
+        assert_eq!(worker.saved(), Some(&expected));
+        // None to keep free: its own back, signalled.
+        worker.request(&CpuSet::new());
+        told.recv_timeout(Duration::from_secs(10)).unwrap();
+        let answers = worker.take_answers();
+        assert!(
+            matches!(
+                answers.as_slice(),
+                [IrqbalanceAnswer {
+                    saved: None,
+                    changed: true,
+                    outcome: IrqbalanceOutcome::Restored { pid: 88, .. },
+                    ..
+                }]
+            ),
+            "{answers:?}"
+        );
+        assert_eq!(worker.saved(), None);
+        // Nothing to keep free, nothing told, nothing in flight: nothing sent.
+        worker.request(&CpuSet::new());
+        assert!(worker.wait_idle(Duration::ZERO));
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(worker.answered(), 0);
+        assert_eq!(
+            daemon.commands(),
+            ["setup", "settings cpus 2,5", "settings cpus 5"]
+        );
+    }
+
+    /// A daemon that accepts and never answers holds the thread (until [`TIMEOUT`]), never the
+    /// caller: `request` returns at once, a newer want too, and dropping the worker waits
+    /// [`STOP_WAIT`] at most.
+    #[test]
+    fn a_daemon_that_never_answers_holds_neither_request_nor_drop() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = proc_of(&root);
+        run_process(root.path(), 13);
+        let dir = root.path().join("run/irqbalance");
+        fs::create_dir_all(&dir).unwrap();
+        let listener = UnixListener::bind(dir.join("irqbalance13.sock")).unwrap();
+        let (accepted, held) = crossbeam_channel::unbounded();
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                // Held open, never read from nor answered.
+                let _ = accepted.send(stream);
+            }
+        });
+        let mut worker = IrqbalanceWorker::start(&proc, None, None);
+        let started = Instant::now();
+        worker.request(&set("1"));
+        let requested = started.elapsed();
+        let _stalled = held.recv_timeout(Duration::from_secs(10)).unwrap();
+        let started = Instant::now();
+        worker.request(&set("1-2"));
+        let again = started.elapsed();
+        assert!(!worker.wait_idle(Duration::from_millis(50)));
+        assert_eq!(worker.saved(), None);
+        let started = Instant::now();
+        drop(worker);
+        let dropped = started.elapsed();
+        // Far below the exchange's TIMEOUT, which is what a wait for the thread would take.
+        let bound = Duration::from_millis(500);
+        assert!(
+            requested < bound && again < bound && dropped < bound,
+            "request {requested:?}, again {again:?}, drop {dropped:?}"
+        );
     }
 }
