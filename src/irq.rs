@@ -16,6 +16,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
@@ -207,6 +208,15 @@ impl IrqAffinity {
             }
         }
         changed
+    }
+
+    /// Waits, at most `within`, until irqbalance's thread answered every request (the agent's
+    /// stop; [`IrqAffinity::sync_irqbalance`] takes the answers in). Whether it did.
+    pub fn settle_irqbalance(&mut self, within: Duration) -> bool {
+        match &mut self.irqbalance {
+            Teller::Background(worker) => worker.wait_idle(within),
+            _ => true,
+        }
     }
 
     pub fn saved(&self) -> &IrqSaved {

@@ -34,6 +34,12 @@ struct FakeIrqbalance {
 
 impl FakeIrqbalance {
     fn start(proc: &Path, pid: u32, own: &str) -> FakeIrqbalance {
+        FakeIrqbalance::start_slow(proc, pid, own, Duration::ZERO)
+    }
+
+    /// One that holds each `settings` exchange open for `hold` after taking the command (the
+    /// command is recorded at once).
+    fn start_slow(proc: &Path, pid: u32, own: &str, hold: Duration) -> FakeIrqbalance {
         fs::create_dir_all(proc.join(pid.to_string())).unwrap();
         fs::write(proc.join(format!("{pid}/comm")), "irqbalance\n").unwrap();
         let dir = proc.parent().unwrap().join("run/irqbalance");
@@ -58,7 +64,11 @@ impl FakeIrqbalance {
                         list => CpuSet::parse(list).unwrap(),
                     };
                 }
+                let settings = command.starts_with("settings");
                 seen.lock().unwrap().push(command);
+                if settings {
+                    thread::sleep(hold);
+                }
             }
         });
         FakeIrqbalance { commands }
@@ -153,6 +163,51 @@ fn irqbalance_is_told_while_the_pod_runs_across_an_agent_kill_and_given_its_own_
     assert!(agent.stop().success());
     assert_eq!(daemon.commands().len(), 3, "nothing more once restored");
     node.assert_clean();
+}
+
+/// The agent stopped (SIGTERM) while irqbalance's answer to `settings cpus` is in flight: the
+/// stop waits for it (bounded) and the last checkpoint says what was told, so the next agent
+/// gives the daemon its own banned cpus back, not the pod's as if they were the operator's.
+#[test]
+fn a_stop_while_irqbalance_answers_keeps_what_was_told() {
+    let node = TestNode::new(CgroupVersion::V1);
+    let proc = fake_proc(&node);
+    let daemon = FakeIrqbalance::start_slow(&proc, 4242, "15", Duration::from_millis(800));
+    let mut agent = start_with_proc(&node, &proc);
+    let (rt, id) = start_irq_pod(&node, &proc, &agent, 2000, "0,2-8,10-15");
+    node.wait_cpus(&id, "1,9");
+    assert_eq!(daemon.wait_commands(2), ["setup", "settings cpus 1,9,15"]);
+    // The exchange is held open now: stop.
+    let started = std::time::Instant::now();
+    assert!(agent.stop().success(), "{}", agent.log());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let mut agent = start_with_proc(&node, &proc);
+    node.fake.remove_pod(&rt).unwrap();
+    let back = poll_until(DEADLINE, || {
+        daemon
+            .commands()
+            .iter()
+            .skip(2)
+            .any(|c| c.starts_with("settings"))
+            .then_some(())
+    });
+    assert!(back.is_some(), "{:?} {}", daemon.commands(), agent.log());
+    let settings: Vec<String> = daemon
+        .commands()
+        .into_iter()
+        .filter(|c| c.starts_with("settings"))
+        .collect();
+    assert_eq!(
+        settings,
+        ["settings cpus 1,9,15", "settings cpus 15"],
+        "{}",
+        agent.log()
+    );
+    assert!(agent.stop().success());
 }
 
 /// irqbalance restarted (a new pid, which forgot) while nothing else changes on the node: the

@@ -60,6 +60,11 @@ use reconciler::{ReconcileTick, Reconciler};
 /// a full rescan. (The buffer is allocated up front: 16,384 × 32-byte events, 512 KiB.)
 const EVENT_QUEUE: usize = 16384;
 
+/// How long a stop waits, at most, for the effects' threads to answer what they were asked
+/// (see [`Controller::settle_effects`]): longer than one irqbalance exchange may take
+/// (`irqbalance::TIMEOUT`), far shorter than systemd's stop timeout.
+const EFFECTS_SETTLE_AT_STOP: Duration = Duration::from_secs(3);
+
 /// Everything `run` needs, built by the command line.
 #[derive(Debug)]
 pub struct AgentConfig {
@@ -388,6 +393,9 @@ impl Agent {
         log::info!("{signal}: writing the checkpoint and stopping");
         self.notifier.send(&[sd_notify::NotifyState::Stopping]);
         self.controller.finish_owed(Instant::now());
+        // An effect's thread may be in an exchange whose answer is the only record of what it
+        // changed (irqbalance's own banned cpus): the last checkpoint waits for it, bounded.
+        self.controller.settle_effects(EFFECTS_SETTLE_AT_STOP);
     }
 
     /// After each message or timeout: the deadlines that fell due, the projection files, the

@@ -111,6 +111,12 @@ impl Effect for Irq {
         self.report(metrics);
     }
 
+    /// irqbalance learns the daemon's own banned cpus in its exchange: its answer is the only
+    /// record of them, so a stop waits for it.
+    fn settle(&mut self, within: std::time::Duration) {
+        self.affinity.settle_irqbalance(within);
+    }
+
     fn sync(&mut self, metrics: &mut Metrics) -> bool {
         let changed = self.affinity.sync_irqbalance();
         self.report(metrics);

@@ -28,6 +28,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use serde::de::DeserializeOwned;
+use std::time::Duration;
+
 use serde_json::Value;
 
 use crate::agent::metrics::Metrics;
@@ -67,6 +69,11 @@ pub trait Effect: std::fmt::Debug + Send {
     fn sync(&mut self, _metrics: &mut Metrics) -> bool {
         false
     }
+    /// The agent is stopping: waits, at most `within`, for what its own thread was asked to be
+    /// answered (an exchange in flight whose answer the last checkpoint must hold), before a
+    /// last [`Effect::sync`]. An effect whose originals are recorded before its thread acts
+    /// has nothing to wait for.
+    fn settle(&mut self, _within: Duration) {}
     /// The cgroup interface files it wrote since the last call, with the values written: the
     /// agent's model takes them as it takes the plan's writes, so their echo from the watcher
     /// changes nothing (no re-classification, no further pass).

@@ -76,6 +76,17 @@ impl Controller {
         changed
     }
 
+    /// The agent is stopping: each effect waits, at most `within` in all, for what its own
+    /// thread was asked ([`Effect::settle`]), and what they did is taken in
+    /// ([`Controller::sync_effects`]) for the last checkpoint.
+    pub fn settle_effects(&mut self, within: std::time::Duration) -> bool {
+        let until = Instant::now() + within;
+        for effect in &mut self.effects {
+            effect.settle(until.saturating_duration_since(Instant::now()));
+        }
+        self.sync_effects()
+    }
+
     /// Re-applies the host effects that can move without the tree (see
     /// [`Effect::on_quiet_ticks`]) on a reconcile tick that found the tree unchanged (IRQs
     /// registered since, moved back by someone else, a restarted irqbalance). Nothing to do,
