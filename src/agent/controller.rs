@@ -134,6 +134,9 @@ struct LastPass {
     shared_members: usize,
     /// The node limits it planned within (said when they change).
     limits: Option<NodeLimits>,
+    /// Its effects were not brought up to date: something arrived meanwhile, whose pin goes
+    /// first ([`Controller::update_owed_effects`]).
+    effects_owed: bool,
 }
 
 /// The agent's state and its one writer.
@@ -464,7 +467,7 @@ impl Controller {
             }
         }
         // After the pins: interrupts are the second step of isolating a CPU.
-        self.update_effects(false);
+        self.update_effects_unless_arrived();
         outcome
     }
 

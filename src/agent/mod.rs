@@ -393,6 +393,9 @@ impl Agent {
         log::info!("{signal}: writing the checkpoint and stopping");
         self.notifier.send(&[sd_notify::NotifyState::Stopping]);
         self.controller.finish_owed(Instant::now());
+        if self.controller.update_owed_effects() {
+            self.persist.owe(true);
+        }
         // An effect's thread may be in an exchange whose answer is the only record of what it
         // changed (irqbalance's own banned cpus): the last checkpoint waits for it, bounded.
         self.controller.settle_effects(EFFECTS_SETTLE_AT_STOP);
@@ -412,6 +415,10 @@ impl Agent {
                 let outcome = self.controller.pass(now);
                 self.persist.owe(outcome.assignments_changed);
             }
+        }
+        // Effects a pass left for a pin that arrived, once no event waits.
+        if self.events.is_empty() && self.controller.update_owed_effects() {
+            self.persist.owe(true);
         }
         // Projection files after the pass's cgroup writes, and only while no event waits: a
         // new pod's pin waits for one file at most (what is left is owed: no wait below).

@@ -65,7 +65,7 @@ impl Controller {
             return Some(outcome.then(full));
         }
         self.hold_back_for_full_pass(now, pool_changed, root_changed);
-        self.update_effects(false);
+        self.update_effects_unless_arrived();
         Some(outcome)
     }
 

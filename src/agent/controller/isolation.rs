@@ -25,7 +25,36 @@ impl Controller {
     /// and on every full reconcile (`always`: IRQs registered since, flags set back by
     /// someone else). Never on the way to a pin: called after the pass's pin writes.
     pub(super) fn update_effects(&mut self, always: bool) {
+        self.last_pass.effects_owed = false;
         self.update_effects_where(always, |_| true);
+    }
+
+    /// [`Controller::update_effects`] after a pass's pins, unless something arrived meanwhile
+    /// (a new cgroup, new CPU settings: [`Arrivals`]): then its pin goes first and the effects
+    /// are owed, brought up to date by [`Controller::update_owed_effects`] once nothing waits
+    /// (the agent's loop), or by the next pass. The quota effect's write-ahead alone (a
+    /// `host.json` written and synced) is more than the pin's own writes (PERFORMANCE "The
+    /// in-process pin, profiled"). Without arrivals (the library) they run at once.
+    ///
+    /// [`Arrivals`]: crate::watcher::Arrivals
+    pub(super) fn update_effects_unless_arrived(&mut self) {
+        if self.arrivals.as_ref().is_some_and(|a| a.arrived()) {
+            self.last_pass.effects_owed = true;
+            return;
+        }
+        self.update_effects(false);
+    }
+
+    /// The effects a pass left owed ([`Controller::update_effects_unless_arrived`]), brought up
+    /// to date: the agent's loop calls it once no event waits. Whether what is to be saved
+    /// changed (the checkpoint must say so).
+    pub fn update_owed_effects(&mut self) -> bool {
+        if !std::mem::take(&mut self.last_pass.effects_owed) {
+            return false;
+        }
+        let before = self.effects_saved();
+        self.update_effects(false);
+        self.effects_saved() != before
     }
 
     /// [`Controller::update_effects`] of the effects `which` names.

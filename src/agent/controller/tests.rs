@@ -666,3 +666,47 @@ fn the_quota_lift_is_made_in_the_pinning_pass_and_its_echo_changes_nothing() {
         "{saved:?}"
     );
 }
+
+/// A pod that arrives while the pass of another is running goes before that pass's effects:
+/// the quota lift (its write-ahead a synced `host.json`) is owed, made once nothing waits
+/// (`update_owed_effects`, which the agent's loop calls), and the pin is not held behind it.
+#[test]
+fn the_effects_of_a_pass_wait_for_a_pod_that_arrived_during_it() {
+    let (_dir, node, _container, mut controller) = converged();
+    let (token, arrivals) = Arrivals::channel();
+    controller.watch_arrivals(arrivals.clone());
+    let quota = |pod: &PodSpec, id: &str| -> String {
+        let file = node.file(&format!("{}/{id}", node.pod_dir(pod)), "cpu.cfs_quota_us");
+        fs::read_to_string(file).unwrap().trim().to_string()
+    };
+    let pod = PodSpec::one(
+        "db1",
+        Qos::Guaranteed,
+        ContainerSpec::guaranteed("db", 1000),
+    );
+    let id = node.start_pod(&pod).unwrap().remove(0);
+    let created = TreeEvent::Created {
+        cgroup: CgroupPath::new(&node.pod_dir(&pod)).unwrap(),
+    };
+    let now = Instant::now();
+    arrivals.forget();
+    controller.apply_event(created, now).unwrap();
+    // The next pod's cgroup appears while the pass runs.
+    token.send(()).unwrap();
+    controller.pass(now);
+    let pin = CpuSet::parse(&node.container_cpus(&pod, &id).unwrap()).unwrap();
+    assert_eq!(pin.len(), 1, "pinned");
+    assert_eq!(quota(&pod, &id), "100000", "the lift waits for the arrival");
+    let lifts = |c: &Controller| c.effects_saved()["quota"].as_array().map(Vec::len);
+    assert_eq!(
+        lifts(&controller),
+        Some(2),
+        "the first pod's container and pod only"
+    );
+    // Nothing waits any more: the owed effects are made, and say the checkpoint changed.
+    arrivals.forget();
+    assert!(controller.update_owed_effects());
+    assert_eq!(quota(&pod, &id), "-1");
+    assert_eq!(lifts(&controller), Some(4));
+    assert!(!controller.update_owed_effects(), "owed once");
+}
