@@ -237,8 +237,8 @@ fn watching_controller(node: &TestNode, pods: &[PodSpec], effective: bool) -> Co
 }
 
 /// A Guaranteed pod with one 1-CPU container starts and its pass runs (the pass the agent runs
-/// on its event): its container and its pin.
-fn pin_one(node: &TestNode, controller: &mut Controller) -> (String, CpuSet) {
+/// on its event): the pod, its container and its pin.
+fn pin_one(node: &TestNode, controller: &mut Controller) -> (PodSpec, String, CpuSet) {
     let g = guaranteed("g", 1000);
     let gid = node.fake.start_pod(&g).unwrap().remove(0);
     let now = Instant::now();
@@ -249,7 +249,7 @@ fn pin_one(node: &TestNode, controller: &mut Controller) -> (String, CpuSet) {
     controller.pass(now);
     let pin = CpuSet::parse(&node.fake.container_cpus(&g, &gid).unwrap()).unwrap();
     assert_eq!(pin.len(), 1, "{gid} is pinned in its pod's pass");
-    (gid, pin)
+    (g, gid, pin)
 }
 
 /// The leaves that still run on `pin` (see [`leaves`]).
@@ -278,7 +278,7 @@ fn v2_the_pins_own_pass_narrows_the_qos_cgroups_off_it() {
         m.writes_held_back,
     );
 
-    let (gid, pin) = pin_one(&node, &mut controller);
+    let (g, gid, pin) = pin_one(&node, &mut controller);
     for qos in ["kubepods/burstable", "kubepods/besteffort"] {
         let own = fs::read_to_string(node.fake.file(qos, "cpuset.cpus")).unwrap();
         let own = CpuSet::parse(own.trim()).unwrap();
@@ -301,6 +301,27 @@ fn v2_the_pins_own_pass_narrows_the_qos_cgroups_off_it() {
     assert_eq!(controller.next_deadline(), None, "nothing is owed");
     // The pods still follow their QoS cgroup: nothing was written below it.
     assert_eq!(read(&node, &pods[0], "", "cpuset.cpus"), "");
+
+    // The pod goes: its pass widens the QoS cgroups back, and owes nothing either.
+    node.fake.remove_pod(&g).unwrap();
+    let cgroup = CgroupPath::new(&node.fake.pod_dir(&g)).unwrap();
+    let now = Instant::now();
+    controller
+        .apply_event(TreeEvent::Removed { cgroup }, now)
+        .unwrap();
+    controller.pass(now);
+    for qos in ["kubepods/burstable", "kubepods/besteffort"] {
+        let own = fs::read_to_string(node.fake.file(qos, "cpuset.cpus")).unwrap();
+        assert_eq!(own.trim(), "0-15", "{qos} after the release");
+    }
+    let m = &controller.metrics;
+    assert_eq!(
+        m.incremental_passes,
+        incremental + 2,
+        "the release's pass was incremental"
+    );
+    assert_eq!(m.passes - m.incremental_passes, full, "no full pass ran");
+    assert_eq!(controller.next_deadline(), None, "nothing is owed");
 }
 
 /// Where the shared pool's members are many, or the tree's cgroups do not inherit, the pin's
@@ -327,7 +348,7 @@ fn the_pools_rewrites_stay_held_back_where_its_members_are_many() {
         let node = TestNode::new(version);
         let mut controller = watching_controller(&node, &pods, effective);
         let held = controller.metrics.writes_held_back;
-        let (gid, pin) = pin_one(&node, &mut controller);
+        let (_, gid, pin) = pin_one(&node, &mut controller);
         let case = format!(
             "{version:?}, {} pods, effective sets: {effective}",
             pods.len()

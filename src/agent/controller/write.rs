@@ -77,7 +77,8 @@ impl Controller {
     /// The plan of `scan`. An incremental pass writes in its pods, and widens their ancestors
     /// (top-down, before the pods: a pool that grew reaches a new pod through them); the
     /// ancestors' narrowings (the shared pool's) wait for the full pass, with the rest of the
-    /// pool's members, whose sets hold them up.
+    /// pool's members, whose sets hold them up, unless the pass plans those members itself
+    /// ([`Mode::plans_pool`]: few, on cgroup v2 with inheritance).
     fn plan_pass(
         &mut self,
         scan: &Scan,
