@@ -151,7 +151,13 @@ impl Controller {
             } => &pool.alone[..],
             _ => &[],
         };
-        let children = alone.iter().map(|p| (p.clone(), self.model.child_names(p)));
+        // The children the model knows of the pool's members narrowed alone.
+        let narrowed = |p: &&CgroupPath| {
+            let mut steps = planned.writes.iter();
+            steps.any(|s| s.path == **p && s.step == WriteStep::Narrow)
+        };
+        let alone = alone.iter().filter(narrowed);
+        let children = alone.map(|p| (p.clone(), self.model.child_names(p)));
         let children = children.collect();
         let known = Known::new(scan, &planned.parents, initialised).with_children(&children);
         let plan = std::mem::take(&mut planned.writes);
