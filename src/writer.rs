@@ -596,6 +596,64 @@ mod tests {
         assert_eq!(read("kubepods/burstable/pod7").trim(), "0-3");
     }
 
+    /// An incremental pass plans a QoS cgroup alone (without its pods, see
+    /// `planner::chain::Pool`) and names the children its model knows
+    /// ([`Known::with_children`]): they count as scanned children that inherit, and are not read
+    /// before the narrowing (here one was given a wide set behind the model's back, which the
+    /// writer would otherwise find and hold the narrowing for). A child the model does not know
+    /// is still read.
+    #[test]
+    fn a_cgroup_planned_alone_is_narrowed_without_reading_the_children_the_model_knows() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let make = |rel: &str, cpus: &str| {
+            fs::create_dir_all(root.join(rel)).unwrap();
+            fs::write(root.join(rel).join("cpuset.cpus"), format!("{cpus}\n")).unwrap();
+        };
+        make("", "0-3");
+        make("kubepods", "0-3");
+        make("kubepods/burstable", "0-3");
+        for pod in 0..30 {
+            make(&format!("kubepods/burstable/pod{pod}"), "");
+        }
+        let layout = CgroupLayout {
+            version: CgroupVersion::V2,
+            driver: CgroupDriver::Cgroupfs,
+            cpuset_root: root.to_path_buf(),
+            cpu_root: root.to_path_buf(),
+            kubepods: CgroupPath::new("kubepods").unwrap(),
+        };
+        let hierarchy = Hierarchy::open(&layout).unwrap();
+        let mut scan = crate::cgroupfs::Scanner::new(hierarchy.clone(), layout.kubepods.clone())
+            .scan()
+            .unwrap();
+        scan.cgroups.retain(|c| c.path.depth() <= 2);
+        assert_eq!(scan.cgroups.len(), 2, "kubepods and burstable alone");
+        let burstable = CgroupPath::new("kubepods/burstable").unwrap();
+        let children: HashMap<CgroupPath, HashSet<std::ffi::OsString>> = [(
+            burstable.clone(),
+            (0..30).map(|n| format!("pod{n}").into()).collect(),
+        )]
+        .into();
+        let parents = crate::planner::parent_indexes(&scan);
+        let narrow = |value: &str| {
+            let step = Step::new(
+                burstable.clone(),
+                InterfaceFile::CpusetCpus,
+                value.into(),
+                WriteStep::Narrow,
+            );
+            let known = Known::new(&scan, &parents, &[]).with_children(&children);
+            apply(&hierarchy, vec![step].into(), &known).tally()
+        };
+        make("kubepods/burstable/pod7", "0-3");
+        let tally = narrow("0,2-3");
+        assert_eq!((tally.written, tally.stale), (1, 0), "{tally:?}");
+        make("kubepods/burstable/new", "0-3");
+        let tally = narrow("0,3");
+        assert_eq!((tally.written, tally.stale), (0, 1), "{tally:?}");
+    }
+
     #[test]
     fn the_agent_leaves_a_new_cgroup_to_its_runtime_and_narrows_its_parent_later() {
         let dir = tempfile::tempdir().unwrap();

@@ -132,6 +132,9 @@ struct LastPass {
     steady: bool,
     /// Cgroups on the shared pool after the last full pass: what a change of the pool rewrites.
     shared_members: usize,
+    /// The shared pool's members when few on a tree whose cgroups inherit: an incremental
+    /// pass plans them itself (see [`incremental`]).
+    pool_members: Option<std::collections::BTreeSet<CgroupPath>>,
     /// The node limits it planned within (said when they change).
     limits: Option<NodeLimits>,
     /// Its effects were not brought up to date: something arrived meanwhile, whose pin goes

@@ -30,6 +30,13 @@ impl Burst {
     pub(crate) const LIMIT: Duration = Duration::from_millis(200);
     /// Held-back writes a pass makes before it may be preempted, once they are overdue.
     pub(crate) const MIN_PROGRESS: usize = 32;
+    /// The shared pool's members (cgroups that hold some of it in a set of their own) are few
+    /// when at most this many: an incremental pass then plans and rewrites them itself, after
+    /// its pins, instead of leaving them to a coalesced full pass. On cgroup v2 with
+    /// inheritance they are the QoS cgroups and the non-exclusive members of Guaranteed pods;
+    /// where every shared container holds a set of its own (v1) they are many, and a burst's
+    /// rewrites stay coalesced.
+    pub(crate) const FEW_POOL_MEMBERS: usize = 16;
     /// How long a cgroup's narrowing waits, again and again, for runtimes to set up its new
     /// children (to copy its cpuset into them: a read and a write, microseconds apart unless
     /// the runtime is descheduled). After the last, the next event or reconcile tick tries

@@ -523,18 +523,36 @@ impl Model {
         }
     }
 
-    /// The chains of `roots`: each root's subtree and its ancestors in the model.
-    pub(crate) fn chains(&self, roots: &[CgroupPath]) -> BTreeSet<CgroupPath> {
+    /// The chains of `roots`: each root's subtree and its ancestors in the model; and each of
+    /// `alone` (without its subtree) with its ancestors.
+    pub(crate) fn chains(
+        &self,
+        roots: &[CgroupPath],
+        alone: &[CgroupPath],
+    ) -> BTreeSet<CgroupPath> {
         let mut paths = BTreeSet::new();
-        for root in roots {
+        for root in roots.iter().chain(alone) {
             let mut up = root.parent();
             while let Some(parent) = up.filter(|p| self.contains_key(p)) {
                 up = parent.parent();
                 paths.insert(parent);
             }
+        }
+        for root in roots {
             paths.extend(self.subtree(root));
         }
+        paths.extend(alone.iter().filter(|p| self.contains_key(p)).cloned());
         paths
+    }
+
+    /// The names of `path`'s children in the model.
+    pub(crate) fn child_names(&self, path: &CgroupPath) -> HashSet<std::ffi::OsString> {
+        let below = self.records.range(path.clone()..).skip(1);
+        let below = below.take_while(|(p, _)| p.as_bytes().starts_with(path.as_bytes()));
+        below
+            .filter(|(p, _)| p.parent_bytes() == Some(path.as_bytes()))
+            .filter_map(|(p, _)| p.name().map(ToOwned::to_owned))
+            .collect()
     }
 }
 
@@ -625,9 +643,15 @@ mod tests {
         ] {
             model.store(cgroup(p, "0-3"), now);
         }
-        let chains = model.chains(&[path("k/q/pod")]);
+        let chains = model.chains(&[path("k/q/pod")], &[]);
         let want = ["k", "k/q", "k/q/pod", "k/q/pod/c"].map(path);
         assert_eq!(chains, want.into_iter().collect());
+        // A cgroup planned alone comes with its ancestors, not its subtree.
+        let chains = model.chains(&[path("k/q/pod")], &[path("k/q/other")]);
+        let want = ["k", "k/q", "k/q/other", "k/q/pod", "k/q/pod/c"].map(path);
+        assert_eq!(chains, want.into_iter().collect());
+        let names = model.child_names(&path("k/q"));
+        assert_eq!(names, ["pod", "other"].map(std::ffi::OsString::from).into());
     }
 
     #[test]

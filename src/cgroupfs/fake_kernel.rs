@@ -50,13 +50,15 @@ fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var_os("CPUSETD_FAKE_KERNEL_RULES").is_some_and(|v| v == "1"))
 }
 
-/// The unit tests' fake trees whose writes the rules check (the environment is process-wide).
-#[cfg(test)]
+/// The tests' fake trees whose writes the rules check (the environment is process-wide).
+#[cfg(debug_assertions)]
 static TEST_ROOTS: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
 
-/// Turns the rules on for the fake tree at `root` (unit tests only).
-#[cfg(test)]
-pub(crate) fn enable_for_test(root: &std::path::Path) {
+/// Turns the rules on for the fake tree at `root` in this process (debug builds: the unit
+/// tests, and the integration tests that drive a controller in process on a v2 tree whose
+/// effective sets the rules keep).
+#[cfg(debug_assertions)]
+pub fn enable_for_test(root: &std::path::Path) {
     TEST_ROOTS.lock().unwrap().push(root.to_path_buf());
 }
 
@@ -67,11 +69,11 @@ pub(crate) fn models_effective_sets(fs: &CgroupFs) -> bool {
 }
 
 fn enabled_for(fs: &CgroupFs) -> bool {
-    #[cfg(test)]
+    #[cfg(debug_assertions)]
     if TEST_ROOTS.lock().unwrap().iter().any(|r| r == fs.root()) {
         return true;
     }
-    #[cfg(not(test))]
+    #[cfg(not(debug_assertions))]
     let _ = fs;
     enabled()
 }

@@ -19,6 +19,8 @@ mod scan;
 pub(crate) mod values;
 
 pub use below::ChildInTheWay;
+#[cfg(debug_assertions)]
+pub use fake_kernel::enable_for_test as fake_kernel_rules_for;
 pub use fs::{CgroupError, CgroupFs, DirEntry, FileKind, InterfaceFile, Refusal, MAX_READ_BYTES};
 pub use layout::{
     detect_layout, parse_mountinfo, CgroupDriver, CgroupLayout, CgroupVersion, LayoutConfig,

@@ -1,7 +1,10 @@
 //! What a pass plans: the whole tree, or (an incremental pass) a *chain*: pods' subtrees and
 //! their ancestors up to kubepods. A chain writes in its pods and widens its ancestors; their
-//! narrowings wait for a full pass. [`assert_chain_is_full_plan`] holds a chain's plan to a
-//! full plan of the same tree (debug builds and tests check every incremental pass with it).
+//! narrowings wait for a full pass. A chain may also plan the shared pool's members ([`Pool`]:
+//! the few cgroups that hold the pool in a set of their own, on cgroup v2 with inheritance),
+//! and then makes their rewrites itself, after its pins. [`assert_chain_is_full_plan`] holds a
+//! chain's plan to a full plan of the same tree (debug builds and tests check every incremental
+//! pass with it).
 
 use std::collections::{HashMap, HashSet};
 
@@ -14,8 +17,22 @@ use super::{Plan, Step, WriteStep};
 pub enum Mode {
     /// The whole model.
     Full,
-    /// New pods: their subtrees (`roots`) and the roots' ancestors.
-    Chain { roots: Vec<CgroupPath> },
+    /// New pods: their subtrees (`roots`) and the roots' ancestors; with `pool`, the shared
+    /// pool's members too.
+    Chain {
+        roots: Vec<CgroupPath>,
+        pool: Option<Pool>,
+    },
+}
+
+/// The shared pool's members a chain plans, so that a change of the pool is written in the
+/// chain's own pass: every cgroup that holds some of the pool in a set of its own. Those in a
+/// pod are planned with their pod (among the chain's `roots`: a pod's set is its children's
+/// union); the others (the QoS cgroups, directories of no pod) are planned `alone`, without
+/// their subtrees (whose cgroups follow them on cgroup v2), below their ancestors.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Pool {
+    pub alone: Vec<CgroupPath>,
 }
 
 impl Mode {
@@ -24,11 +41,23 @@ impl Mode {
     }
 
     /// Whether the pass plans `path`'s own values (and writes them): in a chain, only the
-    /// pods' subtrees, not their ancestors.
+    /// pods' subtrees and the pool's members planned alone, not their ancestors.
     pub fn owns(&self, path: &CgroupPath) -> bool {
         match self {
             Mode::Full => true,
-            Mode::Chain { roots } => roots.iter().any(|r| path.strip_prefix(r).is_some()),
+            Mode::Chain { roots, pool } => {
+                roots.iter().any(|r| path.strip_prefix(r).is_some())
+                    || pool.as_ref().is_some_and(|p| p.alone.contains(path))
+            }
+        }
+    }
+
+    /// Whether the pass plans the shared pool's members (a full pass, or a chain with its
+    /// [`Pool`]): nothing of a change of the pool is left for a later pass.
+    pub fn plans_pool(&self) -> bool {
+        match self {
+            Mode::Full => true,
+            Mode::Chain { pool, .. } => pool.is_some(),
         }
     }
 
@@ -42,7 +71,9 @@ impl Mode {
 
 /// The reference an incremental pass is held to: a full plan of the same model (`full`, from
 /// the same assignments as the chain's) decides the same assignments, pools and events, and
-/// the same desired sets and writes for every cgroup of the `chain`. Panics where it does not.
+/// the same desired sets and writes for every cgroup of the `chain`. A chain that plans the
+/// shared pool ([`Mode::plans_pool`]) is held to more: the full plan writes nothing outside
+/// the chain. Panics where it does not.
 pub fn assert_chain_is_full_plan(chain: (&Scan, &Plan), full: (&Scan, &Plan), mode: &Mode) {
     let ((chain, planned), (scan, full)) = (chain, full);
     assert_eq!(
@@ -66,6 +97,13 @@ pub fn assert_chain_is_full_plan(chain: (&Scan, &Plan), full: (&Scan, &Plan), mo
         );
     }
     let chain_paths: HashSet<&CgroupPath> = chain.cgroups.iter().map(|c| &c.path).collect();
+    if mode.plans_pool() {
+        let outside = full.writes.iter().find(|w| !chain_paths.contains(&w.path));
+        assert_eq!(
+            outside, None,
+            "an incremental pass that plans the shared pool left a write out of its chain"
+        );
+    }
     let key = |w: &Step| (w.path.clone(), w.file, w.value.clone(), w.step);
     let mut mine: Vec<_> = planned.writes.iter().map(key).collect();
     let in_chain = |w: &&Step| {
@@ -131,6 +169,17 @@ mod tests {
     fn chain() -> Mode {
         Mode::Chain {
             roots: vec![path("kubepods/pod-a")],
+            pool: None,
+        }
+    }
+
+    /// The chain of `chain()` that also plans the shared pool: `kubepods/burstable` alone.
+    fn pool_chain() -> Mode {
+        Mode::Chain {
+            roots: vec![path("kubepods/pod-a")],
+            pool: Some(Pool {
+                alone: vec![path("kubepods/burstable")],
+            }),
         }
     }
 
@@ -175,5 +224,72 @@ mod tests {
         let planned = plan(&[("kubepods/pod-a/c", "2", WriteStep::Narrow)]);
         let (scan, full) = full();
         assert_chain_is_full_plan((&chain_scan, &planned), (&scan, &full), &chain());
+    }
+
+    #[test]
+    fn a_chain_with_the_pool_owns_its_members_alone_not_their_subtrees() {
+        let mode = pool_chain();
+        assert!(mode.plans_pool() && !chain().plans_pool());
+        assert!(mode.owns(&path("kubepods/burstable")));
+        assert!(!mode.owns(&path("kubepods/burstable/pod-x")));
+        assert!(!mode.owns(&path("kubepods")) && mode.owns(&path("kubepods/pod-a/c")));
+    }
+
+    /// The full plan of a pin beside a QoS cgroup: the pin, then the QoS cgroup narrowed.
+    fn full_with_qos(other: Option<(&str, &str)>) -> (Scan, Plan) {
+        let mut writes = vec![
+            ("kubepods/pod-a/c", "2", WriteStep::Widen),
+            ("kubepods/burstable", "0-1,3", WriteStep::Narrow),
+        ];
+        let mut paths = vec!["kubepods", "kubepods/burstable", "kubepods/pod-a/c"];
+        if let Some((p, v)) = other {
+            writes.push((p, v, WriteStep::Narrow));
+            paths.push(p);
+        }
+        (scan(&paths), plan(&writes))
+    }
+
+    #[test]
+    fn a_chain_that_plans_the_pool_makes_its_members_writes() {
+        let chain_scan = scan(&["kubepods", "kubepods/burstable", "kubepods/pod-a/c"]);
+        let planned = plan(&[
+            ("kubepods/pod-a/c", "2", WriteStep::Widen),
+            ("kubepods/burstable", "0-1,3", WriteStep::Narrow),
+        ]);
+        let (scan, full) = full_with_qos(None);
+        assert_chain_is_full_plan((&chain_scan, &planned), (&scan, &full), &pool_chain());
+    }
+
+    #[test]
+    #[should_panic(expected = "an incremental pass's writes")]
+    fn a_chain_that_plans_the_pool_but_leaves_a_members_narrowing_out_fails() {
+        let chain_scan = scan(&["kubepods", "kubepods/burstable", "kubepods/pod-a/c"]);
+        let planned = plan(&[("kubepods/pod-a/c", "2", WriteStep::Widen)]);
+        let (scan, full) = full_with_qos(None);
+        assert_chain_is_full_plan((&chain_scan, &planned), (&scan, &full), &pool_chain());
+    }
+
+    /// Without the pool, the same chain may leave the full plan's writes elsewhere (they wait
+    /// for the full pass); with it, one left out of the chain is a member it missed.
+    #[test]
+    #[should_panic(expected = "left a write out of its chain")]
+    fn a_chain_that_plans_the_pool_misses_no_write_of_the_full_plan() {
+        let chain_scan = scan(&["kubepods", "kubepods/burstable", "kubepods/pod-a/c"]);
+        let planned = plan(&[
+            ("kubepods/pod-a/c", "2", WriteStep::Widen),
+            ("kubepods/burstable", "0-1,3", WriteStep::Narrow),
+        ]);
+        let (scan, full) = full_with_qos(Some(("kubepods/besteffort", "0-1,3")));
+        assert_chain_is_full_plan((&chain_scan, &planned), (&scan, &full), &chain_with_qos());
+        assert_chain_is_full_plan((&chain_scan, &planned), (&scan, &full), &pool_chain());
+    }
+
+    /// The chain of `pool_chain()` without its pool, but with `kubepods/burstable` among its
+    /// roots (so it owns the same cgroups): it may leave `besteffort` to the full pass.
+    fn chain_with_qos() -> Mode {
+        Mode::Chain {
+            roots: vec![path("kubepods/pod-a"), path("kubepods/burstable")],
+            pool: None,
+        }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::cell::OnceCell;
 use std::collections::{HashMap, HashSet};
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 
 use crate::cgroupfs::{CgroupPath, CgroupVersion, InterfaceFile, Scan, ScannedCgroup};
 
@@ -16,6 +16,9 @@ pub struct Known<'a> {
     initialised: &'a [bool],
     index: OnceCell<HashMap<&'a [u8], usize>>,
     children: OnceCell<Vec<Vec<usize>>>,
+    /// The children of scanned cgroups planned without them, known elsewhere (see
+    /// [`Known::with_children`]).
+    known_children: Option<&'a HashMap<CgroupPath, HashSet<OsString>>>,
 }
 
 impl<'a> Known<'a> {
@@ -30,6 +33,7 @@ impl<'a> Known<'a> {
             initialised,
             index: OnceCell::new(),
             children: OnceCell::new(),
+            known_children: None,
         }
     }
 
@@ -42,7 +46,17 @@ impl<'a> Known<'a> {
             initialised: &[],
             index: OnceCell::new(),
             children: OnceCell::new(),
+            known_children: None,
         }
+    }
+
+    /// The same, knowing the children of cgroups the scan holds without them (an incremental
+    /// pass's shared pool members planned alone, whose children the agent's model knows and,
+    /// on cgroup v2, follow them): they count as the scan's own children that inherit (see
+    /// [`Known::settled_children`]), so the writer reads only children new since.
+    pub fn with_children(mut self, known: &'a HashMap<CgroupPath, HashSet<OsString>>) -> Self {
+        self.known_children = Some(known);
+        self
     }
 
     /// The scan's version (none: v2, which sets no cgroup up empty).
@@ -131,6 +145,10 @@ impl<'a> Known<'a> {
             index
         });
         let of_this = children.get(cgroup).map_or(&[][..], |c| &c[..]);
+        let elsewhere = self.known_children.and_then(|k| k.get(path));
+        if let Some(names) = elsewhere.filter(|_| of_this.is_empty()) {
+            return (names.iter().map(OsString::as_os_str).collect(), names.len());
+        }
         let inherits = self.version() == CgroupVersion::V2;
         let settled = of_this
             .iter()

@@ -132,6 +132,40 @@ impl Plan {
             .count()
     }
 
+    /// The cgroups of `scan` (the tree planned, `classes` its classification) whose
+    /// `cpuset.cpus` a change of the shared pool may rewrite: those that hold some of the pool
+    /// in a set of their own, and (cgroup v2) those that follow the pool from a parent holding
+    /// every pod cpu, which need a set of their own once the pool is narrower (a QoS cgroup,
+    /// a Guaranteed pod's sandbox while no cpu is exclusive). Pins (disjoint from the pool)
+    /// are not among them, nor pods that follow their parent, nor what follows a member.
+    pub fn pool_members<'s, C: Borrow<Classification>>(
+        &self,
+        scan: &'s Scan,
+        classes: &[C],
+    ) -> Vec<&'s CgroupPath> {
+        let Some(shared) = self.pools.as_ref().map(|p| &p.shared) else {
+            return Vec::new();
+        };
+        let pod = |i: usize| classes[i].borrow().kind == CgroupKind::Pod;
+        // Below the top of the scan (the kubepods root) through pods only.
+        let mut below_top = vec![false; self.desired.len()];
+        for i in 0..below_top.len() {
+            below_top[i] = self.parents[i]
+                .is_some_and(|p| self.parents[p].is_none() || (pod(p) && below_top[p]));
+        }
+        let member = |i: usize| {
+            let d = &self.desired[i];
+            let follows_top = d.cpus_inherited && !pod(i) && below_top[i];
+            let cpus = d.cpus.as_ref().filter(|c| !c.is_disjoint(shared));
+            cpus.is_some() && (d.cpus_to_write().is_some() || follows_top)
+        };
+        let paths = scan.cgroups.iter().enumerate();
+        paths
+            .filter(|&(i, _)| member(i))
+            .map(|(_, c)| &c.path)
+            .collect()
+    }
+
     /// The containers asking for exclusive cpus: entitled to them (`classes`, the plan's), or
     /// short of them (which may not know their entitlement but remember it).
     pub fn asking<C: Borrow<Classification>>(&self, classes: &[C]) -> HashSet<AssignmentKey> {

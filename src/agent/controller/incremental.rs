@@ -11,23 +11,31 @@
 //! parent's clamp). Debug builds and tests check it after every incremental pass against a
 //! full plan of the same model ([`crate::planner::chain::assert_chain_is_full_plan`]).
 //!
-//! What a chain leaves undone: the ancestors' and the other shared members' rewrites when the
-//! shared pool changed, and the kubepods root's narrowing when isolated cpus pinned there were
-//! released. A full pass makes them, coalesced: [`Burst::QUIET`] after the last
-//! incremental pass, at most [`Burst::LIMIT`] after the first.
+//! The shared pool's members (the cgroups that hold some of it in a set of their own), when
+//! they are few ([`Burst::FEW_POOL_MEMBERS`]: cgroup v2 with inheritance, where they are the
+//! QoS cgroups and the non-exclusive members of Guaranteed pods), are planned with the chain
+//! ([`Pool`]): a change of the pool is written in the same pass, after the pins, and the pin
+//! is exclusive when the pass ends. Where they are many (v1, a v2 tree whose containers hold
+//! sets of their own), or a full pass's held-back writes are owed (a burst), a chain leaves
+//! undone the ancestors' and the other shared members' rewrites when the shared pool changed;
+//! and it leaves the kubepods root's narrowing when isolated cpus pinned there were released.
+//! A full pass makes them, coalesced: [`Burst::QUIET`] after the last incremental pass, at
+//! most [`Burst::LIMIT`] after the first.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use super::{undecided, Burst, CgroupKind, CgroupPath, Controller, PassOutcome};
-pub(super) use crate::planner::chain::Mode;
+use super::{undecided, Burst, CgroupKind, CgroupPath, Class, Controller, PassOutcome, Plan, Scan};
+pub(super) use crate::planner::chain::{Mode, Pool};
 
 impl Controller {
     /// Plans and writes only the chains of the pods that changed, when that is all that
     /// changed (see the module's documentation). `None`: a full pass is needed.
     pub(super) fn incremental_pass(&mut self, now: Instant) -> Option<PassOutcome> {
-        let roots = self.chain()?;
-        let chains = self.model.chains(&roots).into_iter();
+        let mut roots = self.chain()?;
+        let pool = self.pool_of_chain(&mut roots);
+        let alone = pool.as_ref().map_or(&[][..], |p| &p.alone[..]);
+        let chains = self.model.chains(&roots, alone).into_iter();
         let cgroups = chains.filter_map(|p| Some(self.model.get(&p)?.cgroup.clone()));
         // Nothing outside the chain is released but what went.
         let gone_pods = std::mem::take(&mut self.since_pass.gone_pods);
@@ -43,22 +51,25 @@ impl Controller {
         }
         let shared_before = self.shared_pool().cloned();
         let root_before = self.pod_cpus().cloned();
-        let (outcome, follow_up) =
-            self.plan_and_write(now, scan, classes, limits, Mode::Chain { roots });
+        let mode = Mode::Chain { roots, pool };
+        let plans_pool = mode.plans_pool();
+        let (outcome, follow_up) = self.plan_and_write(now, scan, classes, limits, mode);
         self.metrics.incremental_passes += 1;
         self.since_pass.planned_chains();
         let clean = follow_up.stale.is_empty()
             && follow_up.settling.is_empty()
             && !follow_up.vanished
             && outcome.failed_writes == 0;
-        let pool_changed = self.shared_pool() != shared_before.as_ref();
+        // A change of the pool is left to a full pass unless the chain planned its members.
+        let pool_changed = self.shared_pool() != shared_before.as_ref() && !plans_pool;
         // The kubepods root changes without the shared pool when isolated cpus are pinned or
         // released (`cpusetd.io/isolated-cpus`): a chain widens it, a full pass narrows it.
         let root_changed = self.pod_cpus() != root_before.as_ref();
         // Writing showed the model out of date, or a write failed: a full pass sorts it out
         // now (it re-reads what it must and plans again). Without a watcher's arrivals to
         // coalesce (the library's default), every pass makes all its writes: the shared
-        // pool's members are rewritten now, after the pins.
+        // pool's members are rewritten now, after the pins (by the chain itself, when it
+        // planned them).
         if !clean || ((pool_changed || root_changed) && self.arrivals.is_none()) {
             self.since_pass.other = true;
             let full = self.full_pass(now);
@@ -82,6 +93,47 @@ impl Controller {
         };
         self.metrics.writes_held_back += held_back;
         self.deadlines.full_pass.owe(now, now + Burst::QUIET);
+    }
+
+    /// The shared pool's members for a chain to plan (see [`Pool`]), when the passes so far
+    /// found them few and no write a full pass held back is owed (a burst's rewrites stay
+    /// coalesced): a member in a pod joins `roots` with its pod, the others are planned alone.
+    fn pool_of_chain(&mut self, roots: &mut Vec<CgroupPath>) -> Option<Pool> {
+        if self.deadlines.held_back.due().is_some() {
+            return None;
+        }
+        let mut alone = Vec::new();
+        for member in self.last_pass.pool_members.clone()? {
+            match self.pod_of(&member) {
+                Some(pod) if !roots.contains(&pod) => roots.push(pod),
+                Some(_) => {}
+                None => alone.push(member),
+            }
+        }
+        Some(Pool { alone })
+    }
+
+    /// After a pass planned `scan` (`planned`, in `mode`): the shared pool's members as far
+    /// as the passes know them (see [`Plan::pool_members`]), kept while they are few on a
+    /// tree whose cgroups inherit (cgroup v2). A full pass finds them all; a chain replaces
+    /// those it planned and keeps the others that are still there.
+    pub(super) fn track_pool_members(
+        &mut self,
+        (scan, classes): (&Scan, &[Class]),
+        planned: &Plan,
+        mode: &Mode,
+    ) {
+        let known = match mode {
+            Mode::Full => Some(BTreeSet::new()),
+            Mode::Chain { .. } => self.last_pass.pool_members.take(),
+        };
+        let members = known.filter(|_| scan.inherits).map(|mut known| {
+            known.retain(|p| !mode.owns(p) && self.model.contains_key(p));
+            let planned = planned.pool_members(scan, classes).into_iter();
+            known.extend(planned.filter(|p| mode.owns(p)).cloned());
+            known
+        });
+        self.last_pass.pool_members = members.filter(|m| m.len() <= Burst::FEW_POOL_MEMBERS);
     }
 
     /// The pods whose chains an incremental pass plans, when it may: every change since the

@@ -33,8 +33,9 @@ impl Controller {
             self.forget_met_pin_failures(&classes, &planned);
         }
         let drifted = std::mem::take(&mut self.since_pass.drifted);
-        // Urgent steps first where the writes may be held back (see `write`).
-        let urgent = if self.arrivals.is_some() && mode.is_full() {
+        // Urgent steps first where the writes may be held back (see `write`), or where a
+        // chain makes the shared pool's rewrites after its pins.
+        let urgent = if self.arrivals.is_some() && mode.plans_pool() {
             planned.urgent_first(&scan, &drifted)
         } else {
             Vec::new()
@@ -65,6 +66,7 @@ impl Controller {
             self.deadlines.settings = self.model.track_settings(&scan, waiting, now);
         }
         self.count_containers(&scan, &classes, &planned.assignments, &mode);
+        self.track_pool_members((&scan, &classes), &planned, &mode);
         let mut outcome = self.record_pass(planned, &executed, &classes, &mode);
         self.count_cpu_shared();
         // The checkpoint keeps the refusals `status` shows.
@@ -75,7 +77,8 @@ impl Controller {
     /// The plan of `scan`. An incremental pass writes in its pods, and widens their ancestors
     /// (top-down, before the pods: a pool that grew reaches a new pod through them); the
     /// ancestors' narrowings (the shared pool's) wait for the full pass, with the rest of the
-    /// pool's members, whose sets hold them up.
+    /// pool's members, whose sets hold them up, unless the pass plans those members itself
+    /// ([`Mode::plans_pool`]: few, on cgroup v2 with inheritance).
     fn plan_pass(
         &mut self,
         scan: &Scan,
@@ -142,7 +145,21 @@ impl Controller {
             CgroupVersion::V1 => (NewChildren::LetThemSettle, &initialised[..]),
             CgroupVersion::V2 => (NewChildren::NarrowNow, &[][..]),
         };
-        let known = Known::new(scan, &planned.parents, initialised);
+        let alone = match mode {
+            Mode::Chain {
+                pool: Some(pool), ..
+            } => &pool.alone[..],
+            _ => &[],
+        };
+        // The children the model knows of the pool's members narrowed alone.
+        let narrowed = |p: &&CgroupPath| {
+            let mut steps = planned.writes.iter();
+            steps.any(|s| s.path == **p && s.step == WriteStep::Narrow)
+        };
+        let alone = alone.iter().filter(narrowed);
+        let children = alone.map(|p| (p.clone(), self.model.child_names(p)));
+        let children = children.collect();
+        let known = Known::new(scan, &planned.parents, initialised).with_children(&children);
         let plan = std::mem::take(&mut planned.writes);
         let executed = execute(&self.parts.hierarchy, plan, &known, new_children, budget);
         let held_back = executed.tally().held_back;
