@@ -544,6 +544,37 @@ mod tests {
         assert_eq!(read("kubepods"), "0-3\n");
     }
 
+    /// `rel`'s `cpuset.cpus` below `root` set to `cpus` (the directory made first).
+    fn make_cpus(root: &std::path::Path, rel: &str, cpus: &str) {
+        fs::create_dir_all(root.join(rel)).unwrap();
+        fs::write(root.join(rel).join("cpuset.cpus"), format!("{cpus}\n")).unwrap();
+    }
+
+    /// A v2 tree at `root`: `kubepods/burstable` on 0-3 and 30 pods below it whose cpusets are
+    /// empty (they inherit), each with an `app` child where `apps`; its hierarchy and a scan.
+    fn v2_burstable_tree(root: &std::path::Path, apps: bool) -> (Hierarchy, crate::cgroupfs::Scan) {
+        for rel in ["", "kubepods", "kubepods/burstable"] {
+            make_cpus(root, rel, "0-3");
+        }
+        for pod in 0..30 {
+            make_cpus(root, &format!("kubepods/burstable/pod{pod}"), "");
+            if apps {
+                make_cpus(root, &format!("kubepods/burstable/pod{pod}/app"), "");
+            }
+        }
+        let layout = CgroupLayout {
+            version: CgroupVersion::V2,
+            driver: CgroupDriver::Cgroupfs,
+            cpuset_root: root.to_path_buf(),
+            cpu_root: root.to_path_buf(),
+            kubepods: CgroupPath::new("kubepods").unwrap(),
+        };
+        let hierarchy = Hierarchy::open(&layout).unwrap();
+        let mut scanner = crate::cgroupfs::Scanner::new(hierarchy.clone(), layout.kubepods.clone());
+        let scan = scanner.scan().unwrap();
+        (hierarchy, scan)
+    }
+
     /// cgroup v2 (the 6.12 guest, issue 24's exclusive target): the pods below a QoS cgroup
     /// leave their `cpuset.cpus` empty and inherit. Narrowing the QoS cgroup (what makes a new
     /// pin exclusive) does not read each of them first: a v2 runtime copies no set into an
@@ -556,30 +587,9 @@ mod tests {
     fn a_v2_narrowing_is_made_without_reading_the_children_that_inherit() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        let make = |rel: &str, cpus: &str| {
-            fs::create_dir_all(root.join(rel)).unwrap();
-            fs::write(root.join(rel).join("cpuset.cpus"), format!("{cpus}\n")).unwrap();
-        };
-        make("", "0-3");
-        make("kubepods", "0-3");
-        make("kubepods/burstable", "0-3");
-        for pod in 0..30 {
-            make(&format!("kubepods/burstable/pod{pod}"), "");
-            make(&format!("kubepods/burstable/pod{pod}/app"), "");
-        }
-        let layout = CgroupLayout {
-            version: CgroupVersion::V2,
-            driver: CgroupDriver::Cgroupfs,
-            cpuset_root: root.to_path_buf(),
-            cpu_root: root.to_path_buf(),
-            kubepods: CgroupPath::new("kubepods").unwrap(),
-        };
-        let hierarchy = Hierarchy::open(&layout).unwrap();
-        let scan = crate::cgroupfs::Scanner::new(hierarchy.clone(), layout.kubepods.clone())
-            .scan()
-            .unwrap();
+        let (hierarchy, scan) = v2_burstable_tree(root, true);
         assert_eq!(scan.version, CgroupVersion::V2);
-        make("kubepods/burstable/pod7", "0-3");
+        make_cpus(root, "kubepods/burstable/pod7", "0-3");
         let burstable = CgroupPath::new("kubepods/burstable").unwrap();
         let step = Step::new(
             burstable.clone(),
@@ -606,27 +616,8 @@ mod tests {
     fn a_cgroup_planned_alone_is_narrowed_without_reading_the_children_the_model_knows() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        let make = |rel: &str, cpus: &str| {
-            fs::create_dir_all(root.join(rel)).unwrap();
-            fs::write(root.join(rel).join("cpuset.cpus"), format!("{cpus}\n")).unwrap();
-        };
-        make("", "0-3");
-        make("kubepods", "0-3");
-        make("kubepods/burstable", "0-3");
-        for pod in 0..30 {
-            make(&format!("kubepods/burstable/pod{pod}"), "");
-        }
-        let layout = CgroupLayout {
-            version: CgroupVersion::V2,
-            driver: CgroupDriver::Cgroupfs,
-            cpuset_root: root.to_path_buf(),
-            cpu_root: root.to_path_buf(),
-            kubepods: CgroupPath::new("kubepods").unwrap(),
-        };
-        let hierarchy = Hierarchy::open(&layout).unwrap();
-        let mut scan = crate::cgroupfs::Scanner::new(hierarchy.clone(), layout.kubepods.clone())
-            .scan()
-            .unwrap();
+        let make = |rel: &str, cpus: &str| make_cpus(root, rel, cpus);
+        let (hierarchy, mut scan) = v2_burstable_tree(root, false);
         scan.cgroups.retain(|c| c.path.depth() <= 2);
         assert_eq!(scan.cgroups.len(), 2, "kubepods and burstable alone");
         let burstable = CgroupPath::new("kubepods/burstable").unwrap();
