@@ -207,30 +207,6 @@ impl std::fmt::Debug for Budget<'_> {
     }
 }
 
-/// Executes all of `plan` (the one-shot commands); where cgroups below the scan's depth limit
-/// held a narrowing up, the planner's steps for them ([`narrow_unseen`]), then the narrowings
-/// they held up once more (whose outcomes replace the first ones).
-pub fn apply(hierarchy: &Hierarchy, plan: WritePlan, known: &Known<'_>) -> Executed {
-    let mut executed = execute_all(hierarchy, plan, known);
-    // The narrowings held up, and those above them that waited for them.
-    let mut held_up = PathFiles::default();
-    for root in executed.with(|o| matches!(o, Outcome::UnseenInTheWay { .. })) {
-        ancestors(&root.path).for_each(|p| held_up.insert(p, root.file));
-    }
-    if !narrow_unseen(hierarchy, &mut executed) {
-        return executed;
-    }
-    let (again, done): (Vec<Done>, Vec<Done>) = executed.done.into_iter().partition(|d| {
-        matches!(d.outcome, Outcome::UnseenInTheWay { .. } | Outcome::Skipped)
-            && held_up.contains(d.step.path.as_bytes(), d.step.file)
-    });
-    let again: Vec<Step> = again.into_iter().map(|d| d.step).collect();
-    let again = execute_all(hierarchy, again.into(), known);
-    executed.done = done;
-    executed.done.extend(again.done);
-    executed
-}
-
 /// Makes the planner's steps (`planner::order::narrow_unseen`) for the narrowings that cgroups
 /// below the scan's depth limit held up ([`Outcome::UnseenInTheWay`]; disjoint subtrees), all
 /// of them whatever the budget was (they are a held-up narrowing's); their outcomes join
@@ -466,6 +442,7 @@ impl Run<'_, '_> {
 mod tests {
     use super::*;
     use crate::cgroupfs::{CgroupDriver, CgroupLayout, CgroupVersion};
+    use crate::cli::oneshot::apply;
     use std::fs;
 
     #[test]

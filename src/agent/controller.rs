@@ -11,11 +11,8 @@
 //!
 //! A pass plans the whole model, or — when only pods came, went or changed their containers
 //! and nothing else waits — just those pods' chains (see [`incremental`]), with the rest of
-//! the shared pool's rewrites following in a coalesced full pass.
-//!
-//! Reconcile merge rule: a full scan started at time T replaces every model entry last updated
-//! before T; entries updated after T (by events that raced the scan) are newer and kept. A
-//! reconcile that changes nothing runs no pass (see [`Controller::reconcile`]).
+//! the shared pool's rewrites following in a coalesced full pass. A reconcile's full scan is
+//! merged by [`Controller::merge_scan`]'s rule; one that changes nothing runs no pass.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -272,17 +269,11 @@ impl Controller {
     /// model's containers, the assignments and the allocatable cpus (online minus reserved;
     /// none under the `none` policy, as kubelet).
     pub fn pod_resources(&self) -> crate::podresources::PodResourcesSnapshot {
-        let all = self.parts.topology.all_cpus();
-        let allocatable = self
-            .parts
-            .policy
-            .as_ref()
-            .map(|p| all.difference(p.reserved()));
-        crate::podresources::snapshot(
-            self.model.values().filter_map(|e| e.class.as_deref()),
-            &self.parts.assignments,
-            allocatable.unwrap_or_default(),
-        )
+        let (all, policy) = (self.parts.topology.all_cpus(), self.parts.policy.as_ref());
+        let allocatable = policy.map(|p| all.difference(p.reserved()));
+        let classes = self.model.values().filter_map(|e| e.class.as_deref());
+        let (assignments, allocatable) = (&self.parts.assignments, allocatable.unwrap_or_default());
+        crate::podresources::snapshot(classes, assignments, allocatable)
     }
 
     /// (containers, exclusive containers) after the last pass.

@@ -6,6 +6,7 @@ mod allocate;
 mod demo;
 mod health;
 mod node;
+pub(crate) mod oneshot;
 mod plan;
 mod pod_resources;
 mod reset;

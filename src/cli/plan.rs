@@ -6,12 +6,12 @@ use clap::Args;
 use serde::Serialize;
 
 use super::node::AgentArgs;
+use super::oneshot::apply;
 use super::{CommandError, EXIT_FAILURE};
 use crate::logging::error_chain;
 use crate::planner::{plan, AssignEvent, PlanConfig, WriteStep};
 use crate::report::{render_table, rows, CgroupRow, InForce};
 use crate::state::Assignments;
-use crate::writer::apply;
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {

@@ -9,13 +9,13 @@
 use clap::Args;
 
 use super::node::AgentArgs;
+use super::oneshot::apply;
 use super::{CommandError, EXIT_FAILURE};
 use crate::cgroupfs::{CgroupFs, CgroupPath, CgroupVersion, InterfaceFile};
 use crate::checkpoint::{self, LoadOutcome, StateLock};
 use crate::cpuset::CpuSet;
 use crate::logging::error_chain;
 use crate::planner::{order_writes, parent_indexes, SetNode, Step, WriteStep};
-use crate::writer::apply;
 
 #[derive(Debug, Args)]
 pub struct ResetArgs {

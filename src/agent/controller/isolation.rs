@@ -3,8 +3,7 @@
 //! pin writes of a pass.
 
 use super::*;
-use crate::cgroupfs::CpuSettings;
-use crate::effects::{self, Cgroups, Effect, EffectState, Wanted};
+use crate::effects::{self, Effect, EffectState, Wanted};
 
 impl Controller {
     /// Manages the host effects from now on (each with what an earlier run changed).
@@ -125,18 +124,5 @@ impl Controller {
         let before = self.effects_saved();
         self.update_effects_where(true, |e| e.on_quiet_ticks());
         self.effects_saved() != before
-    }
-}
-
-/// The effects plan from the model (the quota lift from its CPU settings).
-impl Cgroups for Model {
-    fn cpu(&self, path: &CgroupPath) -> Option<&CpuSettings> {
-        self.get(path).map(|record| &record.cgroup.cpu)
-    }
-
-    fn pod_of(&self, container: &CgroupPath) -> Option<CgroupPath> {
-        let parent = container.parent()?;
-        let class = self.get(&parent)?.class.as_ref()?;
-        (class.kind == CgroupKind::Pod).then_some(parent)
     }
 }

@@ -49,19 +49,4 @@ impl Controller {
         self.metrics.projection_writes = projector.writes;
         self.metrics.projection_failures = projector.failures;
     }
-
-    /// Counts the containers `cpu-shared.crio.io` is in force for, for the metrics (see
-    /// [`crate::projection::cpu_shared`]). Only a container holding exclusive cpus can be one,
-    /// and every such container is in the model's isolation index: it is walked, not every
-    /// record (at 2,500 pods a walk of 10,000 records on every pin's pass).
-    pub(super) fn count_cpu_shared(&mut self) {
-        let model = &self.model;
-        let known = model.isolated.values().filter_map(|(_, path)| {
-            let entry = model.get(path)?;
-            let class = entry.class.as_deref().filter(|c| c.cpu_shared)?;
-            Some((class, entry.cgroup.cpus.configured()))
-        });
-        let count = crate::projection::cpu_shared(known, &self.parts.assignments);
-        self.metrics.cpu_shared_containers = count as u64;
-    }
 }

@@ -68,7 +68,8 @@ impl Controller {
         self.count_containers(&scan, &classes, &planned.assignments, &mode);
         self.track_pool_members((&scan, &classes), &planned, &mode);
         let mut outcome = self.record_pass(planned, &executed, &classes, &mode);
-        self.count_cpu_shared();
+        let cpu_shared = self.model.cpu_shared(&self.parts.assignments);
+        self.metrics.cpu_shared_containers = cpu_shared as u64;
         // The checkpoint keeps the refusals `status` shows.
         outcome.assignments_changed |= std::mem::take(&mut self.said.refusals_changed);
         (outcome, follow_up)
