@@ -369,3 +369,42 @@ fn the_pools_rewrites_stay_held_back_where_its_members_are_many() {
         assert!(left.is_empty(), "{case}: {left:?} after the full pass");
     }
 }
+
+/// After the pin's own pass narrowed the QoS cgroups (the pool's few members, planned alone),
+/// the containers that follow them want the new pool: a foreign write into one is repaired
+/// with the pool as it is now, never with the one from before the pin (which holds the pin).
+#[test]
+fn v2_a_foreign_write_after_the_pins_pass_is_repaired_without_the_pin() {
+    let node = TestNode::new(CgroupVersion::V2);
+    let pods: Vec<PodSpec> = (0..3).map(burstable).collect();
+    let mut controller = watching_controller(&node, &pods, true);
+    let (_g, _gid, pin) = pin_one(&node, &mut controller);
+    let pod_dir = node.fake.pod_dir(&pods[0]);
+    let container = fs::read_dir(node.fake.cgroup_root().join(&pod_dir))
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| e.file_type().unwrap().is_dir())
+        .unwrap()
+        .file_name();
+    let rel = format!("{pod_dir}/{}", container.to_string_lossy());
+    fs::write(node.fake.file(&rel, "cpuset.cpus"), "3\n").unwrap();
+    let cgroup = CgroupPath::new(&rel).unwrap();
+    let file = cpusetd::cgroupfs::InterfaceFile::CpusetCpus;
+    let now = Instant::now();
+    controller
+        .apply_event(TreeEvent::Modified { cgroup, file }, now)
+        .unwrap();
+    controller.pass(now);
+    let repaired = fs::read_to_string(node.fake.file(&rel, "cpuset.cpus")).unwrap();
+    let repaired = CpuSet::parse(repaired.trim()).unwrap();
+    let pool = fs::read_to_string(node.fake.file("kubepods/burstable", "cpuset.cpus")).unwrap();
+    assert!(
+        repaired.is_disjoint(&pin),
+        "{rel} repaired to {repaired}, the pin is {pin}"
+    );
+    assert_eq!(
+        repaired,
+        CpuSet::parse(pool.trim()).unwrap(),
+        "the pool as it is now"
+    );
+}

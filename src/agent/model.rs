@@ -15,6 +15,7 @@ use crate::classify::{CgroupKind, Classification, Exclusivity, Isolation, Notice
 use crate::cpuset::CpuSet;
 use crate::effects::Cgroups;
 use crate::logging::SaidOnce;
+use crate::planner::chain::Mode;
 use crate::planner::{entitlement, DesiredCgroup, Entitlement, Step};
 use crate::state::{AssignmentKey, Assignments};
 
@@ -441,12 +442,19 @@ impl Model {
     /// those whose values the pass does not plan (`owns` says no: a chain's ancestors, whose
     /// narrowings wait for the full pass) keep what they hold: until then that is what is
     /// wanted there, not drift.
-    pub(crate) fn take_desired(
-        &mut self,
-        scan: &Scan,
-        desired: &[DesiredCgroup],
-        owns: impl Fn(&CgroupPath) -> bool,
-    ) {
+    ///
+    /// A pool member a chain planned alone (cgroup v2: its children, not in the chain, follow
+    /// it) takes the cgroups below it that wanted what it wanted along to its new set, as a
+    /// full pass would: a drift repair of one of them writes the pool as it is now, never the
+    /// one before a pin took some of it.
+    pub(crate) fn take_desired(&mut self, scan: &Scan, desired: &[DesiredCgroup], mode: &Mode) {
+        let alone = match mode {
+            Mode::Chain {
+                pool: Some(pool), ..
+            } => &pool.alone[..],
+            _ => &[],
+        };
+        let before: Vec<Option<CpuSet>> = alone.iter().map(|p| self.desired(p).cloned()).collect();
         let mut desired = desired.iter();
         for_each_entry(&mut self.records, scan, |_, entry| {
             let wanted = &desired.next().expect("one desired set per cgroup").cpus;
@@ -454,9 +462,27 @@ impl Model {
                 entry.desired.clone_from(wanted);
             }
         });
-        for cgroup in scan.cgroups.iter().filter(|c| !owns(&c.path)) {
+        for cgroup in scan.cgroups.iter().filter(|c| !mode.owns(&c.path)) {
             if let Some(entry) = self.records.get_mut(&cgroup.path) {
                 entry.desired = entry.cgroup.cpus.configured().cloned();
+            }
+        }
+        for (member, old) in alone.iter().zip(before) {
+            match (old, self.desired(member).cloned()) {
+                (Some(old), Some(new)) if old != new => self.follow(member, &old, &new),
+                _ => {}
+            }
+        }
+    }
+
+    /// The cgroups below `member` whose desired set was `old` (they followed it) want `new`.
+    fn follow(&mut self, member: &CgroupPath, old: &CpuSet, new: &CpuSet) {
+        let below = self.records.range_mut(member.clone()..);
+        let below = below.take_while(|(p, _)| p.as_bytes().starts_with(member.as_bytes()));
+        for (path, record) in below {
+            let under = path != member && path.strip_prefix(member).is_some();
+            if under && record.desired.as_ref() == Some(old) {
+                record.desired = Some(new.clone());
             }
         }
     }
@@ -696,7 +722,11 @@ mod tests {
             mems_inherited: false,
         };
         let desired = [wanted("1-3"), wanted("2")];
-        model.take_desired(&scan, &desired, |p| *p == path("k/pod"));
+        let chain = Mode::Chain {
+            roots: vec![path("k/pod")],
+            pool: None,
+        };
+        model.take_desired(&scan, &desired, &chain);
         assert_eq!(model.desired(&path("k/pod")), Some(&"2".parse().unwrap()));
         // Not owned: what it holds is what is wanted there until a full pass.
         assert_eq!(model.desired(&path("k")), Some(&"0-3".parse().unwrap()));

@@ -46,8 +46,7 @@ impl Controller {
         crate::writer::narrow_unseen(&self.parts.hierarchy, &mut executed);
         let written_at = Instant::now();
         // A chain's ancestors' narrowings wait for the full pass (see `Model::take_desired`).
-        self.model
-            .take_desired(&scan, &planned.desired, |p| mode.owns(p));
+        self.model.take_desired(&scan, &planned.desired, &mode);
         let follow_up = self.take_outcomes(&executed.done, &drifted, written_at);
         let urgent_done = executed.urgent_done.unwrap_or(written_at);
         // Event → pin latency of the new containers' pins that landed.
