@@ -448,12 +448,7 @@ impl Model {
     /// full pass would: a drift repair of one of them writes the pool as it is now, never the
     /// one before a pin took some of it.
     pub(crate) fn take_desired(&mut self, scan: &Scan, desired: &[DesiredCgroup], mode: &Mode) {
-        let alone = match mode {
-            Mode::Chain {
-                pool: Some(pool), ..
-            } => &pool.alone[..],
-            _ => &[],
-        };
+        let alone = mode.alone();
         let before: Vec<Option<CpuSet>> = alone.iter().map(|p| self.desired(p).cloned()).collect();
         let mut desired = desired.iter();
         for_each_entry(&mut self.records, scan, |_, entry| {

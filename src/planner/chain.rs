@@ -52,6 +52,16 @@ impl Mode {
         }
     }
 
+    /// The pool's members a chain plans alone, without their subtrees (none for a full pass).
+    pub fn alone(&self) -> &[CgroupPath] {
+        match self {
+            Mode::Chain {
+                pool: Some(pool), ..
+            } => &pool.alone,
+            _ => &[],
+        }
+    }
+
     /// Whether the pass plans the shared pool's members (a full pass, or a chain with its
     /// [`Pool`]): nothing of a change of the pool is left for a later pass.
     pub fn plans_pool(&self) -> bool {

@@ -34,7 +34,7 @@ impl Controller {
     pub(super) fn incremental_pass(&mut self, now: Instant) -> Option<PassOutcome> {
         let mut roots = self.chain()?;
         let pool = self.pool_of_chain(&mut roots);
-        let alone = pool.as_ref().map_or(&[][..], |p| &p.alone[..]);
+        let alone = pool.as_ref().map_or(&[][..], |p| &p.alone);
         let chains = self.model.chains(&roots, alone).into_iter();
         let cgroups = chains.filter_map(|p| Some(self.model.get(&p)?.cgroup.clone()));
         // Nothing outside the chain is released but what went.

@@ -145,12 +145,7 @@ impl Controller {
             CgroupVersion::V1 => (NewChildren::LetThemSettle, &initialised[..]),
             CgroupVersion::V2 => (NewChildren::NarrowNow, &[][..]),
         };
-        let alone = match mode {
-            Mode::Chain {
-                pool: Some(pool), ..
-            } => &pool.alone[..],
-            _ => &[],
-        };
+        let alone = mode.alone();
         // The children the model knows of the pool's members narrowed alone.
         let narrowed = |p: &&CgroupPath| {
             let mut steps = planned.writes.iter();
